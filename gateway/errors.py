@@ -1,0 +1,129 @@
+"""The gateway's exceptions, and their OpenAI-shaped HTTP form.
+
+GatewayError                  anything the gateway refuses or fails to do for a request
+├── InvalidRequest            400: the body or a header is malformed or out of range
+│   └── ContextTooLong        400: prompt plus max tokens exceed every pool's context
+├── Unauthorized              401: a tenant key is required and missing or unknown
+├── RouteDenied               403: no route of the policy admits this request
+├── ModelNotFound             404: no pool serves the requested model
+├── BodyTooLarge              413: the request body is over the configured limit
+├── NoCapacity                429: every eligible pool is full and its queue budget ran out
+├── NoHealthyBackend          503: every eligible backend is ejected or unhealthy
+└── UpstreamError             502: the backend failed (connection, 5xx, broken answer)
+    └── UpstreamTimeout       504: the backend did not answer within the SLO's timeout
+
+PolicyError                   the policy file is invalid (raised at load, never per request)
+"""
+
+from __future__ import annotations
+
+import orjson
+
+
+class GatewayError(Exception):
+    """A request the gateway cannot serve; carries its HTTP status and OpenAI error fields."""
+
+    status = 500
+    type = "api_error"
+    code: str | None = None
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if code is not None:
+            self.code = code
+
+    def body(self) -> bytes:
+        """Return the OpenAI error document for this error."""
+        return error_body(self.message, self.type, self.param, self.code)
+
+
+class InvalidRequest(GatewayError):
+    """The body or a header is malformed or out of range."""
+
+    status = 400
+    type = "invalid_request_error"
+    code = "invalid_request"
+
+
+class ContextTooLong(InvalidRequest):
+    """Prompt plus requested output exceed the context of every pool that serves the model."""
+
+    code = "context_length_exceeded"
+
+
+class Unauthorized(GatewayError):
+    """A tenant key is required and the request has none, or an unknown one."""
+
+    status = 401
+    type = "authentication_error"
+    code = "invalid_api_key"
+
+
+class RouteDenied(GatewayError):
+    """No route of the active policy admits this request."""
+
+    status = 403
+    type = "permission_error"
+    code = "no_matching_route"
+
+
+class ModelNotFound(GatewayError):
+    """No pool of the active policy serves the requested model."""
+
+    status = 404
+    type = "invalid_request_error"
+    code = "model_not_found"
+
+
+class BodyTooLarge(GatewayError):
+    """The request body is over the configured limit."""
+
+    status = 413
+    type = "invalid_request_error"
+    code = "request_too_large"
+
+
+class NoCapacity(GatewayError):
+    """Every eligible pool is full and waiting for a slot would break the SLO budget."""
+
+    status = 429
+    type = "rate_limit_error"
+    code = "no_capacity"
+
+
+class NoHealthyBackend(GatewayError):
+    """Every backend that could serve the request is ejected or failing its health check."""
+
+    status = 503
+    type = "api_error"
+    code = "no_healthy_backend"
+
+
+class UpstreamError(GatewayError):
+    """The backend failed: refused or dropped the connection, answered 5xx, or broke the stream."""
+
+    status = 502
+    type = "api_error"
+    code = "upstream_error"
+
+
+class UpstreamTimeout(UpstreamError):
+    """The backend did not answer within the timeout of the request's SLO class."""
+
+    status = 504
+    code = "upstream_timeout"
+
+
+class PolicyError(Exception):
+    """The policy is invalid; the message names the file, the field path and the bad value."""
+
+
+def error_body(
+    message: str, type_: str, param: str | None = None, code: str | None = None
+) -> bytes:
+    """Serialise an error in OpenAI's shape."""
+    return orjson.dumps(
+        {"error": {"message": message, "type": type_, "param": param, "code": code}}
+    )

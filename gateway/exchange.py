@@ -1,0 +1,44 @@
+"""The exchange: everything learned about one downstream request while it is served."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gateway.classify import RequestProfile
+from gateway.routing.fleet import BackendState
+from gateway.routing.router import RouteDecision
+
+
+@dataclass(slots=True, eq=False)
+class Exchange:
+    """One request's profile, decision, timings and outcome; telemetry turns it into a record."""
+
+    decision_id: str
+    endpoint: str
+    ts: float
+    started: float
+    model: str = ""
+    profile: RequestProfile | None = None
+    decision: RouteDecision | None = None
+    backend: BackendState | None = None
+    first_pool: str | None = None
+    attempts: int = 0
+    fallback_reason: str | None = None
+    queue_s: float = 0.0
+    upstream_s: float = 0.0
+    ttft_s: float | None = None
+    last_token_s: float | None = None
+    tokens_seen: int = 0
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    response_started: bool = False
+    status: int = 0
+    error: str | None = None
+
+    @property
+    def route_name(self) -> str:
+        return self.decision.route.name if self.decision is not None else ""
+
+    @property
+    def pool_name(self) -> str:
+        return self.backend.pool if self.backend is not None else ""

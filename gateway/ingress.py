@@ -1,0 +1,153 @@
+"""Ingress: the OpenAI-compatible API on /v1, as a plain ASGI app on the hot path.
+
+It reads and checks the body, classifies and routes the request, hands it to the forwarder,
+and turns every GatewayError into an OpenAI-shaped error response: the one place where errors
+become HTTP.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from gateway.classify import ENDPOINTS, classify
+from gateway.errors import BodyTooLarge, GatewayError, InvalidRequest, error_body
+from gateway.exchange import Exchange
+from gateway.routing.router import decide
+
+if TYPE_CHECKING:
+    from gateway.app import Gateway
+
+log = logging.getLogger(__name__)
+
+Scope = dict[str, Any]
+Receive = Callable[[], Any]
+Send = Callable[[dict[str, Any]], Any]
+
+JSON = [(b"content-type", b"application/json")]
+
+
+async def _respond(send: Send, status: int, body: bytes, extra: list[Any] | None = None) -> None:
+    headers = [*JSON, (b"content-length", str(len(body)).encode()), *(extra or [])]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
+    """Read the request body, refusing it as soon as it is known to exceed limit bytes."""
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            try:
+                declared = int(value)
+            except ValueError:
+                raise InvalidRequest("the Content-Length header is not a number") from None
+            if declared > limit:
+                raise BodyTooLarge(f"the request body of {declared} bytes exceeds {limit} bytes")
+    body = b""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise InvalidRequest("the client disconnected before sending the whole body")
+        body += message.get("body", b"")
+        if len(body) > limit:
+            raise BodyTooLarge(f"the request body exceeds {limit} bytes")
+        if not message.get("more_body", False):
+            return body
+
+
+class Ingress:
+    """Serve /v1/chat/completions, /v1/completions, /v1/embeddings and /v1/models."""
+
+    def __init__(self, gateway: Gateway):
+        self.gateway = gateway
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope["path"]
+        endpoint = ENDPOINTS.get(path)
+        if endpoint is None:
+            if path == "/v1/models" and scope["method"] == "GET":
+                await _respond(send, 200, self._models())
+                return
+            await _respond(
+                send,
+                404,
+                error_body(f"unknown path {path}", "invalid_request_error", None, "not_found"),
+            )
+            return
+        if scope["method"] != "POST":
+            body = error_body(
+                f"{path} takes POST, not {scope['method']}",
+                "invalid_request_error",
+                None,
+                "method_not_allowed",
+            )
+            await _respond(send, 405, body, [(b"allow", b"POST")])
+            return
+        await self._serve(endpoint, scope, receive, send)
+
+    def _models(self) -> bytes:
+        policy = self.gateway.policy
+        owners: dict[str, list[str]] = {}
+        for name, pool in policy.pools.items():
+            if pool.live:
+                for model in pool.models:
+                    owners.setdefault(model, []).append(name)
+        data = [
+            {"id": model, "object": "model", "created": 0, "owned_by": ",".join(pools)}
+            for model, pools in owners.items()
+        ]
+        return orjson.dumps({"object": "list", "data": data})
+
+    async def _serve(self, endpoint: str, scope: Scope, receive: Receive, send: Send) -> None:
+        gw = self.gateway
+        clock = gw.clock
+        ex = Exchange(uuid.uuid4().hex, endpoint, time.time(), clock())
+        try:
+            body = await read_body(scope, receive, gw.settings.max_body_bytes)
+            try:
+                payload = orjson.loads(body)
+            except orjson.JSONDecodeError as exc:
+                raise InvalidRequest(f"the request body is not valid JSON: {exc}") from None
+            if isinstance(payload, dict) and isinstance(payload.get("model"), str):
+                ex.model = payload["model"]
+            headers = {
+                name.decode("latin-1"): value.decode("latin-1")
+                for name, value in scope["headers"]
+                if name.startswith(b"x-slo-") or name == b"authorization"
+            }
+            policy, fleet = gw.policy, gw.fleet
+            ex.profile = classify(endpoint, payload, headers, policy, gw.estimator)
+            ex.decision = decide(ex.profile, policy, fleet)
+            await gw.forwarder.forward(ex, body, receive, send, policy, fleet)
+        except GatewayError as exc:
+            ex.status, ex.error = exc.status, exc.code
+            if ex.response_started:
+                log.warning(
+                    "request %s failed after its response started: %s", ex.decision_id, exc.message
+                )
+            else:
+                extra = [(b"x-gateway-decision-id", ex.decision_id.encode())]
+                if ex.decision is not None:
+                    extra.append((b"x-gateway-route", ex.decision.route.name.encode()))
+                await _respond(send, exc.status, exc.body(), extra)
+        except Exception:
+            ex.status, ex.error = 500, "internal_error"
+            log.exception("request %s failed", ex.decision_id)
+            if not ex.response_started:
+                await _respond(
+                    send,
+                    500,
+                    error_body(
+                        "the gateway failed to serve this request",
+                        "api_error",
+                        None,
+                        "internal_error",
+                    ),
+                )
+        finally:
+            gw.telemetry.finish(ex, clock())

@@ -1,0 +1,163 @@
+"""Every Prometheus metric the gateway exports, declared in one place.
+
+Labels are bounded: route, pool, model (from the policy), status (HTTP code) and error codes;
+never tenant keys or request ids. Fleet gauges are read from the live state at scrape time, so the
+request path never updates them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from gateway.routing.fleet import Fleet
+
+NAMESPACE = "gateway"
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1)
+OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1)
+
+
+class FleetCollector(Collector):
+    """Report slots, waiters and health per pool from the fleet state when scraped."""
+
+    def __init__(self, fleet: Callable[[], Fleet]):
+        self.fleet = fleet
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        in_flight = GaugeMetricFamily(
+            f"{NAMESPACE}_pool_in_flight_requests", "Requests holding a slot.", labels=["pool"]
+        )
+        free = GaugeMetricFamily(
+            f"{NAMESPACE}_pool_free_slots", "Free slots on healthy backends.", labels=["pool"]
+        )
+        queued = GaugeMetricFamily(
+            f"{NAMESPACE}_pool_queued_requests", "Requests waiting for a slot.", labels=["pool"]
+        )
+        healthy = GaugeMetricFamily(
+            f"{NAMESPACE}_pool_healthy_backends", "Backends not ejected.", labels=["pool"]
+        )
+        for pool in self.fleet().pools.values():
+            in_flight.add_metric([pool.name], sum(b.in_flight for b in pool.backends))
+            free.add_metric([pool.name], sum(max(b.free_slots, 0) for b in pool.healthy()))
+            queued.add_metric([pool.name], len(pool.waiters))
+            healthy.add_metric([pool.name], len(pool.healthy()))
+        yield from (in_flight, free, queued, healthy)
+
+
+class GatewayMetrics:
+    """The gateway's metrics, registered on one registry (a fresh one per test)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None):
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        rpm = ["route", "pool", "model"]
+        self.requests = Counter(
+            "requests",
+            "Downstream requests answered.",
+            [*rpm, "status"],
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.errors = Counter(
+            "errors",
+            "Requests that ended in an error, by error code.",
+            [*rpm, "code"],
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.fallbacks = Counter(
+            "fallbacks",
+            "Requests served elsewhere than first chosen.",
+            ["route", "from_pool", "to_pool", "reason"],
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.retries = Counter(
+            "upstream_retries",
+            "Upstream attempts retried before the first byte.",
+            ["pool"],
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.queue_wait = Histogram(
+            "queue_wait_seconds",
+            "Time spent waiting for a slot.",
+            ["pool"],
+            buckets=LATENCY_BUCKETS,
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "time_to_first_token_seconds",
+            "Time to the first streamed token.",
+            rpm,
+            buckets=LATENCY_BUCKETS,
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.tpot = Histogram(
+            "time_per_output_token_seconds",
+            "Time per output token after the first.",
+            rpm,
+            buckets=TPOT_BUCKETS,
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.duration = Histogram(
+            "request_duration_seconds",
+            "End-to-end request latency.",
+            rpm,
+            buckets=LATENCY_BUCKETS,
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.overhead = Histogram(
+            "overhead_seconds",
+            "Time spent in the gateway itself, upstream and queue excluded.",
+            ["route"],
+            buckets=OVERHEAD_BUCKETS,
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.prompt_tokens = Counter(
+            "prompt_tokens",
+            "Prompt tokens, as backends counted them.",
+            rpm,
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.completion_tokens = Counter(
+            "completion_tokens",
+            "Completion tokens, as backends counted them.",
+            rpm,
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.ejections = Counter(
+            "backend_ejections",
+            "Backends ejected by outlier detection.",
+            ["pool"],
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.records_written = Counter(
+            "records_written",
+            "Request records written to the database.",
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.records_dropped = Counter(
+            "records_dropped",
+            "Request records lost because the writer queue was full.",
+            namespace=NAMESPACE,
+            registry=r,
+        )
+
+    def watch(self, fleet: Callable[[], Fleet]) -> None:
+        """Export the fleet's slot and health gauges."""
+        self.registry.register(FleetCollector(fleet))

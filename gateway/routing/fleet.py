@@ -1,0 +1,72 @@
+"""The live state of the fleet: slots in use and health of every backend, waiters per pool.
+
+The ingress, forwarder and health checker mutate it; the router only reads it. Everything here
+runs on the event loop, so reads and writes between two awaits are consistent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from dataclasses import dataclass, field
+
+from gateway.policy import Policy, Pool
+
+
+@dataclass(eq=False, slots=True)
+class BackendState:
+    """One upstream server: its slots in use and its outlier-detection state."""
+
+    name: str
+    url: str
+    pool: str
+    slots: int
+    in_flight: int = 0
+    ejected: bool = False
+    ejected_until: float = 0.0
+    consecutive_failures: int = 0
+    ejections: int = 0
+
+    @property
+    def free_slots(self) -> int:
+        return self.slots - self.in_flight
+
+
+@dataclass(eq=False, slots=True)
+class PoolState:
+    """A pool's backends and the requests waiting, in arrival order, for one of its slots."""
+
+    name: str
+    spec: Pool
+    backends: list[BackendState]
+    waiters: deque[asyncio.Future[BackendState]] = field(default_factory=deque)
+
+    def healthy(self) -> list[BackendState]:
+        return [b for b in self.backends if not b.ejected]
+
+    def most_free(self, exclude: frozenset[str] = frozenset()) -> BackendState | None:
+        """Return the healthy backend with the most free slots, or None when all are full."""
+        best = None
+        for backend in self.backends:
+            if backend.ejected or backend.free_slots <= 0 or backend.name in exclude:
+                continue
+            if best is None or backend.free_slots > best.free_slots:
+                best = backend
+        return best
+
+
+class Fleet:
+    """Every pool of the active policy with its live backend state."""
+
+    def __init__(self, policy: Policy):
+        self.pools: dict[str, PoolState] = {
+            name: PoolState(
+                name,
+                spec,
+                [BackendState(b.name, b.url, name, spec.slots_per_backend) for b in spec.backends],
+            )
+            for name, spec in policy.pools.items()
+        }
+
+    def backends(self) -> list[BackendState]:
+        return [b for p in self.pools.values() for b in p.backends]

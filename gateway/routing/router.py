@@ -1,0 +1,175 @@
+"""The route decision: a pure function of the request profile, the policy and the fleet state.
+
+It reads no clock and does no I/O, so it can be unit-tested and driven by an offline simulation.
+The rules, in order: take the first route that matches; among its pools, in preference order,
+drop those that do not serve the model, whose context is too short for prompt plus output, or
+that have no healthy backend; serve from the first that has a free slot; otherwise wait in the
+first such pool's queue within the SLO budget; otherwise use the route's fallback.
+
+`rank_pools` is the seam where a cost model replaces the preference order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from gateway.classify import RequestProfile
+from gateway.errors import ContextTooLong, ModelNotFound, NoCapacity, NoHealthyBackend, RouteDenied
+from gateway.policy import Policy, Route
+from gateway.routing.fleet import BackendState, Fleet, PoolState
+
+RankPools = Callable[[RequestProfile, Route, Sequence[PoolState]], Sequence[PoolState]]
+
+
+@dataclass(slots=True)
+class RouteDecision:
+    """Where a request goes: a backend now, or a pool to wait in; with the reasons."""
+
+    route: Route
+    backend: BackendState | None
+    queue_pool: PoolState | None = None
+    queue_budget_s: float = 0.0
+    trace: list[tuple[str, str]] = field(default_factory=list)
+
+    def explain(self) -> list[str]:
+        """Return the trace as sentences, one per pool considered."""
+        return [f"{pool}: {reason}" for pool, reason in self.trace]
+
+
+def preference_order(
+    profile: RequestProfile, route: Route, pools: Sequence[PoolState]
+) -> Sequence[PoolState]:
+    """Rank eligible pools as the route lists them."""
+    return pools
+
+
+def match_route(profile: RequestProfile, policy: Policy) -> Route:
+    """Return the first route that admits the request, or raise the error the client should see."""
+    if not any(p.live and profile.model in p.models for p in policy.pools.values()):
+        raise ModelNotFound(
+            f"model {profile.model!r} is not served here (models: "
+            f"{', '.join(policy.served_models())})",
+            param="model",
+        )
+    for route in policy.routes:
+        m = route.match
+        if (
+            (not m.models or profile.model in m.models)
+            and m.prompt_tokens.contains(profile.prompt_tokens)
+            and (not m.slo_classes or profile.slo_class in m.slo_classes)
+            and (not m.tenants or profile.tenant in m.tenants)
+        ):
+            return route
+    raise RouteDenied(
+        f"no route admits model {profile.model!r} with ~{profile.prompt_tokens} prompt tokens, "
+        f"SLO class {profile.slo_class!r} and tenant {profile.tenant!r}"
+    )
+
+
+def _unfit_reason(pool: PoolState, profile: RequestProfile, need: int) -> str | None:
+    """Say why a pool cannot serve the request at all, or None when it can."""
+    spec = pool.spec
+    if not spec.live:
+        return "shadow-only"
+    if profile.model not in spec.models:
+        return f"does not serve {profile.model}"
+    if spec.max_context < need:
+        return f"context {spec.max_context} < {need} tokens needed"
+    return None
+
+
+def _candidates(route: Route, fleet: Fleet, with_fallback: bool) -> list[PoolState]:
+    names = list(route.pools)
+    if with_fallback and route.fallback and route.fallback not in names:
+        names.append(route.fallback)
+    return [fleet.pools[n] for n in names]
+
+
+def decide(
+    profile: RequestProfile,
+    policy: Policy,
+    fleet: Fleet,
+    rank_pools: RankPools = preference_order,
+) -> RouteDecision:
+    """Choose a backend for the request, or the pool whose queue it should wait in."""
+    route = match_route(profile, policy)
+    need = profile.prompt_tokens + (profile.max_tokens or policy.assumed_max_tokens)
+    trace: list[tuple[str, str]] = []
+    fit: list[PoolState] = []
+    for pool in _candidates(route, fleet, with_fallback=False):
+        reason = _unfit_reason(pool, profile, need) or _health_reason(pool)
+        if reason is None:
+            fit.append(pool)
+        else:
+            trace.append((pool.name, reason))
+    ranked = rank_pools(profile, route, fit)
+    for pool in ranked:
+        backend = pool.most_free()
+        if backend is not None:
+            trace.append((pool.name, f"chosen: {backend.name} has {backend.free_slots} free slots"))
+            return RouteDecision(route, backend, trace=trace)
+        trace.append((pool.name, "no free slot"))
+    slo = policy.slo_classes[profile.slo_class]
+    budget_ms = (
+        slo.max_queue_ms if profile.ttft_ms is None else min(slo.max_queue_ms, profile.ttft_ms)
+    )
+    for pool in ranked:
+        if _queue_room(pool, budget_ms):
+            trace.append((pool.name, f"queued: waits up to {budget_ms:.0f} ms for a slot"))
+            return RouteDecision(route, None, pool, budget_ms / 1000, trace)
+        trace.append((pool.name, "queue full"))
+    if route.fallback and route.fallback not in route.pools:
+        pool = fleet.pools[route.fallback]
+        reason = _unfit_reason(pool, profile, need) or _health_reason(pool)
+        if reason is None:
+            backend = pool.most_free()
+            if backend is not None:
+                trace.append((pool.name, f"fallback: {backend.name} has a free slot"))
+                return RouteDecision(route, backend, trace=trace)
+            if _queue_room(pool, budget_ms):
+                trace.append((pool.name, f"fallback queued: waits up to {budget_ms:.0f} ms"))
+                return RouteDecision(route, None, pool, budget_ms / 1000, trace)
+            fit.append(pool)
+            reason = "no free slot and queue full"
+        trace.append((pool.name, f"fallback: {reason}"))
+    why = "; ".join(f"{p}: {r}" for p, r in trace)
+    if fit:
+        raise NoCapacity(
+            f"every pool of route {route.name!r} is full and none can queue the request within "
+            f"its SLO budget ({why}); retry later"
+        )
+    if any(r.endswith("no healthy backend") for _, r in trace):
+        raise NoHealthyBackend(f"no healthy backend can serve route {route.name!r} ({why})")
+    if any("context" in r for _, r in trace):
+        raise ContextTooLong(
+            f"~{profile.prompt_tokens} prompt tokens plus {need - profile.prompt_tokens} output "
+            f"tokens exceed the context of every pool of route {route.name!r} ({why})",
+            param="messages" if profile.endpoint == "chat" else "prompt",
+        )
+    raise RouteDenied(f"route {route.name!r} has no pool for model {profile.model!r} ({why})")
+
+
+def _health_reason(pool: PoolState) -> str | None:
+    return None if pool.healthy() else "no healthy backend"
+
+
+def _queue_room(pool: PoolState, budget_ms: float) -> bool:
+    return budget_ms > 0 and len(pool.waiters) < pool.spec.queue_depth
+
+
+def pick_backend(
+    profile: RequestProfile,
+    route: Route,
+    policy: Policy,
+    fleet: Fleet,
+    exclude: frozenset[str] = frozenset(),
+) -> BackendState | None:
+    """Return a backend with a free slot now, the route's fallback included, skipping `exclude`."""
+    need = profile.prompt_tokens + (profile.max_tokens or policy.assumed_max_tokens)
+    for pool in _candidates(route, fleet, with_fallback=True):
+        if _unfit_reason(pool, profile, need) is None:
+            backend = pool.most_free(exclude)
+            if backend is not None:
+                return backend
+    return None

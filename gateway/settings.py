@@ -1,0 +1,39 @@
+"""The gateway's settings: one typed object, read once from the environment."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import AliasChoices, Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """Process configuration; defaults run on a laptop with SQLite and in-memory state."""
+
+    model_config = SettingsConfigDict(extra="ignore", frozen=True, populate_by_name=True)
+
+    database_url: str = Field(
+        default="sqlite:///gateway.db", validation_alias=AliasChoices("DATABASE_URL")
+    )
+    redis_url: str | None = Field(default=None, validation_alias=AliasChoices("REDIS_URL"))
+    admin_token: SecretStr | None = Field(
+        default=None,
+        validation_alias=AliasChoices("GATEWAY_ADMIN_TOKEN"),
+        description="Bearer token for /admin; unset disables the admin API.",
+    )
+    policy_path: Path = Field(
+        default=Path("policies/default.yaml"), validation_alias=AliasChoices("GATEWAY_POLICY")
+    )
+    host: str = Field(default="127.0.0.1", validation_alias=AliasChoices("GATEWAY_HOST"))
+    port: int = Field(default=8080, validation_alias=AliasChoices("GATEWAY_PORT"))
+    max_body_bytes: int = Field(
+        default=4 * 1024 * 1024, gt=0, validation_alias=AliasChoices("GATEWAY_MAX_BODY_BYTES")
+    )
+    log_level: str = Field(default="info", validation_alias=AliasChoices("GATEWAY_LOG_LEVEL"))
+    health_check_interval_s: float = Field(
+        default=2.0, gt=0, validation_alias=AliasChoices("GATEWAY_HEALTH_CHECK_INTERVAL_S")
+    )
+    record_flush_interval_s: float = Field(
+        default=0.5, gt=0, validation_alias=AliasChoices("GATEWAY_RECORD_FLUSH_INTERVAL_S")
+    )

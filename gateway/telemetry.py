@@ -1,0 +1,85 @@
+"""Telemetry: when an exchange ends, update the metrics, calibrate, and queue its record."""
+
+from __future__ import annotations
+
+from gateway.classify import TokenEstimator
+from gateway.exchange import Exchange
+from gateway.metrics import GatewayMetrics
+from gateway.records import RecordWriter, RequestRecord
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000, 3)
+
+
+class Telemetry:
+    """Turn finished exchanges into metrics, token calibration and request records."""
+
+    def __init__(self, metrics: GatewayMetrics, records: RecordWriter, estimator: TokenEstimator):
+        self.metrics = metrics
+        self.records = records
+        self.estimator = estimator
+
+    def finish(self, ex: Exchange, ended: float) -> None:
+        """Account for an exchange that ended at `ended` (same clock as ex.started)."""
+        m = self.metrics
+        profile = ex.profile
+        route, pool = ex.route_name, ex.pool_name
+        # Only routed models become label values: a client cannot mint new series.
+        model = ex.model if ex.decision is not None else ""
+        e2e = ended - ex.started
+        tpot = None
+        if (
+            ex.ttft_s is not None
+            and ex.last_token_s is not None
+            and ex.completion_tokens is not None
+            and ex.completion_tokens > 1
+        ):
+            tpot = (ex.last_token_s - ex.started - ex.ttft_s) / (ex.completion_tokens - 1)
+        overhead = max(e2e - ex.queue_s - ex.upstream_s, 0.0)
+        m.requests.labels(route, pool, model, str(ex.status)).inc()
+        if ex.error is not None:
+            m.errors.labels(route, pool, model, ex.error).inc()
+        if ex.fallback_reason is not None and pool:
+            m.fallbacks.labels(route, ex.first_pool or "", pool, ex.fallback_reason).inc()
+        if profile is not None:
+            m.overhead.labels(route).observe(overhead)
+        if pool and ex.status == 200:
+            m.duration.labels(route, pool, model).observe(e2e)
+            if ex.ttft_s is not None:
+                m.ttft.labels(route, pool, model).observe(ex.ttft_s)
+            if tpot is not None:
+                m.tpot.labels(route, pool, model).observe(tpot)
+            if ex.prompt_tokens:
+                m.prompt_tokens.labels(route, pool, model).inc(ex.prompt_tokens)
+            if ex.completion_tokens:
+                m.completion_tokens.labels(route, pool, model).inc(ex.completion_tokens)
+        if profile is not None and ex.prompt_tokens:
+            self.estimator.observe(ex.model, profile.prompt_tokens, ex.prompt_tokens)
+        self.records.add(
+            RequestRecord(
+                decision_id=ex.decision_id,
+                ts=ex.ts,
+                endpoint=ex.endpoint,
+                route=route or None,
+                pool=pool or None,
+                backend=ex.backend.name if ex.backend is not None else None,
+                model=ex.model[:128],
+                tenant=profile.tenant if profile else None,
+                slo_class=profile.slo_class if profile else None,
+                stream=profile.stream if profile else False,
+                prompt_tokens=ex.prompt_tokens,
+                prompt_tokens_estimated=profile.prompt_tokens if profile else None,
+                max_tokens=profile.max_tokens if profile else None,
+                completion_tokens=ex.completion_tokens,
+                queue_ms=_ms(ex.queue_s),
+                ttft_ms=_ms(ex.ttft_s),
+                tpot_ms=_ms(tpot),
+                e2e_ms=_ms(e2e),
+                gateway_ms=_ms(overhead),
+                attempts=ex.attempts,
+                fallback=ex.fallback_reason is not None,
+                status=ex.status,
+                error=ex.error,
+            )
+        )

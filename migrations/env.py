@@ -1,0 +1,36 @@
+"""Alembic environment: migrates the database named by the configuration or DATABASE_URL."""
+
+from __future__ import annotations
+
+from alembic import context
+
+import gateway.records  # noqa: F401  (registers its tables on the metadata)
+from gateway.db import make_engine, metadata
+from gateway.settings import Settings
+
+url = context.config.get_main_option("sqlalchemy.url") or Settings().database_url
+
+
+def run_offline() -> None:
+    context.configure(url=url, target_metadata=metadata, literal_binds=True)
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+def run_online() -> None:
+    engine = make_engine(url)
+    with engine.connect() as connection:
+        context.configure(
+            connection=connection,
+            target_metadata=metadata,
+            render_as_batch=connection.dialect.name == "sqlite",
+        )
+        with context.begin_transaction():
+            context.run_migrations()
+    engine.dispose()
+
+
+if context.is_offline_mode():
+    run_offline()
+else:
+    run_online()

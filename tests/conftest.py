@@ -1,0 +1,44 @@
+"""Test world: each test gets a clean environment; helpers start real servers on loopback."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+sys.path.insert(0, str(TESTS))
+
+GATEWAY_ENV = (
+    "DATABASE_URL",
+    "REDIS_URL",
+    "GATEWAY_ADMIN_TOKEN",
+    "GATEWAY_POLICY",
+    "GATEWAY_HOST",
+    "GATEWAY_PORT",
+    "GATEWAY_MAX_BODY_BYTES",
+    "GATEWAY_LOG_LEVEL",
+    "GATEWAY_HEALTH_CHECK_INTERVAL_S",
+    "GATEWAY_RECORD_FLUSH_INTERVAL_S",
+)
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Keep the developer's gateway settings out of every test."""
+    for name in GATEWAY_ENV:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("OPENAI_API_KEY", "test-key")
+    for name in ("OPENAI_BASE_URL", "OPENAI_ORG_ID", "OPENAI_PROJECT_ID"):
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture
+def repo_root() -> Path:
+    return TESTS.parent
+
+
+def pytest_report_header() -> str:
+    return f"gateway tests: python {sys.version.split()[0]}, CI={os.environ.get('CI', '')}"

@@ -1,0 +1,89 @@
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from policies import fleet_policy
+
+from gateway.admission import Admission
+from gateway.errors import NoCapacity
+from gateway.routing.fleet import Fleet
+
+
+def asic_world(slots: int = 2) -> tuple[Fleet, Admission]:
+    policy = fleet_policy(asic_extra={"slots_per_backend": slots})
+    fleet = Fleet(policy)
+    return fleet, Admission(fleet)
+
+
+def test_released_slot_goes_to_the_oldest_waiter() -> None:
+    async def scenario() -> list[int]:
+        fleet, admission = asic_world(slots=1)
+        pool = fleet.pools["asic"]
+        backend = pool.backends[0]
+        admission.acquire(backend)
+        served: list[int] = []
+
+        async def waiter(n: int) -> None:
+            got = await admission.wait(pool, 5)
+            served.append(n)
+            await asyncio.sleep(0)
+            admission.release(got)
+
+        tasks = [asyncio.create_task(waiter(n)) for n in range(3)]
+        await asyncio.sleep(0)
+        admission.release(backend)
+        await asyncio.gather(*tasks)
+        assert backend.in_flight == 0
+        return served
+
+    assert asyncio.run(scenario()) == [0, 1, 2]
+
+
+def test_wait_times_out_with_no_capacity_and_leaves_the_queue() -> None:
+    async def scenario() -> None:
+        fleet, admission = asic_world(slots=1)
+        pool = fleet.pools["asic"]
+        admission.acquire(pool.backends[0])
+        with pytest.raises(NoCapacity, match="asic"):
+            await admission.wait(pool, 0.01)
+        assert len(pool.waiters) == 0
+        admission.release(pool.backends[0])
+        assert pool.backends[0].in_flight == 0
+
+    asyncio.run(scenario())
+
+
+def test_cancelled_waiter_never_holds_a_slot() -> None:
+    async def scenario() -> None:
+        fleet, admission = asic_world(slots=1)
+        pool = fleet.pools["asic"]
+        backend = pool.backends[0]
+        admission.acquire(backend)
+        task = asyncio.create_task(admission.wait(pool, 5))
+        await asyncio.sleep(0)
+        admission.release(backend)  # hands the slot to the waiter...
+        task.cancel()  # ...which is cancelled before it runs
+        await asyncio.gather(task, return_exceptions=True)
+        assert backend.in_flight == 0
+
+    asyncio.run(scenario())
+
+
+def test_dispatch_skips_ejected_backends() -> None:
+    async def scenario() -> None:
+        fleet, admission = asic_world(slots=1)
+        pool = fleet.pools["asic"]
+        backend = pool.backends[0]
+        admission.acquire(backend)
+        backend.ejected = True
+        task = asyncio.create_task(admission.wait(pool, 5))
+        await asyncio.sleep(0)
+        admission.release(backend)
+        await asyncio.sleep(0)
+        assert not task.done()
+        backend.ejected = False
+        admission.dispatch(pool)
+        assert await task is backend
+
+    asyncio.run(scenario())

@@ -1,0 +1,100 @@
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+from policies import MODEL, fleet_policy
+
+from gateway.classify import TokenEstimator, classify
+from gateway.errors import InvalidRequest, Unauthorized
+
+
+def chat(**kw: object) -> dict:
+    return {"model": MODEL, "messages": [{"role": "user", "content": "x" * 400}]} | kw
+
+
+def test_profile_carries_model_tokens_class_and_stream() -> None:
+    policy = fleet_policy()
+    p = classify("chat", chat(max_tokens=64, stream=True), {}, policy, TokenEstimator())
+    assert (p.model, p.max_tokens, p.stream, p.slo_class) == (MODEL, 64, True, "interactive")
+    assert p.prompt_tokens == 104  # 400 chars / 4 + one message's overhead
+    assert (p.ttft_ms, p.tpot_ms) == (500, 50)
+
+
+def test_slo_headers_set_class_and_targets() -> None:
+    policy = fleet_policy()
+    headers = {"x-slo-class": "batch", "x-slo-ttft-ms": "250", "x-slo-tpot-ms": "20"}
+    p = classify("chat", chat(), headers, policy, TokenEstimator())
+    assert (p.slo_class, p.ttft_ms, p.tpot_ms, p.e2e_ms) == ("batch", 250, 20, 60000)
+
+
+@pytest.mark.parametrize(
+    ("headers", "param"),
+    [
+        ({"x-slo-class": "gold"}, "x-slo-class"),
+        ({"x-slo-ttft-ms": "soon"}, "x-slo-ttft-ms"),
+        ({"x-slo-tpot-ms": "-5"}, "x-slo-tpot-ms"),
+    ],
+)
+def test_bad_slo_headers_are_invalid(headers: dict, param: str) -> None:
+    with pytest.raises(InvalidRequest) as info:
+        classify("chat", chat(), headers, fleet_policy(), TokenEstimator())
+    assert info.value.param == param
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"messages": [{"role": "user", "content": "hi"}]}, "model"),
+        ({"model": MODEL, "messages": []}, "messages"),
+        ({"model": MODEL, "messages": ["hi"]}, "messages[0]"),
+        (chat(max_tokens=0), "max_tokens"),
+        (chat(max_tokens="10"), "max_tokens"),
+        (chat(stream="yes"), "stream"),
+    ],
+)
+def test_invalid_bodies_name_the_field(body: dict, param: str) -> None:
+    with pytest.raises(InvalidRequest) as info:
+        classify("chat", body, {}, fleet_policy(), TokenEstimator())
+    assert info.value.param == param
+
+
+def test_completions_and_embeddings_read_their_prompt_fields() -> None:
+    policy, est = fleet_policy(), TokenEstimator()
+    assert (
+        classify("completions", {"model": MODEL, "prompt": "y" * 80}, {}, policy, est).prompt_tokens
+        == 20
+    )
+    emb = classify("embeddings", {"model": MODEL, "input": ["ab" * 10, "cd" * 10]}, {}, policy, est)
+    assert emb.prompt_tokens == 10 and emb.max_tokens is None
+    with pytest.raises(InvalidRequest):
+        classify("embeddings", {"model": MODEL, "input": 5}, {}, policy, est)
+
+
+def test_estimator_calibrates_toward_reported_usage() -> None:
+    est = TokenEstimator(smoothing=0.2)
+    first = est.estimate(MODEL, 4000)
+    for _ in range(60):
+        est.observe(MODEL, est.estimate(MODEL, 4000), 1500)
+    assert first == 1000
+    assert est.estimate(MODEL, 4000) == pytest.approx(1500, rel=0.02)
+    assert est.estimate("other-model", 4000) == 1000
+
+
+def test_tenant_from_key_and_required_keys() -> None:
+    digest = hashlib.sha256(b"sk-acme").hexdigest()
+    open_policy = fleet_policy(tenants=[{"name": "acme", "api_key_sha256": [digest]}])
+    est = TokenEstimator()
+    assert (
+        classify("chat", chat(), {"authorization": "Bearer sk-acme"}, open_policy, est).tenant
+        == "acme"
+    )
+    assert (
+        classify("chat", chat(), {"authorization": "Bearer nope"}, open_policy, est).tenant
+        == "anonymous"
+    )
+    closed = fleet_policy(
+        tenants=[{"name": "acme", "api_key_sha256": [digest]}], require_tenant_key=True
+    )
+    with pytest.raises(Unauthorized):
+        classify("chat", chat(), {"authorization": "Bearer nope"}, closed, est)
