@@ -14,7 +14,7 @@ from typing import Any
 
 import sqlalchemy as sa
 from fastapi import FastAPI, Response
-from fastapi.responses import ORJSONResponse
+from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from gateway.admission import Admission
@@ -119,7 +119,7 @@ def ops_app(gateway: Gateway) -> FastAPI:
         finally:
             await gateway.stop()
 
-    app = FastAPI(title="shadow-gateway", lifespan=lifespan, default_response_class=ORJSONResponse)
+    app = FastAPI(title="shadow-gateway", lifespan=lifespan)
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:
@@ -128,7 +128,7 @@ def ops_app(gateway: Gateway) -> FastAPI:
     @app.get("/readyz")
     async def readyz() -> Response:
         state = gateway.readiness()
-        return ORJSONResponse(state, status_code=200 if state["ready"] else 503)
+        return JSONResponse(state, status_code=200 if state["ready"] else 503)
 
     @app.get("/metrics")
     async def metrics() -> Response:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -42,3 +45,39 @@ def repo_root() -> Path:
 
 def pytest_report_header() -> str:
     return f"gateway tests: python {sys.version.split()[0]}, CI={os.environ.get('CI', '')}"
+
+
+@dataclass
+class SimFleet:
+    """Simulator processes standing in for the default policy's pools."""
+
+    gpu: list
+    asic: list
+    cim: list
+
+    def all(self) -> list:
+        return [*self.gpu, *self.asic, *self.cim]
+
+    def urls(self, kind: str) -> list[str]:
+        return [s.url for s in getattr(self, kind)]
+
+
+@pytest.fixture(scope="session")
+def sim_processes() -> Iterator[SimFleet]:
+    from simproc import start_simulator
+
+    with contextlib.ExitStack() as stack:
+        fleet = SimFleet(
+            gpu=[stack.enter_context(start_simulator("gpu", seed=s)) for s in (1, 2)],
+            asic=[stack.enter_context(start_simulator("asic", seed=3))],
+            cim=[stack.enter_context(start_simulator("cim", seed=4))],
+        )
+        yield fleet
+
+
+@pytest.fixture
+def sims(sim_processes: SimFleet) -> Iterator[SimFleet]:
+    """The shared simulators, with every fault cleared after the test."""
+    yield sim_processes
+    for sim in sim_processes.all():
+        sim.reset_faults()

@@ -3,11 +3,11 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from policies import fleet_policy
 
 from gateway.admission import Admission
 from gateway.errors import NoCapacity
 from gateway.routing.fleet import Fleet
+from policies import fleet_policy
 
 
 def asic_world(slots: int = 2) -> tuple[Fleet, Admission]:

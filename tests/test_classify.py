@@ -3,10 +3,10 @@ from __future__ import annotations
 import hashlib
 
 import pytest
-from policies import MODEL, fleet_policy
 
 from gateway.classify import TokenEstimator, classify
 from gateway.errors import InvalidRequest, Unauthorized
+from policies import MODEL, fleet_policy
 
 
 def chat(**kw: object) -> dict:

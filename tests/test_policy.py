@@ -45,7 +45,7 @@ def test_error_names_file_line_field_and_value() -> None:
 def test_unknown_key_is_an_error() -> None:
     doc = default_doc()
     doc["pools"]["gpu"]["slotz"] = 4
-    with pytest.raises(PolicyError, match="pools.gpu.slotz"):
+    with pytest.raises(PolicyError, match=r"pools\.gpu\.slotz"):
         parse_policy(yaml.safe_dump(doc))
 
 

@@ -1,0 +1,66 @@
+"""A minimal FastAPI proxy using one upstream HTTP client, to compare clients in isolation."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import uvicorn
+from fastapi import FastAPI, Request, Response
+
+
+def build(client_name: str, upstream: str) -> FastAPI:
+    state: dict[str, object] = {}
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        if client_name == "httpx":
+            import httpx
+
+            state["client"] = httpx.AsyncClient(
+                base_url=upstream, limits=httpx.Limits(max_connections=1000)
+            )
+        else:
+            import aiohttp
+
+            state["client"] = aiohttp.ClientSession(
+                upstream, connector=aiohttp.TCPConnector(limit=0)
+            )
+        yield
+
+    app = FastAPI(lifespan=lifespan)
+
+    @app.post("/v1/chat/completions")
+    async def proxy(request: Request) -> Response:
+        body = await request.body()
+        client = state["client"]
+        headers = {"content-type": "application/json"}
+        if client_name == "httpx":
+            r = await client.post("/v1/chat/completions", content=body, headers=headers)  # type: ignore[attr-defined]
+            return Response(r.content, r.status_code, media_type="application/json")
+        async with client.post("/v1/chat/completions", data=body, headers=headers) as r:  # type: ignore[attr-defined]
+            return Response(await r.read(), r.status, media_type="application/json")
+
+    return app
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--client", choices=["httpx", "aiohttp"], required=True)
+    parser.add_argument("--upstream", required=True)
+    parser.add_argument("--port", type=int, required=True)
+    args = parser.parse_args()
+    uvicorn.run(
+        build(args.client, args.upstream),
+        host="127.0.0.1",
+        port=args.port,
+        loop="uvloop",
+        http="httptools",
+        log_level="warning",
+        access_log=False,
+    )
+
+
+if __name__ == "__main__":
+    main()

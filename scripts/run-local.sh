@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Start the simulated fleet of policies/default.yaml and the gateway; Ctrl-C stops everything.
+# Settings pass through from the environment (GATEWAY_ADMIN_TOKEN, DATABASE_URL, GATEWAY_POLICY…).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY="${VENV:-.venv}/bin/python"
+export DATABASE_URL="${DATABASE_URL:-sqlite:///gateway.db}"
+export GATEWAY_POLICY="${GATEWAY_POLICY:-policies/default.yaml}"
+SPEED="${SIM_SPEED:-1}"
+mkdir -p run
+
+pids=()
+stop() {
+    trap - EXIT INT TERM
+    echo "stopping gateway and simulators"
+    kill -TERM "${pids[@]}" 2>/dev/null || true
+    wait "${pids[@]}" 2>/dev/null || true
+}
+trap stop EXIT INT TERM
+
+"$PY" -m gateway db upgrade
+
+# One simulator process per backend of the default policy: two GPUs, one ASIC card, one CIM part.
+for sim in gpu:9101:1 gpu:9102:2 asic:9201:3 cim:9301:4; do
+    IFS=: read -r profile port seed <<<"$sim"
+    "$PY" -m simulator --profile "$profile" --host 127.0.0.1 --port "$port" --seed "$seed" \
+        --speed "$SPEED" >"run/sim-$profile-$port.log" 2>&1 &
+    pids+=($!)
+done
+for port in 9101 9102 9201 9301; do
+    for _ in $(seq 100); do
+        if "$PY" -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$port/health', timeout=1)" 2>/dev/null; then
+            break
+        fi
+        sleep 0.1
+    done
+done
+echo "simulators up: gpu :9101 :9102, asic :9201, cim :9301 (logs in run/)"
+
+"$PY" -m gateway serve --host "${GATEWAY_HOST:-127.0.0.1}" --port "${GATEWAY_PORT:-8080}" &
+pids+=($!)
+wait "${pids[-1]}"

@@ -1,0 +1,79 @@
+"""Run the real gateway app in-process on a loopback port, the way tests and users reach it."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import sqlalchemy as sa
+import uvicorn
+
+from gateway.app import Gateway, GatewayApp
+from gateway.db import upgrade
+from gateway.policy import Policy
+from gateway.records import request_records
+from gateway.settings import Settings
+
+
+class GatewayServer:
+    """A started gateway: its URL, its internals for inspection, and clients for it."""
+
+    def __init__(self, gateway: Gateway, url: str):
+        self.gateway = gateway
+        self.url = url
+
+    def client(self, **kw: object) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.url + "/v1", api_key="test-key", max_retries=0, **kw)
+
+    def http(self) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=30)
+
+    def records(self, expected: int, timeout: float = 10.0) -> list[dict]:
+        """Wait until at least `expected` request records are written; return them all."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with self.gateway.engine.connect() as conn:
+                rows = [dict(r._mapping) for r in conn.execute(sa.select(request_records))]
+            if len(rows) >= expected or time.monotonic() > deadline:
+                return rows
+            time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def run_gateway(policy: Policy, tmp_path: Path, **settings: object) -> Iterator[GatewayServer]:
+    """Migrate a fresh SQLite database, start the gateway on a free port, stop it after."""
+    url = f"sqlite:///{tmp_path / 'gateway.db'}"
+    upgrade(url)
+    fields: dict[str, object] = {
+        "database_url": url,
+        "record_flush_interval_s": 0.05,
+        "health_check_interval_s": 0.2,
+    }
+    fields.update(settings)
+    gateway = Gateway(Settings(**fields), policy)  # type: ignore[arg-type]
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(
+        GatewayApp(gateway), lifespan="on", log_level="warning", access_log=False
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("the gateway did not start")
+        time.sleep(0.01)
+    try:
+        yield GatewayServer(gateway, f"http://127.0.0.1:{port}")
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        sock.close()
