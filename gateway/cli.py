@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -20,6 +21,14 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
     host = args.host or settings.host
     port = args.port or settings.port
     app = create_app(settings)
+
+    # uvicorn drains and runs the lifespan shutdown (records flushed), then re-raises the
+    # signal; a stop the operator asked for is a clean exit, not a death by signal.
+    def exit_cleanly(signum: int, frame: object) -> None:
+        raise SystemExit(0)
+
+    for stop in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(stop, exit_cleanly)
     print(f"gateway listening on http://{host}:{port} (policy {settings.policy_path})", flush=True)
     uvicorn.run(
         app,

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 import sqlalchemy as sa
-from alembic import command
-from alembic.config import Config
+
+if TYPE_CHECKING:
+    from alembic.config import Config
 
 metadata = sa.MetaData()
 
@@ -22,6 +25,8 @@ def make_engine(url: str) -> sa.Engine:
 
 def alembic_config(url: str) -> Config:
     """Return an Alembic configuration for this project's migrations against url."""
+    from alembic.config import Config
+
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS))
     config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
@@ -30,4 +35,6 @@ def alembic_config(url: str) -> Config:
 
 def upgrade(url: str, revision: str = "head") -> None:
     """Apply migrations up to revision."""
+    from alembic import command
+
     command.upgrade(alembic_config(url), revision)

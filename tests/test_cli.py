@@ -1,0 +1,124 @@
+"""The `gateway` command as an operator runs it: validate, migrate, serve and stop."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import sqlalchemy as sa
+import yaml
+
+from gateway.records import request_records
+from policies import MODEL
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def gateway(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gateway", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        cwd=ROOT,
+        timeout=60,
+    )
+
+
+def test_policy_validate_accepts_the_default_policy() -> None:
+    result = gateway("policy", "validate", "policies/default.yaml")
+    assert result.returncode == 0, result.stderr
+    assert "valid" in result.stdout
+
+
+def test_policy_validate_names_file_field_and_value(tmp_path: Path) -> None:
+    doc = yaml.safe_load((ROOT / "policies/default.yaml").read_text())
+    doc["pools"]["gpu"]["max_context"] = "lots"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(doc, sort_keys=False))
+    result = gateway("policy", "validate", str(bad))
+    assert result.returncode == 2
+    assert f"{bad}:" in result.stderr
+    assert "pools.gpu.max_context" in result.stderr and "'lots'" in result.stderr
+
+
+def test_db_upgrade_creates_the_schema(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'g.db'}"
+    result = gateway("db", "upgrade", env={"DATABASE_URL": url})
+    assert result.returncode == 0, result.stderr
+    engine = sa.create_engine(url)
+    assert request_records.name in sa.inspect(engine).get_table_names()
+    engine.dispose()
+
+
+def test_serve_refuses_an_invalid_policy_at_startup(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("pools: {}\n")
+    result = gateway("serve", "--port", "1", env={"GATEWAY_POLICY": str(bad)})
+    assert result.returncode == 2
+    assert str(bad) in result.stderr and "pools" in result.stderr
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_serve_answers_then_stops_on_sigterm_with_records_flushed(sims, tmp_path: Path) -> None:
+    doc = yaml.safe_load((ROOT / "policies/default.yaml").read_text())
+    doc["pools"]["gpu"]["backends"] = [{"url": u} for u in sims.urls("gpu")]
+    doc["pools"]["asic"]["backends"] = [{"url": u} for u in sims.urls("asic")]
+    doc["pools"]["cim"]["backends"] = [{"url": u} for u in sims.urls("cim")]
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(yaml.safe_dump(doc))
+    url = f"sqlite:///{tmp_path / 'g.db'}"
+    env = {
+        **os.environ,
+        "GATEWAY_POLICY": str(policy),
+        "DATABASE_URL": url,
+        "GATEWAY_RECORD_FLUSH_INTERVAL_S": "30",
+    }
+    assert gateway("db", "upgrade", env=env).returncode == 0
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway", "serve", "--port", str(port)],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/readyz").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "gateway did not become ready"
+            time.sleep(0.1)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k", max_retries=0)
+        for _ in range(3):
+            assert client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=3
+            ).choices
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    engine = sa.create_engine(url)
+    with engine.connect() as conn:
+        count = conn.execute(sa.select(sa.func.count()).select_from(request_records)).scalar()
+    engine.dispose()
+    # The flush interval is 30 s: the records exist only because shutdown wrote them.
+    assert count == 3
