@@ -1,12 +1,12 @@
 from __future__ import annotations
 
 import pytest
-from policies import BIG, EMBED, MODEL, fleet_policy
 
 from gateway.classify import RequestProfile
 from gateway.errors import ContextTooLong, ModelNotFound, NoCapacity, NoHealthyBackend, RouteDenied
 from gateway.routing.fleet import Fleet
 from gateway.routing.router import decide, pick_backend
+from policies import BIG, EMBED, MODEL, fleet_policy
 
 
 def profile(model: str = MODEL, prompt: int = 100, **kw: object) -> RequestProfile:
