@@ -1,0 +1,134 @@
+"""Command line: `python -m simulator --profile gpu|asic|cim|PATH --port N [overrides…]`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from pydantic import ValidationError
+
+from simulator.errors import ProfileError
+from simulator.faults import Faults
+from simulator.profile import apply_overrides, bundled_profiles, load_profile
+from simulator.server import bind, run
+
+# Flag destination → dotted path of the profile figure it overrides.
+FIGURE_FLAGS = {
+    "slots": "slots",
+    "max_context": "max_context",
+    "prefill_fixed_ms": "timing.prefill_fixed_ms",
+    "prefill_per_token_us": "timing.prefill_per_token_us",
+    "host_transfer_per_token_us": "timing.host_transfer_per_token_us",
+    "decode_fixed_ms": "timing.decode_fixed_ms",
+    "decode_per_seq_ms": "timing.decode_per_seq_ms",
+    "idle_w": "power.idle_w",
+    "batch1_w": "power.batch1_w",
+    "max_w": "power.max_w",
+    "deviation_rate": "precision.deviation_rate",
+    "embedding_noise": "precision.embedding_noise",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Return the parser for the simulator's flags."""
+    parser = argparse.ArgumentParser(
+        prog="python -m simulator",
+        description="Run one simulated inference backend (OpenAI-compatible) on one port.",
+    )
+    parser.add_argument(
+        "--profile",
+        default="gpu",
+        help=f"bundled profile ({', '.join(bundled_profiles())}) or path to a profile YAML file",
+    )
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=9101, help="0 picks a free port")
+    parser.add_argument("--devices", type=int, default=1, help="devices behind this port")
+    parser.add_argument(
+        "--speed", type=float, default=1.0, help="divide every simulated duration by this"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of deviations and sampling")
+    parser.add_argument("--log-level", default="warning")
+
+    figures = parser.add_argument_group("profile overrides")
+    figures.add_argument("--slots", type=int)
+    figures.add_argument("--models", help="comma-separated model names")
+    figures.add_argument("--max-context", type=int)
+    for name in (
+        "prefill-fixed-ms",
+        "prefill-per-token-us",
+        "host-transfer-per-token-us",
+        "decode-fixed-ms",
+        "decode-per-seq-ms",
+        "idle-w",
+        "batch1-w",
+        "max-w",
+        "deviation-rate",
+        "embedding-noise",
+    ):
+        figures.add_argument(f"--{name}", type=float)
+
+    faults = parser.add_argument_group("faults (also settable at run time: POST /admin/faults)")
+    faults.add_argument("--error-rate", type=float, default=0.0, help="fraction answered 5xx")
+    faults.add_argument("--added-latency-ms", type=float, default=0.0, help="wall-clock ms")
+    faults.add_argument("--hang", action="store_true", help="accept requests, never answer")
+    faults.add_argument("--refuse", action="store_true", help="close connections, no response")
+    faults.add_argument("--drop-after-tokens", type=int, help="cut streams after N tokens")
+    faults.add_argument("--slow-factor", type=float, default=1.0, help="multiply durations")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse flags, start the simulator, and serve until SIGINT or SIGTERM."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        profile = load_profile(args.profile)
+        overrides = {
+            path: getattr(args, dest)
+            for dest, path in FIGURE_FLAGS.items()
+            if getattr(args, dest) is not None
+        }
+        models = [name.strip() for name in args.models.split(",")] if args.models else None
+        profile = apply_overrides(profile, overrides, models)
+        faults = Faults(
+            error_rate=args.error_rate,
+            added_latency_ms=args.added_latency_ms,
+            hang=args.hang,
+            refuse=args.refuse,
+            drop_after_tokens=args.drop_after_tokens,
+            slow_factor=args.slow_factor,
+        )
+    except ProfileError as exc:
+        parser.error(str(exc))
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        flag = "--" + str(error["loc"][0]).replace("_", "-")
+        parser.error(f"{flag} {error['input']} is not valid: {error['msg']}")
+    if args.devices < 1:
+        parser.error(f"--devices must be at least 1, got {args.devices}")
+    if not 0 < args.speed < float("inf"):
+        parser.error(f"--speed must be a positive finite number, got {args.speed}")
+    try:
+        sock = bind(args.host, args.port)
+    except OSError as exc:
+        parser.error(f"cannot listen on {args.host}:{args.port}: {exc.strerror}")
+
+    def announce(url: str) -> None:
+        print(f"simulator {profile.name} listening on {url}", flush=True)
+
+    run(
+        profile,
+        sock,
+        devices=args.devices,
+        speed=args.speed,
+        seed=args.seed,
+        faults=faults,
+        on_ready=announce,
+        log_level=args.log_level,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

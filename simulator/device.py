@@ -1,0 +1,295 @@
+"""One simulated device: a discrete-event engine on simulated time.
+
+The device runs at most `slots` requests at once; the others wait in arrival order. An
+admitted request prefills, and its first token appears when the prefill ends:
+
+    prefill = scale · (prefill_fixed + (prefill_per_token + host_transfer_per_token) · prompt)
+
+It then joins its model's decode batch, which steps in lockstep: each step emits one token
+for every member and lasts
+
+    step = scale · (decode_fixed + decode_per_seq · (N - 1))
+
+where N counts the sequences decoding on the whole device when the step starts, and
+`scale` is the model's cost relative to the 8B reference. A request holds its slot from
+admission until its last token; nothing is preempted. Power follows the number of slots in
+use and is integrated into an energy counter over simulated time.
+
+The engine reads no clock: its owner advances it to a simulated instant and it processes
+every event due by then in order, so coarse timers only change when tokens are delivered,
+never when they were decoded.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import deque
+from collections.abc import Callable
+from enum import Enum
+
+from simulator.power import PowerCurve
+from simulator.profile import ModelSpec, Timing
+
+
+class JobState(Enum):
+    """Where a job is in its passage through a device."""
+
+    QUEUED = "queued"
+    PREFILL = "prefill"
+    DECODE = "decode"
+    DONE = "done"
+    CANCELLED = "cancelled"
+
+
+class Job:
+    """One request's occupancy of a device: queue, prefill, decode, done.
+
+    `output_tokens` is 0 for an embedding, which is one prefill-like pass.
+    """
+
+    def __init__(
+        self,
+        model: ModelSpec,
+        prompt_tokens: int,
+        output_tokens: int,
+        *,
+        on_progress: Callable[[], None] | None = None,
+    ):
+        self.model = model
+        self.prompt_tokens = prompt_tokens
+        self.output_tokens = output_tokens
+        self.on_progress = on_progress
+        self.state = JobState.QUEUED
+        self.device_index: int | None = None
+        self.arrived_at: float | None = None
+        self.admitted_at: float | None = None
+        self.first_token_at: float | None = None
+        self.finished_at: float | None = None
+        self._batch: _DecodeBatch | None = None
+        self._join_step: int | None = None
+        self._emitted_when_cancelled = 0
+
+    @property
+    def tokens_emitted(self) -> int:
+        """Return how many output tokens the device has decoded so far."""
+        if self.state is JobState.DONE:
+            return self.output_tokens
+        if self.state is JobState.CANCELLED:
+            return self._emitted_when_cancelled
+        if self.state is not JobState.DECODE:
+            return 0
+        if self._join_step is None or self._batch is None:
+            return 1
+        return min(self.output_tokens, 1 + self._batch.steps - self._join_step)
+
+    @property
+    def finished(self) -> bool:
+        """Say whether the job has left the device, served or cancelled."""
+        return self.state is JobState.DONE or self.state is JobState.CANCELLED
+
+    def _notify(self) -> None:
+        if self.on_progress is not None:
+            self.on_progress()
+
+
+class _DecodeBatch:
+    """The sequences of one model decoding together in lockstep on one device."""
+
+    def __init__(self, model: ModelSpec):
+        self.scale = model.cost_scale
+        self.members: set[Job] = set()
+        self.joining: list[Job] = []
+        self.steps = 0
+        self.step_end: float | None = None
+        # (step at which the job emits its last token, tie-breaker, job)
+        self.finishes: list[tuple[int, int, Job]] = []
+
+
+class Device:
+    """A simulated accelerator: slots, an arrival-order queue, decode batches, power, energy."""
+
+    def __init__(self, index: int, timing: Timing, slots: int, power: PowerCurve):
+        self.index = index
+        self.slots = slots
+        self.power = power
+        self.slow_factor = 1.0
+        self.time = 0.0
+        self.energy_j = 0.0
+        self.served = 0
+        self._prefill_fixed_s = timing.prefill_fixed_ms / 1e3
+        self._prefill_per_token_s = (
+            timing.prefill_per_token_us + timing.host_transfer_per_token_us
+        ) / 1e6
+        self._decode_fixed_s = timing.decode_fixed_ms / 1e3
+        self._decode_per_seq_s = timing.decode_per_seq_ms / 1e3
+        self._queue: deque[Job] = deque()
+        self._prefills: list[tuple[float, int, Job]] = []
+        self._batches: dict[str, _DecodeBatch] = {}
+        self._active = 0
+        self._decoding = 0
+        self._order = itertools.count()
+
+    @property
+    def active(self) -> int:
+        """Return the number of requests holding a slot."""
+        return self._active
+
+    @property
+    def queued(self) -> int:
+        """Return the number of requests waiting for a slot."""
+        return len(self._queue)
+
+    @property
+    def inflight(self) -> int:
+        """Return the number of requests on this device, running or waiting."""
+        return self._active + len(self._queue)
+
+    @property
+    def power_w(self) -> float:
+        """Return the board power right now."""
+        return self.power.watts(self._active)
+
+    def submit(self, job: Job, now: float) -> None:
+        """Queue `job` at simulated instant `now`; it starts as soon as a slot is free."""
+        self.advance(now)
+        job.device_index = self.index
+        job.arrived_at = now
+        job.state = JobState.QUEUED
+        self._queue.append(job)
+        self._admit(now)
+
+    def cancel(self, job: Job, now: float) -> None:
+        """Withdraw `job` at `now` (its client went away) and free its slot."""
+        self.advance(now)
+        if job.finished:
+            return
+        emitted = job.tokens_emitted
+        if job.state is JobState.QUEUED:
+            self._queue.remove(job)
+        else:
+            self._active -= 1
+            batch = job._batch
+            if batch is not None and job in batch.members:
+                batch.members.remove(job)
+                self._decoding -= 1
+            elif batch is not None and job in batch.joining:
+                batch.joining.remove(job)
+        job._emitted_when_cancelled = emitted
+        job.state = JobState.CANCELLED
+        job.finished_at = now
+        self._admit(now)
+        job._notify()
+
+    def next_event_at(self) -> float | None:
+        """Return the simulated instant of the next event, or None when nothing is running."""
+        return self._next_event()[0]
+
+    def advance(self, now: float) -> None:
+        """Process every event due by simulated instant `now`, in order."""
+        stepped: set[_DecodeBatch] = set()
+        while True:
+            at, batch = self._next_event()
+            if at is None or at > now:
+                break
+            self._integrate(at)
+            if batch is None:
+                self._end_prefill(at)
+            else:
+                self._end_step(batch, at)
+                stepped.add(batch)
+        if now > self.time:
+            self._integrate(now)
+        for batch in stepped:
+            for job in batch.members:
+                job._notify()
+
+    def _next_event(self) -> tuple[float | None, _DecodeBatch | None]:
+        prefills = self._prefills
+        while prefills and prefills[0][2].state is not JobState.PREFILL:
+            heapq.heappop(prefills)
+        at: float | None = prefills[0][0] if prefills else None
+        due: _DecodeBatch | None = None
+        for batch in self._batches.values():
+            if batch.step_end is not None and (at is None or batch.step_end < at):
+                at, due = batch.step_end, batch
+        return at, due
+
+    def _integrate(self, until: float) -> None:
+        self.energy_j += self.power.watts(self._active) * (until - self.time)
+        self.time = until
+
+    def _admit(self, at: float) -> None:
+        while self._queue and self._active < self.slots:
+            job = self._queue.popleft()
+            job.state = JobState.PREFILL
+            job.admitted_at = at
+            self._active += 1
+            duration = (
+                self.slow_factor
+                * job.model.cost_scale
+                * (self._prefill_fixed_s + self._prefill_per_token_s * job.prompt_tokens)
+            )
+            heapq.heappush(self._prefills, (at + duration, next(self._order), job))
+
+    def _end_prefill(self, at: float) -> None:
+        _, _, job = heapq.heappop(self._prefills)
+        job.first_token_at = at
+        if job.output_tokens <= 1:
+            self._finish(job, at)
+            self._admit(at)
+            return
+        batch = self._batches.get(job.model.name)
+        if batch is None:
+            batch = self._batches[job.model.name] = _DecodeBatch(job.model)
+        job.state = JobState.DECODE
+        job._batch = batch
+        if batch.step_end is None:
+            self._join(batch, job)
+            self._start_step(batch, at)
+        else:
+            # A running step cannot take a new member; it joins at the next step boundary.
+            batch.joining.append(job)
+        job._notify()
+
+    def _end_step(self, batch: _DecodeBatch, at: float) -> None:
+        batch.steps += 1
+        finishes = batch.finishes
+        while finishes and finishes[0][0] <= batch.steps:
+            _, _, job = heapq.heappop(finishes)
+            if job.state is not JobState.DECODE:
+                continue
+            batch.members.remove(job)
+            self._decoding -= 1
+            self._finish(job, at)
+        for job in batch.joining:
+            self._join(batch, job)
+        batch.joining.clear()
+        self._admit(at)
+        self._start_step(batch, at)
+
+    def _join(self, batch: _DecodeBatch, job: Job) -> None:
+        job._join_step = batch.steps
+        batch.members.add(job)
+        self._decoding += 1
+        last_step = batch.steps + job.output_tokens - 1
+        heapq.heappush(batch.finishes, (last_step, next(self._order), job))
+
+    def _start_step(self, batch: _DecodeBatch, at: float) -> None:
+        if not batch.members:
+            batch.step_end = None
+            batch.finishes.clear()  # only cancelled jobs can be left in it
+            return
+        duration = (
+            self.slow_factor
+            * batch.scale
+            * (self._decode_fixed_s + self._decode_per_seq_s * (self._decoding - 1))
+        )
+        batch.step_end = at + duration
+
+    def _finish(self, job: Job, at: float) -> None:
+        job.state = JobState.DONE
+        job.finished_at = at
+        self._active -= 1
+        self.served += 1
+        job._notify()

@@ -1,0 +1,80 @@
+"""The devices behind one port, driven in real time on the scaled clock."""
+
+from __future__ import annotations
+
+import asyncio
+
+from simulator.clock import ScaledClock
+from simulator.device import Device, Job
+from simulator.power import PowerCurve
+from simulator.profile import Profile
+
+
+class Fleet:
+    """Run each device's engine against the scaled clock and place requests on devices.
+
+    Each device keeps one wake-up timer at its next event; on waking it processes every
+    event due by now, so timer granularity delays delivery but never changes simulated time.
+    """
+
+    def __init__(self, profile: Profile, devices: int, clock: ScaledClock):
+        if devices < 1:
+            raise ValueError(f"a fleet needs at least one device, got {devices}")
+        self.clock = clock
+        self.devices = [
+            Device(index, profile.timing, profile.slots, PowerCurve(profile.power))
+            for index in range(devices)
+        ]
+        self._timers: list[asyncio.TimerHandle | None] = [None] * devices
+        self._timer_at: list[float | None] = [None] * devices
+
+    def place(self) -> Device:
+        """Return the device with the fewest requests in flight (the lowest index on a tie)."""
+        return min(self.devices, key=lambda device: device.inflight)
+
+    def submit(self, device: Device, job: Job) -> None:
+        """Start `job` on `device` now."""
+        device.submit(job, self.clock.now())
+        self._wake_later(device)
+
+    def cancel(self, job: Job) -> None:
+        """Withdraw `job` from its device now, freeing its slot."""
+        if job.device_index is None or job.finished:
+            return
+        device = self.devices[job.device_index]
+        device.cancel(job, self.clock.now())
+        self._wake_later(device)
+
+    def sync(self) -> None:
+        """Bring every device up to now, so power and energy readings are current."""
+        now = self.clock.now()
+        for device in self.devices:
+            device.advance(now)
+            self._wake_later(device)
+
+    def set_slow_factor(self, factor: float) -> None:
+        """Make every device `factor` times slower from now on."""
+        self.sync()
+        for device in self.devices:
+            device.slow_factor = factor
+
+    def _wake_later(self, device: Device) -> None:
+        index = device.index
+        at = device.next_event_at()
+        timer = self._timers[index]
+        if timer is not None:
+            scheduled = self._timer_at[index]
+            if at is not None and scheduled is not None and scheduled <= at:
+                return
+            timer.cancel()
+            self._timers[index] = None
+        if at is None:
+            return
+        delay = max(0.0, self.clock.wall_delay(at))
+        self._timer_at[index] = at
+        self._timers[index] = asyncio.get_running_loop().call_later(delay, self._wake, device)
+
+    def _wake(self, device: Device) -> None:
+        self._timers[device.index] = None
+        device.advance(self.clock.now())
+        self._wake_later(device)

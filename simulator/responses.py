@@ -1,0 +1,208 @@
+"""OpenAI response bodies and server-sent-event chunks, built from a device's answer."""
+
+from __future__ import annotations
+
+import base64
+import time
+import uuid
+from array import array
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+
+from simulator.answers import Answer
+from simulator.profile import ModelSpec
+
+DONE = b"data: [DONE]\n\n"
+
+
+def new_id(prefix: str) -> str:
+    """Return a fresh response id such as `chatcmpl-…`."""
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    """Return OpenAI's `usage` object."""
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def chat_completion(model: str, answer: Answer, prompt_tokens: int) -> dict[str, Any]:
+    """Return a `chat.completion` object."""
+    message: dict[str, Any] = {"role": "assistant", "content": answer.text, "refusal": None}
+    if answer.tool_call is not None:
+        message["content"] = None
+        message["tool_calls"] = [
+            {
+                "id": answer.tool_call.id,
+                "type": "function",
+                "function": {"name": answer.tool_call.name, "arguments": answer.text},
+            }
+        ]
+    return {
+        "id": new_id("chatcmpl"),
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": message,
+                "logprobs": None,
+                "finish_reason": answer.finish_reason,
+            }
+        ],
+        "usage": usage(prompt_tokens, answer.completion_tokens),
+    }
+
+
+def text_completion(model: str, answer: Answer, prompt_tokens: int) -> dict[str, Any]:
+    """Return a `text_completion` object."""
+    return {
+        "id": new_id("cmpl"),
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "text": answer.text,
+                "logprobs": None,
+                "finish_reason": answer.finish_reason,
+            }
+        ],
+        "usage": usage(prompt_tokens, answer.completion_tokens),
+    }
+
+
+def embedding_list(
+    model: str,
+    vectors: Sequence[list[float]],
+    prompt_tokens: int,
+    *,
+    encoding_format: str,
+) -> dict[str, Any]:
+    """Return an embeddings `list` object, vectors as floats or base64 little-endian float32."""
+    data = [
+        {
+            "object": "embedding",
+            "index": index,
+            "embedding": _base64(vector) if encoding_format == "base64" else vector,
+        }
+        for index, vector in enumerate(vectors)
+    ]
+    return {
+        "object": "list",
+        "data": data,
+        "model": model,
+        "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
+    }
+
+
+def model_entry(model: ModelSpec, created: int) -> dict[str, Any]:
+    """Return a `model` object."""
+    return {"id": model.name, "object": "model", "created": created, "owned_by": "simulator"}
+
+
+def _base64(vector: list[float]) -> str:
+    packed = array("f", vector)
+    if packed.itemsize != 4:  # pragma: no cover - every supported platform has 32-bit floats
+        raise RuntimeError("float32 arrays are not 4 bytes on this platform")
+    return base64.b64encode(packed.tobytes()).decode()
+
+
+class ChunkEncoder:
+    """Encode a streaming answer as OpenAI SSE chunks, one per decoded token.
+
+    The first chunk carries the role (or opens the tool call) with the first token, so the
+    first body byte a client sees is the first token.
+    """
+
+    def __init__(self, endpoint: str, model: str, answer: Answer, *, include_usage: bool):
+        self.answer = answer
+        self.include_usage = include_usage
+        self.chat = endpoint == "chat"
+        self.envelope: dict[str, Any] = {
+            "id": new_id("chatcmpl" if self.chat else "cmpl"),
+            "object": "chat.completion.chunk" if self.chat else "text_completion",
+            "created": int(time.time()),
+            "model": model,
+        }
+        head = orjson.dumps(self.envelope)[:-1]
+        tail = b',"logprobs":null,"finish_reason":null}]'
+        tail += b',"usage":null}\n\n' if include_usage else b"}\n\n"
+        if self.chat and answer.tool_call is not None:
+            self._prefix = (
+                b"data: " + head + b',"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,'
+                b'"function":{"arguments":'
+            )
+            self._suffix = b"}}]}" + tail
+        elif self.chat:
+            self._prefix = b"data: " + head + b',"choices":[{"index":0,"delta":{"content":'
+            self._suffix = b"}" + tail
+        else:
+            self._prefix = b"data: " + head + b',"choices":[{"index":0,"text":'
+            self._suffix = tail
+
+    def tokens(self, start: int, stop: int) -> bytes:
+        """Return the chunks for the answer's tokens `start` to `stop` (exclusive)."""
+        pieces = self.answer.pieces
+        out: list[bytes] = []
+        if start == 0 and stop > 0:
+            out.append(self._opening())
+            start = 1
+        prefix, suffix = self._prefix, self._suffix
+        for index in range(start, stop):
+            out.append(prefix + orjson.dumps(pieces[index]) + suffix)
+        return b"".join(out)
+
+    def closing(self, prompt_tokens: int) -> bytes:
+        """Return the final chunk (finish reason), the usage chunk if asked for, and `[DONE]`."""
+        reason = self.answer.finish_reason
+        if self.chat:
+            choice: dict[str, Any] = {
+                "index": 0,
+                "delta": {},
+                "logprobs": None,
+                "finish_reason": reason,
+            }
+        else:
+            choice = {"index": 0, "text": "", "logprobs": None, "finish_reason": reason}
+        out = [self._event({"choices": [choice]})]
+        if self.include_usage:
+            totals = usage(prompt_tokens, self.answer.completion_tokens)
+            out.append(self._event({"choices": [], "usage": totals}, with_null_usage=False))
+        out.append(DONE)
+        return b"".join(out)
+
+    def _opening(self) -> bytes:
+        answer = self.answer
+        first = answer.pieces[0]
+        if not self.chat:
+            choice: dict[str, Any] = {"index": 0, "text": first}
+        elif answer.tool_call is not None:
+            call = {
+                "index": 0,
+                "id": answer.tool_call.id,
+                "type": "function",
+                "function": {"name": answer.tool_call.name, "arguments": first},
+            }
+            choice = {
+                "index": 0,
+                "delta": {"role": "assistant", "content": None, "tool_calls": [call]},
+            }
+        else:
+            choice = {"index": 0, "delta": {"role": "assistant", "content": first}}
+        choice["logprobs"] = None
+        choice["finish_reason"] = None
+        return self._event({"choices": [choice]})
+
+    def _event(self, fields: dict[str, Any], *, with_null_usage: bool = True) -> bytes:
+        payload = {**self.envelope, **fields}
+        if self.include_usage and with_null_usage:
+            payload["usage"] = None
+        return b"data: " + orjson.dumps(payload) + b"\n\n"

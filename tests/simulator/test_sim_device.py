@@ -1,0 +1,205 @@
+"""The device engine on simulated time: prefill, lockstep decode, slots, queue, energy.
+
+The engine reads no clock, so these tests drive it to chosen simulated instants and check
+its event times exactly; no wall-clock timing is involved.
+"""
+
+import math
+
+import pytest
+
+from simulator.device import Device, Job, JobState
+from simulator.power import PowerCurve
+from simulator.profile import ModelSpec, PowerFigures, Timing
+
+TIMING = Timing(
+    prefill_fixed_ms=10.0,
+    prefill_per_token_us=30.0,
+    host_transfer_per_token_us=0.0,
+    decode_fixed_ms=6.0,
+    decode_per_seq_ms=0.5,
+)
+POWER = PowerFigures(idle_w=100, batch1_w=200, max_w=500, max_at_batch=32)
+CHAT = ModelSpec(name="chat-8b", kind="chat", cost_scale=1.0)
+BIG = ModelSpec(name="chat-70b", kind="chat", cost_scale=8.75)
+EMBED = ModelSpec(name="embed", kind="embedding", cost_scale=0.05, dimensions=8)
+
+
+def _device(slots: int = 4, timing: Timing = TIMING) -> Device:
+    return Device(0, timing, slots, PowerCurve(POWER))
+
+
+def _run(device: Device) -> None:
+    while (at := device.next_event_at()) is not None:
+        device.advance(at)
+
+
+def _ttft(job: Job) -> float:
+    return job.first_token_at - job.arrived_at
+
+
+def _decode_time_per_token(job: Job) -> float:
+    return (job.finished_at - job.first_token_at) / (job.output_tokens - 1)
+
+
+def test_time_to_first_token_is_the_prefill_of_the_prompt():
+    device = _device()
+    job = Job(CHAT, prompt_tokens=1000, output_tokens=5)
+    device.submit(job, 0.0)
+    _run(device)
+    assert _ttft(job) == pytest.approx(0.010 + 1000 * 30e-6)
+
+
+def test_time_to_first_token_grows_with_prompt_length():
+    ttfts = []
+    for prompt in (10, 1000, 10_000):
+        device = _device()
+        job = Job(CHAT, prompt, 2)
+        device.submit(job, 0.0)
+        _run(device)
+        ttfts.append(_ttft(job))
+    assert ttfts == sorted(ttfts)
+    assert ttfts[2] > 10 * ttfts[0]
+
+
+def test_host_transfer_adds_a_cost_per_context_token():
+    plain, transfer = (
+        _device(),
+        _device(timing=TIMING.model_copy(update={"host_transfer_per_token_us": 20.0})),
+    )
+    jobs = [Job(CHAT, 2000, 2), Job(CHAT, 2000, 2)]
+    for device, job in zip((plain, transfer), jobs, strict=True):
+        device.submit(job, 0.0)
+        _run(device)
+    assert _ttft(jobs[1]) - _ttft(jobs[0]) == pytest.approx(2000 * 20e-6)
+
+
+def test_one_sequence_decodes_at_the_fixed_step_cost():
+    device = _device()
+    job = Job(CHAT, 10, 101)
+    device.submit(job, 0.0)
+    _run(device)
+    assert _decode_time_per_token(job) == pytest.approx(0.006)
+
+
+def test_decode_slows_as_more_sequences_decode_together():
+    alone, crowd = _device(slots=8), _device(slots=8)
+    single = Job(CHAT, 10, 101)
+    alone.submit(single, 0.0)
+    _run(alone)
+    together = [Job(CHAT, 10, 101) for _ in range(8)]
+    for job in together:
+        crowd.submit(job, 0.0)
+    _run(crowd)
+    assert _decode_time_per_token(together[0]) == pytest.approx(0.006 + 7 * 0.0005, rel=0.02)
+    assert _decode_time_per_token(together[0]) > 1.5 * _decode_time_per_token(single)
+
+
+def test_a_bigger_model_decodes_slower_by_its_cost_scale():
+    small, big = _device(), _device()
+    jobs = [Job(CHAT, 100, 51), Job(BIG, 100, 51)]
+    for device, job in zip((small, big), jobs, strict=True):
+        device.submit(job, 0.0)
+        _run(device)
+    ratio = _decode_time_per_token(jobs[1]) / _decode_time_per_token(jobs[0])
+    assert ratio == pytest.approx(8.75)
+
+
+def test_requests_beyond_slots_wait_and_start_in_arrival_order():
+    device = _device(slots=2)
+    jobs = [Job(CHAT, 10, 20) for _ in range(5)]
+    for index, job in enumerate(jobs):
+        device.submit(job, index * 1e-6)
+    assert (device.active, device.queued) == (2, 3)
+    _run(device)
+    admitted = [job.admitted_at for job in jobs]
+    assert admitted == sorted(admitted)
+    # A waiting request starts exactly when a running one hands back its slot.
+    finishes = sorted(job.finished_at for job in jobs)
+    assert jobs[2].admitted_at == pytest.approx(finishes[0])
+
+
+def test_a_request_holds_its_slot_until_its_last_token():
+    device = _device(slots=1)
+    first, second = Job(CHAT, 10, 30), Job(CHAT, 10, 30)
+    device.submit(first, 0.0)
+    device.submit(second, 0.0)
+    _run(device)
+    assert second.admitted_at == pytest.approx(first.finished_at)
+    assert first.tokens_emitted == 30
+
+
+def test_tokens_appear_one_per_step_while_decoding():
+    device = _device()
+    job = Job(CHAT, 10, 50)
+    device.submit(job, 0.0)
+    device.advance(job_first := 0.010 + 10 * 30e-6)
+    assert job.tokens_emitted == 1
+    device.advance(job_first + 10 * 0.006 + 1e-9)
+    assert job.tokens_emitted == 11
+    assert job.state is JobState.DECODE
+
+
+def test_cancelling_a_running_request_frees_its_slot_for_the_queue():
+    device = _device(slots=1)
+    running, waiting = Job(CHAT, 10, 1000), Job(CHAT, 10, 5)
+    device.submit(running, 0.0)
+    device.submit(waiting, 0.0)
+    device.cancel(running, 0.5)
+    assert running.state is JobState.CANCELLED
+    assert waiting.admitted_at == pytest.approx(0.5)
+    _run(device)
+    assert waiting.state is JobState.DONE
+
+
+def test_an_embedding_needs_one_cheap_pass_and_no_decode():
+    device = _device()
+    job = Job(EMBED, 100, 0)
+    device.submit(job, 0.0)
+    _run(device)
+    assert job.state is JobState.DONE
+    assert job.finished_at == pytest.approx(0.05 * (0.010 + 100 * 30e-6))
+
+
+def test_slow_factor_multiplies_every_duration():
+    normal, slow = _device(), _device()
+    slow.slow_factor = 3.0
+    jobs = [Job(CHAT, 500, 40), Job(CHAT, 500, 40)]
+    for device, job in zip((normal, slow), jobs, strict=True):
+        device.submit(job, 0.0)
+        _run(device)
+    assert jobs[1].finished_at == pytest.approx(3.0 * jobs[0].finished_at)
+
+
+def test_energy_integrates_idle_power_while_nothing_runs():
+    device = _device()
+    device.advance(10.0)
+    assert device.energy_j == pytest.approx(100 * 10.0)
+
+
+def test_energy_grows_faster_under_load_but_less_per_sequence():
+    idle, light, busy = _device(slots=32), _device(slots=32), _device(slots=32)
+    light.submit(Job(CHAT, 10, 100_000), 0.0)
+    for _ in range(16):
+        busy.submit(Job(CHAT, 10, 100_000), 0.0)
+    for device in (idle, light, busy):
+        device.advance(5.0)
+    assert idle.energy_j < light.energy_j < busy.energy_j
+    dynamic_light = light.energy_j - idle.energy_j
+    dynamic_busy = busy.energy_j - idle.energy_j
+    assert dynamic_busy < 16 * dynamic_light
+
+
+def test_advancing_in_coarse_or_fine_steps_gives_the_same_timeline():
+    coarse, fine = _device(slots=2), _device(slots=2)
+    coarse_jobs = [Job(CHAT, 100 * i, 20 + i) for i in range(1, 5)]
+    fine_jobs = [Job(CHAT, 100 * i, 20 + i) for i in range(1, 5)]
+    for device, jobs in ((coarse, coarse_jobs), (fine, fine_jobs)):
+        for job in jobs:
+            device.submit(job, 0.0)
+    coarse.advance(10.0)
+    for tick in range(1, 10_001):
+        fine.advance(tick * 0.001)
+    for a, b in zip(coarse_jobs, fine_jobs, strict=True):
+        assert a.finished_at == pytest.approx(b.finished_at)
+    assert math.isclose(coarse.energy_j, fine.energy_j, rel_tol=1e-9)

@@ -1,0 +1,142 @@
+"""Power, energy and load, exposed with the DCGM exporter's names."""
+
+import asyncio
+import time
+
+import httpx
+import pytest
+from simproc import SimulatorProcess, metric_value, parse_metrics, start_simulator
+
+CHAT = "llama-3.1-8b-instruct"
+
+
+def _long_request(client: httpx.AsyncClient, tokens: int, tag: str):
+    return client.post(
+        "/v1/chat/completions",
+        json={
+            "model": CHAT,
+            "messages": [{"role": "user", "content": tag}],
+            "max_tokens": tokens,
+            "ignore_eos": True,
+            "temperature": 0,
+        },
+    )
+
+
+def _average_power(before: str, after: str) -> float:
+    """Return watts averaged over the simulated time between two scrapes."""
+    joules = (
+        metric_value(after, "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION")
+        - metric_value(before, "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION")
+    ) / 1000.0
+    seconds = metric_value(after, "sim_clock_seconds") - metric_value(before, "sim_clock_seconds")
+    return joules / seconds
+
+
+@pytest.fixture(scope="module")
+def fleet():
+    with start_simulator("gpu", speed=100, extra_args=["--devices", "3"]) as sim:
+        yield sim
+
+
+def test_power_and_energy_use_dcgm_names_with_one_series_per_device(fleet):
+    samples = parse_metrics(fleet.metrics())
+    for name in ("DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"):
+        series = [labels for sample, labels, _ in samples if sample == name]
+        assert [labels["gpu"] for labels in series] == ["0", "1", "2"]
+        assert {labels["device"] for labels in series} == {"nvidia0", "nvidia1", "nvidia2"}
+        assert len({labels["UUID"] for labels in series}) == 3
+        assert all(labels["modelName"] and labels["Hostname"] for labels in series)
+    text = fleet.metrics()
+    assert "# TYPE DCGM_FI_DEV_POWER_USAGE gauge" in text
+    assert "# TYPE DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION counter" in text
+
+
+def test_an_idle_device_draws_its_idle_power(fleet):
+    assert metric_value(fleet.metrics(), "DCGM_FI_DEV_POWER_USAGE", gpu="1") == pytest.approx(120)
+    before = fleet.metrics()
+    time.sleep(0.05)
+    assert _average_power(before, fleet.metrics()) == pytest.approx(3 * 120, rel=0.01)
+
+
+def test_energy_counter_grows_faster_under_load(fleet):
+    async def scenario() -> tuple[float, float]:
+        async with httpx.AsyncClient(base_url=fleet.url, timeout=30) as client:
+            idle_start = fleet.metrics()
+            await asyncio.sleep(0.1)
+            idle_end = fleet.metrics()
+            requests = [
+                asyncio.create_task(_long_request(client, 30_000, f"load {i}")) for i in range(24)
+            ]
+            await _until(fleet, "sim_active_requests", 24)
+            load_start = fleet.metrics()
+            await asyncio.sleep(0.1)
+            load_end = fleet.metrics()
+            for request in requests:
+                request.cancel()
+            await asyncio.gather(*requests, return_exceptions=True)
+        return _average_power(idle_start, idle_end), _average_power(load_start, load_end)
+
+    idle, loaded = asyncio.run(scenario())
+    # 3 x 120 W idle against 3 x P(8) ~ 3 x 390 W; ask for 2x.
+    assert loaded > 2 * idle
+
+
+def test_power_per_device_rises_with_its_active_requests(fleet):
+    async def scenario() -> str:
+        async with httpx.AsyncClient(base_url=fleet.url, timeout=30) as client:
+            requests = [
+                asyncio.create_task(_long_request(client, 30_000, f"one {i}")) for i in range(4)
+            ]
+            await _until(fleet, "sim_active_requests", 4)
+            text = fleet.metrics()
+            for request in requests:
+                request.cancel()
+            await asyncio.gather(*requests, return_exceptions=True)
+        return text
+
+    text = asyncio.run(scenario())
+    active = {
+        labels["gpu"]: value
+        for name, labels, value in parse_metrics(text)
+        if name == "sim_active_requests"
+    }
+    power = {
+        labels["gpu"]: value
+        for name, labels, value in parse_metrics(text)
+        if name == "DCGM_FI_DEV_POWER_USAGE"
+    }
+    busiest = max(active, key=active.get)
+    quietest = min(active, key=active.get)
+    assert active[busiest] > active[quietest]
+    assert power[busiest] > power[quietest]
+
+
+def test_peak_inflight_counts_requests_received_and_not_yet_answered():
+    with start_simulator("gpu", speed=100, extra_args=["--slots", "2"]) as sim:
+
+        async def scenario() -> float:
+            async with httpx.AsyncClient(base_url=sim.url, timeout=30) as client:
+                requests = [
+                    asyncio.create_task(_long_request(client, 30_000, f"peak {i}"))
+                    for i in range(10)
+                ]
+                await _until(sim, "sim_inflight_requests", 10)
+                queued = metric_value(sim.metrics(), "sim_queued_requests")
+                for request in requests:
+                    request.cancel()
+                await asyncio.gather(*requests, return_exceptions=True)
+            return queued
+
+        assert asyncio.run(scenario()) == 8  # 10 in flight, 2 slots
+        sim.wait_for_metric("sim_requests_total", 10, status="none")  # all abandoned
+        assert metric_value(sim.metrics(), "sim_peak_inflight_requests") == 10
+        assert metric_value(sim.metrics(), "sim_inflight_requests") == 0
+        assert metric_value(sim.metrics(), "sim_active_requests") == 0
+
+
+async def _until(sim: SimulatorProcess, name: str, at_least: float, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while (value := metric_value(sim.metrics(), name)) < at_least:
+        assert time.monotonic() < deadline, f"{name} stayed at {value}, below {at_least}"
+        await asyncio.sleep(0.005)
