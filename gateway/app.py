@@ -17,17 +17,25 @@ from fastapi import FastAPI, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from gateway import admin
 from gateway.admission import Admission
 from gateway.classify import TokenEstimator
+from gateway.costmodel import store
+from gateway.costmodel.learner import Learner
+from gateway.costmodel.model import CostModel, OutputLengths
 from gateway.db import make_engine
 from gateway.forward import Forwarder
 from gateway.health import HealthChecker, OutlierDetector
 from gateway.ingress import Ingress
+from gateway.metering import EnergyMeter
 from gateway.metrics import GatewayMetrics
+from gateway.mirror import Mirror
 from gateway.policy import Policy, load_policy
-from gateway.records import RecordWriter, request_records
+from gateway.records import RecordWriter, RequestRecord, request_records
 from gateway.routing.fleet import BackendState, Fleet
+from gateway.routing.ranking import CostRanker
 from gateway.settings import Settings
+from gateway.shadow import ShadowWriter
 from gateway.telemetry import Telemetry
 from gateway.upstream import Upstream
 
@@ -55,14 +63,47 @@ class Gateway:
         self.admission = Admission(self.fleet)
         self.upstream = Upstream()
         self.outliers = OutlierDetector(self.metrics)
-        self.forwarder = Forwarder(
-            self.upstream, self.admission, self.outliers, self.metrics, clock
-        )
         self.engine = make_engine(settings.database_url)
         self.records = RecordWriter(
             self.engine, self.metrics, flush_interval_s=settings.record_flush_interval_s
         )
-        self.telemetry = Telemetry(self.metrics, self.records, self.estimator)
+        self.meter = EnergyMeter(
+            lambda: self.policy,
+            self.upstream,
+            self._record_finished,
+            self.metrics,
+            interval_s=settings.power_scrape_interval_s,
+            clock=clock,
+        )
+        self.costmodel = CostModel(policy)
+        self.learner = Learner(
+            lambda: self.policy,
+            self.engine,
+            self.metrics,
+            self._use_model,
+            every=settings.model_retrain_every,
+            interval_s=settings.model_retrain_interval_s,
+        )
+        self.outputs = OutputLengths(default=policy.assumed_max_tokens)
+        self.ranker = CostRanker(lambda: self.costmodel, self.outputs)
+        self.forwarder = Forwarder(
+            self.upstream,
+            self.admission,
+            self.outliers,
+            self.metrics,
+            self.meter,
+            self.ranker,
+            clock,
+        )
+        self.telemetry = Telemetry(
+            self.metrics, self.records, self.meter, self.estimator, self.outputs
+        )
+        self.shadow_records = ShadowWriter(
+            self.engine, self.metrics, flush_interval_s=settings.record_flush_interval_s
+        )
+        self.mirror = Mirror(
+            self.upstream, self.admission, self.metrics, self.shadow_records, lambda: self.fleet
+        )
         self.health = HealthChecker(
             lambda: self.fleet,
             self.upstream,
@@ -71,6 +112,13 @@ class Gateway:
             interval_s=settings.health_check_interval_s,
         )
         self.database_ok = False
+
+    def _record_finished(self, record: RequestRecord) -> None:
+        self.records.add(record)
+        self.learner.observe(record)
+
+    def _use_model(self, model: CostModel) -> None:
+        self.costmodel = model
 
     def _restored(self, backend: BackendState) -> None:
         self.admission.dispatch(self.fleet.pools[backend.pool])
@@ -90,12 +138,25 @@ class Gateway:
 
     async def start(self) -> None:
         self.database_ok = self.check_database()
+        if self.database_ok:
+            stored = store.load_latest(self.engine, self.policy)
+            if stored is not None:
+                self._use_model(stored)
+                self.metrics.model_version.set(stored.version)
         await self.upstream.start()
         self.records.start()
+        self.shadow_records.start()
+        self.mirror.start()
+        await self.meter.start()
         self.health.start()
+        self.learner.start()
 
     async def stop(self) -> None:
+        await self.learner.stop()
         await self.health.stop()
+        await self.mirror.stop()
+        await self.shadow_records.stop()
+        await self.meter.stop()
         await self.records.stop()
         await self.upstream.close()
         self.engine.dispose()
@@ -134,6 +195,7 @@ def ops_app(gateway: Gateway) -> FastAPI:
     async def metrics() -> Response:
         return Response(generate_latest(gateway.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
+    admin.install(app, gateway)
     return app
 
 

@@ -3,8 +3,9 @@
 GatewayError                  anything the gateway refuses or fails to do for a request
 ├── InvalidRequest            400: the body or a header is malformed or out of range
 │   └── ContextTooLong        400: prompt plus max tokens exceed every pool's context
-├── Unauthorized              401: a tenant key is required and missing or unknown
+├── Unauthorized              401: a required tenant key or the admin token is missing or wrong
 ├── RouteDenied               403: no route of the policy admits this request
+├── AdminDisabled             403: no admin token is configured, so /admin is off
 ├── ModelNotFound             404: no pool serves the requested model
 ├── BodyTooLarge              413: the request body is over the configured limit
 ├── NoCapacity                429: every eligible pool is full and its queue budget ran out
@@ -67,6 +68,14 @@ class RouteDenied(GatewayError):
     status = 403
     type = "permission_error"
     code = "no_matching_route"
+
+
+class AdminDisabled(GatewayError):
+    """The admin API is off because GATEWAY_ADMIN_TOKEN is not set."""
+
+    status = 403
+    type = "permission_error"
+    code = "admin_disabled"
 
 
 class ModelNotFound(GatewayError):

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from gateway.classify import RequestProfile
+from gateway.costmodel.model import Prediction
 from gateway.routing.fleet import BackendState
 from gateway.routing.router import RouteDecision
+
+if TYPE_CHECKING:
+    from gateway.mirror import ShadowPlan
 
 
 @dataclass(slots=True, eq=False)
@@ -23,6 +28,9 @@ class Exchange:
     backend: BackendState | None = None
     first_pool: str | None = None
     attempts: int = 0
+    attempt_started: float = 0.0
+    concurrent: int = 0
+    prediction: Prediction | None = None
     fallback_reason: str | None = None
     queue_s: float = 0.0
     upstream_s: float = 0.0
@@ -34,6 +42,9 @@ class Exchange:
     response_started: bool = False
     status: int = 0
     error: str | None = None
+    # Shadow copies planned for this request; only then is the primary's answer kept.
+    shadows: tuple[ShadowPlan, ...] = ()
+    captured: list[bytes] | None = None
 
     @property
     def route_name(self) -> str:

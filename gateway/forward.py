@@ -16,12 +16,15 @@ import aiohttp
 import orjson
 
 from gateway.admission import Admission
+from gateway.costmodel.model import Prediction
 from gateway.errors import NoCapacity, UpstreamError
 from gateway.exchange import Exchange
 from gateway.health import OutlierDetector
+from gateway.metering import EnergyMeter
 from gateway.metrics import GatewayMetrics
 from gateway.policy import Policy
 from gateway.routing.fleet import BackendState, Fleet
+from gateway.routing.ranking import CostRanker
 from gateway.routing.router import pick_backend
 
 Send = Callable[[dict[str, Any]], Any]
@@ -102,12 +105,16 @@ class Forwarder:
         admission: Admission,
         outliers: OutlierDetector,
         metrics: GatewayMetrics,
+        meter: EnergyMeter,
+        ranker: CostRanker,
         clock: Callable[[], float] = time.perf_counter,
     ):
         self.upstream = upstream
         self.admission = admission
         self.outliers = outliers
         self.metrics = metrics
+        self.meter = meter
+        self.ranker = ranker
         self.clock = clock
 
     async def forward(
@@ -123,6 +130,9 @@ class Forwarder:
         backend = await self._admit(ex, policy, fleet)
         started = self.clock()
         backend, response, head, chunks = await self._open(ex, backend, body, policy, fleet)
+        self.meter.open(backend, ex.decision_id, ex.attempt_started)
+        ex.concurrent = backend.in_flight
+        ex.prediction = self._prediction(ex, backend, fleet)
         try:
             if chunks is not None:
                 await self._relay_stream(ex, backend, head, chunks, receive, send)
@@ -169,6 +179,7 @@ class Forwarder:
         failed: set[str] = set()
         while True:
             ex.attempts += 1
+            ex.attempt_started = self.clock()
             ex.backend = backend
             response: aiohttp.ClientResponse | None = None
             try:
@@ -217,16 +228,28 @@ class Forwarder:
                 ex.backend = None
                 raise
 
+    def _prediction(self, ex: Exchange, backend: BackendState, fleet: Fleet) -> Prediction:
+        """Return the cost model's estimate for the pool that finally serves the request."""
+        assert ex.decision is not None and ex.profile is not None
+        known = ex.decision.predictions.get(backend.pool)
+        if known is not None:
+            return known
+        return self.ranker.predict(ex.profile, ex.route_name, fleet.pools[backend.pool])
+
     def _headers(self, ex: Exchange, content_type: bytes) -> list[tuple[bytes, bytes]]:
         backend = ex.backend
         assert backend is not None
-        return [
+        headers = [
             (b"content-type", content_type),
             (b"x-gateway-route", ex.route_name.encode()),
             (b"x-gateway-pool", backend.pool.encode()),
             (b"x-gateway-backend", backend.name.encode()),
             (b"x-gateway-decision-id", ex.decision_id.encode()),
         ]
+        if ex.prediction is not None:
+            headers.append((b"x-gateway-energy-j", f"{ex.prediction.energy_j:.4g}".encode()))
+            headers.append((b"x-gateway-cost-usd", f"{ex.prediction.cost_usd:.4g}".encode()))
+        return headers
 
     async def _relay_whole(
         self, ex: Exchange, response: aiohttp.ClientResponse, body: bytes, send: Send
@@ -236,6 +259,8 @@ class Forwarder:
         headers.append((b"content-length", str(len(body)).encode()))
         ex.status = response.status
         if response.status == 200:
+            if ex.captured is not None:
+                ex.captured.append(body)
             usage = _usage(body)
             if usage is not None:
                 ex.prompt_tokens = usage.get("prompt_tokens")
@@ -256,12 +281,15 @@ class Forwarder:
         send: Send,
     ) -> None:
         tally = StreamTally()
+        captured = ex.captured  # only sampled requests keep their answer for the mirror
         headers = self._headers(ex, b"text/event-stream")
         headers.append((b"cache-control", b"no-cache"))
         ex.status = 200
         ex.response_started = True
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         tally.feed(head, self.clock())
+        if captured is not None:
+            captured.append(head)
         await send({"type": "http.response.body", "body": head, "more_body": True})
         disconnected = asyncio.ensure_future(receive())
         try:
@@ -270,6 +298,8 @@ class Forwarder:
                     ex.status, ex.error = 499, "client_closed"
                     return
                 tally.feed(chunk, self.clock())
+                if captured is not None:
+                    captured.append(chunk)
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             if not tally.done:
                 raise UpstreamError(f"backend {backend.name} ended the stream without [DONE]")

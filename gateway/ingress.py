@@ -122,7 +122,10 @@ class Ingress:
             }
             policy, fleet = gw.policy, gw.fleet
             ex.profile = classify(endpoint, payload, headers, policy, gw.estimator)
-            ex.decision = decide(ex.profile, policy, fleet)
+            ex.decision = decide(ex.profile, policy, fleet, gw.ranker)
+            ex.shadows = gw.mirror.sample(ex.profile, ex.decision.route, policy, ex.decision_id)
+            if ex.shadows:
+                ex.captured = []
             await gw.forwarder.forward(ex, body, receive, send, policy, fleet)
         except GatewayError as exc:
             ex.status, ex.error = exc.status, exc.code
@@ -151,3 +154,5 @@ class Ingress:
                 )
         finally:
             gw.telemetry.finish(ex, clock())
+            if ex.shadows:
+                gw.mirror.submit(ex, body, policy)

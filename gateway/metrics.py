@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -20,6 +20,7 @@ NAMESPACE = "gateway"
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1)
 OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1)
+SIMILARITY_BUCKETS = (0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 1.0)
 
 
 class FleetCollector(Collector):
@@ -145,6 +146,47 @@ class GatewayMetrics:
             namespace=NAMESPACE,
             registry=r,
         )
+        self.energy = Counter(
+            "energy_joules",
+            "Measured energy attributed to requests.",
+            ["pool"],
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.prediction_ratio = Histogram(
+            "cost_model_observed_over_predicted",
+            "Observed over predicted, per request: 1 is a perfect prediction.",
+            ["pool", "target"],
+            buckets=(0.25, 0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2, 4),
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.model_mape = Gauge(
+            "cost_model_mape",
+            "Held-out mean absolute percentage error of the current cost model.",
+            ["pool", "target"],
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.model_version = Gauge(
+            "cost_model_version",
+            "Version of the cost model serving decisions (0: the physics prior).",
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.slo_unmeetable = Counter(
+            "slo_unmeetable",
+            "Requests for which no pool was predicted to meet the SLO.",
+            ["route"],
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.power_scrape_failures = Counter(
+            "power_scrape_failures",
+            "Backend power readings that failed.",
+            namespace=NAMESPACE,
+            registry=r,
+        )
         self.records_written = Counter(
             "records_written",
             "Request records written to the database.",
@@ -154,6 +196,80 @@ class GatewayMetrics:
         self.records_dropped = Counter(
             "records_dropped",
             "Request records lost because the writer queue was full.",
+            namespace=NAMESPACE,
+            registry=r,
+        )
+
+        # Shadow traffic: `candidate` is the pool that answered the copy (for kind="noise",
+        # the primary's own pool); match rates are matches_total / compared_total.
+        shadow = ["route", "candidate", "kind"]
+        self.shadow_sent = Counter(
+            "shadow_sent",
+            "Shadow copies sent upstream.",
+            shadow,
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.shadow_dropped = Counter(
+            "shadow_dropped",
+            "Shadow copies not sent (queue or budget full, no slot, primary failed...).",
+            [*shadow, "reason"],
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.shadow_failed = Counter(
+            "shadow_failed",
+            "Shadow copies that the candidate failed to answer, by error code.",
+            [*shadow, "code"],
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.shadow_compared = Counter(
+            "shadow_compared",
+            "Shadow copies answered by both sides and compared.",
+            shadow,
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.shadow_exact_matches = Counter(
+            "shadow_exact_matches",
+            "Compared copies whose text matched the primary's exactly.",
+            shadow,
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.shadow_normalized_matches = Counter(
+            "shadow_normalized_matches",
+            "Compared copies whose text matched after normalising case, punctuation, spaces.",
+            shadow,
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.shadow_similarity = Histogram(
+            "shadow_similarity_ratio",
+            "Token-level similarity of the copy's answer to the primary's (0..1).",
+            shadow,
+            buckets=SIMILARITY_BUCKETS,
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.shadow_duration = Histogram(
+            "shadow_duration_seconds",
+            "Upstream latency of shadow copies, end to end.",
+            shadow,
+            buckets=LATENCY_BUCKETS,
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.shadow_records_written = Counter(
+            "shadow_records_written",
+            "Shadow records written to the database.",
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.shadow_records_dropped = Counter(
+            "shadow_records_dropped",
+            "Shadow records lost because the writer queue was full or the write failed.",
             namespace=NAMESPACE,
             registry=r,
         )

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from gateway.compare import COMPARATORS, DEFAULT_COMPARATORS, SIMILARITY
 from gateway.errors import PolicyError
 
 PositiveFloat = Annotated[float, Field(gt=0)]
@@ -58,6 +59,18 @@ class Price(Strict):
     usd_per_kwh: NonNegativeFloat = 0.0
 
 
+class PowerMetrics(Strict):
+    """Where a pool's backends report energy: Prometheus metric names (DCGM's by default)."""
+
+    energy_counter: str = Field(
+        default="DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+        description="Cumulative energy in millijoules, one series per device.",
+    )
+    power_gauge: str = Field(
+        default="DCGM_FI_DEV_POWER_USAGE", description="Instantaneous draw in watts."
+    )
+
+
 class Pool(Strict):
     """A set of backends of one hardware kind sharing one capability entry."""
 
@@ -72,6 +85,10 @@ class Pool(Strict):
     bandwidth_gbs: PositiveFloat
     power: PowerFigures
     price: Price = Price()
+    power_metrics: PowerMetrics | None = Field(
+        default=PowerMetrics(),
+        description="null: the backends expose no power; energy is estimated from `power`.",
+    )
     live: bool = Field(
         default=True, description="False marks a shadow-only pool: never serves clients."
     )
@@ -111,13 +128,86 @@ class Match(Strict):
     tenants: list[str] = []
 
 
+class ShadowMatch(Strict):
+    """Which of a route's requests a shadow target copies; an empty list matches anything."""
+
+    models: list[str] = []
+    prompt_tokens: TokenRange = TokenRange()
+    tenants: list[str] = []
+
+
+class ShadowBudget(Strict):
+    """The most load mirrored copies may put on a pool; past it a copy is dropped, never queued."""
+
+    max_concurrent: int = Field(default=4, gt=0, description="Copies in flight at once.")
+    max_per_second: PositiveFloat = Field(default=10.0, description="Copies sent per second.")
+    max_slot_share: float = Field(
+        default=0.25, gt=0, le=1, description="Share of the pool's slots copies may hold."
+    )
+
+
+class Comparison(Strict):
+    """Which comparators measure a copy against the primary, and whether raw texts are kept."""
+
+    comparators: list[str] = list(DEFAULT_COMPARATORS)
+    store_text: bool = Field(
+        default=False, description="Keep both raw answers on the shadow record."
+    )
+    text_retention_h: PositiveFloat = Field(
+        default=72.0, description="Hours after which stored texts are erased."
+    )
+
+
+class ShadowTarget(Strict):
+    """A candidate pool that receives a sampled copy of a route's requests, only to compare."""
+
+    pool: str
+    sample_rate: float = Field(ge=0, le=1, description="Share of matching requests copied.")
+    match: ShadowMatch = ShadowMatch()
+    compare: Comparison = Comparison()
+    budget: ShadowBudget = ShadowBudget()
+
+
+class NoiseFloor(Strict):
+    """A same-pool (A/A) sample: how much two backends of the primary's own pool disagree."""
+
+    share: float = Field(
+        ge=0,
+        le=1,
+        description="Share of the route's shadow samples also sent to a second primary backend.",
+    )
+    compare: Comparison = Comparison()
+    budget: ShadowBudget = ShadowBudget(max_concurrent=2, max_slot_share=0.1)
+
+
+class ModelSpec(Strict):
+    """What the cost model's physics prior needs to know about a model."""
+
+    params_b: PositiveFloat = Field(description="Parameters, in billions.")
+    kind: Literal["chat", "embedding"] = "chat"
+
+
+Objective = Literal["preference", "min_cost", "min_energy", "min_latency"]
+
+
 class Route(Strict):
-    """A rule: the requests it matches, the pools allowed in preference order, and the fallback."""
+    """A rule: the requests it matches, the pools allowed in preference order, and the fallback.
+
+    `shadow` lists the candidate pools that get a sampled copy; `noise_floor` measures the
+    primary pool against itself so the candidates' diffs can be judged against it.
+    """
 
     name: str = Field(min_length=1)
     match: Match = Match()
     pools: list[str] = Field(min_length=1)
     fallback: str | None = None
+    objective: Objective = Field(
+        default="preference",
+        description="preference: the pools' order; min_cost / min_energy / min_latency: the "
+        "learned cost model picks, among pools predicted to meet the SLO.",
+    )
+    shadow: list[ShadowTarget] = []
+    noise_floor: NoiseFloor | None = None
 
 
 class Tenant(Strict):
@@ -144,6 +234,9 @@ class Policy(Strict):
     slo_classes: dict[str, SloClass] = Field(min_length=1)
     default_slo_class: str
     routes: list[Route] = Field(min_length=1)
+    models: dict[str, ModelSpec] = Field(
+        default_factory=dict, description="Model sizes for the cost model's prior."
+    )
     tenants: list[Tenant] = []
     require_tenant_key: bool = Field(
         default=False, description="Refuse requests whose key is not a known tenant's."
@@ -256,6 +349,141 @@ def _reference_errors(policy: Policy) -> list[tuple[tuple[str | int, ...], str]]
         r = route.match.prompt_tokens
         if r.max is not None and r.max < r.min:
             errors.append(((*where, "match", "prompt_tokens"), f"max {r.max} is below min {r.min}"))
+        errors.extend(_shadow_errors(policy, where, route, tenants))
+    return errors
+
+
+def _comparison_errors(
+    where: tuple[str | int, ...], comparison: Comparison
+) -> list[tuple[tuple[str | int, ...], str]]:
+    errors: list[tuple[tuple[str | int, ...], str]] = []
+    for k, name in enumerate(comparison.comparators):
+        if name not in COMPARATORS:
+            errors.append(
+                (
+                    (*where, "compare", "comparators", k),
+                    f"comparator {name!r} is not known (comparators: {', '.join(COMPARATORS)})",
+                )
+            )
+    similarity = [c for c in comparison.comparators if c in SIMILARITY]
+    if len(similarity) > 1:
+        errors.append(
+            (
+                (*where, "compare", "comparators"),
+                f"lists {len(similarity)} similarity measures {similarity}; pick one",
+            )
+        )
+    return errors
+
+
+def _similarity_of(comparison: Comparison) -> str | None:
+    return next((c for c in comparison.comparators if c in SIMILARITY), None)
+
+
+def _shadow_errors(
+    policy: Policy, where: tuple[str | int, ...], route: Route, tenants: set[str]
+) -> list[tuple[tuple[str | int, ...], str]]:
+    """Check a route's shadow targets and noise floor against the pools and tenants defined."""
+    errors: list[tuple[tuple[str | int, ...], str]] = []
+    seen: set[str] = set()
+    for j, target in enumerate(route.shadow):
+        at = (*where, "shadow", j)
+        pool = policy.pools.get(target.pool)
+        if target.pool in seen:
+            errors.append(
+                ((*at, "pool"), f"route {route.name!r} shadows pool {target.pool!r} twice")
+            )
+        seen.add(target.pool)
+        if pool is None:
+            errors.append(
+                (
+                    (*at, "pool"),
+                    f"route {route.name!r} shadows pool {target.pool!r}, which is not defined "
+                    f"(pools: {', '.join(policy.pools)})",
+                )
+            )
+            continue
+        if target.pool == route.pools[0]:
+            errors.append(
+                (
+                    (*at, "pool"),
+                    f"route {route.name!r} shadows pool {target.pool!r}, which is its primary "
+                    "pool; a same-pool sample is what noise_floor is for",
+                )
+            )
+        models = target.match.models or route.match.models
+        if models and not set(models) & set(pool.models):
+            errors.append(
+                (
+                    (*at, "pool"),
+                    f"route {route.name!r} shadows pool {target.pool!r}, which serves none of "
+                    f"{sorted(models)}",
+                )
+            )
+        for k, model in enumerate(target.match.models):
+            if route.match.models and model not in route.match.models:
+                errors.append(
+                    (
+                        (*at, "match", "models", k),
+                        f"shadow target {target.pool!r} filters on model {model!r}, which route "
+                        f"{route.name!r} never matches (models: {', '.join(route.match.models)})",
+                    )
+                )
+        for k, tenant in enumerate(target.match.tenants):
+            if tenant not in tenants:
+                errors.append(
+                    (
+                        (*at, "match", "tenants", k),
+                        f"shadow target {target.pool!r} filters on tenant {tenant!r}, which is "
+                        "not defined",
+                    )
+                )
+        r = target.match.prompt_tokens
+        if r.max is not None and r.max < r.min:
+            errors.append(((*at, "match", "prompt_tokens"), f"max {r.max} is below min {r.min}"))
+        slots = pool.slots_per_backend * len(pool.backends)
+        if int(target.budget.max_slot_share * slots) < 1:
+            errors.append(
+                (
+                    (*at, "budget", "max_slot_share"),
+                    f"{target.budget.max_slot_share} of pool {target.pool!r} ({slots} slots) is "
+                    f"less than one slot; use at least {1 / slots:.3g}",
+                )
+            )
+        errors.extend(_comparison_errors(at, target.compare))
+    noise = route.noise_floor
+    if noise is None:
+        return errors
+    at = (*where, "noise_floor")
+    if not route.shadow:
+        errors.append(
+            (
+                at,
+                f"route {route.name!r} keeps a noise floor but shadows no pool; the noise floor "
+                "is a share of its shadow samples",
+            )
+        )
+    serving = [*route.pools, *([route.fallback] if route.fallback else [])]
+    if not any(len(policy.pools[p].backends) > 1 for p in serving if p in policy.pools):
+        errors.append(
+            (
+                at,
+                f"route {route.name!r} keeps a noise floor, but none of its pools "
+                f"({', '.join(serving)}) has a second backend to compare against",
+            )
+        )
+    method = _similarity_of(noise.compare)
+    for j, target in enumerate(route.shadow):
+        if _similarity_of(target.compare) != method:
+            errors.append(
+                (
+                    (*at, "compare", "comparators"),
+                    f"the noise floor measures similarity with {method!r} but shadow target "
+                    f"{target.pool!r} (shadow.{j}) with {_similarity_of(target.compare)!r}; use "
+                    "one method so candidates are judged against a comparable floor",
+                )
+            )
+    errors.extend(_comparison_errors(at, noise.compare))
     return errors
 
 

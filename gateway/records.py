@@ -40,6 +40,17 @@ request_records = sa.Table(
     sa.Column("fallback", sa.Boolean, nullable=False),
     sa.Column("status", sa.Integer, nullable=False),
     sa.Column("error", sa.String(64)),
+    sa.Column("energy_j", sa.Float, comment="Measured energy attributed to the request."),
+    sa.Column("cost_usd", sa.Float, comment="Energy price plus the device time it held."),
+    sa.Column(
+        "energy_estimated",
+        sa.Boolean,
+        comment="True when the pool reported no power and energy_j is from nominal figures.",
+    ),
+    sa.Column("concurrent", sa.Integer, comment="Requests on the backend, this one included."),
+    sa.Column("predicted_ttft_ms", sa.Float),
+    sa.Column("predicted_e2e_ms", sa.Float),
+    sa.Column("predicted_energy_j", sa.Float),
 )
 
 
@@ -70,6 +81,13 @@ class RequestRecord:
     fallback: bool
     status: int
     error: str | None
+    energy_j: float | None = None
+    cost_usd: float | None = None
+    energy_estimated: bool | None = None
+    concurrent: int | None = None
+    predicted_ttft_ms: float | None = None
+    predicted_e2e_ms: float | None = None
+    predicted_energy_j: float | None = None
 
 
 class RecordWriter:

@@ -34,6 +34,15 @@ class Settings(BaseSettings):
     health_check_interval_s: float = Field(
         default=2.0, gt=0, validation_alias=AliasChoices("GATEWAY_HEALTH_CHECK_INTERVAL_S")
     )
+    power_scrape_interval_s: float = Field(
+        default=1.0, gt=0, validation_alias=AliasChoices("GATEWAY_POWER_SCRAPE_INTERVAL_S")
+    )
+    model_retrain_every: int = Field(
+        default=200, gt=0, validation_alias=AliasChoices("GATEWAY_MODEL_RETRAIN_EVERY")
+    )
+    model_retrain_interval_s: float = Field(
+        default=300.0, gt=0, validation_alias=AliasChoices("GATEWAY_MODEL_RETRAIN_INTERVAL_S")
+    )
     record_flush_interval_s: float = Field(
         default=0.5, gt=0, validation_alias=AliasChoices("GATEWAY_RECORD_FLUSH_INTERVAL_S")
     )

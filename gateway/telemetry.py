@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from gateway.classify import TokenEstimator
+from gateway.costmodel.model import OutputLengths
 from gateway.exchange import Exchange
+from gateway.metering import EnergyMeter
 from gateway.metrics import GatewayMetrics
 from gateway.records import RecordWriter, RequestRecord
 
@@ -15,10 +17,19 @@ def _ms(seconds: float | None) -> float | None:
 class Telemetry:
     """Turn finished exchanges into metrics, token calibration and request records."""
 
-    def __init__(self, metrics: GatewayMetrics, records: RecordWriter, estimator: TokenEstimator):
+    def __init__(
+        self,
+        metrics: GatewayMetrics,
+        records: RecordWriter,
+        meter: EnergyMeter,
+        estimator: TokenEstimator,
+        outputs: OutputLengths,
+    ):
         self.metrics = metrics
         self.records = records
+        self.meter = meter
         self.estimator = estimator
+        self.outputs = outputs
 
     def finish(self, ex: Exchange, ended: float) -> None:
         """Account for an exchange that ended at `ended` (same clock as ex.started)."""
@@ -40,6 +51,8 @@ class Telemetry:
         m.requests.labels(route, pool, model, str(ex.status)).inc()
         if ex.error is not None:
             m.errors.labels(route, pool, model, ex.error).inc()
+        if ex.decision is not None and ex.decision.slo_unmeetable:
+            m.slo_unmeetable.labels(route).inc()
         if ex.fallback_reason is not None and pool:
             m.fallbacks.labels(route, ex.first_pool or "", pool, ex.fallback_reason).inc()
         if profile is not None:
@@ -56,30 +69,43 @@ class Telemetry:
                 m.completion_tokens.labels(route, pool, model).inc(ex.completion_tokens)
         if profile is not None and ex.prompt_tokens:
             self.estimator.observe(ex.model, profile.prompt_tokens, ex.prompt_tokens)
-        self.records.add(
-            RequestRecord(
-                decision_id=ex.decision_id,
-                ts=ex.ts,
-                endpoint=ex.endpoint,
-                route=route or None,
-                pool=pool or None,
-                backend=ex.backend.name if ex.backend is not None else None,
-                model=ex.model[:128],
-                tenant=profile.tenant if profile else None,
-                slo_class=profile.slo_class if profile else None,
-                stream=profile.stream if profile else False,
-                prompt_tokens=ex.prompt_tokens,
-                prompt_tokens_estimated=profile.prompt_tokens if profile else None,
-                max_tokens=profile.max_tokens if profile else None,
-                completion_tokens=ex.completion_tokens,
-                queue_ms=_ms(ex.queue_s),
-                ttft_ms=_ms(ex.ttft_s),
-                tpot_ms=_ms(tpot),
-                e2e_ms=_ms(e2e),
-                gateway_ms=_ms(overhead),
-                attempts=ex.attempts,
-                fallback=ex.fallback_reason is not None,
-                status=ex.status,
-                error=ex.error,
-            )
+        if route and ex.status == 200 and ex.completion_tokens is not None:
+            self.outputs.observe(route, ex.completion_tokens)
+        predicted = ex.prediction
+        record = RequestRecord(
+            decision_id=ex.decision_id,
+            ts=ex.ts,
+            endpoint=ex.endpoint,
+            route=route or None,
+            pool=pool or None,
+            backend=ex.backend.name if ex.backend is not None else None,
+            model=ex.model[:128],
+            tenant=profile.tenant if profile else None,
+            slo_class=profile.slo_class if profile else None,
+            stream=profile.stream if profile else False,
+            prompt_tokens=ex.prompt_tokens,
+            prompt_tokens_estimated=profile.prompt_tokens if profile else None,
+            max_tokens=profile.max_tokens if profile else None,
+            completion_tokens=ex.completion_tokens,
+            queue_ms=_ms(ex.queue_s),
+            ttft_ms=_ms(ex.ttft_s),
+            tpot_ms=_ms(tpot),
+            e2e_ms=_ms(e2e),
+            gateway_ms=_ms(overhead),
+            attempts=ex.attempts,
+            fallback=ex.fallback_reason is not None,
+            status=ex.status,
+            error=ex.error,
+            concurrent=ex.concurrent or None,
+            predicted_ttft_ms=_ms(predicted.ttft_s) if predicted else None,
+            predicted_e2e_ms=_ms(predicted.e2e_s) if predicted else None,
+            predicted_energy_j=predicted.energy_j if predicted else None,
         )
+        if ex.backend is not None and ex.attempt_started:
+            # Energy is measured upstream, so the record waits for its share of the readings.
+            first_token = None if ex.ttft_s is None else ex.started + ex.ttft_s
+            self.meter.submit(
+                record, ex.backend, start=ex.attempt_started, end=ended, first_token=first_token
+            )
+        else:
+            self.records.add(record)

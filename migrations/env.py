@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from alembic import context
 
-import gateway.records  # noqa: F401  (registers its tables on the metadata)
+import gateway.costmodel.store
+import gateway.records
+import gateway.shadow  # noqa: F401
 from gateway.db import make_engine, metadata
 from gateway.settings import Settings
 

@@ -105,3 +105,86 @@ def test_tenant_keys_are_matched_by_digest() -> None:
     policy = parse_policy(yaml.safe_dump(doc))
     assert policy.tenant_for_key("sk-acme") == "acme"
     assert policy.tenant_for_key("sk-other") is None
+
+
+def test_default_policy_shadows_8b_chat_to_cim_and_long_prompts_to_the_asic() -> None:
+    routes = {r.name: r for r in load_policy(DEFAULT).routes}
+    chat = routes["chat-8b"]
+    targets = {t.pool: t for t in chat.shadow}
+    assert set(targets) == {"cim", "asic"} and 0 < targets["cim"].sample_rate < 1
+    assert targets["asic"].match.prompt_tokens.min > 2048
+    assert chat.noise_floor is not None and chat.noise_floor.share > 0
+    assert [t.pool for t in routes["chat-8b-short"].shadow] == ["cim"]
+
+
+def shadowing(**target: object) -> dict:
+    doc = default_doc()
+    doc["routes"][1]["shadow"] = [{"pool": "cim", "sample_rate": 0.1, **target}]
+    doc["routes"][1].pop("noise_floor", None)
+    return doc
+
+
+@pytest.mark.parametrize(
+    ("change", "path", "message"),
+    [
+        ({"pool": "cimx"}, "routes.1.shadow.0.pool", "shadows pool 'cimx', which is not defined"),
+        ({"pool": "gpu"}, "routes.1.shadow.0.pool", "which is its primary pool"),
+        ({"sample_rate": 1.5}, "routes.1.shadow.0.sample_rate", "less than or equal to 1"),
+        (
+            {"match": {"tenants": ["ghost"]}},
+            "routes.1.shadow.0.match.tenants.0",
+            "filters on tenant 'ghost', which is not defined",
+        ),
+        (
+            {"match": {"models": ["llama-3.1-70b-instruct"]}},
+            "routes.1.shadow.0.match.models.0",
+            "which route 'chat-8b' never matches",
+        ),
+        (
+            {"budget": {"max_slot_share": 0.1}},
+            "routes.1.shadow.0.budget.max_slot_share",
+            "0.1 of pool 'cim' (4 slots) is less than one slot; use at least 0.25",
+        ),
+        (
+            {"compare": {"comparators": ["exact", "bleu"]}},
+            "routes.1.shadow.0.compare.comparators.1",
+            "comparator 'bleu' is not known",
+        ),
+        (
+            {"compare": {"comparators": ["rouge_l", "edit_ratio"]}},
+            "routes.1.shadow.0.compare.comparators",
+            "2 similarity measures",
+        ),
+    ],
+)
+def test_shadow_target_errors_name_the_path_and_value(
+    change: dict, path: str, message: str
+) -> None:
+    with pytest.raises(PolicyError) as info:
+        parse_policy(yaml.safe_dump(shadowing(**change)), "fleet.yaml")
+    assert path in str(info.value) and message in str(info.value)
+
+
+def test_a_shadow_target_must_serve_the_routes_model() -> None:
+    doc = default_doc()
+    doc["routes"][2]["shadow"] = [{"pool": "cim", "sample_rate": 0.1}]  # chat-70b
+    with pytest.raises(PolicyError, match="shadows pool 'cim', which serves none of"):
+        parse_policy(yaml.safe_dump(doc))
+
+
+def test_a_noise_floor_needs_shadow_samples_and_a_second_backend() -> None:
+    doc = default_doc()
+    doc["routes"][2]["noise_floor"] = {"share": 0.5}  # chat-70b shadows nothing
+    doc["pools"]["gpu"]["backends"] = doc["pools"]["gpu"]["backends"][:1]
+    with pytest.raises(PolicyError) as info:
+        parse_policy(yaml.safe_dump(doc))
+    message = str(info.value)
+    assert "route 'chat-70b' keeps a noise floor but shadows no pool" in message
+    assert "none of its pools (gpu) has a second backend" in message
+
+
+def test_noise_floor_and_targets_must_measure_similarity_the_same_way() -> None:
+    doc = default_doc()
+    doc["routes"][1]["noise_floor"]["compare"] = {"comparators": ["exact", "edit_ratio"]}
+    with pytest.raises(PolicyError, match="noise floor measures similarity with 'edit_ratio'"):
+        parse_policy(yaml.safe_dump(doc))

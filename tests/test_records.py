@@ -13,6 +13,7 @@ import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 
+import gateway.app  # noqa: F401  (imports every module that defines a table)
 from gateway.db import make_engine, metadata, upgrade
 from gateway.metrics import GatewayMetrics
 from gateway.records import RecordWriter, RequestRecord, request_records

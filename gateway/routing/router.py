@@ -15,11 +15,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from gateway.classify import RequestProfile
+from gateway.costmodel.model import Prediction
 from gateway.errors import ContextTooLong, ModelNotFound, NoCapacity, NoHealthyBackend, RouteDenied
 from gateway.policy import Policy, Route
 from gateway.routing.fleet import BackendState, Fleet, PoolState
+from gateway.routing.ranking import Ranking, preference_order
 
-RankPools = Callable[[RequestProfile, Route, Sequence[PoolState]], Sequence[PoolState]]
+RankPools = Callable[[RequestProfile, Route, Sequence[PoolState], list[tuple[str, str]]], Ranking]
 
 
 @dataclass(slots=True)
@@ -31,17 +33,13 @@ class RouteDecision:
     queue_pool: PoolState | None = None
     queue_budget_s: float = 0.0
     trace: list[tuple[str, str]] = field(default_factory=list)
+    predictions: dict[str, Prediction] = field(default_factory=dict)
+    slo_unmeetable: bool = False
 
     def explain(self) -> list[str]:
         """Return the trace as sentences, one per pool considered."""
-        return [f"{pool}: {reason}" for pool, reason in self.trace]
-
-
-def preference_order(
-    profile: RequestProfile, route: Route, pools: Sequence[PoolState]
-) -> Sequence[PoolState]:
-    """Rank eligible pools as the route lists them."""
-    return pools
+        lines = [f"{pool}: predicted {p.describe()}" for pool, p in self.predictions.items()]
+        return lines + [f"{pool}: {reason}" for pool, reason in self.trace]
 
 
 def match_route(profile: RequestProfile, policy: Policy) -> Route:
@@ -103,21 +101,29 @@ def decide(
             fit.append(pool)
         else:
             trace.append((pool.name, reason))
-    ranked = rank_pools(profile, route, fit)
-    for pool in ranked:
-        backend = pool.most_free()
-        if backend is not None:
-            trace.append((pool.name, f"chosen: {backend.name} has {backend.free_slots} free slots"))
-            return RouteDecision(route, backend, trace=trace)
-        trace.append((pool.name, "no free slot"))
+    ranking = rank_pools(profile, route, fit, trace)
+    ranked = ranking.pools
     slo = policy.slo_classes[profile.slo_class]
     budget_ms = (
         slo.max_queue_ms if profile.ttft_ms is None else min(slo.max_queue_ms, profile.ttft_ms)
     )
+
+    def decision(backend: BackendState | None, queue: PoolState | None = None) -> RouteDecision:
+        budget = budget_ms / 1000 if queue is not None else 0.0
+        return RouteDecision(
+            route, backend, queue, budget, trace, ranking.predictions, ranking.slo_unmeetable
+        )
+
+    for pool in ranked:
+        backend = pool.most_free()
+        if backend is not None:
+            trace.append((pool.name, f"chosen: {backend.name} has {backend.free_slots} free slots"))
+            return decision(backend)
+        trace.append((pool.name, "no free slot"))
     for pool in ranked:
         if _queue_room(pool, budget_ms):
             trace.append((pool.name, f"queued: waits up to {budget_ms:.0f} ms for a slot"))
-            return RouteDecision(route, None, pool, budget_ms / 1000, trace)
+            return decision(None, pool)
         trace.append((pool.name, "queue full"))
     if route.fallback and route.fallback not in route.pools:
         pool = fleet.pools[route.fallback]
@@ -126,10 +132,10 @@ def decide(
             backend = pool.most_free()
             if backend is not None:
                 trace.append((pool.name, f"fallback: {backend.name} has a free slot"))
-                return RouteDecision(route, backend, trace=trace)
+                return decision(backend)
             if _queue_room(pool, budget_ms):
                 trace.append((pool.name, f"fallback queued: waits up to {budget_ms:.0f} ms"))
-                return RouteDecision(route, None, pool, budget_ms / 1000, trace)
+                return decision(None, pool)
             fit.append(pool)
             reason = "no free slot and queue full"
         trace.append((pool.name, f"fallback: {reason}"))

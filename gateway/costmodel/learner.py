@@ -1,0 +1,119 @@
+"""The learner: collect measured requests and retrain the cost model in the background.
+
+It retrains every `every` new observations or every `interval_s`, in a worker thread, stores
+each version with its held-out error, and swaps the new model in. If training fails, the failure
+is stored and the last good version keeps serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import asdict
+
+import sqlalchemy as sa
+
+from gateway.costmodel import store
+from gateway.costmodel.model import CostModel
+from gateway.costmodel.train import Observation, observations_from_rows, train
+from gateway.metrics import GatewayMetrics
+from gateway.policy import Policy
+from gateway.records import RequestRecord
+
+log = logging.getLogger(__name__)
+
+
+class Learner:
+    """Turn finished request records into observations and new cost-model versions."""
+
+    def __init__(
+        self,
+        policy: Callable[[], Policy],
+        engine: sa.Engine,
+        metrics: GatewayMetrics,
+        on_model: Callable[[CostModel], None],
+        *,
+        every: int = 200,
+        interval_s: float = 300.0,
+        window: int = 20_000,
+    ):
+        self._policy = policy
+        self._engine = engine
+        self._metrics = metrics
+        self._on_model = on_model
+        self.every = every
+        self.interval_s = interval_s
+        self._observations: deque[Observation] = deque(maxlen=window)
+        self._new = 0
+        self._last = time.monotonic()
+        self._task: asyncio.Task[None] | None = None
+        self._training = False
+
+    def observe(self, record: RequestRecord) -> None:
+        """Learn from a finished request's record."""
+        for observation in observations_from_rows([asdict(record)]):
+            self._observations.append(observation)
+            self._new += 1
+            if record.predicted_e2e_ms and record.e2e_ms and record.pool:
+                self._metrics.prediction_ratio.labels(record.pool, "e2e").observe(
+                    record.e2e_ms / record.predicted_e2e_ms
+                )
+            if record.predicted_energy_j and observation.energy_j and record.pool:
+                self._metrics.prediction_ratio.labels(record.pool, "energy").observe(
+                    observation.energy_j / record.predicted_energy_j
+                )
+
+    def due(self) -> bool:
+        if self._training or self._new == 0:
+            return False
+        return self._new >= self.every or time.monotonic() - self._last >= self.interval_s
+
+    async def train_now(self) -> CostModel | None:
+        """Retrain on the observations kept; return the new model, or None if it failed."""
+        self._training = True
+        snapshot = list(self._observations)
+        self._new, self._last = 0, time.monotonic()
+        policy = self._policy()
+        version = 0
+        try:
+            version = await asyncio.to_thread(store.next_version, self._engine)
+            model, scores = await asyncio.to_thread(train, policy, snapshot, version)
+            await asyncio.to_thread(store.save, self._engine, model, scores, len(snapshot))
+        except Exception as exc:
+            log.exception("cost-model training failed; the previous version keeps serving")
+            try:
+                await asyncio.to_thread(
+                    store.save_failure, self._engine, version, len(snapshot), repr(exc)
+                )
+            except Exception:
+                log.exception("could not record the failed training run")
+            return None
+        finally:
+            self._training = False
+        for pool, models in scores.items():
+            for targets in models.values():
+                for target, score in targets.items():
+                    if score.mape is not None:
+                        self._metrics.model_mape.labels(pool, target).set(score.mape)
+        self._metrics.model_version.set(model.version)
+        self._on_model(model)
+        log.info("cost model version %d trained on %d observations", model.version, len(snapshot))
+        return model
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="cost-model-learner")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            if self.due():
+                await self.train_now()

@@ -1,0 +1,96 @@
+"""Cost-model versions in the database: each training run with its error, the newest served."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict
+from typing import Any
+
+import sqlalchemy as sa
+
+from gateway.costmodel.model import CostModel, Residual
+from gateway.costmodel.train import Score
+from gateway.db import metadata
+from gateway.policy import Policy
+
+cost_models = sa.Table(
+    "cost_models",
+    metadata,
+    sa.Column("version", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("created", sa.Float, nullable=False, comment="Unix seconds."),
+    sa.Column("observations", sa.Integer, nullable=False),
+    sa.Column("status", sa.String(16), nullable=False, comment="ok, or failed"),
+    sa.Column("error", sa.Text, comment="Why training failed."),
+    sa.Column("scores", sa.Text, comment="JSON: pool → model → target → {observations, mape}."),
+    sa.Column("residuals", sa.Text, comment="JSON: the learned weights and bounds."),
+)
+
+Scores = dict[str, dict[str, dict[str, Score]]]
+
+
+def scores_json(scores: Scores) -> dict[str, Any]:
+    return {
+        pool: {model: {t: asdict(s) for t, s in targets.items()} for model, targets in m.items()}
+        for pool, m in scores.items()
+    }
+
+
+def next_version(engine: sa.Engine) -> int:
+    with engine.connect() as conn:
+        latest = conn.execute(sa.select(sa.func.max(cost_models.c.version))).scalar()
+    return int(latest or 0) + 1
+
+
+def save(engine: sa.Engine, model: CostModel, scores: Scores, observations: int) -> None:
+    """Store a trained version with its held-out error."""
+    residuals = {
+        f"{pool}|{name}": {t: [list(r.weights), r.log_bound] for t, r in targets.items()}
+        for (pool, name), targets in model.trained.items()
+    }
+    with engine.begin() as conn:
+        conn.execute(
+            cost_models.insert().values(
+                version=model.version,
+                created=time.time(),
+                observations=observations,
+                status="ok",
+                scores=json.dumps(scores_json(scores)),
+                residuals=json.dumps(residuals),
+            )
+        )
+
+
+def save_failure(engine: sa.Engine, version: int, observations: int, error: str) -> None:
+    """Record a training run that failed; the previous version keeps serving."""
+    with engine.begin() as conn:
+        conn.execute(
+            cost_models.insert().values(
+                version=version,
+                created=time.time(),
+                observations=observations,
+                status="failed",
+                error=error[:2000],
+            )
+        )
+
+
+def load_latest(engine: sa.Engine, policy: Policy) -> CostModel | None:
+    """Return the newest good version for this policy's pools, or None."""
+    with engine.connect() as conn:
+        row = conn.execute(
+            sa.select(cost_models.c.version, cost_models.c.residuals)
+            .where(cost_models.c.status == "ok")
+            .order_by(cost_models.c.version.desc())
+            .limit(1)
+        ).first()
+    if row is None:
+        return None
+    trained = {}
+    for key, targets in json.loads(row.residuals).items():
+        pool, name = key.split("|", 1)
+        if pool in policy.pools:
+            trained[(pool, name)] = {
+                t: Residual(tuple(w), bound) for t, (w, bound) in targets.items()
+            }
+    return CostModel(policy, version=row.version, trained=trained)

@@ -1,0 +1,158 @@
+"""Train the cost model's residuals on measured requests (scikit-learn), and score them.
+
+For each pool, model and target, fit ridge regression of log(observed / prior) on φ, weighting
+recent observations more; the ridge penalty keeps a pool with few observations close to its
+physics prior. The newest fifth of the
+observations is held out: the error reported (MAPE) and the upper-bound margin (the 90th
+percentile of the held-out log residuals, a split-conformal bound) both come from it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from sklearn.linear_model import Ridge
+
+from gateway.costmodel.model import TARGETS, CostModel, Residual, features
+from gateway.policy import Policy
+
+MIN_OBSERVATIONS = 30
+HOLDOUT_SHARE = 0.2
+BOUND_QUANTILE = 0.9
+RIDGE_ALPHA = 1.0
+# Devices drift (thermal throttling, a firmware change, a failing part): recent observations
+# count more, halving in weight every HALF_LIFE older ones of the same pool and model.
+HALF_LIFE = 50
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """One measured request: its shape, its load and what it took."""
+
+    pool: str
+    model: str
+    prompt_tokens: int
+    completion_tokens: int
+    concurrent: int
+    ttft_s: float | None
+    tpot_s: float | None
+    e2e_s: float
+    energy_j: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Score:
+    """How well one target is predicted on held-out observations."""
+
+    observations: int
+    mape: float | None
+    prior_mape: float | None
+
+
+def _priors(cost: CostModel, o: Observation) -> dict[str, float | None]:
+    phys = cost.pool_model(o.pool, o.model).physics
+    service = phys.ttft_s(o.prompt_tokens) + max(o.completion_tokens - 1, 0) * phys.tpot_s(
+        o.concurrent
+    )
+    return {
+        "ttft": phys.ttft_s(o.prompt_tokens),
+        "tpot": phys.tpot_s(o.concurrent),
+        "e2e": service,
+        "energy": service * phys.watts(o.concurrent) / max(o.concurrent, 1),
+    }
+
+
+def _observed(o: Observation, target: str) -> float | None:
+    value = {"ttft": o.ttft_s, "tpot": o.tpot_s, "e2e": o.e2e_s, "energy": o.energy_j}[target]
+    return value if value is not None and value > 0 else None
+
+
+def _mape(predicted: np.ndarray, observed: np.ndarray) -> float:
+    return float(np.mean(np.abs(predicted - observed) / observed))
+
+
+def train(
+    policy: Policy, observations: Sequence[Observation], version: int = 1
+) -> tuple[CostModel, dict[str, dict[str, dict[str, Score]]]]:
+    """Fit residuals on observations (oldest first); return the model and its scores."""
+    prior = CostModel(policy)
+    groups: dict[tuple[str, str], list[Observation]] = {}
+    for o in observations:
+        if o.pool in policy.pools:
+            groups.setdefault((o.pool, o.model), []).append(o)
+    trained: dict[tuple[str, str], Mapping[str, Residual]] = {}
+    scores: dict[str, dict[str, dict[str, Score]]] = {}
+    for (pool, model), group in groups.items():
+        slots = policy.pools[pool].slots_per_backend
+        residuals: dict[str, Residual] = {}
+        for target in TARGETS:
+            rows = []
+            for o in group:
+                y, base = _observed(o, target), _priors(prior, o)[target]
+                if y is not None and base:
+                    phi = features(o.prompt_tokens, o.completion_tokens, o.concurrent, slots)
+                    rows.append((phi, y, base))
+            score, residual = _fit(rows)
+            scores.setdefault(pool, {}).setdefault(model, {})[target] = score
+            if residual is not None:
+                residuals[target] = residual
+        trained[(pool, model)] = residuals
+    return CostModel(policy, version=version, trained=trained), scores
+
+
+def _fit(
+    rows: list[tuple[tuple[float, ...], float, float]],
+) -> tuple[Score, Residual | None]:
+    if len(rows) < MIN_OBSERVATIONS:
+        return Score(len(rows), None, None), None
+    phi = np.array([r[0] for r in rows])
+    observed = np.array([r[1] for r in rows])
+    base = np.array([r[2] for r in rows])
+    target = np.log(observed / base)
+    age = np.arange(len(rows))[::-1]
+    weight = 0.5 ** (age / HALF_LIFE)
+    split = int(len(rows) * (1 - HOLDOUT_SHARE))
+    ridge = Ridge(alpha=RIDGE_ALPHA, fit_intercept=False).fit(
+        phi[:split], target[:split], sample_weight=weight[:split]
+    )
+    held_log = phi[split:] @ ridge.coef_
+    predicted = base[split:] * np.exp(held_log)
+    residuals = target[split:] - held_log
+    bound = float(np.quantile(residuals, BOUND_QUANTILE)) if len(residuals) else math.log(1.5)
+    score = Score(
+        len(rows),
+        _mape(predicted, observed[split:]),
+        _mape(base[split:], observed[split:]),
+    )
+    # Refit on everything for serving; the held-out error stays the honest estimate.
+    weights = Ridge(alpha=RIDGE_ALPHA, fit_intercept=False).fit(phi, target, weight).coef_
+    return score, Residual(tuple(float(w) for w in weights), max(bound, 0.0))
+
+
+def observations_from_rows(rows: Iterable[dict[str, object]]) -> list[Observation]:
+    """Turn request-record rows into observations (successful, measured requests only)."""
+    out = []
+    for r in rows:
+        if r.get("status") != 200 or not r.get("pool") or not r.get("e2e_ms"):
+            continue
+        queue_s = float(r.get("queue_ms") or 0.0) / 1e3  # type: ignore[arg-type]
+        ttft = r.get("ttft_ms")
+        tpot = r.get("tpot_ms")
+        energy = None if r.get("energy_estimated") else r.get("energy_j")
+        out.append(
+            Observation(
+                pool=str(r["pool"]),
+                model=str(r["model"]),
+                prompt_tokens=int(r.get("prompt_tokens") or 0),  # type: ignore[call-overload]
+                completion_tokens=int(r.get("completion_tokens") or 0),  # type: ignore[call-overload]
+                concurrent=int(r.get("concurrent") or 1),  # type: ignore[call-overload]
+                ttft_s=None if ttft is None else float(ttft) / 1e3 - queue_s,  # type: ignore[arg-type]
+                tpot_s=None if tpot is None else float(tpot) / 1e3,  # type: ignore[arg-type]
+                e2e_s=float(r["e2e_ms"]) / 1e3 - queue_s,  # type: ignore[arg-type]
+                energy_j=None if energy is None else float(energy),  # type: ignore[arg-type]
+            )
+        )
+    return out

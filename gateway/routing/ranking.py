@@ -1,0 +1,117 @@
+"""Rank a route's eligible pools with the cost model: cheapest that meets the SLO first.
+
+For each pool the cost model predicts the request's latency (with a p90 upper bound), energy and
+cost given the pool's current load. Pools whose bound misses the request's SLO drop out; the rest
+are ordered by the route's objective. When no pool is predicted to meet the SLO, the fastest
+leads and the decision says so. A pure function of its inputs, like the router it plugs into.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from gateway.classify import RequestProfile
+from gateway.costmodel.model import CostModel, OutputLengths, Prediction
+from gateway.policy import Route
+from gateway.routing.fleet import PoolState
+
+OBJECTIVES: dict[str, Callable[[Prediction], float]] = {
+    "min_cost": lambda p: p.marginal_cost_usd,
+    "min_energy": lambda p: p.marginal_energy_j,
+    "min_latency": lambda p: p.e2e_s,
+}
+
+
+@dataclass(slots=True)
+class Ranking:
+    """Pools in the order to try, with each one's prediction."""
+
+    pools: list[PoolState]
+    predictions: dict[str, Prediction] = field(default_factory=dict)
+    slo_unmeetable: bool = False
+
+
+def preference_order(
+    profile: RequestProfile,
+    route: Route,
+    pools: Sequence[PoolState],
+    trace: list[tuple[str, str]],
+) -> Ranking:
+    """Rank eligible pools as the route lists them, predicting nothing."""
+    return Ranking(list(pools))
+
+
+def slo_miss(profile: RequestProfile, prediction: Prediction) -> str | None:
+    """Say which SLO target the prediction's upper bound misses, or None."""
+    if profile.ttft_ms is not None and prediction.ttft_upper_s * 1e3 > profile.ttft_ms:
+        return f"p90 ttft {prediction.ttft_upper_s * 1e3:.0f} ms > {profile.ttft_ms:.0f} ms"
+    if (
+        profile.tpot_ms is not None
+        and profile.endpoint != "embeddings"
+        and prediction.tpot_upper_s * 1e3 > profile.tpot_ms
+    ):
+        return f"p90 tpot {prediction.tpot_upper_s * 1e3:.1f} ms > {profile.tpot_ms:.0f} ms"
+    if profile.e2e_ms is not None and prediction.e2e_upper_s * 1e3 > profile.e2e_ms:
+        return f"p90 e2e {prediction.e2e_upper_s * 1e3:.0f} ms > {profile.e2e_ms:.0f} ms"
+    return None
+
+
+class CostRanker:
+    """Rank pools by the route's objective among those predicted to meet the SLO."""
+
+    def __init__(self, model: Callable[[], CostModel], outputs: OutputLengths):
+        self._model = model
+        self.outputs = outputs
+
+    def predict(self, profile: RequestProfile, route: str, pool: PoolState) -> Prediction:
+        """Predict the request on the pool's least-loaded backend, waiting if none is free."""
+        output = (
+            0
+            if profile.endpoint == "embeddings"
+            else self.outputs.expect(route, profile.max_tokens)
+        )
+        model = self._model()
+        backend = pool.most_free()
+        if backend is not None:
+            return model.predict(
+                pool.name, profile.model, profile.prompt_tokens, output, backend.in_flight + 1
+            )
+        healthy = pool.healthy()
+        full = model.predict(
+            pool.name, profile.model, profile.prompt_tokens, output, healthy[0].slots
+        )
+        # Waiting: each request ahead frees a slot after about one service time, spread
+        # over every slot of the pool.
+        slots = sum(b.slots for b in healthy)
+        queue_s = (len(pool.waiters) + 1) * full.e2e_s / slots
+        return model.predict(
+            pool.name, profile.model, profile.prompt_tokens, output, healthy[0].slots, queue_s
+        )
+
+    def __call__(
+        self,
+        profile: RequestProfile,
+        route: Route,
+        pools: Sequence[PoolState],
+        trace: list[tuple[str, str]],
+    ) -> Ranking:
+        predictions = {pool.name: self.predict(profile, route.name, pool) for pool in pools}
+        objective = OBJECTIVES.get(route.objective)
+        if objective is None:
+            return Ranking(list(pools), predictions)
+        feasible = []
+        for pool in pools:
+            miss = slo_miss(profile, predictions[pool.name])
+            if miss is None:
+                feasible.append(pool)
+            else:
+                trace.append((pool.name, f"predicted to miss the SLO: {miss}"))
+        if not feasible:
+            fastest = sorted(pools, key=lambda p: predictions[p.name].e2e_upper_s)
+            if fastest:
+                trace.append((fastest[0].name, "no pool meets the SLO: the fastest leads"))
+            return Ranking(fastest, predictions, slo_unmeetable=True)
+        order = {name: i for i, name in enumerate(route.pools)}
+        feasible.sort(key=lambda p: (objective(predictions[p.name]), order.get(p.name, 0)))
+        return Ranking(feasible, predictions)

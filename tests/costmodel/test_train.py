@@ -1,0 +1,77 @@
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from gateway.costmodel.model import CostModel
+from gateway.costmodel.train import MIN_OBSERVATIONS, Observation, train
+from gateway.policy import load_policy
+
+POLICY = load_policy(Path(__file__).resolve().parents[2] / "policies/default.yaml")
+MODEL = "llama-3.1-8b-instruct"
+
+
+def true_world(pool: str, prompt: int, output: int, n: int, rng: random.Random) -> Observation:
+    """A device that is not what its vendor sheet says: slower prefill, hungrier decode."""
+    phys = CostModel(POLICY).pool_model(pool, MODEL).physics
+    noise = lambda: rng.lognormvariate(0, 0.03)  # noqa: E731
+    ttft = (0.005 + 2.2 * phys.prefill_per_token_s * prompt) * noise()
+    tpot = (1.4 * phys.step_fixed_s + 3 * phys.step_per_seq_s * (n - 1)) * noise()
+    e2e = ttft + (output - 1) * tpot
+    energy = e2e * (1.3 * phys.watts(n)) / n * noise()
+    return Observation(pool, MODEL, prompt, output, n, ttft, tpot, e2e, energy)
+
+
+def observations(pool: str, count: int, seed: int = 1) -> list[Observation]:
+    rng = random.Random(seed)
+    return [
+        true_world(pool, rng.randint(20, 3000), rng.randint(5, 400), rng.randint(1, 16), rng)
+        for _ in range(count)
+    ]
+
+
+def test_learns_the_residual_to_within_ten_percent_after_500_observations() -> None:
+    data = observations("asic", 500)
+    model, scores = train(POLICY, data, version=3)
+    asic = scores["asic"][MODEL]
+    for target in ("ttft", "tpot", "e2e", "energy"):
+        assert asic[target].mape is not None and asic[target].mape < 0.10, target
+        assert asic[target].prior_mape is not None and asic[target].prior_mape > asic[target].mape
+    assert model.version == 3
+    probe = observations("asic", 200, seed=9)
+    errors = []
+    for o in probe:
+        p = model.predict("asic", MODEL, o.prompt_tokens, o.completion_tokens, o.concurrent)
+        errors.append(abs(p.e2e_s - o.e2e_s) / o.e2e_s)
+    assert sum(errors) / len(errors) < 0.10
+
+
+def test_upper_bound_covers_about_nine_in_ten() -> None:
+    model, _ = train(POLICY, observations("gpu", 600))
+    probe = observations("gpu", 400, seed=5)
+    covered = sum(
+        o.ttft_s
+        <= model.predict(
+            "gpu", MODEL, o.prompt_tokens, o.completion_tokens, o.concurrent
+        ).ttft_upper_s
+        for o in probe
+        if o.ttft_s is not None
+    )
+    assert 0.8 <= covered / len(probe) <= 0.99
+
+
+def test_few_observations_keep_the_prior() -> None:
+    model, scores = train(POLICY, observations("cim", MIN_OBSERVATIONS - 1))
+    prior = CostModel(POLICY)
+    assert scores["cim"][MODEL]["e2e"].mape is None
+    a = model.predict("cim", MODEL, 100, 50, 2)
+    b = prior.predict("cim", MODEL, 100, 50, 2)
+    assert a.e2e_s == pytest.approx(b.e2e_s)
+
+
+def test_unknown_pools_in_history_are_ignored() -> None:
+    stale = [Observation("tpu", MODEL, 10, 10, 1, 0.1, 0.01, 0.2, 1.0)] * 50
+    _, scores = train(POLICY, stale)
+    assert "tpu" not in scores

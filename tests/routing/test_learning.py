@@ -1,0 +1,58 @@
+"""The learned router adapts: a pool that turns slow and hungry loses its traffic."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+from gatewayserver import run_gateway
+from policies import MODEL, fleet_policy
+
+PROMPT = [{"role": "user", "content": "Describe how a systolic array multiplies matrices."}]
+
+
+def test_traffic_moves_off_a_pool_that_became_slower_than_its_figures(sims, tmp_path: Path) -> None:
+    routes = [
+        {
+            "name": "chat",
+            "match": {"models": [MODEL]},
+            "pools": ["gpu", "asic"],
+            "fallback": "gpu",
+            "objective": "min_energy",
+        }
+    ]
+    policy = fleet_policy(
+        sims.urls("gpu")[:1],
+        sims.urls("asic"),
+        sims.urls("cim"),
+        routes=routes,
+        asic_extra={
+            "power": {"idle_w": 25, "max_w": 150},
+            "compute_tflops": 400,
+            "bandwidth_gbs": 1200,
+            "precision": "int8",
+        },
+        interactive={"ttft_ms": 5000, "tpot_ms": 1000},
+    )
+    with run_gateway(policy, tmp_path, power_scrape_interval_s=0.05, model_retrain_every=40) as gw:
+        client = gw.client()
+
+        def serve(n: int) -> Counter[str]:
+            pools: Counter[str] = Counter()
+            for _ in range(n):
+                raw = client.chat.completions.with_raw_response.create(
+                    model=MODEL, messages=PROMPT, max_tokens=40, temperature=0, stream=True
+                )
+                for _chunk in raw.parse():
+                    pass
+                pools[raw.headers["x-gateway-pool"]] += 1
+            return pools
+
+        before = serve(60)
+        assert before["asic"] > 50  # the efficient card serves while it is what it claims
+        sims.asic[0].set_faults(slow_factor=30.0)
+        serve(240)
+        after = serve(50)
+        versions = gw.gateway.costmodel.version
+    assert versions >= 2
+    assert after["gpu"] >= 45, after

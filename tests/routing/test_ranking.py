@@ -1,0 +1,117 @@
+from __future__ import annotations
+
+from gateway.classify import RequestProfile
+from gateway.costmodel.model import CostModel, OutputLengths
+from gateway.routing.fleet import Fleet
+from gateway.routing.ranking import CostRanker
+from gateway.routing.router import decide
+from policies import MODEL, fleet_policy
+
+ROUTES = [
+    {
+        "name": "chat",
+        "match": {"models": [MODEL]},
+        "pools": ["gpu", "asic"],
+        "fallback": "gpu",
+        "objective": "min_energy",
+    }
+]
+
+
+def profile(**kw: object) -> RequestProfile:
+    fields = {
+        "endpoint": "chat",
+        "model": MODEL,
+        "prompt_tokens": 200,
+        "max_tokens": 100,
+        "slo_class": "interactive",
+        "ttft_ms": 500.0,
+        "tpot_ms": 50.0,
+        "e2e_ms": None,
+        "tenant": "anonymous",
+        "stream": True,
+    }
+    fields.update(kw)
+    return RequestProfile(**fields)  # type: ignore[arg-type]
+
+
+def world(objective: str = "min_energy", **policy_kw: object):
+    routes = [dict(ROUTES[0], objective=objective)]
+    policy = fleet_policy(
+        routes=routes,
+        asic_extra={
+            "power": {"idle_w": 25, "max_w": 150},
+            "compute_tflops": 400,
+            "bandwidth_gbs": 1200,
+            "precision": "int8",
+        },
+        **policy_kw,
+    )
+    fleet = Fleet(policy)
+    ranker = CostRanker(lambda: CostModel(policy), OutputLengths())
+    return policy, fleet, ranker
+
+
+def test_min_energy_prefers_the_efficient_pool_over_the_listed_order() -> None:
+    policy, fleet, ranker = world("min_energy")
+    decision = decide(profile(), policy, fleet, ranker)
+    assert decision.backend is not None and decision.backend.pool == "asic"
+    asic, gpu = decision.predictions["asic"], decision.predictions["gpu"]
+    assert asic.marginal_energy_j < gpu.marginal_energy_j
+
+
+def test_preference_keeps_the_listed_order_but_still_predicts() -> None:
+    policy, fleet, ranker = world("preference")
+    decision = decide(profile(), policy, fleet, ranker)
+    assert decision.backend is not None and decision.backend.pool == "gpu"
+    assert set(decision.predictions) == {"gpu", "asic"}
+
+
+def test_min_latency_prefers_the_faster_pool() -> None:
+    policy, fleet, ranker = world("min_latency")
+    decision = decide(profile(prompt_tokens=3000), policy, fleet, ranker)
+    p = decision.predictions
+    chosen = decision.backend.pool  # type: ignore[union-attr]
+    assert p[chosen].e2e_s == min(x.e2e_s for x in p.values())
+
+
+def test_pool_predicted_to_miss_the_slo_is_dropped() -> None:
+    policy, fleet, ranker = world("min_energy")
+    asic_ttft = decide(profile(), policy, fleet, ranker).predictions["asic"].ttft_upper_s
+    gpu_ttft = decide(profile(), policy, fleet, ranker).predictions["gpu"].ttft_upper_s
+    assert gpu_ttft < asic_ttft
+    tight = (gpu_ttft + asic_ttft) / 2 * 1000
+    decision = decide(profile(ttft_ms=tight), policy, fleet, ranker)
+    assert decision.backend is not None and decision.backend.pool == "gpu"
+    assert any("predicted to miss the SLO" in r for _, r in decision.trace)
+    assert not decision.slo_unmeetable
+
+
+def test_when_no_pool_meets_the_slo_the_fastest_serves_and_it_is_flagged() -> None:
+    policy, fleet, ranker = world("min_energy")
+    decision = decide(profile(ttft_ms=0.5), policy, fleet, ranker)
+    assert decision.slo_unmeetable
+    p = decision.predictions
+    assert decision.backend is not None
+    assert p[decision.backend.pool].e2e_upper_s == min(x.e2e_upper_s for x in p.values())
+
+
+def test_load_raises_the_prediction() -> None:
+    policy, fleet, ranker = world("min_energy")
+    idle = decide(profile(), policy, fleet, ranker).predictions["gpu"]
+    for backend in fleet.pools["gpu"].backends:
+        backend.in_flight = 24
+    busy = decide(profile(), policy, fleet, ranker).predictions["gpu"]
+    assert busy.tpot_s > idle.tpot_s
+    # A warm, busy device is cheaper at the margin per request: idle draw is already paid.
+    assert busy.marginal_energy_j / busy.energy_j > 0
+
+
+def test_output_length_follows_the_routes_history() -> None:
+    outputs = OutputLengths(default=256)
+    assert outputs.expect("chat", None) == 256
+    assert outputs.expect("chat", 50) == 50
+    for n in (10, 20, 30):
+        outputs.observe("chat", n)
+    assert outputs.expect("chat", None) == 20
+    assert outputs.expect("chat", 15) == 15

@@ -1,0 +1,88 @@
+"""Shared world for shadow-traffic tests: policies with shadow targets, reading shadow records."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+from gatewayserver import GatewayServer
+
+from gateway.policy import Policy
+from gateway.shadow import shadow_drops, shadow_records
+from policies import MODEL, fleet_policy
+
+PROMPT = [{"role": "user", "content": "Explain how an analog array multiplies a vector."}]
+# Budgets that never drop a copy of sequential test traffic, so drops are only where a test
+# asks for them.
+ROOMY = {"max_concurrent": 16, "max_per_second": 1000, "max_slot_share": 1.0}
+
+
+def shadow_policy(
+    gpu: Sequence[str],
+    asic: Sequence[str],
+    cim: Sequence[str],
+    *,
+    rate: float = 1.0,
+    budget: dict | None = None,
+    compare: dict | None = None,
+    noise: float | None = None,
+    noise_budget: dict | None = None,
+    timeout_s: float = 5,
+    pools: Sequence[str] = ("gpu",),
+    target: str = "cim",
+) -> Policy:
+    """One 8B route served by `pools`, copying `rate` of its requests to `target`."""
+    route: dict = {
+        "name": "chat",
+        "match": {"models": [MODEL]},
+        "pools": list(pools),
+        "shadow": [
+            {
+                "pool": target,
+                "sample_rate": rate,
+                "budget": budget or ROOMY,
+                "compare": compare or {"store_text": True},
+            }
+        ],
+    }
+    if noise is not None:
+        route["noise_floor"] = {
+            "share": noise,
+            "budget": noise_budget or ROOMY,
+            "compare": compare or {"store_text": True},
+        }
+    return fleet_policy(gpu, asic, cim, routes=[route], interactive={"timeout_s": timeout_s})
+
+
+def shadow_rows(gw: GatewayServer, expected: int, timeout: float = 10.0) -> list[dict]:
+    """Wait until at least `expected` shadow records are written; return them all."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with gw.gateway.engine.connect() as conn:
+            rows = [dict(r._mapping) for r in conn.execute(sa.select(shadow_records))]
+        if len(rows) >= expected or time.monotonic() > deadline:
+            return rows
+        time.sleep(0.05)
+
+
+def drop_counts(gw: GatewayServer, expected: int = 0, timeout: float = 10.0) -> dict[str, int]:
+    """Wait until at least `expected` drops are written; return counts by reason."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with gw.gateway.engine.connect() as conn:
+            rows = conn.execute(sa.select(shadow_drops.c.reason, shadow_drops.c.count)).all()
+        counts: dict[str, int] = {}
+        for reason, count in rows:
+            counts[reason] = counts.get(reason, 0) + count
+        if sum(counts.values()) >= expected or time.monotonic() > deadline:
+            return counts
+        time.sleep(0.05)
+
+
+def settle(gw: GatewayServer, timeout: float = 10.0) -> None:
+    """Wait until the mirror has no copy queued or in flight."""
+    mirror = gw.gateway.mirror
+    deadline = time.monotonic() + timeout
+    while (mirror.pending or mirror.in_flight) and time.monotonic() < deadline:
+        time.sleep(0.02)
