@@ -58,6 +58,92 @@ def _policy_validate(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _explain(args: argparse.Namespace, settings: Settings) -> int:
+    import json
+    from pathlib import Path
+
+    body_text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
+    headers = dict(_header(h) for h in args.header)
+    if args.url:
+        import httpx
+
+        token = settings.admin_token.get_secret_value() if settings.admin_token else ""
+        response = httpx.post(
+            args.url.rstrip("/") + "/admin/explain",
+            json={"endpoint": args.endpoint, "body": json.loads(body_text), "headers": headers},
+            headers={"authorization": f"Bearer {token}"},
+            timeout=10,
+        )
+        print(json.dumps(response.json(), indent=2))
+        return 0 if response.status_code == 200 else 1
+    from gateway.classify import TokenEstimator
+    from gateway.costmodel import store
+    from gateway.costmodel.model import CostModel, OutputLengths
+    from gateway.db import make_engine
+    from gateway.explain import explain
+    from gateway.routing.fleet import Fleet
+    from gateway.routing.ranking import CostRanker
+
+    policy = load_policy(settings.policy_path)
+    try:
+        model = store.load_latest(make_engine(settings.database_url), policy)
+    except Exception:
+        model = None  # no database yet: the physics prior explains just as well
+    ranker = CostRanker(lambda: model or CostModel(policy), OutputLengths())
+    result = explain(
+        args.endpoint,
+        json.loads(body_text),
+        headers,
+        policy,
+        Fleet(policy),
+        ranker,
+        TokenEstimator(),
+    )
+    print(json.dumps(result, indent=2))
+    return 0 if result["status"] == 200 else 1
+
+
+def _header(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition(":")
+    if not sep:
+        raise SystemExit(f"error: header {text!r} is not NAME: VALUE")
+    return name.strip().lower(), value.strip()
+
+
+def _model_train(args: argparse.Namespace, settings: Settings) -> int:
+    import time
+
+    import sqlalchemy as sa
+
+    from gateway.costmodel import store
+    from gateway.costmodel.train import observations_from_rows, train
+    from gateway.db import make_engine
+    from gateway.records import request_records
+
+    policy = load_policy(settings.policy_path)
+    engine = make_engine(settings.database_url)
+    since = time.time() - args.days * 86400
+    with engine.connect() as conn:
+        rows = conn.execute(
+            sa.select(request_records)
+            .where(request_records.c.ts >= since)
+            .order_by(request_records.c.ts.desc())
+            .limit(args.window)
+        ).mappings()
+        observations = observations_from_rows(reversed([dict(r) for r in rows]))
+    model, scores = train(policy, observations, store.next_version(engine))
+    store.save(engine, model, scores, len(observations))
+    print(f"cost model version {model.version} trained on {len(observations)} requests")
+    print(f"{'pool':8} {'model':28} {'target':7} {'n':>6} {'MAPE':>7} {'prior':>7}")
+    for pool, models in scores.items():
+        for name, targets in models.items():
+            for target, score in targets.items():
+                mape = "-" if score.mape is None else f"{score.mape:.1%}"
+                prior = "-" if score.prior_mape is None else f"{score.prior_mape:.1%}"
+                print(f"{pool:8} {name:28} {target:7} {score.observations:>6} {mape:>7} {prior:>7}")
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     """Build the command-line parser."""
     root = argparse.ArgumentParser(prog="gateway", description=__doc__)
@@ -83,6 +169,29 @@ def parser() -> argparse.ArgumentParser:
     validate = policy.add_parser("validate", help="check a policy file and report every error")
     validate.add_argument("file")
     validate.set_defaults(run=_policy_validate)
+
+    explain = commands.add_parser(
+        "explain", help="show how a request would be routed, without sending it"
+    )
+    explain.add_argument("file", help="request body as JSON, or - for standard input")
+    explain.add_argument(
+        "--endpoint", choices=["chat", "completions", "embeddings"], default="chat"
+    )
+    explain.add_argument(
+        "-H", "--header", action="append", default=[], help="request header, 'NAME: VALUE'"
+    )
+    explain.add_argument(
+        "--url", help="ask a running gateway (its live load and model) instead of an idle fleet"
+    )
+    explain.set_defaults(run=_explain)
+
+    model = commands.add_parser("model", help="the learned cost model").add_subparsers(
+        dest="model_command", required=True
+    )
+    model_train = model.add_parser("train", help="retrain on recorded requests and store it")
+    model_train.add_argument("--days", type=float, default=7.0, help="history to learn from")
+    model_train.add_argument("--window", type=int, default=20_000, help="most requests to use")
+    model_train.set_defaults(run=_model_train)
     return root
 
 

@@ -130,7 +130,6 @@ class Forwarder:
         backend = await self._admit(ex, policy, fleet)
         started = self.clock()
         backend, response, head, chunks = await self._open(ex, backend, body, policy, fleet)
-        self.meter.open(backend, ex.decision_id, ex.attempt_started)
         ex.concurrent = backend.in_flight
         ex.prediction = self._prediction(ex, backend, fleet)
         try:
@@ -181,6 +180,8 @@ class Forwarder:
             ex.attempts += 1
             ex.attempt_started = self.clock()
             ex.backend = backend
+            # The span opens before the first reading that may include this request's prefill.
+            self.meter.open(backend, ex.decision_id, ex.attempt_started)
             response: aiohttp.ClientResponse | None = None
             try:
                 response = await self.upstream.send(
@@ -205,6 +206,7 @@ class Forwarder:
             except UpstreamError:
                 if response is not None:
                     response.release()
+                self.meter.abandon(backend, ex.decision_id)
                 self.outliers.failure(backend)
                 self.admission.release(backend)
                 failed.add(backend.name)
@@ -224,6 +226,7 @@ class Forwarder:
                 # Cancelled (shutdown) or a bug: the slot must still come back.
                 if response is not None:
                     response.release()
+                self.meter.abandon(backend, ex.decision_id)
                 self.admission.release(backend)
                 ex.backend = None
                 raise

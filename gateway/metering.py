@@ -101,6 +101,12 @@ class EnergyMeter:
         if self._metered(backend):
             self._ledger(backend).open(key, start)
 
+    def abandon(self, backend: BackendState, key: str) -> None:
+        """Stop attributing energy to an attempt that failed; its time counts as idle."""
+        ledger = self._ledgers.get(backend.url)
+        if ledger is not None:
+            ledger.forget(key)
+
     def submit(
         self,
         record: RequestRecord,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -122,3 +123,80 @@ def test_serve_answers_then_stops_on_sigterm_with_records_flushed(sims, tmp_path
     engine.dispose()
     # The flush interval is 30 s: the records exist only because shutdown wrote them.
     assert count == 3
+
+
+def test_explain_shows_the_decision_and_predictions_without_sending(tmp_path: Path) -> None:
+    body = tmp_path / "request.json"
+    body.write_text(
+        '{"model": "llama-3.1-8b-instruct", "max_tokens": 64,'
+        ' "messages": [{"role": "user", "content": "hello"}]}'
+    )
+    result = gateway(
+        "explain",
+        str(body),
+        "-H",
+        "x-slo-class: batch",
+        env={"DATABASE_URL": f"sqlite:///{tmp_path / 'none.db'}"},
+    )
+    assert result.returncode == 0, result.stderr
+    explained = json.loads(result.stdout)
+    assert explained["decision"]["route"] == "chat-8b"
+    assert explained["profile"]["slo_class"] == "batch"
+    assert set(explained["predictions"]) == {"gpu", "asic"}
+    assert explained["trace"]
+
+
+def test_explain_reports_the_error_a_client_would_get(tmp_path: Path) -> None:
+    body = tmp_path / "request.json"
+    body.write_text('{"model": "gpt-nope", "messages": [{"role": "user", "content": "x"}]}')
+    result = gateway("explain", str(body))
+    assert result.returncode == 1
+    explained = json.loads(result.stdout)
+    assert (explained["status"], explained["error"]["code"]) == (404, "model_not_found")
+
+
+def test_model_train_learns_from_recorded_requests(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'g.db'}"
+    assert gateway("db", "upgrade", env={"DATABASE_URL": url}).returncode == 0
+    engine = sa.create_engine(url)
+    rows = []
+    for i in range(120):
+        prompt, output, concurrent = 100 + 10 * i, 20 + i % 50, 1 + i % 8
+        e2e_ms = 30 + 0.05 * prompt + output * (9 + concurrent)
+        rows.append(
+            {
+                "decision_id": f"{i:032d}",
+                "ts": time.time() - 60 + i * 0.1,
+                "endpoint": "chat",
+                "route": "chat-8b",
+                "pool": "asic",
+                "backend": "asic-0",
+                "model": MODEL,
+                "stream": True,
+                "prompt_tokens": prompt,
+                "completion_tokens": output,
+                "concurrent": concurrent,
+                "queue_ms": 0.0,
+                "ttft_ms": 30 + 0.05 * prompt,
+                "tpot_ms": 9.0 + concurrent,
+                "e2e_ms": e2e_ms,
+                "energy_j": e2e_ms * 0.08,
+                "energy_estimated": False,
+                "attempts": 1,
+                "fallback": False,
+                "status": 200,
+            }
+        )
+    with engine.begin() as conn:
+        conn.execute(request_records.insert(), rows)
+    result = gateway("model", "train", env={"DATABASE_URL": url})
+    assert result.returncode == 0, result.stderr
+    assert "cost model version 1 trained on 120 requests" in result.stdout
+    assert "asic" in result.stdout and "%" in result.stdout
+    from gateway.costmodel.store import load_latest
+    from gateway.policy import load_policy
+
+    model = load_latest(engine, load_policy(ROOT / "policies/default.yaml"))
+    engine.dispose()
+    assert model is not None and model.version == 1
+    assert ("asic", MODEL) in model.trained

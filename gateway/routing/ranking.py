@@ -64,6 +64,9 @@ class CostRanker:
         self._model = model
         self.outputs = outputs
 
+    def model_version(self) -> int:
+        return self._model().version
+
     def predict(self, profile: RequestProfile, route: str, pool: PoolState) -> Prediction:
         """Predict the request on the pool's least-loaded backend, waiting if none is free."""
         output = (

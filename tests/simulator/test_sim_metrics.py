@@ -121,7 +121,8 @@ def test_peak_inflight_counts_requests_received_and_not_yet_answered():
                     asyncio.create_task(_long_request(client, 30_000, f"peak {i}"))
                     for i in range(10)
                 ]
-                await _until(sim, "sim_inflight_requests", 10)
+                # Received (inflight) comes before enqueued on the device: wait for the queue.
+                await _until(sim, "sim_queued_requests", 8)
                 queued = metric_value(sim.metrics(), "sim_queued_requests")
                 for request in requests:
                     request.cancel()
