@@ -12,11 +12,13 @@ import hmac
 import re
 import time
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from fastapi import APIRouter, Depends, FastAPI, Request, Response
+from pydantic import BaseModel
 
 from gateway.errors import AdminDisabled, GatewayError, InvalidRequest, Unauthorized
+from gateway.explain import explain
 from gateway.shadow import summarize
 
 if TYPE_CHECKING:
@@ -77,7 +79,28 @@ def admin_router(gateway: Gateway) -> APIRouter:
             summarize, gateway.engine, route or None, candidate or None, start
         )
 
+    @router.post("/explain")
+    async def explain_request(request: ExplainRequest) -> dict[str, Any]:
+        """Route a request as the gateway would now, without sending it; return the reasons."""
+        return explain(
+            request.endpoint,
+            request.body,
+            request.headers,
+            gateway.policy,
+            gateway.fleet,
+            gateway.ranker,
+            gateway.estimator,
+        )
+
     return router
+
+
+class ExplainRequest(BaseModel):
+    """A request to explain: its endpoint, JSON body and headers."""
+
+    endpoint: Literal["chat", "completions", "embeddings"] = "chat"
+    body: Any
+    headers: dict[str, str] = {}
 
 
 async def _error_response(request: Request, exc: Exception) -> Response:

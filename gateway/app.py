@@ -70,7 +70,6 @@ class Gateway:
         self.meter = EnergyMeter(
             lambda: self.policy,
             self.upstream,
-            self._record_finished,
             self.metrics,
             interval_s=settings.power_scrape_interval_s,
             clock=clock,
@@ -96,13 +95,18 @@ class Gateway:
             clock,
         )
         self.telemetry = Telemetry(
-            self.metrics, self.records, self.meter, self.estimator, self.outputs
+            self.metrics, self._record_finished, self.meter, self.estimator, self.outputs
         )
         self.shadow_records = ShadowWriter(
             self.engine, self.metrics, flush_interval_s=settings.record_flush_interval_s
         )
         self.mirror = Mirror(
-            self.upstream, self.admission, self.metrics, self.shadow_records, lambda: self.fleet
+            self.upstream,
+            self.admission,
+            self.metrics,
+            self.shadow_records,
+            lambda: self.fleet,
+            self.meter,
         )
         self.health = HealthChecker(
             lambda: self.fleet,
@@ -155,8 +159,8 @@ class Gateway:
         await self.learner.stop()
         await self.health.stop()
         await self.mirror.stop()
+        await self.meter.stop()  # delivers the energy of what is still held, then they are written
         await self.shadow_records.stop()
-        await self.meter.stop()
         await self.records.stop()
         await self.upstream.close()
         self.engine.dispose()

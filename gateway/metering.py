@@ -1,9 +1,8 @@
 """Metering: scrape each backend's energy counter and put energy and cost on request records.
 
 The edge around gateway/energy.py. Every interval it reads each metered backend's Prometheus
-endpoint, feeds the readings and the request spans to that backend's ledger, and hands each
-request record on (to the writer and the learner) once its energy is known, with `energy_j` and
-`cost_usd` set.
+endpoint, feeds the readings and the spans of requests (and of shadow copies, which are counted
+in pool energy too) to that backend's ledger, and delivers each one's energy and cost once known.
 Pools that report no power (or whose scrapes keep failing) get an estimate from the capability
 matrix's nominal figures, and their records say so (`energy_estimated`).
 """
@@ -21,7 +20,6 @@ import aiohttp
 from gateway.energy import BackendLedger, Span, read_counter_j
 from gateway.metrics import GatewayMetrics
 from gateway.policy import Policy, Pool
-from gateway.records import RequestRecord
 from gateway.routing.fleet import BackendState
 from gateway.upstream import Upstream
 
@@ -46,21 +44,24 @@ def nominal_energy(pool: Pool, seconds: float, concurrent: int) -> tuple[float, 
     return watts * seconds / k, seconds / k
 
 
+# Called with (energy_j, cost_usd, estimated) once a request's energy is known.
+Deliver = Callable[[float | None, float | None, bool], None]
+
+
 @dataclass(slots=True, eq=False)
 class _Pending:
-    record: RequestRecord
+    deliver: Deliver
     backend: BackendState
     concurrent: int
 
 
 class EnergyMeter:
-    """Attribute measured energy to requests, per backend, and write their records."""
+    """Attribute measured energy to requests and shadow copies, per backend."""
 
     def __init__(
         self,
         policy: Callable[[], Policy],
         upstream: Upstream,
-        sink: Callable[[RequestRecord], None],
         metrics: GatewayMetrics,
         *,
         interval_s: float = 1.0,
@@ -68,7 +69,6 @@ class EnergyMeter:
     ):
         self._policy = policy
         self._upstream = upstream
-        self._sink = sink
         self._metrics = metrics
         self._interval_s = interval_s
         self._clock = clock
@@ -107,57 +107,43 @@ class EnergyMeter:
         if ledger is not None:
             ledger.forget(key)
 
-    def submit(
+    def settle(
         self,
-        record: RequestRecord,
         backend: BackendState,
+        key: str,
         *,
         start: float,
         end: float,
         first_token: float | None,
+        prompt_tokens: int,
+        completion_tokens: int,
+        deliver: Deliver,
     ) -> None:
-        """Hand over a finished request's record; it is written once its energy is known."""
+        """Close a request's span; call `deliver` once its energy is known (or estimated)."""
         concurrent = backend.in_flight + 1
         ledger = self._ledgers.get(backend.url)
-        if (
-            ledger is not None
-            and self._metered(backend)
-            and record.decision_id in {s.key for s in ledger.pending()}
-        ):
-            ledger.close(
-                record.decision_id,
-                end,
-                record.prompt_tokens or 0,
-                record.completion_tokens or 0,
-                first_token,
-            )
-            self._pending[record.decision_id] = _Pending(record, backend, concurrent)
+        if ledger is not None and key in ledger and self._metered(backend):
+            ledger.close(key, end, prompt_tokens, completion_tokens, first_token)
+            self._pending[key] = _Pending(deliver, backend, concurrent)
             return
-        self._estimate(record, backend, end - start, concurrent)
+        self._estimate(_Pending(deliver, backend, concurrent), end - start)
 
-    def _estimate(
-        self, record: RequestRecord, backend: BackendState, seconds: float, concurrent: int
-    ) -> None:
-        pool = self._pool(backend)
-        if pool is not None:
-            energy_j, device_s = nominal_energy(pool, seconds, concurrent)
-            record.energy_j = round(energy_j, 6)
-            record.cost_usd = cost_usd(pool, energy_j, device_s)
-            record.energy_estimated = True
-        self._sink(record)
+    def _estimate(self, pending: _Pending, seconds: float) -> None:
+        pool = self._pool(pending.backend)
+        if pool is None:
+            pending.deliver(None, None, True)
+            return
+        energy_j, device_s = nominal_energy(pool, seconds, pending.concurrent)
+        pending.deliver(energy_j, cost_usd(pool, energy_j, device_s), True)
 
     def _release(self, span: Span) -> None:
         pending = self._pending.pop(span.key, None)
         if pending is None:
             return
         pool = self._pool(pending.backend)
-        record = pending.record
-        record.energy_j = round(span.energy_j, 6)
-        record.cost_usd = cost_usd(pool, span.energy_j, span.device_s) if pool else None
-        record.energy_estimated = False
-        if record.pool:
-            self._metrics.energy.labels(record.pool).inc(span.energy_j)
-        self._sink(record)
+        cost = cost_usd(pool, span.energy_j, span.device_s) if pool else None
+        self._metrics.energy.labels(pending.backend.pool).inc(span.energy_j)
+        pending.deliver(span.energy_j, cost, False)
 
     async def scrape_once(self) -> None:
         """Read every metered backend's energy counter and release the records now known."""
@@ -202,9 +188,7 @@ class EnergyMeter:
         for span in ledger.pending():
             pending = self._pending.pop(span.key, None)
             if pending is not None and span.end is not None:
-                self._estimate(
-                    pending.record, pending.backend, span.end - span.start, pending.concurrent
-                )
+                self._estimate(pending, span.end - span.start)
 
     async def _fetch(self, url: str) -> tuple[float, str | None]:
         """Return (when the reading was taken, the metrics text or None)."""
@@ -238,9 +222,8 @@ class EnergyMeter:
             log.exception("final energy reading failed")
         for url in list(self._ledgers):
             self._estimate_all(url)
-        for pending in list(self._pending.values()):
-            self._pending.pop(pending.record.decision_id)
-            self._estimate(pending.record, pending.backend, 0.0, pending.concurrent)
+        for key in list(self._pending):
+            self._estimate(self._pending.pop(key), 0.0)
 
     async def _run(self) -> None:
         while True:

@@ -36,6 +36,7 @@ from gateway.compare import Answer, Diff, compare, read_body, read_stream
 from gateway.errors import UpstreamError, UpstreamTimeout
 from gateway.exchange import Exchange
 from gateway.forward import PATHS, StreamTally
+from gateway.metering import EnergyMeter
 from gateway.metrics import GatewayMetrics
 from gateway.policy import Comparison, Policy, Route, ShadowBudget, ShadowMatch
 from gateway.routing.fleet import BackendState, Fleet
@@ -230,6 +231,7 @@ class Mirror:
         metrics: GatewayMetrics,
         writer: ShadowWriter,
         fleet: Callable[[], Fleet],
+        meter: EnergyMeter,
         *,
         workers: int = 16,
         max_pending: int = 256,
@@ -243,6 +245,7 @@ class Mirror:
         self.metrics = metrics
         self.writer = writer
         self._fleet = fleet
+        self.meter = meter
         self._workers = workers
         self._max_pending_bytes = max_pending_bytes
         self._draw = draw
@@ -364,13 +367,35 @@ class Mirror:
         self._in_flight[key] += 1
         self._pool_in_flight[candidate] += 1
         self.metrics.shadow_sent.labels(*key).inc()
+        # Copies draw power too: they get their own span, so primaries are not charged for them.
+        span = f"{job.decision_id}:{plan.kind}:{backend.name}"
+        started = self._clock()
+        self.meter.open(backend, span, started)
         try:
             outcome = await self._send(job, backend)
+        except BaseException:
+            self.meter.abandon(backend, span)
+            raise
         finally:
             self._in_flight[key] -= 1
             self._pool_in_flight[candidate] -= 1
             self.admission.release(backend)
-        self._account(job, plan, backend, outcome)
+        record = self._account(job, plan, backend, outcome)
+
+        def deliver(energy_j: float | None, cost: float | None, estimated: bool) -> None:
+            record.candidate_energy_j, record.candidate_cost_usd = energy_j, cost
+            self.writer.add(record)
+
+        self.meter.settle(
+            backend,
+            span,
+            start=started,
+            end=started + outcome.e2e_s,
+            first_token=None if outcome.ttft_s is None else started + outcome.ttft_s,
+            prompt_tokens=record.candidate_prompt_tokens or 0,
+            completion_tokens=record.candidate_completion_tokens or 0,
+            deliver=deliver,
+        )
 
     async def _send(self, job: ShadowJob, backend: BackendState) -> CandidateOutcome:
         """Send the copy once and read the whole answer, timing it as the forwarder does."""
@@ -416,8 +441,8 @@ class Mirror:
 
     def _account(
         self, job: ShadowJob, plan: ShadowPlan, backend: BackendState, outcome: CandidateOutcome
-    ) -> None:
-        """Compare the two answers, update the metrics and queue the shadow record."""
+    ) -> ShadowRecord:
+        """Compare the two answers, update the metrics and return the shadow record."""
         read = read_stream if job.stream else read_body
         labels = (job.route, backend.pool, plan.kind)
         primary = read(job.captured)
@@ -475,8 +500,8 @@ class Mirror:
             record.primary_text = _clip(primary.text)
             record.candidate_text = _clip(candidate.text)
             record.text_expires_at = self._wall() + plan.compare.text_retention_h * 3600
-        self.writer.add(record)
         self._observe(labels, outcome, diff)
+        return record
 
     def _observe(self, labels: tuple[str, str, str], outcome: CandidateOutcome, diff: Diff) -> None:
         m = self.metrics

@@ -21,6 +21,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from gateway.db import metadata
+from gateway.records import request_records
 from gateway.metrics import GatewayMetrics
 
 log = logging.getLogger(__name__)
@@ -421,8 +422,15 @@ def summarize(
     since: float | None = None,
 ) -> list[dict[str, Any]]:
     """Read the shadow records and drops that match the filters and summarise them."""
-    c, d = shadow_records.c, shadow_drops.c
-    query = sa.select(*(c[name] for name in _SUMMARY_COLUMNS))
+    c, d, r = shadow_records.c, shadow_drops.c, request_records.c
+    # The primary's energy and cost are measured on its request record, written by the meter.
+    measured = {
+        "primary_energy_j": sa.func.coalesce(c.primary_energy_j, r.energy_j),
+        "primary_cost_usd": sa.func.coalesce(c.primary_cost_usd, r.cost_usd),
+    }
+    query = sa.select(
+        *(measured[n].label(n) if n in measured else c[n] for n in _SUMMARY_COLUMNS)
+    ).select_from(shadow_records.outerjoin(request_records, r.decision_id == c.decision_id))
     drops_query = sa.select(d.route, d.candidate_pool, d.kind, d.count)
     if route is not None:
         query = query.where(c.route == route)

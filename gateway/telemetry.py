@@ -1,13 +1,15 @@
-"""Telemetry: when an exchange ends, update the metrics, calibrate, and queue its record."""
+"""Telemetry: when an exchange ends, update the metrics, calibrate, and hand on its record."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from gateway.classify import TokenEstimator
 from gateway.costmodel.model import OutputLengths
 from gateway.exchange import Exchange
 from gateway.metering import EnergyMeter
 from gateway.metrics import GatewayMetrics
-from gateway.records import RecordWriter, RequestRecord
+from gateway.records import RequestRecord
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -20,13 +22,13 @@ class Telemetry:
     def __init__(
         self,
         metrics: GatewayMetrics,
-        records: RecordWriter,
+        sink: Callable[[RequestRecord], None],
         meter: EnergyMeter,
         estimator: TokenEstimator,
         outputs: OutputLengths,
     ):
         self.metrics = metrics
-        self.records = records
+        self.sink = sink
         self.meter = meter
         self.estimator = estimator
         self.outputs = outputs
@@ -101,11 +103,24 @@ class Telemetry:
             predicted_e2e_ms=_ms(predicted.e2e_s) if predicted else None,
             predicted_energy_j=predicted.energy_j if predicted else None,
         )
-        if ex.backend is not None and ex.attempt_started:
-            # Energy is measured upstream, so the record waits for its share of the readings.
-            first_token = None if ex.ttft_s is None else ex.started + ex.ttft_s
-            self.meter.submit(
-                record, ex.backend, start=ex.attempt_started, end=ended, first_token=first_token
-            )
-        else:
-            self.records.add(record)
+        if ex.backend is None or not ex.attempt_started:
+            self.sink(record)
+            return
+        # Energy is measured upstream, so the record waits for its share of the readings.
+        sink = self.sink
+
+        def deliver(energy_j: float | None, cost: float | None, estimated: bool) -> None:
+            record.energy_j = None if energy_j is None else round(energy_j, 6)
+            record.cost_usd, record.energy_estimated = cost, estimated
+            sink(record)
+
+        self.meter.settle(
+            ex.backend,
+            ex.decision_id,
+            start=ex.attempt_started,
+            end=ended,
+            first_token=None if ex.ttft_s is None else ex.started + ex.ttft_s,
+            prompt_tokens=ex.prompt_tokens or 0,
+            completion_tokens=ex.completion_tokens or 0,
+            deliver=deliver,
+        )

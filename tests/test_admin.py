@@ -79,6 +79,7 @@ def test_traffic_fills_the_shadow_summary(sims, tmp_path: Path) -> None:
             )
         settle(gw)
         shadow_rows(gw, 8)
+        gw.records(4)
         summary = http.get("/admin/shadow/summary", headers=AUTH).json()
         by_candidate = http.get(
             "/admin/shadow/summary", params={"candidate": "asic"}, headers=AUTH
@@ -98,6 +99,8 @@ def test_traffic_fills_the_shadow_summary(sims, tmp_path: Path) -> None:
     assert (entry["greedy"]["samples"], entry["sampled"]["samples"]) == (3, 1)
     assert 0 <= entry["mean_similarity"] <= 1
     assert entry["primary_latency_p50_ms"] > 0 and entry["candidate_latency_p95_ms"] > 0
+    # Copies are metered like requests: their energy is the candidate's, not the primaries'.
+    assert entry["primary_energy_j"] > 0 and entry["candidate_energy_j"] > 0
     assert by_candidate == [] and later.json() == []
     assert 'gateway_shadow_sent_total{candidate="cim",kind="candidate",route="chat"} 4.0' in metrics
     assert 'gateway_shadow_compared_total{candidate="gpu",kind="noise",route="chat"} 4.0' in metrics

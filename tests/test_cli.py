@@ -135,13 +135,14 @@ def test_explain_shows_the_decision_and_predictions_without_sending(tmp_path: Pa
         "explain",
         str(body),
         "-H",
-        "x-slo-class: batch",
+        "x-slo-ttft-ms: 300",
         env={"DATABASE_URL": f"sqlite:///{tmp_path / 'none.db'}"},
     )
     assert result.returncode == 0, result.stderr
     explained = json.loads(result.stdout)
-    assert explained["decision"]["route"] == "chat-8b"
-    assert explained["profile"]["slo_class"] == "batch"
+    assert explained["decision"]["route"] == "chat-8b-short"
+    assert explained["decision"]["objective"] == "min_cost"
+    assert explained["profile"]["ttft_ms"] == 300
     assert set(explained["predictions"]) == {"gpu", "asic"}
     assert explained["trace"]
 

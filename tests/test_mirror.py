@@ -141,7 +141,7 @@ def test_a_full_queue_drops_and_counts_instead_of_growing(tmp_path: Path) -> Non
     engine = make_engine(f"sqlite:///{tmp_path / 'x.db'}")
     writer = ShadowWriter(engine, metrics)
     # Not started: nothing takes copies off the queue, as with every worker stuck.
-    mirror = Mirror(None, None, metrics, writer, lambda: fleet, max_pending=3)  # type: ignore[arg-type]
+    mirror = Mirror(None, None, metrics, writer, lambda: fleet, None, max_pending=3)  # type: ignore[arg-type]
     for _ in range(10):
         mirror.submit(served_exchange(policy, fleet), b"{}", policy)
     dropped = metrics.registry.get_sample_value(
@@ -155,7 +155,7 @@ def test_the_queue_also_holds_at_most_its_byte_budget(tmp_path: Path) -> None:
     policy = shadow_policy(["http://g:1"], ["http://a:2"], ["http://c:3"])
     fleet, metrics = Fleet(policy), GatewayMetrics()
     writer = ShadowWriter(make_engine(f"sqlite:///{tmp_path / 'x.db'}"), metrics)
-    mirror = Mirror(None, None, metrics, writer, lambda: fleet, max_pending_bytes=10_000)  # type: ignore[arg-type]
+    mirror = Mirror(None, None, metrics, writer, lambda: fleet, None, max_pending_bytes=10_000)  # type: ignore[arg-type]
     for _ in range(10):
         mirror.submit(served_exchange(policy, fleet), b"x" * 3000, policy)
     assert mirror.pending == 3

@@ -6,6 +6,7 @@ from collections import Counter
 from pathlib import Path
 
 from gatewayserver import run_gateway
+
 from policies import MODEL, fleet_policy
 
 PROMPT = [{"role": "user", "content": "Describe how a systolic array multiplies matrices."}]
