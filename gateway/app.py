@@ -82,6 +82,7 @@ class Gateway:
             self._use_model,
             every=settings.model_retrain_every,
             interval_s=settings.model_retrain_interval_s,
+            min_interval_s=settings.model_retrain_min_interval_s,
         )
         self.outputs = OutputLengths(default=policy.assumed_max_tokens)
         self.ranker = CostRanker(lambda: self.costmodel, self.outputs)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
@@ -16,10 +16,21 @@ MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"
 
 
 def make_engine(url: str) -> sa.Engine:
-    """Create an engine; SQLite gets a busy timeout so writers wait instead of failing."""
-    if url.startswith("sqlite"):
-        return sa.create_engine(url, connect_args={"timeout": 30})
-    return sa.create_engine(url, pool_pre_ping=True)
+    """Create an engine; SQLite gets a busy timeout and write-ahead logging."""
+    if not url.startswith("sqlite"):
+        return sa.create_engine(url, pool_pre_ping=True)
+    engine = sa.create_engine(url, connect_args={"timeout": 30})
+
+    @sa.event.listens_for(engine, "connect")
+    def _pragmas(connection: Any, _: Any) -> None:
+        # WAL lets readers (reports, the admin API) run beside the record writer, and
+        # synchronous=NORMAL makes a batch commit cheap while staying safe against crashes.
+        cursor = connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.close()
+
+    return engine
 
 
 def alembic_config(url: str) -> Config:

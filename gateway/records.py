@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 
 import sqlalchemy as sa
 
@@ -89,6 +89,13 @@ class RequestRecord:
     predicted_e2e_ms: float | None = None
     predicted_energy_j: float | None = None
 
+    def row(self) -> dict[str, object]:
+        """Return the record as a table row (a shallow dict; asdict's deep copy costs more)."""
+        return {name: getattr(self, name) for name in _FIELDS}
+
+
+_FIELDS = tuple(f.name for f in fields(RequestRecord))
+
 
 class RecordWriter:
     """Queue records on the event loop and insert them in batches from a worker thread.
@@ -152,7 +159,7 @@ class RecordWriter:
     async def _write(self, batch: list[RequestRecord]) -> None:
         if not batch:
             return
-        rows = [asdict(r) for r in batch]
+        rows = [r.row() for r in batch]
         try:
             await asyncio.to_thread(self._insert, rows)
         except Exception:

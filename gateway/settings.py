@@ -43,6 +43,11 @@ class Settings(BaseSettings):
     model_retrain_interval_s: float = Field(
         default=300.0, gt=0, validation_alias=AliasChoices("GATEWAY_MODEL_RETRAIN_INTERVAL_S")
     )
+    model_retrain_min_interval_s: float = Field(
+        default=10.0,
+        ge=0,
+        validation_alias=AliasChoices("GATEWAY_MODEL_RETRAIN_MIN_INTERVAL_S"),
+    )
     record_flush_interval_s: float = Field(
         default=0.5, gt=0, validation_alias=AliasChoices("GATEWAY_RECORD_FLUSH_INTERVAL_S")
     )

@@ -21,8 +21,8 @@ from typing import Any
 import sqlalchemy as sa
 
 from gateway.db import metadata
-from gateway.records import request_records
 from gateway.metrics import GatewayMetrics
+from gateway.records import request_records
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,6 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import asdict
 
 import sqlalchemy as sa
 
@@ -38,6 +37,7 @@ class Learner:
         *,
         every: int = 200,
         interval_s: float = 300.0,
+        min_interval_s: float = 10.0,
         window: int = 20_000,
     ):
         self._policy = policy
@@ -46,6 +46,7 @@ class Learner:
         self._on_model = on_model
         self.every = every
         self.interval_s = interval_s
+        self.min_interval_s = min_interval_s
         self._observations: deque[Observation] = deque(maxlen=window)
         self._new = 0
         self._last = time.monotonic()
@@ -54,7 +55,7 @@ class Learner:
 
     def observe(self, record: RequestRecord) -> None:
         """Learn from a finished request's record."""
-        for observation in observations_from_rows([asdict(record)]):
+        for observation in observations_from_rows([record.row()]):
             self._observations.append(observation)
             self._new += 1
             if record.predicted_e2e_ms and record.e2e_ms and record.pool:
@@ -69,7 +70,11 @@ class Learner:
     def due(self) -> bool:
         if self._training or self._new == 0:
             return False
-        return self._new >= self.every or time.monotonic() - self._last >= self.interval_s
+        elapsed = time.monotonic() - self._last
+        # Under heavy traffic `every` arrives many times a second: training is never that urgent.
+        return (self._new >= self.every and elapsed >= self.min_interval_s) or (
+            elapsed >= self.interval_s
+        )
 
     async def train_now(self) -> CostModel | None:
         """Retrain on the observations kept; return the new model, or None if it failed."""

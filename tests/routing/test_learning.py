@@ -35,7 +35,13 @@ def test_traffic_moves_off_a_pool_that_became_slower_than_its_figures(sims, tmp_
         },
         interactive={"ttft_ms": 5000, "tpot_ms": 1000},
     )
-    with run_gateway(policy, tmp_path, power_scrape_interval_s=0.05, model_retrain_every=40) as gw:
+    with run_gateway(
+        policy,
+        tmp_path,
+        power_scrape_interval_s=0.05,
+        model_retrain_every=40,
+        model_retrain_min_interval_s=0.5,
+    ) as gw:
         client = gw.client()
 
         def serve(n: int) -> Counter[str]:
