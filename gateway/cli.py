@@ -7,6 +7,7 @@ import logging
 import signal
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from gateway.errors import PolicyError
 from gateway.policy import load_policy
@@ -144,6 +145,44 @@ def _model_train(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _bench_routing(args: argparse.Namespace, settings: Settings) -> int:
+    import json
+
+    from gateway.replay.bench import format_table, run_live_comparison, run_routing_benchmark
+    from gateway.replay.trace import TraceError
+
+    policy = args.policy or settings.policy_path
+    try:
+        if args.live:
+            result = run_live_comparison(
+                args.live,
+                args.trace,
+                args.out,
+                policy,
+                speed=args.live_speed,
+                rate_scale=args.rate_scale,
+                limit=args.limit,
+                seed=args.seed,
+            )
+            print(json.dumps(result["comparison"], indent=2))
+        else:
+            result = run_routing_benchmark(
+                args.trace,
+                args.out,
+                policy,
+                rate_scale=args.rate_scale,
+                limit=args.limit,
+                seed=args.seed,
+                strategies=args.strategies.split(",") if args.strategies else None,
+            )
+            print(format_table(result["strategies"]))
+    except (TraceError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"written to {args.out}")
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     """Build the command-line parser."""
     root = argparse.ArgumentParser(prog="gateway", description=__doc__)
@@ -192,6 +231,29 @@ def parser() -> argparse.ArgumentParser:
     model_train.add_argument("--days", type=float, default=7.0, help="history to learn from")
     model_train.add_argument("--window", type=int, default=20_000, help="most requests to use")
     model_train.set_defaults(run=_model_train)
+
+    bench = commands.add_parser("bench", help="benchmarks").add_subparsers(
+        dest="bench_command", required=True
+    )
+    routing = bench.add_parser(
+        "routing", help="replay a trace through every routing strategy on a virtual clock"
+    )
+    routing.add_argument("--trace", type=Path, required=True, help="CSV trace (Azure LLM format)")
+    routing.add_argument("--out", type=Path, required=True, help="where to write the JSON result")
+    routing.add_argument(
+        "--rate-scale", type=float, default=1.0, help="arrivals this many times faster"
+    )
+    routing.add_argument("--limit", type=int, help="replay only the first N requests")
+    routing.add_argument("--seed", type=int, default=0, help="meter phase and round-robin start")
+    routing.add_argument("--policy", type=Path, help="policy file (default GATEWAY_POLICY)")
+    routing.add_argument("--strategies", help="comma-separated subset (default: all)")
+    routing.add_argument(
+        "--live", metavar="URL", help="also send the slice through the gateway running at URL"
+    )
+    routing.add_argument(
+        "--live-speed", type=float, default=1.0, help="the simulators' --speed, for --live"
+    )
+    routing.set_defaults(run=_bench_routing)
     return root
 
 

@@ -25,7 +25,7 @@ BOUND_QUANTILE = 0.9
 RIDGE_ALPHA = 1.0
 # Devices drift (thermal throttling, a firmware change, a failing part): recent observations
 # count more, halving in weight every HALF_LIFE older ones of the same pool and model.
-HALF_LIFE = 50
+HALF_LIFE = 150
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,24 +112,34 @@ def _fit(
     observed = np.array([r[1] for r in rows])
     base = np.array([r[2] for r in rows])
     target = np.log(observed / base)
-    age = np.arange(len(rows))[::-1]
-    weight = 0.5 ** (age / HALF_LIFE)
     split = int(len(rows) * (1 - HOLDOUT_SHARE))
+    # Age counts back from the newest row the fit sees: the held-out rows must not make the
+    # training rows look old, or the scored fit would be the prior.
     ridge = Ridge(alpha=RIDGE_ALPHA, fit_intercept=False).fit(
-        phi[:split], target[:split], sample_weight=weight[:split]
+        phi[:split], target[:split], sample_weight=_recency(split)
     )
     held_log = phi[split:] @ ridge.coef_
     predicted = base[split:] * np.exp(held_log)
     residuals = target[split:] - held_log
-    bound = float(np.quantile(residuals, BOUND_QUANTILE)) if len(residuals) else math.log(1.5)
+    # Split-conformal: the ceil((n+1)·q)-th smallest residual, so the bound keeps its coverage
+    # on a finite held-out set.
+    level = min(math.ceil((len(residuals) + 1) * BOUND_QUANTILE) / len(residuals), 1.0)
+    bound = float(np.quantile(residuals, level))
     score = Score(
         len(rows),
         _mape(predicted, observed[split:]),
         _mape(base[split:], observed[split:]),
     )
     # Refit on everything for serving; the held-out error stays the honest estimate.
-    weights = Ridge(alpha=RIDGE_ALPHA, fit_intercept=False).fit(phi, target, weight).coef_
+    weights = (
+        Ridge(alpha=RIDGE_ALPHA, fit_intercept=False).fit(phi, target, _recency(len(rows))).coef_
+    )
     return score, Residual(tuple(float(w) for w in weights), max(bound, 0.0))
+
+
+def _recency(n: int) -> np.ndarray:
+    """Weights for n observations, oldest first: halving every HALF_LIFE back from the newest."""
+    return np.asarray(0.5 ** (np.arange(n)[::-1] / HALF_LIFE))
 
 
 def observations_from_rows(rows: Iterable[dict[str, object]]) -> list[Observation]:

@@ -75,3 +75,12 @@ def test_unknown_pools_in_history_are_ignored() -> None:
     stale = [Observation("tpu", MODEL, 10, 10, 1, 0.1, 0.01, 0.2, 1.0)] * 50
     _, scores = train(POLICY, stale)
     assert "tpu" not in scores
+
+
+def test_held_out_error_scores_the_learned_fit_not_the_prior_on_long_histories() -> None:
+    # With thousands of observations the held-out rows are many half-lives newer than the
+    # training rows; the fit scored on them must still be the learned one.
+    _, scores = train(POLICY, observations("asic", 3000))
+    asic = scores["asic"][MODEL]
+    assert asic["ttft"].mape is not None and asic["ttft"].mape < 0.10
+    assert asic["ttft"].prior_mape is not None and asic["ttft"].prior_mape > 0.3

@@ -1,0 +1,307 @@
+"""The discrete-event replay: a trace's requests, routed by one strategy, on simulated devices.
+
+Time is virtual. The replay jumps from event to event: an arrival (routed by the real `decide()`),
+a queue deadline (the router's budget ran out: fall back, or reject), an energy-meter reading,
+and the devices' own events (prefills, decode steps, completions), which the simulator's engine
+processes. Events at the same instant run in this order: devices first, so a slot freed at t is
+free for a request arriving at t, then the meter, deadlines and arrivals.
+
+Admission follows the live gateway (`gateway/forward.py`, `gateway/admission.py`): a decision
+with a backend takes one of its slots at once; a decision to queue waits in the pool's queue,
+oldest first, for a slot, within the budget; when the budget runs out `pick_backend` may still
+find a free slot on the route (the fallback), and otherwise the request is refused.
+
+The learned strategy meters energy as the live gateway does: each device's energy counter is read
+every `meter_interval_s` and fed, with the request spans, to a `gateway.energy.BackendLedger`;
+a request's observation (its TTFT, TPOT and end-to-end time from the device's timestamps, and
+its attributed energy) reaches the learner when its energy is settled.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+from gateway.classify import RequestProfile
+from gateway.costmodel.train import Observation
+from gateway.errors import GatewayError
+from gateway.policy import Policy, Route
+from gateway.replay.strategies import Router
+from gateway.replay.trace import TraceRequest
+from gateway.replay.world import SimulatedBackend, build_world, model_spec
+from gateway.routing.fleet import Fleet, PoolState
+from gateway.routing.router import decide, pick_backend
+from simulator.device import Job, JobState
+
+MODEL = "llama-3.1-8b-instruct"
+# Traffic starts this long after the meter's first reading, as the live meter takes a baseline
+# of the idle fleet before serving.
+START_S = 1.0
+
+
+def request_profile(policy: Policy, request: TraceRequest, model: str = MODEL) -> RequestProfile:
+    """Return what the router would know of a trace request: a streamed chat in the default class.
+
+    `max_tokens` is the trace's generated length, as a client that knows it would send (and as
+    benchmarks make the simulator generate exactly that many tokens with `ignore_eos`).
+    """
+    name = policy.default_slo_class
+    slo = policy.slo_classes[name]
+    return RequestProfile(
+        endpoint="chat",
+        model=model,
+        prompt_tokens=request.prompt_tokens,
+        max_tokens=request.output_tokens,
+        slo_class=name,
+        ttft_ms=slo.ttft_ms,
+        tpot_ms=slo.tpot_ms,
+        e2e_ms=slo.e2e_ms,
+        tenant="anonymous",
+        stream=True,
+    )
+
+
+@dataclass(eq=False, slots=True)
+class Passage:
+    """One request's way through the replay: routed, perhaps queued, then served or refused."""
+
+    key: str
+    arrival_s: float
+    request: TraceRequest
+    profile: RequestProfile
+    route: Route | None = None
+    backend: SimulatedBackend | None = None
+    job: Job | None = None
+    queued_in: str | None = None
+    admitted_s: float | None = None
+    concurrent: int = 0
+    fell_back: bool = False
+    refused: str | None = None
+
+    @property
+    def pool(self) -> str | None:
+        return None if self.backend is None else self.backend.state.pool
+
+    @property
+    def served(self) -> bool:
+        return self.job is not None and self.job.state is JobState.DONE
+
+    @property
+    def ttft_s(self) -> float | None:
+        """Return the time from arrival to the first token, queueing included."""
+        if self.job is None or self.job.first_token_at is None:
+            return None
+        return self.job.first_token_at - self.arrival_s
+
+    @property
+    def tpot_s(self) -> float | None:
+        """Return the mean time per output token after the first, or None for one token."""
+        job = self.job
+        if job is None or job.finished_at is None or job.first_token_at is None:
+            return None
+        if self.request.output_tokens <= 1:
+            return None
+        return (job.finished_at - job.first_token_at) / (self.request.output_tokens - 1)
+
+
+class Replay:
+    """Replay a trace through one strategy's router against a fresh simulated fleet."""
+
+    def __init__(
+        self,
+        router: Router,
+        requests: Sequence[TraceRequest],
+        *,
+        meter_interval_s: float = 1.0,
+        meter_phase_s: float = 0.0,
+        model: str = MODEL,
+    ):
+        self.router = router
+        self.policy = router.policy
+        self.model = model
+        self.fleet = Fleet(self.policy)
+        self.world = build_world(self.policy, self.fleet)
+        self.passages = [
+            Passage(str(i), START_S + r.arrival_s, r, request_profile(self.policy, r, model))
+            for i, r in enumerate(requests)
+        ]
+        self.metered = router.learner is not None
+        self._meter_interval_s = meter_interval_s
+        self._next_reading = meter_phase_s % meter_interval_s if self.metered else math.inf
+        self._waiting: dict[str, deque[Passage]] = {}
+        for pool in self.fleet.pools.values():
+            queue: deque[Passage] = deque()
+            self._waiting[pool.name] = queue
+            # The router and ranker only read the queue's length; sharing the deque keeps it true.
+            pool.waiters = cast(Any, queue)
+        self._deadlines: list[tuple[float, int, Passage]] = []
+        self._order = itertools.count()
+        self._finished: list[Passage] = []
+        self._unsettled: dict[str, Passage] = {}
+        self._in_service = 0
+        self._specs = {name: model_spec(sim.profile, model) for name, sim in self.world.items()}
+
+    def run(self) -> Replay:
+        """Replay every request to its end; return self for chaining."""
+        arrivals = 0
+        total = len(self.passages)
+        while True:
+            arrival = self.passages[arrivals].arrival_s if arrivals < total else math.inf
+            deadline = self._deadlines[0][0] if self._deadlines else math.inf
+            if not self._busy(arrivals < total):
+                self._next_reading = math.inf
+            external = min(arrival, deadline, self._next_reading)
+            if external == math.inf or any(self._waiting.values()):
+                # Someone waits for a slot (or only the devices are left): step device events
+                # one at a time, so a freed slot goes to the oldest waiter at its true instant.
+                step = self._next_device_event()
+                if step < external:
+                    self._advance(step)
+                    continue
+                if external == math.inf:
+                    break
+            self._advance(external)
+            if external == self._next_reading:
+                self._read_meters(external)
+                self._next_reading += self._meter_interval_s
+            elif external == deadline:
+                self._expire(external)
+            else:
+                self._arrive(self.passages[arrivals])
+                arrivals += 1
+        return self
+
+    def finish(self, until_s: float) -> None:
+        """Let the idle fleet run on to `until_s`, so replays are compared over one window."""
+        for sim in self.world.values():
+            sim.device.advance(max(until_s, sim.device.time))
+
+    def _busy(self, arrivals_left: bool) -> bool:
+        return arrivals_left or self._in_service > 0 or bool(self._unsettled)
+
+    def _next_device_event(self) -> float:
+        events = [sim.device.next_event_at() for sim in self.world.values()]
+        return min((e for e in events if e is not None), default=math.inf)
+
+    def _advance(self, now: float) -> None:
+        for sim in self.world.values():
+            sim.device.advance(now)
+        if self._finished:
+            finished = sorted(self._finished, key=lambda p: cast(Job, p.job).finished_at or 0.0)
+            self._finished.clear()
+            for passage in finished:
+                self._complete(passage)
+
+    def _arrive(self, passage: Passage) -> None:
+        now = passage.arrival_s
+        try:
+            decision = decide(passage.profile, self.policy, self.fleet, self.router.rank)
+        except GatewayError as exc:
+            passage.refused = type(exc).__name__
+            return
+        passage.route = decision.route
+        if decision.backend is not None:
+            self._admit(passage, self.world[decision.backend.name], now)
+            return
+        pool = decision.queue_pool
+        assert pool is not None
+        passage.queued_in = pool.name
+        self._waiting[pool.name].append(passage)
+        deadline = now + decision.queue_budget_s
+        heapq.heappush(self._deadlines, (deadline, next(self._order), passage))
+
+    def _expire(self, now: float) -> None:
+        while self._deadlines and self._deadlines[0][0] <= now:
+            _, _, passage = heapq.heappop(self._deadlines)
+            if passage.admitted_s is not None:
+                continue
+            assert passage.queued_in is not None and passage.route is not None
+            self._waiting[passage.queued_in].remove(passage)
+            backend = pick_backend(passage.profile, passage.route, self.policy, self.fleet)
+            if backend is None:
+                passage.refused = "NoCapacity"
+                continue
+            passage.fell_back = True
+            self._admit(passage, self.world[backend.name], now)
+
+    def _admit(self, passage: Passage, sim: SimulatedBackend, now: float) -> None:
+        sim.state.in_flight += 1
+        self._in_service += 1
+        passage.backend = sim
+        passage.admitted_s = now
+        passage.concurrent = sim.state.in_flight
+        request = passage.request
+        passage.job = Job(
+            self._specs[sim.state.name],
+            request.prompt_tokens,
+            request.output_tokens,
+            on_progress=lambda: self._progress(passage),
+        )
+        if self.metered:
+            sim.ledger.open(passage.key, now)
+        sim.device.submit(passage.job, now)
+
+    def _progress(self, passage: Passage) -> None:
+        job = passage.job
+        if job is not None and job.state is JobState.DONE:
+            self._finished.append(passage)
+
+    def _complete(self, passage: Passage) -> None:
+        sim, job = passage.backend, passage.job
+        assert sim is not None and job is not None
+        assert job.finished_at is not None and job.admitted_at is not None
+        sim.state.in_flight -= 1
+        self._in_service -= 1
+        sim.slot_s += job.finished_at - job.admitted_at
+        if self.metered:
+            sim.ledger.close(
+                passage.key,
+                job.finished_at,
+                passage.request.prompt_tokens,
+                passage.request.output_tokens,
+                job.first_token_at,
+            )
+            self._unsettled[passage.key] = passage
+        if self.router.outputs is not None and passage.route is not None:
+            self.router.outputs.observe(passage.route.name, passage.request.output_tokens)
+        self._dispatch(self.fleet.pools[sim.state.pool], job.finished_at)
+
+    def _dispatch(self, pool: PoolState, now: float) -> None:
+        """Give free slots of the pool to its oldest waiters, as the live admission does."""
+        queue = self._waiting[pool.name]
+        while queue:
+            backend = pool.most_free()
+            if backend is None:
+                return
+            self._admit(queue.popleft(), self.world[backend.name], now)
+
+    def _read_meters(self, now: float) -> None:
+        learner = self.router.learner
+        for sim in self.world.values():
+            sim.ledger.reading(now, sim.device.energy_j)
+            for span in sim.ledger.settle():
+                passage = self._unsettled.pop(span.key, None)
+                if passage is not None and learner is not None:
+                    learner.observe(self._observation(passage, span.energy_j), now)
+
+    def _observation(self, passage: Passage, energy_j: float) -> Observation:
+        """Turn a settled request into what the live gateway would have recorded of it."""
+        job, sim = passage.job, passage.backend
+        assert job is not None and sim is not None and passage.admitted_s is not None
+        assert job.first_token_at is not None and job.finished_at is not None
+        return Observation(
+            pool=sim.state.pool,
+            model=self.model,
+            prompt_tokens=passage.request.prompt_tokens,
+            completion_tokens=passage.request.output_tokens,
+            concurrent=passage.concurrent,
+            ttft_s=job.first_token_at - passage.admitted_s,
+            tpot_s=passage.tpot_s,
+            e2e_s=job.finished_at - passage.admitted_s,
+            energy_j=energy_j,
+        )

@@ -1,0 +1,142 @@
+"""Live mode: send a compressed slice of a trace through a running gateway, end to end.
+
+Each request leaves at its arrival time as a streamed chat completion whose prompt has the
+trace's token count and whose answer has exactly the trace's generated tokens (`ignore_eos`,
+which the simulator honours as vLLM does). The gateway routes it to real simulator processes.
+Durations are measured on the wall clock and multiplied by the simulators' `--speed`, so they
+compare with the virtual-clock replay of the same slice; the gateway's own overhead is
+multiplied too, which is why a low speed gives the closer comparison.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import numpy as np
+import orjson
+
+from gateway.policy import Policy
+from gateway.replay.engine import MODEL, request_profile
+from gateway.replay.trace import TraceRequest
+
+# One simulator token and four characters for the gateway's estimate; the simulator adds 3
+# tokens per message and 3 to prime the reply.
+PROMPT_WORD = "abc"
+CHAT_OVERHEAD_TOKENS = 6
+TIMEOUT_S = 120.0
+
+
+@dataclass(frozen=True, slots=True)
+class LiveOutcome:
+    """What one request measured through the gateway: status, pool and timings (wall clock)."""
+
+    status: int
+    pool: str | None
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+
+
+def chat_body(request: TraceRequest, model: str = MODEL) -> bytes:
+    """Return a streamed chat request with the trace's prompt and output lengths."""
+    words = max(request.prompt_tokens - CHAT_OVERHEAD_TOKENS, 1)
+    return orjson.dumps(
+        {
+            "model": model,
+            "messages": [{"role": "user", "content": " ".join([PROMPT_WORD] * words)}],
+            "max_tokens": request.output_tokens,
+            "ignore_eos": True,
+            "temperature": 0,
+            "stream": True,
+        }
+    )
+
+
+async def _send(
+    session: aiohttp.ClientSession,
+    url: str,
+    request: TraceRequest,
+    start: float,
+    speed: float,
+    clock: Callable[[], float],
+) -> LiveOutcome:
+    await asyncio.sleep(max(0.0, start + request.arrival_s / speed - clock()))
+    sent = clock()
+    first = last = None
+    try:
+        async with session.post(
+            url + "/v1/chat/completions",
+            data=chat_body(request),
+            headers={"content-type": "application/json"},
+        ) as response:
+            pool = response.headers.get("x-gateway-pool")
+            if response.status != 200:
+                await response.read()
+                return LiveOutcome(response.status, pool)
+            async for line in response.content:
+                if line.startswith(b"data: {") and b'"content":"' in line:
+                    last = clock()
+                    first = first if first is not None else last
+    except (aiohttp.ClientError, TimeoutError):
+        return LiveOutcome(0, None)
+    if first is None or last is None:
+        return LiveOutcome(0, pool)
+    tokens = request.output_tokens
+    tpot = (last - first) / (tokens - 1) if tokens > 1 else None
+    return LiveOutcome(200, pool, first - sent, tpot)
+
+
+async def replay_live(
+    url: str,
+    requests: Sequence[TraceRequest],
+    *,
+    speed: float = 1.0,
+    clock: Callable[[], float] = time.perf_counter,
+) -> list[LiveOutcome]:
+    """Send every request at its arrival time, compressed by `speed`; return what each measured."""
+    timeout = aiohttp.ClientTimeout(total=TIMEOUT_S)
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+        start = clock()
+        return list(
+            await asyncio.gather(
+                *(_send(session, url.rstrip("/"), r, start, speed, clock) for r in requests)
+            )
+        )
+
+
+def summarize_live(
+    policy: Policy, requests: Sequence[TraceRequest], outcomes: Sequence[LiveOutcome], speed: float
+) -> dict[str, Any]:
+    """Return the live run's SLO attainment, TTFT and pool shares, in simulated time."""
+    total = max(len(outcomes), 1)
+    met = 0
+    ttft = []
+    for request, outcome in zip(requests, outcomes, strict=True):
+        if outcome.status != 200 or outcome.ttft_s is None:
+            continue
+        profile = request_profile(policy, request)
+        ttft_ms = outcome.ttft_s * speed * 1e3
+        tpot_ms = None if outcome.tpot_s is None else outcome.tpot_s * speed * 1e3
+        ttft.append(ttft_ms)
+        if (profile.ttft_ms is None or ttft_ms <= profile.ttft_ms) and (
+            profile.tpot_ms is None or tpot_ms is None or tpot_ms <= profile.tpot_ms
+        ):
+            met += 1
+    pools = Counter(o.pool for o in outcomes if o.status == 200)
+    live = [name for name, pool in policy.pools.items() if pool.live]
+    return {
+        "requests": len(outcomes),
+        "served": sum(o.status == 200 for o in outcomes),
+        "statuses": dict(Counter(str(o.status) for o in outcomes)),
+        "slo_attainment": round(met / total, 5),
+        "ttft_p50_ms": round(float(np.percentile(ttft, 50)), 2) if ttft else None,
+        "ttft_p99_ms": round(float(np.percentile(ttft, 99)), 2) if ttft else None,
+        "pool_shares": {name: round(pools[name] / total, 4) for name in live},
+        "speed": speed,
+    }

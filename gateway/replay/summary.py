@@ -1,0 +1,94 @@
+"""Sum up a replay: energy, cost, SLO attainment, latency and where requests went.
+
+Cost charges what routing controls: each pool's energy above idle at its electricity price, and
+the slot time its requests held (admission to last token) at its hourly price divided by its
+slots: a backend's hourly price buys `slots` slots, as the router's marginal cost assumes.
+The fleet's cost, every device for the whole window with its idle draw, is reported beside it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+
+from gateway.replay.engine import Passage, Replay
+
+
+def _percentile(values: list[float], q: float) -> float | None:
+    return round(float(np.percentile(values, q)), 2) if values else None
+
+
+def meets_slo(passage: Passage) -> bool:
+    """Say whether a request was served within its class's TTFT and TPOT targets."""
+    profile, ttft, tpot = passage.profile, passage.ttft_s, passage.tpot_s
+    if not passage.served or ttft is None:
+        return False
+    if profile.ttft_ms is not None and ttft * 1e3 > profile.ttft_ms:
+        return False
+    return profile.tpot_ms is None or tpot is None or tpot * 1e3 <= profile.tpot_ms
+
+
+def summarize(replay: Replay) -> dict[str, object]:
+    """Return a replay's figures, as the benchmark writes them for one strategy."""
+    policy = replay.policy
+    passages = replay.passages
+    total = max(len(passages), 1)
+    served = [p for p in passages if p.served]
+    tokens_k = max(sum(p.request.output_tokens for p in served), 1) / 1000
+    duration_s = max((sim.device.time for sim in replay.world.values()), default=0.0)
+    above_idle = fleet = fleet_cost = 0.0
+    pool_cost: dict[str, float] = dict.fromkeys(replay.fleet.pools, 0.0)
+    for sim in replay.world.values():
+        pool = policy.pools[sim.state.pool]
+        price = pool.price
+        above_idle += sim.energy_above_idle_j
+        fleet += sim.device.energy_j
+        pool_cost[sim.state.pool] += (
+            sim.energy_above_idle_j * price.usd_per_kwh / 3.6e6
+            + sim.slot_s * price.usd_per_hour / 3600 / pool.slots_per_backend
+        )
+        fleet_cost += sim.device.energy_j * price.usd_per_kwh / 3.6e6
+        fleet_cost += sim.device.time * price.usd_per_hour / 3600
+    cost = sum(pool_cost.values())
+    ttft = [p.ttft_s * 1e3 for p in served if p.ttft_s is not None]
+    tpot = [p.tpot_s * 1e3 for p in served if p.tpot_s is not None]
+    pools = Counter(p.pool for p in served)
+    live = [name for name, pool in policy.pools.items() if pool.live]
+    tokens: Counter[str] = Counter()
+    concurrency: Counter[str] = Counter()
+    for p in served:
+        assert p.pool is not None
+        tokens[p.pool] += p.request.output_tokens
+        concurrency[p.pool] += p.concurrent
+    summary: dict[str, object] = {
+        "requests": len(passages),
+        "served": len(served),
+        "refused": sum(p.refused is not None for p in passages),
+        "energy_j_per_request": round(above_idle / total, 3),
+        "energy_above_idle_j": round(above_idle, 1),
+        "fleet_energy_j": round(fleet, 1),
+        "cost_usd_per_1k_tokens": round(cost / tokens_k, 9),
+        "fleet_cost_usd_per_1k_tokens": round(fleet_cost / tokens_k, 9),
+        "slo_attainment": round(sum(meets_slo(p) for p in passages) / total, 5),
+        "ttft_p50_ms": _percentile(ttft, 50),
+        "ttft_p99_ms": _percentile(ttft, 99),
+        "tpot_p50_ms": _percentile(tpot, 50),
+        "tpot_p99_ms": _percentile(tpot, 99),
+        "pool_shares": {name: round(pools[name] / total, 4) for name in live},
+        # Diagnostics: what each pool's tokens cost, and how busy a request found its backend.
+        "cost_usd_per_1k_tokens_by_pool": {
+            name: round(pool_cost[name] / tokens[name] * 1000, 9) if tokens[name] else None
+            for name in live
+        },
+        "mean_concurrency": {
+            name: round(concurrency[name] / pools[name], 2) if pools[name] else None
+            for name in live
+        },
+        "queued_share": round(sum(p.queued_in is not None for p in passages) / total, 5),
+        "fallback_share": round(sum(p.fell_back for p in passages) / total, 5),
+        "duration_s": round(duration_s, 3),
+    }
+    if replay.router.learner is not None:
+        summary["cost_model"] = replay.router.learner.report()
+    return summary

@@ -1,0 +1,63 @@
+"""The simulated world a replay runs against: one simulator device per backend of each live pool.
+
+The world is the only part of a replay that knows the hardware's true figures: each backend is a
+`simulator.device.Device` built from the bundled simulator profile of its pool's kind, so its
+timing and power are the simulator's, not the policy's nominal ones. The router sees the world
+only as the live gateway does: slots it counts itself, and an energy counter it reads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gateway.energy import BackendLedger
+from gateway.policy import Policy
+from gateway.routing.fleet import BackendState, Fleet
+from simulator.device import Device
+from simulator.power import PowerCurve
+from simulator.profile import ModelSpec, Profile, load_profile
+
+
+@dataclass(eq=False, slots=True)
+class SimulatedBackend:
+    """One backend of the fleet and the simulated device behind it."""
+
+    state: BackendState
+    device: Device
+    profile: Profile
+    ledger: BackendLedger
+    slot_s: float = 0.0  # slot-seconds its requests held, admission to last token
+
+    @property
+    def energy_above_idle_j(self) -> float:
+        """Return the energy the device drew above its true idle power so far."""
+        return self.device.energy_j - self.device.power.idle_w * self.device.time
+
+
+def model_spec(profile: Profile, model: str) -> ModelSpec:
+    """Return the simulator's figures for a model on a profile, or say which models it knows."""
+    spec = profile.model(model)
+    if spec is None:
+        known = ", ".join(m.name for m in profile.models)
+        raise ValueError(f"simulator profile {profile.name!r} does not serve {model!r} ({known})")
+    return spec
+
+
+def profile_for(kind: str) -> Profile:
+    """Return the bundled simulator profile of a hardware kind (gpu, asic, cim)."""
+    return load_profile(kind)
+
+
+def build_world(policy: Policy, fleet: Fleet) -> dict[str, SimulatedBackend]:
+    """Put a fresh simulated device behind every backend of every live pool, keyed by name."""
+    world: dict[str, SimulatedBackend] = {}
+    for pool in fleet.pools.values():
+        if not pool.spec.live:
+            continue  # shadow-only pools serve nothing live, and shadow copies are not replayed
+        profile = profile_for(pool.spec.kind)
+        for backend in pool.backends:
+            device = Device(len(world), profile.timing, profile.slots, PowerCurve(profile.power))
+            # The gateway starts from the pool's nominal idle draw and learns the real one.
+            ledger = BackendLedger(idle_w=pool.spec.power.idle_w)
+            world[backend.name] = SimulatedBackend(backend, device, profile, ledger)
+    return world
