@@ -1,8 +1,9 @@
-"""Admission: slot accounting per backend and each pool's own bounded queue.
+"""Admission: slot and KV-memory accounting per backend, and each pool's own bounded queue.
 
-A request holds one slot of its backend from admission until its answer ends. When a pool is
-full, requests wait in that pool's queue in arrival order and a released slot goes straight to
-the oldest waiter, so one saturated pool never stalls another and nothing is preempted.
+A request holds one slot of its backend, and the KV cache its prompt and output need, from
+admission until its answer ends. When a pool is full, requests wait in that pool's queue in
+arrival order and a released slot goes straight to the oldest waiter it fits, so one saturated
+pool never stalls another and nothing is preempted.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import asyncio
 
 from gateway.errors import NoCapacity
-from gateway.routing.fleet import BackendState, Fleet, PoolState
+from gateway.routing.fleet import BackendState, Fleet, PoolState, Waiter
 
 
 class Admission:
@@ -19,11 +20,13 @@ class Admission:
     def __init__(self, fleet: Fleet):
         self.fleet = fleet
 
-    def acquire(self, backend: BackendState) -> None:
+    def acquire(self, backend: BackendState, kv_bytes: float = 0.0) -> None:
         backend.in_flight += 1
+        backend.kv_reserved += kv_bytes
 
-    def release(self, backend: BackendState) -> None:
+    def release(self, backend: BackendState, kv_bytes: float = 0.0) -> None:
         backend.in_flight -= 1
+        backend.kv_reserved -= kv_bytes
         pool = self.fleet.pools.get(backend.pool)
         if pool is not None and pool.waiters:
             self.dispatch(pool)
@@ -31,29 +34,33 @@ class Admission:
     def dispatch(self, pool: PoolState) -> None:
         """Give free slots of the pool to its oldest waiters."""
         while pool.waiters:
-            backend = pool.most_free()
+            waiter = pool.waiters[0]
+            if waiter.future.done():
+                pool.waiters.popleft()
+                continue
+            # The oldest waiter goes first, even if a younger one would fit: no starvation.
+            backend = pool.most_free(kv_bytes=waiter.kv_bytes)
             if backend is None:
                 return
-            waiter = pool.waiters.popleft()
-            if waiter.done():
-                continue
-            backend.in_flight += 1
-            waiter.set_result(backend)
+            pool.waiters.popleft()
+            self.acquire(backend, waiter.kv_bytes)
+            waiter.future.set_result(backend)
 
-    async def wait(self, pool: PoolState, timeout_s: float) -> BackendState:
+    async def wait(self, pool: PoolState, timeout_s: float, kv_bytes: float = 0.0) -> BackendState:
         """Wait in the pool's queue for a slot; raise NoCapacity when the budget runs out."""
-        waiter: asyncio.Future[BackendState] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[BackendState] = asyncio.get_running_loop().create_future()
+        waiter = Waiter(future, kv_bytes)
         pool.waiters.append(waiter)
         try:
-            await asyncio.wait((waiter,), timeout=timeout_s)
+            await asyncio.wait((future,), timeout=timeout_s)
         except asyncio.CancelledError:
-            if waiter.done() and not waiter.cancelled():
-                self.release(waiter.result())
-            waiter.cancel()
+            if future.done() and not future.cancelled():
+                self.release(future.result(), kv_bytes)
+            future.cancel()
             raise
-        if waiter.done():
-            return waiter.result()
-        waiter.cancel()
+        if future.done():
+            return future.result()
+        future.cancel()
         pool.waiters.remove(waiter)
         raise NoCapacity(
             f"pool {pool.name!r} had no free slot within {timeout_s * 1000:.0f} ms; retry later"

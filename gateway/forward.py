@@ -142,25 +142,26 @@ class Forwarder:
             if chunks is not None:
                 await chunks.aclose()  # type: ignore[attr-defined]
             response.release()
-            self.admission.release(backend)
+            self.admission.release(backend, ex.decision.kv_bytes)  # type: ignore[union-attr]
 
     async def _admit(self, ex: Exchange, policy: Policy, fleet: Fleet) -> BackendState:
         decision = ex.decision
         assert decision is not None and ex.profile is not None
+        kv = decision.kv_bytes
         if decision.backend is not None:
-            self.admission.acquire(decision.backend)
+            self.admission.acquire(decision.backend, kv)
             ex.first_pool = decision.backend.pool
             return decision.backend
         assert decision.queue_pool is not None
         ex.first_pool = decision.queue_pool.name
         waited = self.clock()
         try:
-            return await self.admission.wait(decision.queue_pool, decision.queue_budget_s)
+            return await self.admission.wait(decision.queue_pool, decision.queue_budget_s, kv)
         except NoCapacity:
             backend = pick_backend(ex.profile, decision.route, policy, fleet)
             if backend is None:
                 raise
-            self.admission.acquire(backend)
+            self.admission.acquire(backend, kv)
             ex.fallback_reason = "queue_timeout"
             return backend
         finally:
@@ -208,7 +209,7 @@ class Forwarder:
                     response.release()
                 self.meter.abandon(backend, ex.decision_id)
                 self.outliers.failure(backend)
-                self.admission.release(backend)
+                self.admission.release(backend, decision.kv_bytes)
                 failed.add(backend.name)
                 retry = (
                     pick_backend(profile, decision.route, policy, fleet, frozenset(failed))
@@ -219,7 +220,7 @@ class Forwarder:
                     ex.backend = None
                     raise
                 self.metrics.retries.labels(backend.pool).inc()
-                self.admission.acquire(retry)
+                self.admission.acquire(retry, decision.kv_bytes)
                 ex.fallback_reason = "upstream_failure"
                 backend = retry
             except BaseException:
@@ -227,7 +228,7 @@ class Forwarder:
                 if response is not None:
                     response.release()
                 self.meter.abandon(backend, ex.decision_id)
-                self.admission.release(backend)
+                self.admission.release(backend, decision.kv_bytes)
                 ex.backend = None
                 raise
 

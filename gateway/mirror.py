@@ -147,6 +147,7 @@ class ShadowJob:
     primary_prompt_tokens: int | None
     primary_completion_tokens: int | None
     captured: bytes
+    kv_bytes: float = 0.0
 
     @property
     def size(self) -> int:
@@ -202,6 +203,7 @@ def _job(ex: Exchange, body: bytes, policy: Policy) -> ShadowJob:
         primary_prompt_tokens=ex.prompt_tokens,
         primary_completion_tokens=ex.completion_tokens,
         captured=b"".join(ex.captured),
+        kv_bytes=ex.decision.kv_bytes if ex.decision is not None else 0.0,
     )
 
 
@@ -352,7 +354,7 @@ class Mirror:
         if self._pool_in_flight[candidate] >= allowed:
             return "no_slot"
         exclude = frozenset({job.primary_backend}) if plan.kind == NOISE else frozenset()
-        backend = pool.most_free(exclude)
+        backend = pool.most_free(exclude, job.kv_bytes)
         return "no_slot" if backend is None else backend
 
     async def _mirror(self, job: ShadowJob, plan: ShadowPlan) -> None:
@@ -363,7 +365,7 @@ class Mirror:
             return
         backend = picked
         key = (job.route, candidate, plan.kind)
-        self.admission.acquire(backend)
+        self.admission.acquire(backend, job.kv_bytes)
         self._in_flight[key] += 1
         self._pool_in_flight[candidate] += 1
         self.metrics.shadow_sent.labels(*key).inc()
@@ -379,7 +381,7 @@ class Mirror:
         finally:
             self._in_flight[key] -= 1
             self._pool_in_flight[candidate] -= 1
-            self.admission.release(backend)
+            self.admission.release(backend, job.kv_bytes)
         record = self._account(job, plan, backend, outcome)
 
         def deliver(energy_j: float | None, cost: float | None, estimated: bool) -> None:

@@ -93,6 +93,14 @@ class Pool(Strict):
         default=True, description="False marks a shadow-only pool: never serves clients."
     )
     queue_depth: int = Field(default=256, ge=0, description="Requests that may wait for a slot.")
+    kv_cache_gb: PositiveFloat | None = Field(
+        default=None,
+        description="Memory of one backend for KV cache, after weights; default half of memory.",
+    )
+
+    def kv_capacity_bytes(self) -> float:
+        """Return the KV-cache memory of one backend, in bytes."""
+        return (self.kv_cache_gb if self.kv_cache_gb is not None else self.memory_gb / 2) * 1e9
 
 
 class SloClass(Strict):
@@ -180,11 +188,20 @@ class NoiseFloor(Strict):
     budget: ShadowBudget = ShadowBudget(max_concurrent=2, max_slot_share=0.1)
 
 
+# A model whose size the policy does not give is assumed to be this big.
+DEFAULT_PARAMS_B = 8.0
+# KV-cache bytes per token per billion parameters: Llama-style grouped-query attention in bf16.
+KV_BYTES_PER_TOKEN_PER_B = 16_384
+
+
 class ModelSpec(Strict):
-    """What the cost model's physics prior needs to know about a model."""
+    """What routing needs to know about a model: its size and its KV cache per token."""
 
     params_b: PositiveFloat = Field(description="Parameters, in billions.")
     kind: Literal["chat", "embedding"] = "chat"
+    kv_bytes_per_token: PositiveFloat | None = Field(
+        default=None, description="KV-cache bytes one token holds; default from params_b."
+    )
 
 
 Objective = Literal["preference", "min_cost", "min_energy", "min_latency"]
@@ -252,6 +269,18 @@ class Policy(Strict):
             if digest in tenant.api_key_sha256:
                 return tenant.name
         return None
+
+    def params_b(self, model: str) -> float:
+        """Return a model's size in billions of parameters (DEFAULT_PARAMS_B when unlisted)."""
+        spec = self.models.get(model)
+        return spec.params_b if spec is not None else DEFAULT_PARAMS_B
+
+    def kv_bytes_per_token(self, model: str) -> float:
+        """Return the KV-cache bytes one token of this model holds."""
+        spec = self.models.get(model)
+        if spec is not None and spec.kv_bytes_per_token is not None:
+            return spec.kv_bytes_per_token
+        return KV_BYTES_PER_TOKEN_PER_B * self.params_b(model)
 
     def served_models(self) -> list[str]:
         """Return the models that live pools serve, in first-seen order."""

@@ -87,3 +87,48 @@ def test_dispatch_skips_ejected_backends() -> None:
         assert await task is backend
 
     asyncio.run(scenario())
+
+
+def test_kv_memory_is_reserved_and_given_back_with_the_slot() -> None:
+    async def scenario() -> None:
+        fleet, admission = asic_world(slots=4)
+        pool = fleet.pools["asic"]
+        backend = pool.backends[0]
+        backend.kv_capacity = 10.0
+        admission.acquire(backend, 8.0)
+        assert pool.most_free(kv_bytes=4.0) is None  # a slot is free, the memory is not
+        waiter = asyncio.create_task(admission.wait(pool, 5, kv_bytes=4.0))
+        await asyncio.sleep(0)
+        admission.release(backend, 8.0)
+        assert await waiter is backend
+        assert (backend.in_flight, backend.kv_reserved) == (1, 4.0)
+        admission.release(backend, 4.0)
+        assert (backend.in_flight, backend.kv_reserved) == (0, 0.0)
+
+    asyncio.run(scenario())
+
+
+def test_the_oldest_waiter_is_served_first_even_when_a_younger_one_fits() -> None:
+    async def scenario() -> list[str]:
+        fleet, admission = asic_world(slots=4)
+        pool = fleet.pools["asic"]
+        backend = pool.backends[0]
+        backend.kv_capacity = 10.0
+        admission.acquire(backend, 9.0)
+        order: list[str] = []
+
+        async def wait(name: str, kv: float) -> None:
+            got = await admission.wait(pool, 5, kv_bytes=kv)
+            order.append(name)
+            admission.release(got, kv)
+
+        big = asyncio.create_task(wait("big", 8.0))
+        await asyncio.sleep(0)
+        small = asyncio.create_task(wait("small", 1.0))
+        await asyncio.sleep(0)
+        assert order == []  # "small" would fit now, but "big" came first
+        admission.release(backend, 9.0)
+        await asyncio.gather(big, small)
+        return order
+
+    assert asyncio.run(scenario()) == ["big", "small"]

@@ -21,7 +21,6 @@ TARGETS = ("ttft", "tpot", "e2e", "energy")
 FEATURES = ("bias", "log_prompt", "log_output", "log_concurrent", "load")
 # Upper-bound factor before anything was measured: the prior is a vendor sheet, not a promise.
 PRIOR_LOG_BOUND = math.log(1.5)
-DEFAULT_PARAMS_B = 8.0
 
 
 def features(prompt: int, output: int, concurrent: int, slots: int) -> tuple[float, ...]:
@@ -157,16 +156,13 @@ class CostModel:
     trained: Mapping[tuple[str, str], Mapping[str, Residual]] = field(default_factory=dict)
     _cache: dict[tuple[str, str], PoolModel] = field(default_factory=dict, repr=False)
 
-    def params_b(self, model: str) -> float:
-        spec = self.policy.models.get(model)
-        return spec.params_b if spec is not None else DEFAULT_PARAMS_B
-
     def pool_model(self, pool: str, model: str) -> PoolModel:
         key = (pool, model)
         cached = self._cache.get(key)
         if cached is None:
             spec = self.policy.pools[pool]
-            cached = PoolModel(spec, physics(spec, self.params_b(model)), self.trained.get(key, {}))
+            phys = physics(spec, self.policy.params_b(model), self.policy.kv_bytes_per_token(model))
+            cached = PoolModel(spec, phys, self.trained.get(key, {}))
             self._cache[key] = cached
         return cached
 

@@ -16,8 +16,6 @@ from gateway.policy import Pool
 PREFILL_MFU = 0.5
 # Launch and scheduling overhead of a prefill, independent of its length.
 PREFILL_FIXED_S = 0.010
-# KV-cache bytes per token per billion parameters (Llama-style GQA: ~16 KB per token per B).
-KV_BYTES_PER_TOKEN_PER_B = 16_384
 # Typical context a concurrent sequence holds, for the per-sequence cost of a decode step.
 TYPICAL_CONTEXT_TOKENS = 1024
 # Power exponent of the sub-linear curve P(n) = idle + (max - idle) · (n / slots)^POWER_EXPONENT.
@@ -59,13 +57,13 @@ class Physics:
         return self.idle_w + (self.max_w - self.idle_w) * share**POWER_EXPONENT
 
 
-def physics(pool: Pool, params_b: float) -> Physics:
+def physics(pool: Pool, params_b: float, kv_bytes_per_token: float) -> Physics:
     """Derive the prior for a model of `params_b` billion parameters on this pool."""
     params = params_b * 1e9
     flops_per_s = pool.compute_tflops * 1e12 * PREFILL_MFU
     bandwidth = pool.bandwidth_gbs * 1e9
     weights = params * bytes_per_param(pool.precision)
-    kv_per_seq = KV_BYTES_PER_TOKEN_PER_B * params_b * TYPICAL_CONTEXT_TOKENS
+    kv_per_seq = kv_bytes_per_token * TYPICAL_CONTEXT_TOKENS
     return Physics(
         prefill_fixed_s=PREFILL_FIXED_S,
         prefill_per_token_s=2 * params / flops_per_s,

@@ -1,4 +1,4 @@
-"""The live state of the fleet: slots in use and health of every backend, waiters per pool.
+"""The live state of the fleet: slots and KV memory in use and health of every backend, waiters.
 
 The ingress, forwarder and health checker mutate it; the router only reads it. Everything here
 runs on the event loop, so reads and writes between two awaits are consistent.
@@ -15,13 +15,15 @@ from gateway.policy import Policy, Pool
 
 @dataclass(eq=False, slots=True)
 class BackendState:
-    """One upstream server: its slots in use and its outlier-detection state."""
+    """One upstream server: its slots and KV-cache memory in use, and its outlier state."""
 
     name: str
     url: str
     pool: str
     slots: int
+    kv_capacity: float = float("inf")
     in_flight: int = 0
+    kv_reserved: float = 0.0
     ejected: bool = False
     ejected_until: float = 0.0
     consecutive_failures: int = 0
@@ -31,6 +33,18 @@ class BackendState:
     def free_slots(self) -> int:
         return self.slots - self.in_flight
 
+    def fits(self, kv_bytes: float) -> bool:
+        """Return whether a request needing kv_bytes of KV cache fits in the free memory."""
+        return self.kv_reserved + kv_bytes <= self.kv_capacity
+
+
+@dataclass(eq=False, slots=True)
+class Waiter:
+    """A request waiting in a pool's queue, and the KV memory the slot it gets must have."""
+
+    future: asyncio.Future[BackendState]
+    kv_bytes: float = 0.0
+
 
 @dataclass(eq=False, slots=True)
 class PoolState:
@@ -39,16 +53,20 @@ class PoolState:
     name: str
     spec: Pool
     backends: list[BackendState]
-    waiters: deque[asyncio.Future[BackendState]] = field(default_factory=deque)
+    waiters: deque[Waiter] = field(default_factory=deque)
 
     def healthy(self) -> list[BackendState]:
         return [b for b in self.backends if not b.ejected]
 
-    def most_free(self, exclude: frozenset[str] = frozenset()) -> BackendState | None:
-        """Return the healthy backend with the most free slots, or None when all are full."""
+    def most_free(
+        self, exclude: frozenset[str] = frozenset(), kv_bytes: float = 0.0
+    ) -> BackendState | None:
+        """Return the healthy backend with the most free slots and room for kv_bytes, or None."""
         best = None
         for backend in self.backends:
             if backend.ejected or backend.free_slots <= 0 or backend.name in exclude:
+                continue
+            if not backend.fits(kv_bytes):
                 continue
             if best is None or backend.free_slots > best.free_slots:
                 best = backend
@@ -63,7 +81,12 @@ class Fleet:
             name: PoolState(
                 name,
                 spec,
-                [BackendState(b.name, b.url, name, spec.slots_per_backend) for b in spec.backends],
+                [
+                    BackendState(
+                        b.name, b.url, name, spec.slots_per_backend, spec.kv_capacity_bytes()
+                    )
+                    for b in spec.backends
+                ],
             )
             for name, spec in policy.pools.items()
         }

@@ -35,6 +35,7 @@ class RouteDecision:
     trace: list[tuple[str, str]] = field(default_factory=list)
     predictions: dict[str, Prediction] = field(default_factory=dict)
     slo_unmeetable: bool = False
+    kv_bytes: float = 0.0
 
     def explain(self) -> list[str]:
         """Return the trace as sentences, one per pool considered."""
@@ -65,7 +66,14 @@ def match_route(profile: RequestProfile, policy: Policy) -> Route:
     )
 
 
-def _unfit_reason(pool: PoolState, profile: RequestProfile, need: int) -> str | None:
+def tokens_needed(profile: RequestProfile, policy: Policy) -> int:
+    """Return the context a request needs: its prompt plus the output it may generate."""
+    if profile.endpoint == "embeddings":
+        return profile.prompt_tokens
+    return profile.prompt_tokens + (profile.max_tokens or policy.assumed_max_tokens)
+
+
+def _unfit_reason(pool: PoolState, profile: RequestProfile, need: int, kv: float) -> str | None:
     """Say why a pool cannot serve the request at all, or None when it can."""
     spec = pool.spec
     if not spec.live:
@@ -74,7 +82,15 @@ def _unfit_reason(pool: PoolState, profile: RequestProfile, need: int) -> str | 
         return f"does not serve {profile.model}"
     if spec.max_context < need:
         return f"context {spec.max_context} < {need} tokens needed"
+    if kv > spec.kv_capacity_bytes():
+        return f"KV cache {kv / 1e9:.1f} GB > {spec.kv_capacity_bytes() / 1e9:.1f} GB"
     return None
+
+
+def _full_reason(pool: PoolState) -> str:
+    if any(b.free_slots > 0 for b in pool.healthy()):
+        return "no KV-cache memory free"
+    return "no free slot"
 
 
 def _candidates(route: Route, fleet: Fleet, with_fallback: bool) -> list[PoolState]:
@@ -92,11 +108,12 @@ def decide(
 ) -> RouteDecision:
     """Choose a backend for the request, or the pool whose queue it should wait in."""
     route = match_route(profile, policy)
-    need = profile.prompt_tokens + (profile.max_tokens or policy.assumed_max_tokens)
+    need = tokens_needed(profile, policy)
+    kv = need * policy.kv_bytes_per_token(profile.model)
     trace: list[tuple[str, str]] = []
     fit: list[PoolState] = []
     for pool in _candidates(route, fleet, with_fallback=False):
-        reason = _unfit_reason(pool, profile, need) or _health_reason(pool)
+        reason = _unfit_reason(pool, profile, need, kv) or _health_reason(pool)
         if reason is None:
             fit.append(pool)
         else:
@@ -111,15 +128,15 @@ def decide(
     def decision(backend: BackendState | None, queue: PoolState | None = None) -> RouteDecision:
         budget = budget_ms / 1000 if queue is not None else 0.0
         return RouteDecision(
-            route, backend, queue, budget, trace, ranking.predictions, ranking.slo_unmeetable
+            route, backend, queue, budget, trace, ranking.predictions, ranking.slo_unmeetable, kv
         )
 
     for pool in ranked:
-        backend = pool.most_free()
+        backend = pool.most_free(kv_bytes=kv)
         if backend is not None:
             trace.append((pool.name, f"chosen: {backend.name} has {backend.free_slots} free slots"))
             return decision(backend)
-        trace.append((pool.name, "no free slot"))
+        trace.append((pool.name, _full_reason(pool)))
     for pool in ranked:
         if _queue_room(pool, budget_ms):
             trace.append((pool.name, f"queued: waits up to {budget_ms:.0f} ms for a slot"))
@@ -127,9 +144,9 @@ def decide(
         trace.append((pool.name, "queue full"))
     if route.fallback and route.fallback not in route.pools:
         pool = fleet.pools[route.fallback]
-        reason = _unfit_reason(pool, profile, need) or _health_reason(pool)
+        reason = _unfit_reason(pool, profile, need, kv) or _health_reason(pool)
         if reason is None:
-            backend = pool.most_free()
+            backend = pool.most_free(kv_bytes=kv)
             if backend is not None:
                 trace.append((pool.name, f"fallback: {backend.name} has a free slot"))
                 return decision(backend)
@@ -147,10 +164,11 @@ def decide(
         )
     if any(r.endswith("no healthy backend") for _, r in trace):
         raise NoHealthyBackend(f"no healthy backend can serve route {route.name!r} ({why})")
-    if any("context" in r for _, r in trace):
+    if any("context" in r or r.startswith("KV cache") for _, r in trace):
         raise ContextTooLong(
             f"~{profile.prompt_tokens} prompt tokens plus {need - profile.prompt_tokens} output "
-            f"tokens exceed the context of every pool of route {route.name!r} ({why})",
+            f"tokens exceed the context or KV-cache memory of every pool of route "
+            f"{route.name!r} ({why})",
             param="messages" if profile.endpoint == "chat" else "prompt",
         )
     raise RouteDenied(f"route {route.name!r} has no pool for model {profile.model!r} ({why})")
@@ -172,10 +190,11 @@ def pick_backend(
     exclude: frozenset[str] = frozenset(),
 ) -> BackendState | None:
     """Return a backend with a free slot now, the route's fallback included, skipping `exclude`."""
-    need = profile.prompt_tokens + (profile.max_tokens or policy.assumed_max_tokens)
+    need = tokens_needed(profile, policy)
+    kv = need * policy.kv_bytes_per_token(profile.model)
     for pool in _candidates(route, fleet, with_fallback=True):
-        if _unfit_reason(pool, profile, need) is None:
-            backend = pool.most_free(exclude)
+        if _unfit_reason(pool, profile, need, kv) is None:
+            backend = pool.most_free(exclude, kv)
             if backend is not None:
                 return backend
     return None

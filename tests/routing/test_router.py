@@ -211,3 +211,38 @@ def test_trace_explains_each_pool() -> None:
     lines = decide(profile(), policy, fleet).explain()
     assert lines[0] == "asic: no free slot"
     assert lines[1].startswith("gpu: chosen: gpu-0 has 32 free slots")
+
+
+def test_drops_pool_whose_kv_cache_cannot_hold_the_request() -> None:
+    # 8B: 8 · 16 KiB of KV cache per token; 6,000 tokens need ~0.79 GB, over the ASIC's 0.5 GB.
+    routes = [{"name": "all", "match": {"models": [MODEL]}, "pools": ["asic", "gpu"]}]
+    policy = fleet_policy(routes=routes, asic_extra={"kv_cache_gb": 0.5})
+    decision = decide(profile(prompt=5900, max_tokens=100), policy, Fleet(policy))
+    assert decision.backend is not None and decision.backend.pool == "gpu"
+    assert any(p == "asic" and r.startswith("KV cache 0.8 GB > 0.5 GB") for p, r in decision.trace)
+    assert decision.kv_bytes == 6000 * 8 * 16_384
+
+
+def test_skips_backends_whose_kv_memory_is_taken() -> None:
+    policy = fleet_policy(asic_extra={"kv_cache_gb": 1.0})
+    fleet = Fleet(policy)
+    fleet.pools["asic"].backends[0].kv_reserved = 0.99e9  # slots free, memory not
+    decision = decide(profile(prompt=1000), policy, fleet)
+    assert decision.backend is not None and decision.backend.pool == "gpu"
+    assert ("asic", "no KV-cache memory free") in decision.trace
+
+
+def test_request_too_big_for_every_pools_memory_is_refused() -> None:
+    policy = fleet_policy(asic_extra={"kv_cache_gb": 0.1}, gpu_extra={"kv_cache_gb": 0.1})
+    with pytest.raises(ContextTooLong, match="KV-cache memory"):
+        decide(profile(prompt=2000, slo_class="batch", ttft_ms=None), policy, Fleet(policy))
+
+
+def test_embeddings_reserve_no_output_tokens() -> None:
+    policy = fleet_policy()
+    decision = decide(
+        profile(model=EMBED, endpoint="embeddings", prompt=100, max_tokens=None),
+        policy,
+        Fleet(policy),
+    )
+    assert decision.kv_bytes == 100 * policy.kv_bytes_per_token(EMBED)
