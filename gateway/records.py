@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
-import logging
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
+from typing import Any
 
 import sqlalchemy as sa
 
+from gateway.batching import BatchWriter, row_of
 from gateway.db import metadata
 from gateway.metrics import GatewayMetrics
-
-log = logging.getLogger(__name__)
 
 request_records = sa.Table(
     "request_records",
@@ -89,85 +87,14 @@ class RequestRecord:
     predicted_e2e_ms: float | None = None
     predicted_energy_j: float | None = None
 
-    def row(self) -> dict[str, object]:
-        """Return the record as a table row (a shallow dict; asdict's deep copy costs more)."""
-        return {name: getattr(self, name) for name in _FIELDS}
+    def row(self) -> dict[str, Any]:
+        return row_of(self)
 
 
-_FIELDS = tuple(f.name for f in fields(RequestRecord))
+class RecordWriter(BatchWriter[RequestRecord]):
+    """Write request records in batches; a full queue drops and counts, never waits."""
 
-
-class RecordWriter:
-    """Queue records on the event loop and insert them in batches from a worker thread.
-
-    Adding a record never waits: when the bounded queue is full the record is dropped and
-    counted, so a slow database cannot slow or stall requests.
-    """
-
-    def __init__(
-        self,
-        engine: sa.Engine,
-        metrics: GatewayMetrics,
-        *,
-        flush_interval_s: float = 0.5,
-        batch_size: int = 500,
-        max_pending: int = 100_000,
-    ):
-        self._engine = engine
-        self._metrics = metrics
-        self._interval = flush_interval_s
-        self._batch_size = batch_size
-        self._queue: asyncio.Queue[RequestRecord] = asyncio.Queue(max_pending)
-        self._task: asyncio.Task[None] | None = None
-
-    def add(self, record: RequestRecord) -> None:
-        """Queue a record for writing."""
-        try:
-            self._queue.put_nowait(record)
-        except asyncio.QueueFull:
-            self._metrics.records_dropped.inc()
-
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="record-writer")
-
-    async def stop(self) -> None:
-        """Stop the worker after writing every queued record."""
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
-        while not self._queue.empty():
-            await self._write(self._take())
-
-    async def flush(self) -> None:
-        """Write every queued record now."""
-        while not self._queue.empty():
-            await self._write(self._take())
-
-    def _take(self) -> list[RequestRecord]:
-        batch: list[RequestRecord] = []
-        while len(batch) < self._batch_size and not self._queue.empty():
-            batch.append(self._queue.get_nowait())
-        return batch
-
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self._interval)
-            while not self._queue.empty():
-                await self._write(self._take())
-
-    async def _write(self, batch: list[RequestRecord]) -> None:
-        if not batch:
-            return
-        rows = [r.row() for r in batch]
-        try:
-            await asyncio.to_thread(self._insert, rows)
-        except Exception:
-            log.exception("could not write %d request records", len(rows))
-            self._metrics.records_dropped.inc(len(rows))
-            return
-        self._metrics.records_written.inc(len(rows))
-
-    def _insert(self, rows: list[dict[str, object]]) -> None:
-        with self._engine.begin() as conn:
-            conn.execute(request_records.insert(), rows)
+    def __init__(self, engine: sa.Engine, metrics: GatewayMetrics, **options: Any):
+        super().__init__(
+            engine, request_records, metrics.records_written, metrics.records_dropped, **options
+        )

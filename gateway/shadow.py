@@ -15,11 +15,12 @@ import math
 import time
 from collections import Counter as Tally
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
 
+from gateway.batching import BatchWriter, row_of
 from gateway.db import metadata
 from gateway.metrics import GatewayMetrics
 from gateway.records import request_records
@@ -155,16 +156,19 @@ class ShadowRecord:
     candidate_text: str | None = None
     text_expires_at: float | None = None
 
+    def row(self) -> dict[str, Any]:
+        return row_of(self)
+
 
 DropKey = tuple[float, str, str, str, str]
 
 
-class ShadowWriter:
-    """Queue shadow records and drop counts; write them in batches from a worker thread.
+class ShadowWriter(BatchWriter[ShadowRecord]):
+    """Write shadow records and drop counts in batches, and erase stored texts when due.
 
-    Like the request-record writer, adding never waits: a full queue drops the record and counts
-    it. Drops of copies are tallied in memory per minute and written as counts. Stored texts
-    past their retention limit are erased on a slower period.
+    Like request records, adding never waits: a full queue drops the record and counts it.
+    Drops of copies are tallied in memory per minute and written as counts. Stored texts past
+    their retention limit are erased on a slower period.
     """
 
     def __init__(
@@ -178,78 +182,39 @@ class ShadowWriter:
         purge_interval_s: float = 60.0,
         wall: Callable[[], float] = time.time,
     ):
-        self._engine = engine
-        self._metrics = metrics
-        self._interval = flush_interval_s
-        self._batch_size = batch_size
+        super().__init__(
+            engine,
+            shadow_records,
+            metrics.shadow_records_written,
+            metrics.shadow_records_dropped,
+            flush_interval_s=flush_interval_s,
+            batch_size=batch_size,
+            max_pending=max_pending,
+        )
         self._purge_interval = purge_interval_s
+        self._next_purge = 0.0
         self._wall = wall
-        self._queue: asyncio.Queue[ShadowRecord] = asyncio.Queue(max_pending)
         self._drops: Tally[DropKey] = Tally()
-        self._task: asyncio.Task[None] | None = None
-
-    def add(self, record: ShadowRecord) -> None:
-        """Queue a record for writing."""
-        try:
-            self._queue.put_nowait(record)
-        except asyncio.QueueFull:
-            self._metrics.shadow_records_dropped.inc()
 
     def count_drop(self, route: str, candidate: str, kind: str, reason: str) -> None:
         """Count a copy that was not sent, in the current minute."""
         minute = math.floor(self._wall() / 60) * 60.0
         self._drops[(minute, route, candidate, kind, reason)] += 1
 
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="shadow-writer")
-
-    async def stop(self) -> None:
-        """Stop the worker after writing every queued record and count."""
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
-        await self.flush()
-
     async def flush(self) -> None:
         """Write every queued record and drop count now."""
-        while not self._queue.empty():
-            await self._write(self._take())
+        await super().flush()
         await self._write_drops()
+
+    async def tick(self) -> None:
+        await self.flush()
+        if self._wall() >= self._next_purge:
+            self._next_purge = self._wall() + self._purge_interval
+            await self.purge()
 
     async def purge(self) -> int:
         """Erase stored texts past their retention limit; return how many records were erased."""
         return await asyncio.to_thread(self._erase_expired, self._wall())
-
-    def _take(self) -> list[ShadowRecord]:
-        batch: list[ShadowRecord] = []
-        while len(batch) < self._batch_size and not self._queue.empty():
-            batch.append(self._queue.get_nowait())
-        return batch
-
-    async def _run(self) -> None:
-        next_purge = 0.0
-        while True:
-            await asyncio.sleep(self._interval)
-            try:
-                await self.flush()
-                if self._wall() >= next_purge:
-                    next_purge = self._wall() + self._purge_interval
-                    await self.purge()
-            except Exception:
-                log.exception("shadow writer round failed")
-
-    async def _write(self, batch: list[ShadowRecord]) -> None:
-        if not batch:
-            return
-        rows = [asdict(r) for r in batch]
-        try:
-            await asyncio.to_thread(self._insert, shadow_records, rows)
-        except Exception:
-            log.exception("could not write %d shadow records", len(rows))
-            self._metrics.shadow_records_dropped.inc(len(rows))
-            return
-        self._metrics.shadow_records_written.inc(len(rows))
 
     async def _write_drops(self) -> None:
         if not self._drops:
@@ -267,13 +232,9 @@ class ShadowWriter:
             for (ts, route, candidate, kind, reason), count in drops.items()
         ]
         try:
-            await asyncio.to_thread(self._insert, shadow_drops, rows)
+            await asyncio.to_thread(self.insert, shadow_drops, rows)
         except Exception:
             log.exception("could not write %d shadow drop counts", len(rows))
-
-    def _insert(self, table: sa.Table, rows: list[dict[str, Any]]) -> None:
-        with self._engine.begin() as conn:
-            conn.execute(table.insert(), rows)
 
     def _erase_expired(self, now: float) -> int:
         c = shadow_records.c

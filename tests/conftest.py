@@ -85,3 +85,55 @@ def sims(sim_processes: SimFleet) -> Iterator[SimFleet]:
     yield sim_processes
     for sim in sim_processes.all():
         sim.reset_faults()
+
+
+def postgres_url() -> str:
+    """Return the test PostgreSQL URL; skip (or, in CI, fail) when it cannot be reached."""
+    import sqlalchemy as sa
+
+    url = os.environ.get(
+        "GATEWAY_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+    )
+    try:
+        engine = sa.create_engine(url, connect_args={"connect_timeout": 2})
+        with engine.connect():
+            pass
+        engine.dispose()
+    except sa.exc.OperationalError as exc:
+        if os.environ.get("GATEWAY_TEST_REQUIRE_SERVICES"):
+            pytest.fail(f"PostgreSQL is required here and unreachable at {url}: {exc}")
+        pytest.skip(f"no PostgreSQL at {url} (set GATEWAY_TEST_POSTGRES_URL)")
+    return url
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A fresh database of each engine, migrated to the newest schema."""
+    import uuid
+
+    import sqlalchemy as sa
+
+    from gateway.db import upgrade
+
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'gateway.db'}"
+        upgrade(url)
+        yield url
+        return
+    base = postgres_url()
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    admin = sa.create_engine(base)
+    with admin.begin() as conn:
+        conn.execute(sa.text(f"CREATE SCHEMA {schema}"))
+    rendered = (
+        sa.make_url(base)
+        .update_query_dict({"options": f"-csearch_path={schema}"})
+        .render_as_string(hide_password=False)
+    )
+    try:
+        upgrade(rendered)
+        yield rendered
+    finally:
+        with admin.begin() as conn:
+            conn.execute(sa.text(f"DROP SCHEMA {schema} CASCADE"))
+        admin.dispose()

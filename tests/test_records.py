@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
@@ -17,44 +14,6 @@ import gateway.app  # noqa: F401  (imports every module that defines a table)
 from gateway.db import make_engine, metadata, upgrade
 from gateway.metrics import GatewayMetrics
 from gateway.records import RecordWriter, RequestRecord, request_records
-
-
-def postgres_url() -> str:
-    url = os.environ.get(
-        "GATEWAY_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
-    )
-    try:
-        engine = sa.create_engine(url, connect_args={"connect_timeout": 2})
-        with engine.connect():
-            pass
-        engine.dispose()
-    except sa.exc.OperationalError as exc:
-        if os.environ.get("GATEWAY_TEST_REQUIRE_SERVICES"):
-            pytest.fail(f"PostgreSQL is required here and unreachable at {url}: {exc}")
-        pytest.skip(f"no PostgreSQL at {url} (set GATEWAY_TEST_POSTGRES_URL)")
-    return url
-
-
-@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
-def database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """A fresh, migrated database of each engine."""
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'records.db'}"
-        upgrade(url)
-        yield url
-        return
-    base = postgres_url()
-    schema = f"t_{uuid.uuid4().hex[:12]}"
-    admin = sa.create_engine(base)
-    with admin.begin() as conn:
-        conn.execute(sa.text(f"CREATE SCHEMA {schema}"))
-    url = sa.make_url(base).update_query_dict({"options": f"-csearch_path={schema}"})
-    try:
-        yield url.render_as_string(hide_password=False)
-    finally:
-        with admin.begin() as conn:
-            conn.execute(sa.text(f"DROP SCHEMA {schema} CASCADE"))
-        admin.dispose()
 
 
 def record(n: int) -> RequestRecord:

@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import uuid
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 from alembic import command
-from test_records import postgres_url
 
 from gateway.db import alembic_config, make_engine, upgrade
 from gateway.metrics import GatewayMetrics
@@ -53,35 +49,6 @@ def record(n: int, **fields: object) -> ShadowRecord:
     }
     values.update(fields)
     return ShadowRecord(**values)
-
-
-@pytest.fixture
-def sqlite(tmp_path: Path) -> str:
-    url = f"sqlite:///{tmp_path / 'shadow.db'}"
-    upgrade(url)
-    return url
-
-
-@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
-def database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """A fresh, migrated database of each engine."""
-    if request.param == "sqlite":
-        yield request.getfixturevalue("sqlite")
-        return
-    base = postgres_url()
-    schema = f"t_{uuid.uuid4().hex[:12]}"
-    admin = sa.create_engine(base)
-    with admin.begin() as conn:
-        conn.execute(sa.text(f"CREATE SCHEMA {schema}"))
-    url = sa.make_url(base).update_query_dict({"options": f"-csearch_path={schema}"})
-    rendered = url.render_as_string(hide_password=False)
-    try:
-        upgrade(rendered)
-        yield rendered
-    finally:
-        with admin.begin() as conn:
-            conn.execute(sa.text(f"DROP SCHEMA {schema} CASCADE"))
-        admin.dispose()
 
 
 def test_migration_0002_adds_and_removes_the_shadow_tables(database: str) -> None:
