@@ -134,17 +134,22 @@ class OutputLengths:
         self.default = default
         self._window = window
         self._seen: dict[str, deque[int]] = {}
-        self._mean: dict[str, float] = {}
+        self._sum: dict[str, int] = {}
 
     def expect(self, route: str, max_tokens: int | None) -> int:
-        mean = self._mean.get(route)
-        guess = round(mean) if mean is not None else self.default
+        seen = self._seen.get(route)
+        guess = round(self._sum[route] / len(seen)) if seen else self.default
         return max(1, min(guess, max_tokens) if max_tokens else guess)
 
     def observe(self, route: str, completion_tokens: int) -> None:
-        seen = self._seen.setdefault(route, deque(maxlen=self._window))
+        seen = self._seen.get(route)
+        if seen is None:
+            seen = self._seen[route] = deque(maxlen=self._window)
+            self._sum[route] = 0
+        if len(seen) == seen.maxlen:
+            self._sum[route] -= seen[0]  # a running sum: the window's mean costs nothing to keep
         seen.append(completion_tokens)
-        self._mean[route] = sum(seen) / len(seen)
+        self._sum[route] += completion_tokens
 
 
 @dataclass

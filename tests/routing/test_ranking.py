@@ -115,3 +115,10 @@ def test_output_length_follows_the_routes_history() -> None:
         outputs.observe("chat", n)
     assert outputs.expect("chat", None) == 20
     assert outputs.expect("chat", 15) == 15
+
+
+def test_output_length_window_forgets_old_lengths() -> None:
+    outputs = OutputLengths(default=256, window=3)
+    for n in (1000, 10, 20, 30):
+        outputs.observe("chat", n)
+    assert outputs.expect("chat", None) == 20
