@@ -7,9 +7,11 @@ GatewayError                  anything the gateway refuses or fails to do for a 
 ├── RouteDenied               403: no route of the policy admits this request
 ├── AdminDisabled             403: no admin token is configured, so /admin is off
 ├── ModelNotFound             404: no pool serves the requested model
+├── PolicyVersionNotFound     404: the admin asked for a policy version that was never stored
 ├── BodyTooLarge              413: the request body is over the configured limit
 ├── NoCapacity                429: every eligible pool is full and its queue budget ran out
 ├── NoHealthyBackend          503: every eligible backend is ejected or unhealthy
+├── PolicyStoreUnavailable    503: the policy versions in the database cannot be read or written
 └── UpstreamError             502: the backend failed (connection, 5xx, broken answer)
     └── UpstreamTimeout       504: the backend did not answer within the SLO's timeout
 
@@ -17,6 +19,9 @@ PolicyError                   the policy file is invalid (raised at load, never 
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import orjson
 
@@ -110,6 +115,21 @@ class NoHealthyBackend(GatewayError):
     code = "no_healthy_backend"
 
 
+class PolicyVersionNotFound(GatewayError):
+    """The admin asked for a policy version that was never stored."""
+
+    status = 404
+    type = "invalid_request_error"
+    code = "policy_version_not_found"
+
+
+class PolicyStoreUnavailable(GatewayError):
+    """The policy versions in the database cannot be read or written."""
+
+    status = 503
+    code = "policy_store_unavailable"
+
+
 class UpstreamError(GatewayError):
     """The backend failed: refused or dropped the connection, answered 5xx, or broke the stream."""
 
@@ -125,8 +145,24 @@ class UpstreamTimeout(UpstreamError):
     code = "upstream_timeout"
 
 
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """One thing wrong or doubtful in a policy: where it is, its field path, and what."""
+
+    location: str
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.location}: {self.path}: {self.message}"
+
+
 class PolicyError(Exception):
     """The policy is invalid; the message names the file, the field path and the bad value."""
+
+    def __init__(self, message: str, problems: Sequence[Problem] = ()):
+        super().__init__(message)
+        self.problems = list(problems)
 
 
 def error_body(

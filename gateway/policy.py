@@ -8,6 +8,7 @@ and column, the field path and the bad value.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -15,7 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from gateway.compare import COMPARATORS, DEFAULT_COMPARATORS, SIMILARITY
-from gateway.errors import PolicyError
+from gateway.errors import PolicyError, Problem
 
 PositiveFloat = Annotated[float, Field(gt=0)]
 NonNegativeFloat = Annotated[float, Field(ge=0)]
@@ -552,32 +553,65 @@ def _dotted(path: tuple[Any, ...]) -> str:
     return ".".join(str(p) for p in path) or "(top level)"
 
 
+Locator = Callable[[tuple[Any, ...], str], Problem]
+
+
+def locator(text: str, source: str) -> Locator:
+    """Return a function that turns (field path, message) into a Problem placed in the text."""
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        node = None
+    marks = _positions(node) if node is not None else {}
+
+    def problem(path: tuple[Any, ...], message: str) -> Problem:
+        return Problem(_locate(source, marks, path), _dotted(path), message)
+
+    return problem
+
+
+def _invalid(problems: list[Problem]) -> PolicyError:
+    return PolicyError("invalid policy:\n  " + "\n  ".join(map(str, problems)), problems)
+
+
 def parse_policy(text: str, source: str = "<policy>") -> Policy:
     """Validate policy YAML into a Policy, or raise PolicyError naming every problem."""
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise PolicyError(f"{source}: not valid YAML: {exc}") from exc
-    if not isinstance(data, dict) or node is None:
-        raise PolicyError(
-            f"{source}: a policy is a YAML mapping with pools, slo_classes and routes"
-        )
-    marks = _positions(node)
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark is not None else source
+        problem = Problem(where, "(document)", f"not valid YAML: {exc}")
+        raise PolicyError(f"{source}: not valid YAML: {exc}", [problem]) from exc
+    if not isinstance(data, dict):
+        message = "a policy is a YAML mapping with pools, slo_classes and routes"
+        raise PolicyError(f"{source}: {message}", [Problem(source, "(top level)", message)])
+    at = locator(text, source)
     try:
         policy = Policy.model_validate(_name_backends(data))
     except ValidationError as exc:
-        lines = []
+        problems = []
         for err in exc.errors():
             loc = tuple(err["loc"])
             value = "" if err["type"] == "missing" else f" (got {err['input']!r})"
-            lines.append(f"{_locate(source, marks, loc)}: {_dotted(loc)}: {err['msg']}{value}")
-        raise PolicyError("invalid policy:\n  " + "\n  ".join(lines)) from exc
-    problems = _reference_errors(policy)
+            problems.append(at(loc, f"{err['msg']}{value}"))
+        raise _invalid(problems) from exc
+    problems = [at(path, message) for path, message in _reference_errors(policy)]
     if problems:
-        lines = [f"{_locate(source, marks, p)}: {_dotted(p)}: {msg}" for p, msg in problems]
-        raise PolicyError("invalid policy:\n  " + "\n  ".join(lines))
+        raise _invalid(problems)
     return policy
+
+
+def render_policy(policy: Policy) -> str:
+    """Write a policy as YAML that parses back to an equal policy (defaults left out)."""
+    return yaml.safe_dump(
+        policy.model_dump(mode="json", exclude_defaults=True), sort_keys=False, width=100
+    )
+
+
+def content_hash(text: str) -> str:
+    """Return the SHA-256 of a policy's text, the identity of a stored version."""
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def load_policy(path: str | Path) -> Policy:

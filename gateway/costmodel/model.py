@@ -40,6 +40,10 @@ class Residual:
 
     weights: tuple[float, ...] = (0.0,) * len(FEATURES)
     log_bound: float = PRIOR_LOG_BOUND
+    upper: float = field(init=False)  # exp(log_bound), the bound's factor, computed once
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "upper", math.exp(self.log_bound))
 
     def factor(self, phi: tuple[float, ...]) -> float:
         w = self.weights
@@ -48,7 +52,7 @@ class Residual:
         )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Prediction:
     """What one request is expected to take and cost on one pool."""
 
@@ -76,13 +80,20 @@ class Prediction:
         )
 
 
-@dataclass(frozen=True, slots=True)
 class PoolModel:
-    """The prior and the learned residuals of one model on one pool."""
+    """The prior and the learned residuals of one model on one pool, ready to evaluate fast."""
 
-    pool: Pool
-    physics: Physics
-    residuals: Mapping[str, Residual] = field(default_factory=dict)
+    __slots__ = ("_e2e", "_energy", "_per_hour", "_per_j", "_tpot", "_ttft", "physics", "pool")
+
+    def __init__(self, pool: Pool, physics: Physics, residuals: Mapping[str, Residual]):
+        self.pool = pool
+        self.physics = physics
+        self._ttft = residuals.get("ttft", _PRIOR)
+        self._tpot = residuals.get("tpot", _PRIOR)
+        self._e2e = residuals.get("e2e", _PRIOR)
+        self._energy = residuals.get("energy", _PRIOR)
+        self._per_j = pool.price.usd_per_kwh / 3.6e6
+        self._per_hour = pool.price.usd_per_hour / 3600
 
     def predict(
         self, name: str, prompt: int, output: int, concurrent: int, queue_s: float = 0.0
@@ -90,37 +101,31 @@ class PoolModel:
         """Predict a request of `prompt` and `output` tokens joining `concurrent - 1` others."""
         phys = self.physics
         phi = features(prompt, output, concurrent, phys.slots)
-        r = self.residuals
-        none = _PRIOR
-        ttft_r, tpot_r = r.get("ttft", none), r.get("tpot", none)
-        e2e_r, energy_r = r.get("e2e", none), r.get("energy", none)
-        prefill = phys.ttft_s(prompt) * ttft_r.factor(phi)
-        tpot = phys.tpot_s(concurrent) * tpot_r.factor(phi)
-        service_prior = phys.ttft_s(prompt) + max(output - 1, 0) * phys.tpot_s(concurrent)
-        service = service_prior * e2e_r.factor(phi)
+        prefill_prior = phys.ttft_s(prompt)
+        step_prior = phys.tpot_s(concurrent)
+        prefill = prefill_prior * self._ttft.factor(phi)
+        tpot = step_prior * self._tpot.factor(phi)
+        service_prior = prefill_prior + max(output - 1, 0) * step_prior
+        service = service_prior * self._e2e.factor(phi)
         watts = phys.watts(concurrent)
         # What the meter will attribute: the device's draw shared with the others in flight.
-        energy = service_prior * watts / concurrent * energy_r.factor(phi)
-        dynamic_share = (watts - phys.idle_w) / watts if watts > 0 else 0.0
-        marginal_energy = energy * dynamic_share
-        price = self.pool.price
-        slot_cost = service * price.usd_per_hour / 3600 / phys.slots
+        energy = service_prior * watts / concurrent * self._energy.factor(phi)
+        marginal_energy = energy * (watts - phys.idle_w) / watts if watts > 0 else 0.0
         return Prediction(
-            pool=name,
-            output_tokens=output,
-            concurrent=concurrent,
-            queue_s=queue_s,
-            ttft_s=queue_s + prefill,
-            ttft_upper_s=queue_s + prefill * math.exp(ttft_r.log_bound),
-            tpot_s=tpot,
-            tpot_upper_s=tpot * math.exp(tpot_r.log_bound),
-            e2e_s=queue_s + service,
-            e2e_upper_s=queue_s + service * math.exp(e2e_r.log_bound),
-            energy_j=energy,
-            marginal_energy_j=marginal_energy,
-            cost_usd=energy * price.usd_per_kwh / 3.6e6
-            + service * price.usd_per_hour / 3600 / concurrent,
-            marginal_cost_usd=marginal_energy * price.usd_per_kwh / 3.6e6 + slot_cost,
+            name,
+            output,
+            concurrent,
+            queue_s,
+            queue_s + prefill,
+            queue_s + prefill * self._ttft.upper,
+            tpot,
+            tpot * self._tpot.upper,
+            queue_s + service,
+            queue_s + service * self._e2e.upper,
+            energy,
+            marginal_energy,
+            energy * self._per_j + service * self._per_hour / concurrent,
+            marginal_energy * self._per_j + service * self._per_hour / phys.slots,
         )
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from gateway.costmodel.model import CostModel, Residual
+from gateway.costmodel.model import FEATURES, CostModel, Residual
 from gateway.costmodel.train import Score
 from gateway.db import metadata
 from gateway.policy import Policy
@@ -90,7 +90,10 @@ def load_latest(engine: sa.Engine, policy: Policy) -> CostModel | None:
     for key, targets in json.loads(row.residuals).items():
         pool, name = key.split("|", 1)
         if pool in policy.pools:
+            # A version stored with other features than this code computes cannot be read.
             trained[(pool, name)] = {
-                t: Residual(tuple(w), bound) for t, (w, bound) in targets.items()
+                t: Residual(tuple(w), bound)
+                for t, (w, bound) in targets.items()
+                if len(w) == len(FEATURES)
             }
     return CostModel(policy, version=row.version, trained=trained)

@@ -69,12 +69,16 @@ class CostRanker:
 
     def predict(self, profile: RequestProfile, route: str, pool: PoolState) -> Prediction:
         """Predict the request on the pool's least-loaded backend, waiting if none is free."""
-        output = (
-            0
-            if profile.endpoint == "embeddings"
-            else self.outputs.expect(route, profile.max_tokens)
-        )
-        model = self._model()
+        return self._predict(profile, pool, self._output(profile, route), self._model())
+
+    def _output(self, profile: RequestProfile, route: str) -> int:
+        if profile.endpoint == "embeddings":
+            return 0
+        return self.outputs.expect(route, profile.max_tokens)
+
+    def _predict(
+        self, profile: RequestProfile, pool: PoolState, output: int, model: CostModel
+    ) -> Prediction:
         backend = pool.most_free()
         if backend is not None:
             return model.predict(
@@ -99,7 +103,8 @@ class CostRanker:
         pools: Sequence[PoolState],
         trace: list[tuple[str, str]],
     ) -> Ranking:
-        predictions = {pool.name: self.predict(profile, route.name, pool) for pool in pools}
+        output, model = self._output(profile, route.name), self._model()
+        predictions = {pool.name: self._predict(profile, pool, output, model) for pool in pools}
         objective = OBJECTIVES.get(route.objective)
         if objective is None:
             return Ranking(list(pools), predictions)
