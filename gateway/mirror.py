@@ -40,6 +40,7 @@ from gateway.metering import EnergyMeter
 from gateway.metrics import GatewayMetrics
 from gateway.policy import Comparison, Policy, Route, ShadowBudget, ShadowMatch
 from gateway.routing.fleet import BackendState, Fleet
+from gateway.routing.router import tokens_needed
 from gateway.shadow import CANDIDATE, NOISE, ShadowRecord, ShadowWriter
 from gateway.upstream import Upstream
 
@@ -87,7 +88,7 @@ def sample(
     A target is considered only when its filters admit the request and its pool serves the
     model with enough context. A noise (A/A) copy is added to `share` of the sampled requests.
     """
-    need = profile.prompt_tokens + (profile.max_tokens or policy.assumed_max_tokens)
+    need = tokens_needed(profile, policy)
     plans = []
     for target in route.shadow:
         pool = policy.pools.get(target.pool)
