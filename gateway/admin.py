@@ -15,10 +15,13 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal
 
 from fastapi import APIRouter, Depends, FastAPI, Request, Response
-from pydantic import BaseModel
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
 
-from gateway.errors import AdminDisabled, GatewayError, InvalidRequest, Unauthorized
+from gateway import policycheck, policystore, promotion
+from gateway.errors import AdminDisabled, GatewayError, InvalidRequest, Problem, Unauthorized
 from gateway.explain import explain
+from gateway.policy import content_hash
 from gateway.shadow import summarize
 
 if TYPE_CHECKING:
@@ -79,6 +82,13 @@ def admin_router(gateway: Gateway) -> APIRouter:
             summarize, gateway.engine, route or None, candidate or None, start
         )
 
+    @router.get("/promotions")
+    async def promotions(evaluate: bool = False) -> list[dict[str, Any]]:
+        """Return the newest verdict per route and candidate; judge afresh with ?evaluate=1."""
+        if evaluate:
+            await asyncio.to_thread(promotion.evaluate, gateway.engine, gateway.policy)
+        return await asyncio.to_thread(promotion.latest, gateway.engine)
+
     @router.post("/explain")
     async def explain_request(request: ExplainRequest) -> dict[str, Any]:
         """Route a request as the gateway would now, without sending it; return the reasons."""
@@ -92,7 +102,77 @@ def admin_router(gateway: Gateway) -> APIRouter:
             gateway.estimator,
         )
 
+    @router.get("/policy")
+    async def active_policy() -> dict[str, Any]:
+        """Return the policy serving on this replica: its version, hash and YAML."""
+        text = gateway.policy_text
+        return {"version": gateway.policy_version, "hash": content_hash(text), "yaml": text}
+
+    @router.put("/policy")
+    async def apply_policy(change: PolicyChange) -> Response:
+        """Store a valid policy as the new active version and serve it; reject an invalid one."""
+        checked = policycheck.validate(change.yaml, "<request>")
+        if not checked.valid:
+            return JSONResponse({"errors": [_problem(p) for p in checked.errors]}, 422)
+        stored = await asyncio.to_thread(
+            policystore.record, gateway.engine, change.yaml, change.author, change.message
+        )
+        await gateway.policy_watcher.sync()
+        warnings = [_problem(p) for p in checked.warnings]
+        return JSONResponse({"version": stored.version, "warnings": warnings})
+
+    @router.post("/policy/validate")
+    async def validate_policy(candidate: PolicyCandidate) -> dict[str, Any]:
+        """Check a policy without applying it: its errors and warnings."""
+        checked = policycheck.validate(candidate.yaml, "<request>")
+        return {
+            "valid": checked.valid,
+            "errors": [_problem(p) for p in checked.errors],
+            "warnings": [_problem(p) for p in checked.warnings],
+        }
+
+    @router.get("/policy/versions")
+    async def policy_versions(limit: int = 50) -> dict[str, Any]:
+        """List stored policy versions, newest first, without their content."""
+        versions = await asyncio.to_thread(policystore.history, gateway.engine, limit)
+        active = await asyncio.to_thread(policystore.active_version, gateway.engine)
+        return {"active": active, "versions": [v.summary() for v in versions]}
+
+    @router.post("/policy/rollback")
+    async def rollback_policy(request: RollbackRequest) -> dict[str, Any]:
+        """Serve a previous version's content again, stored as a new version."""
+        stored = await asyncio.to_thread(
+            policystore.rollback, gateway.engine, request.author, request.version, request.message
+        )
+        await gateway.policy_watcher.sync()
+        return {"version": stored.version, "restores": stored.restores}
+
     return router
+
+
+def _problem(problem: Problem) -> dict[str, str]:
+    return {"path": problem.path, "message": problem.message, "location": problem.location}
+
+
+class PolicyCandidate(BaseModel):
+    """A policy to check: its YAML text."""
+
+    yaml: str
+
+
+class PolicyChange(PolicyCandidate):
+    """A policy to apply, with why and by whom."""
+
+    message: str = Field(min_length=1)
+    author: str = "admin-api"
+
+
+class RollbackRequest(BaseModel):
+    """Which version to serve again (default: the one before the active version), and why."""
+
+    version: int | None = None
+    message: str = ""
+    author: str = "admin-api"
 
 
 class ExplainRequest(BaseModel):

@@ -6,7 +6,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import socket
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -17,20 +19,23 @@ from fastapi import FastAPI, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from gateway import admin
+from gateway import admin, policystore
 from gateway.admission import Admission
 from gateway.classify import TokenEstimator
 from gateway.costmodel import store
 from gateway.costmodel.learner import Learner
 from gateway.costmodel.model import CostModel, OutputLengths
 from gateway.db import make_engine
+from gateway.errors import PolicyError, PolicyStoreUnavailable
 from gateway.forward import Forwarder
 from gateway.health import HealthChecker, OutlierDetector
 from gateway.ingress import Ingress
 from gateway.metering import EnergyMeter
 from gateway.metrics import GatewayMetrics
 from gateway.mirror import Mirror
-from gateway.policy import Policy, load_policy
+from gateway.policy import Policy, content_hash, parse_policy, render_policy
+from gateway.policystore import PolicyVersion
+from gateway.policysync import PolicyWatcher
 from gateway.records import RecordWriter, RequestRecord, request_records
 from gateway.routing.fleet import BackendState, Fleet
 from gateway.routing.ranking import CostRanker
@@ -52,9 +57,12 @@ class Gateway:
         *,
         metrics: GatewayMetrics | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        policy_text: str | None = None,
     ):
         self.settings = settings
         self.policy = policy
+        self.policy_text = policy_text if policy_text is not None else render_policy(policy)
+        self.policy_version = 0  # 0 until the version store confirms or replaces it
         self.clock = clock
         self.metrics = metrics if metrics is not None else GatewayMetrics()
         self.fleet = Fleet(policy)
@@ -116,14 +124,63 @@ class Gateway:
             on_restore=self._restored,
             interval_s=settings.health_check_interval_s,
         )
+        self.policy_watcher = PolicyWatcher(
+            self.engine,
+            self.metrics,
+            lambda: self.policy_version,
+            self.use_policy,
+            interval_s=settings.policy_poll_interval_s,
+        )
         self.database_ok = False
+
+    def use_policy(self, policy: Policy, stored: PolicyVersion) -> None:
+        """Serve a new policy version from the next request on.
+
+        Requests already routed finish on the policy and fleet they started with; the backends
+        both fleets share keep one state object, so their slots are given back where the new
+        fleet sees them.
+        """
+        fleet = self.fleet.reconfigure(policy)
+        costmodel = _rebased(self.costmodel, policy)
+        # One step on the event loop, no await: a request sees all of the old or all of the new.
+        self.policy, self.fleet, self.admission.fleet = policy, fleet, fleet
+        self.costmodel = costmodel
+        self.policy_text, self.policy_version = stored.content, stored.version
+        self.outputs.default = policy.assumed_max_tokens
+        self.metrics.policy_version.set(stored.version)
+        for pool in fleet.pools.values():
+            if pool.waiters:  # the new version may have given the pool more slots
+                self.admission.dispatch(pool)
+
+    async def _seed_policy(self) -> bool:
+        """Serve the store's active version, or store ours as version 1; say if the store works."""
+        source = f"initial policy from {self.settings.policy_path}"
+        try:
+            stored = await asyncio.to_thread(
+                policystore.record,
+                self.engine,
+                self.policy_text,
+                f"gateway@{socket.gethostname()}",
+                source,
+                only_if_none=True,
+            )
+            if stored.hash == content_hash(self.policy_text):
+                self.policy_version = stored.version
+                self.metrics.policy_version.set(stored.version)
+            else:
+                await self.policy_watcher.sync()
+        except PolicyStoreUnavailable as exc:
+            log.error("serving the policy file without versions: %s", exc.message)
+            return False
+        return True
 
     def _record_finished(self, record: RequestRecord) -> None:
         self.records.add(record)
         self.learner.observe(record)
 
     def _use_model(self, model: CostModel) -> None:
-        self.costmodel = model
+        # A model trained while the policy changed is rebased on the policy serving now.
+        self.costmodel = _rebased(model, self.policy)
 
     def _restored(self, backend: BackendState) -> None:
         self.admission.dispatch(self.fleet.pools[backend.pool])
@@ -143,6 +200,7 @@ class Gateway:
 
     async def start(self) -> None:
         self.database_ok = self.check_database()
+        versioned = self.database_ok and await self._seed_policy()
         if self.database_ok:
             stored = store.load_latest(self.engine, self.policy)
             if stored is not None:
@@ -155,8 +213,11 @@ class Gateway:
         await self.meter.start()
         self.health.start()
         self.learner.start()
+        if versioned:
+            self.policy_watcher.start()
 
     async def stop(self) -> None:
+        await self.policy_watcher.stop()
         await self.learner.stop()
         await self.health.stop()
         await self.mirror.stop()
@@ -222,5 +283,21 @@ class GatewayApp:
 def create_app(settings: Settings | None = None, policy: Policy | None = None) -> GatewayApp:
     """Build the gateway app from settings (default: the environment) and their policy file."""
     settings = settings if settings is not None else Settings()
-    policy = policy if policy is not None else load_policy(settings.policy_path)
-    return GatewayApp(Gateway(settings, policy))
+    if policy is not None:
+        return GatewayApp(Gateway(settings, policy))
+    try:
+        text = settings.policy_path.read_text()
+    except OSError as exc:
+        raise PolicyError(
+            f"{settings.policy_path}: cannot read the policy file: {exc.strerror}"
+        ) from exc
+    policy = parse_policy(text, str(settings.policy_path))
+    return GatewayApp(Gateway(settings, policy, policy_text=text))
+
+
+def _rebased(model: CostModel, policy: Policy) -> CostModel:
+    """Return the cost model for a policy, keeping the learned residuals of pools still defined."""
+    if model.policy is policy:
+        return model
+    trained = {key: r for key, r in model.trained.items() if key[0] in policy.pools}
+    return CostModel(policy, model.version, trained)

@@ -9,8 +9,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from gateway.errors import PolicyError
-from gateway.policy import load_policy
+from gateway.errors import GatewayError, PolicyError
+from gateway.policy import load_policy, parse_policy
 from gateway.settings import Settings
 
 
@@ -53,9 +53,125 @@ def _db_upgrade(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _policy_validate(args: argparse.Namespace, settings: Settings) -> int:
+    from gateway.policycheck import validate
+
     policy = load_policy(args.file)
     routes = ", ".join(r.name for r in policy.routes)
     print(f"{args.file}: valid ({len(policy.pools)} pools, routes: {routes})")
+    warnings = validate(Path(args.file).read_text(), args.file).warnings
+    for warning in warnings:
+        print(f"warning: {warning}")
+    return 1 if warnings and args.strict else 0
+
+
+def _policy_text(path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError as exc:
+        raise PolicyError(f"{path}: cannot read the policy file: {exc.strerror}") from exc
+
+
+def _os_user() -> str:
+    import getpass
+
+    try:
+        return getpass.getuser()
+    except (OSError, KeyError):
+        return "unknown"
+
+
+def _policy_diff(args: argparse.Namespace, settings: Settings) -> int:
+    import difflib
+
+    from gateway import policystore
+    from gateway.db import make_engine
+
+    active = policystore.active(make_engine(settings.database_url))
+    text = _policy_text(args.file)
+    before = active.content if active is not None else ""
+    label = f"version {active.version} (active)" if active is not None else "no active version"
+    diff = difflib.unified_diff(
+        before.splitlines(keepends=True), text.splitlines(keepends=True), label, args.file
+    )
+    lines = list(diff)
+    if not lines:
+        print(f"{args.file}: no changes against {label}")
+    sys.stdout.writelines(line if line.endswith("\n") else line + "\n" for line in lines)
+    return 0
+
+
+def _policy_apply(args: argparse.Namespace, settings: Settings) -> int:
+    from gateway import policystore
+    from gateway.db import make_engine
+    from gateway.policy import content_hash
+    from gateway.policycheck import validate
+
+    text = _policy_text(args.file)
+    parse_policy(text, args.file)  # an invalid policy stops here, with every error located
+    for warning in validate(text, args.file).warnings:
+        print(f"warning: {warning}")
+    engine = make_engine(settings.database_url)
+    active = policystore.active(engine)
+    if active is not None and active.hash == content_hash(text):
+        print(f"{args.file}: unchanged, already the active version {active.version}")
+        return 0
+    stored = policystore.record(engine, text, args.author or _os_user(), args.message)
+    print(
+        f"applied {args.file} as version {stored.version} ({stored.hash[:12]}); running gateways "
+        f"switch to it within {settings.policy_poll_interval_s:g} s"
+    )
+    return 0
+
+
+def _policy_history(args: argparse.Namespace, settings: Settings) -> int:
+    from datetime import UTC, datetime
+
+    from gateway import policystore
+    from gateway.db import make_engine
+
+    engine = make_engine(settings.database_url)
+    active = policystore.active_version(engine)
+    print(f"{'':1} {'version':>7}  {'created (UTC)':19}  {'author':16} {'hash':12}  message")
+    for v in policystore.history(engine, args.limit):
+        created = datetime.fromtimestamp(v.created, UTC).strftime("%Y-%m-%d %H:%M:%S")
+        mark = "*" if v.version == active else ""
+        print(
+            f"{mark:1} {v.version:>7}  {created:19}  {v.author[:16]:16} {v.hash[:12]}  {v.message}"
+        )
+    return 0
+
+
+def _policy_rollback(args: argparse.Namespace, settings: Settings) -> int:
+    from gateway import policystore
+    from gateway.db import make_engine
+
+    engine = make_engine(settings.database_url)
+    stored = policystore.rollback(engine, args.author or _os_user(), args.version, args.message)
+    print(f"version {stored.version} restores version {stored.restores}; it is active now")
+    return 0
+
+
+def _policy_show(args: argparse.Namespace, settings: Settings) -> int:
+    from gateway import policystore
+    from gateway.db import make_engine
+
+    engine = make_engine(settings.database_url)
+    shown = policystore.active(engine) if args.version is None else None
+    if args.version is not None:
+        shown = policystore.get(engine, args.version)
+    if shown is None:
+        print("error: no policy version is stored yet", file=sys.stderr)
+        return 1
+    sys.stdout.write(shown.content)
+    return 0
+
+
+def _policy_schema(args: argparse.Namespace, settings: Settings) -> int:
+    import json
+
+    from gateway.policy import json_schema
+
+    print(json.dumps(json_schema(), indent=2))
     return 0
 
 
@@ -183,6 +299,49 @@ def _bench_routing(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _promote_evaluate(args: argparse.Namespace, settings: Settings) -> int:
+    import json
+
+    from gateway.db import make_engine
+    from gateway.promotion import evaluate
+
+    policy = load_policy(settings.policy_path)
+    verdicts = evaluate(make_engine(settings.database_url), policy, route=args.route)
+    if args.json:
+        print(json.dumps([v.as_dict() for v in verdicts], indent=2))
+        return 0
+    if not verdicts:
+        print("no shadow evidence in the promotion window")
+    for v in verdicts:
+        needed = f" (~{v.samples_needed} more samples)" if v.samples_needed else ""
+        print(f"{v.route} → {v.candidate}: {v.outcome.upper()}: {v.reason}{needed}")
+        for check in v.checks:
+            interval = (
+                ""
+                if check.interval is None
+                else f" [{check.interval[0]:.4g}, {check.interval[1]:.4g}]"
+            )
+            estimate = "-" if check.estimate is None else f"{check.estimate:.4g}"
+            print(
+                f"    {check.name:9} {check.result:9} {estimate}{interval} vs {check.threshold:.4g}"
+                f" on {check.samples} samples: {check.detail}"
+            )
+    return 0
+
+
+def _bench_promotion(args: argparse.Namespace, settings: Settings) -> int:
+    import json
+
+    from gateway.calibration import calibrate
+
+    result = calibrate(runs=args.runs, seed=args.seed)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2))
+    print(json.dumps({k: v for k, v in result.items() if k != "scenarios"}, indent=2))
+    print(f"written to {args.out}")
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     """Build the command-line parser."""
     root = argparse.ArgumentParser(prog="gateway", description=__doc__)
@@ -207,7 +366,31 @@ def parser() -> argparse.ArgumentParser:
     )
     validate = policy.add_parser("validate", help="check a policy file and report every error")
     validate.add_argument("file")
+    validate.add_argument("--strict", action="store_true", help="warnings fail too (exit 1)")
     validate.set_defaults(run=_policy_validate)
+    diff = policy.add_parser("diff", help="unified diff of the active version against a file")
+    diff.add_argument("file")
+    diff.set_defaults(run=_policy_diff)
+    apply = policy.add_parser("apply", help="store a valid policy as the new active version")
+    apply.add_argument("file")
+    apply.add_argument("-m", "--message", required=True, help="why this change")
+    apply.add_argument("--author", help="who (default: the OS user)")
+    apply.set_defaults(run=_policy_apply)
+    history = policy.add_parser("history", help="list stored versions, newest first")
+    history.add_argument("--limit", type=int, default=50)
+    history.set_defaults(run=_policy_history)
+    rollback = policy.add_parser(
+        "rollback", help="serve a previous version again (default: the one before the active)"
+    )
+    rollback.add_argument("version", nargs="?", type=int)
+    rollback.add_argument("-m", "--message", default="", help="why (default: 'roll back to N')")
+    rollback.add_argument("--author", help="who (default: the OS user)")
+    rollback.set_defaults(run=_policy_rollback)
+    show = policy.add_parser("show", help="print a stored version (default: the active one)")
+    show.add_argument("version", nargs="?", type=int)
+    show.set_defaults(run=_policy_show)
+    schema = policy.add_parser("schema", help="print the policy's JSON Schema")
+    schema.set_defaults(run=_policy_schema)
 
     explain = commands.add_parser(
         "explain", help="show how a request would be routed, without sending it"
@@ -254,6 +437,24 @@ def parser() -> argparse.ArgumentParser:
         "--live-speed", type=float, default=1.0, help="the simulators' --speed, for --live"
     )
     routing.set_defaults(run=_bench_routing)
+    promotion = bench.add_parser(
+        "promotion", help="calibrate the judge on simulated shadow streams"
+    )
+    promotion.add_argument("--out", type=Path, required=True, help="where to write the JSON")
+    promotion.add_argument("--runs", type=int, default=200, help="simulated runs per scenario")
+    promotion.add_argument("--seed", type=int, default=0)
+    promotion.set_defaults(run=_bench_promotion)
+
+    promote = commands.add_parser(
+        "promote", help="judge candidate pools from their shadow evidence"
+    ).add_subparsers(dest="promote_command", required=True)
+    promote_evaluate = promote.add_parser(
+        "evaluate", help="judge every route and candidate now and store the verdicts"
+    )
+    promote_evaluate.add_argument("--route", help="only this route")
+    promote_evaluate.add_argument("--json", action="store_true", help="print the evidence as JSON")
+    promote_evaluate.set_defaults(run=_promote_evaluate)
+
     return root
 
 
@@ -269,6 +470,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PolicyError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except GatewayError as exc:  # the policy store, or a version that does not exist
+        print(f"error: {exc.message}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

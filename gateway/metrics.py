@@ -181,6 +181,19 @@ class GatewayMetrics:
             namespace=NAMESPACE,
             registry=r,
         )
+        self.policy_version = Gauge(
+            "policy_version",
+            "Version of the routing policy serving requests (0: not from the version store).",
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.policy_reloads = Counter(
+            "policy_reloads",
+            "Attempts to switch to a new active policy version, by result (ok, invalid, error).",
+            ["result"],
+            namespace=NAMESPACE,
+            registry=r,
+        )
         self.power_scrape_failures = Counter(
             "power_scrape_failures",
             "Backend power readings that failed.",

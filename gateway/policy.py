@@ -228,6 +228,21 @@ class Route(Strict):
     noise_floor: NoiseFloor | None = None
 
 
+class Promotion(Strict):
+    """When shadow evidence promotes a candidate pool (see docs/promotion.md)."""
+
+    quality_margin: float = Field(
+        default=0.01, ge=0, le=1, description="Agreement may be this far below the noise floor."
+    )
+    latency_margin: float = Field(
+        default=0.10, ge=0, description="Candidate p95 may exceed the primary's by this share."
+    )
+    max_error_rate: float = Field(default=0.01, ge=0, le=1)
+    alpha: float = Field(default=0.05, gt=0, lt=1, description="Chance of a false promotion.")
+    min_samples: int = Field(default=500, ge=1)
+    min_window_days: float = Field(default=7.0, ge=0)
+
+
 class Tenant(Strict):
     """A client identity, recognised by the SHA-256 of its API key (never the key itself)."""
 
@@ -255,6 +270,7 @@ class Policy(Strict):
     models: dict[str, ModelSpec] = Field(
         default_factory=dict, description="Model sizes for the cost model's prior."
     )
+    promotion: Promotion = Promotion()
     tenants: list[Tenant] = []
     require_tenant_key: bool = Field(
         default=False, description="Refuse requests whose key is not a known tenant's."
@@ -607,6 +623,16 @@ def render_policy(policy: Policy) -> str:
     return yaml.safe_dump(
         policy.model_dump(mode="json", exclude_defaults=True), sort_keys=False, width=100
     )
+
+
+def json_schema() -> dict[str, Any]:
+    """Return the JSON Schema of a policy file, generated from the typed model."""
+    schema = Policy.model_json_schema()
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "shadow-gateway routing policy",
+        **{k: v for k, v in schema.items() if k != "title"},
+    }
 
 
 def content_hash(text: str) -> str:

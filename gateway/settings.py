@@ -48,6 +48,12 @@ class Settings(BaseSettings):
         ge=0,
         validation_alias=AliasChoices("GATEWAY_MODEL_RETRAIN_MIN_INTERVAL_S"),
     )
+    policy_poll_interval_s: float = Field(
+        default=2.0,
+        gt=0,
+        validation_alias=AliasChoices("GATEWAY_POLICY_POLL_INTERVAL_S"),
+        description="How often a replica checks the database for a new active policy version.",
+    )
     record_flush_interval_s: float = Field(
         default=0.5, gt=0, validation_alias=AliasChoices("GATEWAY_RECORD_FLUSH_INTERVAL_S")
     )

@@ -5,6 +5,8 @@ from __future__ import annotations
 from alembic import context
 
 import gateway.costmodel.store
+import gateway.policystore
+import gateway.promotion
 import gateway.records
 import gateway.shadow  # noqa: F401
 from gateway.db import make_engine, metadata

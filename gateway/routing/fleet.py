@@ -93,3 +93,25 @@ class Fleet:
 
     def backends(self) -> list[BackendState]:
         return [b for p in self.pools.values() for b in p.backends]
+
+    def reconfigure(self, policy: Policy) -> Fleet:
+        """Return the fleet of a new policy that keeps this one's live state.
+
+        A backend whose URL is unchanged keeps its BackendState object (slots and KV memory
+        held, outlier state), updated to its new name, pool and capacity, so the requests in
+        flight give their slots back to the state the new fleet uses. A pool that keeps its name
+        keeps its queue of waiters.
+        """
+        known = {b.url: b for b in self.backends()}
+        fleet = Fleet(policy)
+        for name, pool in fleet.pools.items():
+            for i, fresh in enumerate(pool.backends):
+                kept = known.pop(fresh.url, None)
+                if kept is not None:
+                    kept.name, kept.pool = fresh.name, fresh.pool
+                    kept.slots, kept.kv_capacity = fresh.slots, fresh.kv_capacity
+                    pool.backends[i] = kept
+            previous = self.pools.get(name)
+            if previous is not None:
+                pool.waiters = previous.waiters
+        return fleet

@@ -1,0 +1,376 @@
+"""The judge: promote, hold or reject a candidate pool from its shadow evidence.
+
+Pure statistics, no I/O. Every criterion is decided with a confidence sequence: an interval that
+holds at every sample size at once (with probability 1 - alpha), so looking at the evidence every
+day, or after every batch, does not inflate the chance of a false promotion the way repeated
+fixed-sample tests would. Proportions use Robbins' beta-mixture sequence (a mixture martingale
+with Ville's inequality: Howard et al., "Time-uniform, nonparametric, nonasymptotic confidence
+sequences", 2021); a p95 is read off a latency histogram at the levels that sequence allows.
+
+Criteria, each a non-inferiority test against a margin from the policy:
+
+- quality: the candidate's agreement with the primary is at most `quality_margin` below how
+  often two backends of the primary's own pool agree (the noise floor);
+- latency: the candidate's p95 time to first token and end to end are at most
+  `latency_margin` above the primary's;
+- errors: the candidate's error rate is at most `max_error_rate`.
+
+- benefit: the candidate serves more than half of the same requests for less than the primary
+  (a sign test on paired costs), so a candidate that is merely as good is never promoted.
+
+Energy and cost saved per request are reported with the verdict.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+PROMOTE, HOLD, REJECT = "promote", "hold", "reject"
+PASS, FAIL, UNDECIDED = "pass", "fail", "undecided"
+
+
+@dataclass(frozen=True, slots=True)
+class Criteria:
+    """Margins and evidence requirements for a promotion."""
+
+    quality_margin: float = 0.01
+    latency_margin: float = 0.10
+    max_error_rate: float = 0.01
+    alpha: float = 0.05
+    min_samples: int = 500
+    min_window_s: float = 7 * 86400.0
+
+
+class Histogram:
+    """Counts of latencies in fixed log-spaced bins: exact enough, and O(bins) to query."""
+
+    __slots__ = ("counts", "n")
+
+    # 0.1 ms to ~17 min in bins 2% apart: a quantile read off it is within 2% of the exact one.
+    EDGES = tuple(0.1 * 1.02**i for i in range(815))
+
+    def __init__(self, values: Sequence[float] = ()):
+        self.counts = [0] * (len(self.EDGES) + 1)
+        self.n = 0
+        for value in values:
+            self.add(value)
+
+    def add(self, value: float, count: int = 1) -> None:
+        self.counts[bisect.bisect_right(self.EDGES, value)] += count
+        self.n += count
+
+    def edge_at(self, level: float, upper: bool) -> float:
+        """Return the lower (or upper) edge of the bin holding the level-quantile."""
+        if level <= 0:
+            return 0.0
+        if level >= 1:
+            return math.inf
+        target, seen = level * self.n, 0
+        for i, count in enumerate(self.counts):
+            seen += count
+            if seen >= target and count:
+                if upper:
+                    return self.EDGES[i] if i < len(self.EDGES) else math.inf
+                return self.EDGES[i - 1] if i > 0 else 0.0
+        return math.inf
+
+    def quantile(self, level: float) -> float:
+        """Return the level-quantile, taken as the geometric middle of its bin."""
+        low, high = self.edge_at(level, upper=False), self.edge_at(level, upper=True)
+        if low <= 0 or math.isinf(high):
+            return high if low <= 0 else low
+        return math.sqrt(low * high)
+
+
+@dataclass(slots=True)
+class Evidence:
+    """What the shadow records of one route and candidate pool say."""
+
+    route: str
+    candidate: str
+    agree: int = 0  # candidate copies that matched the primary (temperature 0)
+    compared: int = 0  # candidate copies compared (temperature 0)
+    noise_agree: int = 0  # noise-floor copies that matched (temperature 0)
+    noise_compared: int = 0
+    errors: int = 0  # candidate copies that failed
+    sent: int = 0  # candidate copies sent
+    primary_ttft_ms: Histogram = field(default_factory=Histogram)
+    candidate_ttft_ms: Histogram = field(default_factory=Histogram)
+    primary_e2e_ms: Histogram = field(default_factory=Histogram)
+    candidate_e2e_ms: Histogram = field(default_factory=Histogram)
+    cheaper: int = 0  # copies whose candidate cost less than the primary, same request
+    priced: int = 0  # copies with both costs measured
+    primary_energy_j: float | None = None  # mean per request
+    candidate_energy_j: float | None = None
+    primary_cost_usd: float | None = None
+    candidate_cost_usd: float | None = None
+    first_ts: float | None = None
+    last_ts: float | None = None
+
+
+@dataclass(slots=True)
+class Check:
+    """One criterion's result with the numbers behind it."""
+
+    name: str
+    result: str
+    estimate: float | None
+    interval: tuple[float, float] | None
+    threshold: float
+    samples: int
+    detail: str
+
+
+@dataclass(slots=True)
+class Verdict:
+    """The judge's decision for one route and candidate, with its evidence."""
+
+    route: str
+    candidate: str
+    outcome: str
+    reason: str
+    checks: list[Check] = field(default_factory=list)
+    samples_needed: int | None = None
+    window_s: float = 0.0
+    benefit: dict[str, float | None] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "route": self.route,
+            "candidate": self.candidate,
+            "outcome": self.outcome,
+            "reason": self.reason,
+            "samples_needed": self.samples_needed,
+            "window_days": round(self.window_s / 86400, 2),
+            "benefit": self.benefit,
+            "checks": [
+                {
+                    "name": c.name,
+                    "result": c.result,
+                    "estimate": c.estimate,
+                    "interval": c.interval,
+                    "threshold": c.threshold,
+                    "samples": c.samples,
+                    "detail": c.detail,
+                }
+                for c in self.checks
+            ],
+        }
+
+
+def _log_beta(a: float, b: float) -> float:
+    return math.lgamma(a) + math.lgamma(b) - math.lgamma(a + b)
+
+
+def bernoulli_interval(successes: int, n: int, alpha: float) -> tuple[float, float]:
+    """Return a confidence sequence for a success probability after n trials.
+
+    The set of p where the beta-mixture likelihood ratio (Jeffreys prior) stays below 1/alpha:
+    by Ville's inequality it covers the true p at every n at once with probability 1 - alpha,
+    and it is narrow where the variance is small (agreement near 1, errors near 0).
+    """
+    if n <= 0:
+        return (0.0, 1.0)
+    mixture = _log_beta(successes + 0.5, n - successes + 0.5) - _log_beta(0.5, 0.5)
+    limit = math.log(1 / alpha)
+
+    def outside(p: float) -> bool:
+        log_p = successes * math.log(p) + (n - successes) * math.log1p(-p)
+        return mixture - log_p >= limit
+
+    centre = min(max(successes / n, 1e-12), 1 - 1e-12)
+
+    def edge(lo: float, hi: float, inside_at_hi: bool) -> float:
+        for _ in range(60):
+            mid = (lo + hi) / 2
+            if outside(mid) == inside_at_hi:
+                lo = mid
+            else:
+                hi = mid
+        return hi if inside_at_hi else lo
+
+    low = 0.0 if not outside(1e-12) else edge(1e-12, centre, inside_at_hi=True)
+    high = 1.0 if not outside(1 - 1e-12) else edge(centre, 1 - 1e-12, inside_at_hi=False)
+    return (low, high)
+
+
+def quantile_interval(hist: Histogram, q: float, alpha: float) -> tuple[float, float]:
+    """Return a confidence sequence for the q-quantile: quantiles at the levels its share allows."""
+    if hist.n == 0:
+        return (0.0, math.inf)
+    low, high = bernoulli_interval(round(q * hist.n), hist.n, alpha)
+    return (hist.edge_at(low, upper=False), hist.edge_at(high, upper=True))
+
+
+def _quality(e: Evidence, c: Criteria, alpha: float) -> Check:
+    if e.compared == 0 or e.noise_compared == 0:
+        return Check(
+            "quality",
+            UNDECIDED,
+            None,
+            None,
+            -c.quality_margin,
+            min(e.compared, e.noise_compared),
+            "needs temperature-0 copies to the candidate and to the noise floor",
+        )
+    p_c, p_n = e.agree / e.compared, e.noise_agree / e.noise_compared
+    c_low, c_high = bernoulli_interval(e.agree, e.compared, alpha / 2)
+    n_low, n_high = bernoulli_interval(e.noise_agree, e.noise_compared, alpha / 2)
+    diff = p_c - p_n
+    low, high = c_low - n_high, c_high - n_low
+    result = PASS if low > -c.quality_margin else FAIL if high < -c.quality_margin else UNDECIDED
+    return Check(
+        "quality",
+        result,
+        diff,
+        (low, high),
+        -c.quality_margin,
+        min(e.compared, e.noise_compared),
+        f"agreement {p_c:.3f} vs noise floor {p_n:.3f}",
+    )
+
+
+def _latency(
+    name: str, primary: Histogram, candidate: Histogram, c: Criteria, alpha: float
+) -> Check:
+    if not primary.n or not candidate.n:
+        return Check(name, UNDECIDED, None, None, 1 + c.latency_margin, 0, "no latencies yet")
+    p_low, p_high = quantile_interval(primary, 0.95, alpha / 2)
+    c_low, c_high = quantile_interval(candidate, 0.95, alpha / 2)
+    ratio = candidate.quantile(0.95) / max(primary.quantile(0.95), 1e-9)
+    worst = c_high / p_low if p_low > 0 else math.inf
+    best = c_low / p_high if p_high not in (0, math.inf) else 0.0
+    limit = 1 + c.latency_margin
+    result = PASS if worst <= limit else FAIL if best > limit else UNDECIDED
+    return Check(
+        name,
+        result,
+        ratio,
+        (best, worst),
+        limit,
+        min(primary.n, candidate.n),
+        "candidate p95 over primary p95",
+    )
+
+
+def _errors(e: Evidence, c: Criteria, alpha: float) -> Check:
+    if e.sent == 0:
+        return Check("errors", UNDECIDED, None, None, c.max_error_rate, 0, "no copies sent")
+    rate = e.errors / e.sent
+    low, high = bernoulli_interval(e.errors, e.sent, alpha)
+    result = PASS if high <= c.max_error_rate else FAIL if low > c.max_error_rate else UNDECIDED
+    return Check(
+        "errors",
+        result,
+        rate,
+        (max(low, 0.0), min(high, 1.0)),
+        c.max_error_rate,
+        e.sent,
+        f"{e.errors} of {e.sent} copies failed",
+    )
+
+
+def _benefit(e: Evidence, c: Criteria, alpha: float) -> Check:
+    if e.priced == 0:
+        return Check("benefit", UNDECIDED, None, None, 0.5, 0, "no copies with both costs yet")
+    share = e.cheaper / e.priced
+    low, high = bernoulli_interval(e.cheaper, e.priced, alpha)
+    result = PASS if low > 0.5 else FAIL if high < 0.5 else UNDECIDED
+    return Check(
+        "benefit",
+        result,
+        share,
+        (max(low, 0.0), min(high, 1.0)),
+        0.5,
+        e.priced,
+        "share of requests the candidate serves for less than the primary",
+    )
+
+
+def _samples_needed(e: Evidence, checks: list[Check], c: Criteria, alpha: float) -> int | None:
+    """Estimate how many more samples would decide the undecided checks, if estimates hold."""
+    undecided = {ch.name for ch in checks if ch.result == UNDECIDED}
+    if not undecided - {"ttft_p95", "e2e_p95"}:
+        return None  # quantile checks narrow with the others; no closed form of their own
+    for factor in (2**k for k in range(1, 9)):
+        scaled = _scaled(e, factor)
+        rechecked = {
+            "quality": _quality(scaled, c, alpha),
+            "errors": _errors(scaled, c, alpha),
+            "benefit": _benefit(scaled, c, alpha),
+        }
+        if all(rechecked[name].result != UNDECIDED for name in undecided if name in rechecked):
+            return max(
+                0, min(scaled.compared, scaled.noise_compared) - min(e.compared, e.noise_compared)
+            )
+    return None
+
+
+def _scaled(e: Evidence, factor: int) -> Evidence:
+    """Return the evidence as it would read with factor times the samples at the same rates."""
+    grow = lambda count: count * factor  # noqa: E731
+    return Evidence(
+        e.route,
+        e.candidate,
+        agree=grow(e.agree),
+        compared=grow(max(e.compared, 1)),
+        noise_agree=grow(e.noise_agree),
+        noise_compared=grow(max(e.noise_compared, 1)),
+        errors=grow(e.errors),
+        sent=grow(max(e.sent, 1)),
+        cheaper=grow(e.cheaper),
+        priced=grow(max(e.priced, 1)),
+    )
+
+
+def judge(e: Evidence, c: Criteria, now: float, alpha: float | None = None) -> Verdict:
+    """Decide promote, hold or reject for one route and candidate from its evidence."""
+    alpha = c.alpha if alpha is None else alpha
+    # The criteria share the error budget (a union bound): each gets alpha / 5.
+    each = alpha / 5
+    checks = [
+        _quality(e, c, each),
+        _latency("ttft_p95", e.primary_ttft_ms, e.candidate_ttft_ms, c, each),
+        _latency("e2e_p95", e.primary_e2e_ms, e.candidate_e2e_ms, c, each),
+        _errors(e, c, each),
+        _benefit(e, c, each),
+    ]
+    window = 0.0 if e.first_ts is None else now - e.first_ts
+    benefit = {
+        "energy_j_saved_per_request": _saved(e.primary_energy_j, e.candidate_energy_j),
+        "cost_usd_saved_per_request": _saved(e.primary_cost_usd, e.candidate_cost_usd),
+    }
+    verdict = Verdict(e.route, e.candidate, HOLD, "", checks, window_s=window, benefit=benefit)
+    failed = [ch.name for ch in checks if ch.result == FAIL]
+    if failed:
+        verdict.outcome = REJECT
+        verdict.reason = "failed: " + ", ".join(failed)
+        return verdict
+    samples = min(e.compared, e.noise_compared)
+    if all(ch.result == PASS for ch in checks):
+        if samples < c.min_samples:
+            verdict.reason = f"{samples} samples, {c.min_samples} required"
+            verdict.samples_needed = c.min_samples - samples
+        elif window < c.min_window_s:
+            verdict.reason = (
+                f"{window / 86400:.1f} days of evidence, {c.min_window_s / 86400:.1f} required"
+            )
+            verdict.samples_needed = 0
+        else:
+            verdict.outcome = PROMOTE
+            verdict.reason = "every criterion passes"
+        return verdict
+    undecided = [ch.name for ch in checks if ch.result == UNDECIDED]
+    verdict.reason = "not enough evidence yet: " + ", ".join(undecided)
+    verdict.samples_needed = _samples_needed(e, checks, c, each)
+    return verdict
+
+
+def _saved(primary: float | None, candidate: float | None) -> float | None:
+    if primary is None or candidate is None:
+        return None
+    return primary - candidate

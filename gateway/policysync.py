@@ -1,0 +1,87 @@
+"""Keep a running gateway on the active policy version: poll the version store, swap on change.
+
+Every replica polls the one-row active pointer (cheap) on an interval, and syncs at once after a
+PUT or rollback it handled itself, so all replicas converge within one interval. The database read
+runs in a thread; the swap runs on the event loop, between requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+import sqlalchemy as sa
+
+from gateway import policystore
+from gateway.errors import PolicyError, PolicyStoreUnavailable
+from gateway.metrics import GatewayMetrics
+from gateway.policy import Policy, parse_policy
+from gateway.policystore import PolicyVersion
+
+log = logging.getLogger(__name__)
+
+Apply = Callable[[Policy, PolicyVersion], None]
+
+
+class PolicyWatcher:
+    """Apply the store's active version whenever it differs from the one serving."""
+
+    def __init__(
+        self,
+        engine: sa.Engine,
+        metrics: GatewayMetrics,
+        serving: Callable[[], int],
+        apply: Apply,
+        *,
+        interval_s: float = 2.0,
+    ):
+        self._engine = engine
+        self._metrics = metrics
+        self._serving = serving
+        self._apply = apply
+        self._interval_s = interval_s
+        self._refused: int | None = None
+        self._lock = asyncio.Lock()
+        self._task: asyncio.Task[None] | None = None
+
+    async def sync(self) -> int:
+        """Apply the active version if it is new; return the version serving afterwards."""
+        async with self._lock:  # one sync at a time: a poll and a PUT never swap in reverse
+            version = await asyncio.to_thread(policystore.active_version, self._engine)
+            if version is None or version == self._serving() or version == self._refused:
+                return self._serving()
+            stored = await asyncio.to_thread(policystore.get, self._engine, version)
+            try:
+                policy = parse_policy(stored.content, f"policy version {version}")
+            except PolicyError as exc:
+                # Stored versions were valid when applied; this replica's code may be older.
+                self._refused = version
+                self._metrics.policy_reloads.labels("invalid").inc()
+                log.error("not applying policy version %d: %s", version, exc)
+                return self._serving()
+            self._apply(policy, stored)
+            self._metrics.policy_reloads.labels("ok").inc()
+            log.info("serving policy version %d (%s)", version, stored.message)
+            return version
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="policy-watcher")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self._interval_s)
+            try:
+                await self.sync()
+            except PolicyStoreUnavailable as exc:
+                self._metrics.policy_reloads.labels("error").inc()
+                log.warning("could not check the active policy version: %s", exc.message)
+            except Exception:
+                self._metrics.policy_reloads.labels("error").inc()
+                log.exception("policy sync failed")

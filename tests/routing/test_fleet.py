@@ -1,0 +1,63 @@
+"""Fleet reconfiguration: a new policy's fleet keeps the live state of the backends it keeps."""
+
+from __future__ import annotations
+
+import asyncio
+
+from gateway.admission import Admission
+from gateway.routing.fleet import Fleet
+from policies import fleet_policy
+
+GPU = ("http://127.0.0.1:1", "http://127.0.0.1:4")
+
+
+def test_backends_with_unchanged_urls_keep_their_slots_and_outlier_state() -> None:
+    old = Fleet(fleet_policy(gpu=GPU))
+    admission = Admission(old)
+    held = old.pools["gpu"].backends[0]
+    admission.acquire(held, kv_bytes=1000.0)
+    old.pools["gpu"].backends[1].ejected = True
+
+    new = old.reconfigure(fleet_policy(gpu=GPU[:1], gpu_extra={"slots_per_backend": 4}))
+    admission.fleet = new
+
+    kept = new.pools["gpu"].backends[0]
+    assert kept is held and kept.in_flight == 1 and kept.kv_reserved == 1000.0
+    assert kept.slots == 4  # the new capacity applies to the state that stays
+    assert [b.url for b in new.pools["gpu"].backends] == [GPU[0]]
+    admission.release(held, kv_bytes=1000.0)  # a request routed under the old policy ends
+    assert kept.in_flight == 0 and kept.kv_reserved == 0.0
+
+
+def test_a_backend_moved_to_another_pool_keeps_its_state_under_its_new_pool() -> None:
+    old = Fleet(fleet_policy(gpu=GPU))
+    moved = old.pools["gpu"].backends[1]
+    moved.in_flight = 3
+    new = old.reconfigure(fleet_policy(gpu=GPU[:1], asic=GPU[1:]))
+    state = new.pools["asic"].backends[0]
+    assert state is moved and state.in_flight == 3
+    assert (state.pool, state.name, state.slots) == ("asic", "asic-0", 16)
+
+
+def test_waiters_stay_queued_in_a_pool_that_keeps_its_name() -> None:
+    async def scenario() -> None:
+        old = Fleet(fleet_policy(gpu=GPU[:1], gpu_extra={"slots_per_backend": 1}))
+        admission = Admission(old)
+        admission.acquire(old.pools["gpu"].backends[0])
+        waiting = asyncio.create_task(admission.wait(old.pools["gpu"], timeout_s=5))
+        await asyncio.sleep(0)
+        new = old.reconfigure(fleet_policy(gpu=GPU[:1], gpu_extra={"slots_per_backend": 2}))
+        admission.fleet = new
+        assert len(new.pools["gpu"].waiters) == 1
+        admission.dispatch(new.pools["gpu"])  # the new version gave the pool a second slot
+        backend = await asyncio.wait_for(waiting, 1)
+        assert backend is new.pools["gpu"].backends[0] and backend.in_flight == 2
+
+    asyncio.run(scenario())
+
+
+def test_new_backends_start_empty() -> None:
+    old = Fleet(fleet_policy(gpu=GPU[:1]))
+    old.pools["gpu"].backends[0].in_flight = 2
+    new = old.reconfigure(fleet_policy(gpu=GPU))
+    assert [b.in_flight for b in new.pools["gpu"].backends] == [2, 0]

@@ -1,0 +1,150 @@
+"""Policy checks before apply: a catalogue of broken and doubtful policies, and the JSON Schema."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gateway.policy import json_schema, render_policy
+from gateway.policycheck import validate
+from policies import BIG, MODEL, fleet_policy
+
+Edit = Callable[[dict], None]
+
+
+def base() -> dict:
+    doc = yaml.safe_load(render_policy(fleet_policy()))
+    doc["routes"][1]["shadow"] = [{"pool": "cim", "sample_rate": 0.1}]
+    return doc
+
+
+def checked(edit: Edit) -> tuple[list[str], list[str]]:
+    doc = base()
+    edit(doc)
+    result = validate(yaml.safe_dump(doc, sort_keys=False), "p.yaml")
+    assert result.valid == (not result.errors)
+    return [f"{e.path}: {e.message}" for e in result.errors], [
+        f"{w.path}: {w.message}" for w in result.warnings
+    ]
+
+
+def test_the_base_policy_is_clean() -> None:
+    assert checked(lambda doc: None) == ([], [])
+
+
+ERRORS: dict[str, tuple[Edit, str]] = {
+    "unknown pool in a route": (
+        lambda d: d["routes"][0]["pools"].append("tpu"),
+        "routes.0.pools.2: route 'chat-8b-short' names pool 'tpu', which is not defined",
+    ),
+    "shadow-only pool serving": (
+        lambda d: d["routes"][0]["pools"].append("cim"),
+        "which is shadow-only",
+    ),
+    "unknown fallback": (lambda d: d["routes"][0].update(fallback="gpux"), "routes.0.fallback"),
+    "fallback missing the route's models": (
+        lambda d: d["routes"][2].update(fallback="asic"),
+        f"falls back to pool 'asic', which does not serve ['{BIG}']",
+    ),
+    "shadow target is the primary": (
+        lambda d: d["routes"][1]["shadow"][0].update(pool="gpu"),
+        "which is its primary pool",
+    ),
+    "unknown SLO class": (
+        lambda d: d["routes"][0]["match"].update(slo_classes=["gold"]),
+        "matches SLO class 'gold', which is not defined",
+    ),
+    "unknown default class": (lambda d: d.update(default_slo_class="gold"), "default_slo_class"),
+    "unknown tenant": (
+        lambda d: d["routes"][0]["match"].update(tenants=["acme"]),
+        "matches tenant 'acme', which is not defined",
+    ),
+    "inverted prompt range": (
+        lambda d: d["routes"][0]["match"].update(prompt_tokens={"min": 10, "max": 5}),
+        "max 5 is below min 10",
+    ),
+    "negative slots": (
+        lambda d: d["pools"]["asic"].update(slots_per_backend=-1),
+        "pools.asic.slots_per_backend: Input should be greater than 0 (got -1)",
+    ),
+    "unknown key": (lambda d: d["pools"]["asic"].update(slotz=3), "pools.asic.slotz"),
+    "duplicate route name": (
+        lambda d: d["routes"][1].update(name="chat-8b-short"),
+        "is used twice",
+    ),
+    "shadow sample rate above 1": (
+        lambda d: d["routes"][1]["shadow"][0].update(sample_rate=2),
+        "routes.1.shadow.0.sample_rate",
+    ),
+    "unknown comparator": (
+        lambda d: d["routes"][1]["shadow"][0].update(compare={"comparators": ["bleu"]}),
+        "comparator 'bleu' is not known",
+    ),
+    "bad backend url": (
+        lambda d: d["pools"]["gpu"]["backends"][0].update(url="gpu0:9000"),
+        "must start with http:// or https://",
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", ERRORS)
+def test_a_broken_policy_is_invalid_with_a_located_error(kind: str) -> None:
+    edit, expected = ERRORS[kind]
+    errors, _ = checked(edit)
+    assert any(expected in e for e in errors), errors
+
+
+WARNINGS: dict[str, tuple[Edit, str]] = {
+    "route shadowed by an earlier one": (
+        lambda d: d["routes"].insert(
+            0, {"name": "all-8b", "match": {"models": [MODEL]}, "pools": ["gpu"]}
+        ),
+        "route 'chat-8b-short' can never match: route 'all-8b' before it",
+    ),
+    "model no pool of the route serves": (
+        lambda d: d["routes"][2].update(pools=["asic"], fallback=None),
+        f"matches model '{BIG}', which none of its pools (asic) serves",
+    ),
+    "prompts longer than every context": (
+        lambda d: d["routes"][0].update(pools=["asic"], match={"prompt_tokens": {"min": 9000}}),
+        "the longest context of its pools is 8192",
+    ),
+    "SLO no pool can meet": (
+        lambda d: d["slo_classes"]["interactive"].update(tpot_ms=0.5),
+        "no pool of route 'chat-8b-short' can meet interactive tpot_ms 0.5",
+    ),
+    "fallback missing some models": (
+        lambda d: d["routes"].append({"name": "rest", "pools": ["gpu"], "fallback": "asic"}),
+        f"falls back to pool 'asic', which does not serve ['{BIG}']",
+    ),
+    "unused pool": (
+        lambda d: d["routes"][1].update(shadow=[]),
+        "pools.cim: pool 'cim' is not used by any route",
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", WARNINGS)
+def test_a_doubtful_policy_is_valid_with_a_warning(kind: str) -> None:
+    edit, expected = WARNINGS[kind]
+    errors, warnings = checked(edit)
+    assert errors == []
+    assert any(expected in w for w in warnings), warnings
+
+
+def test_warnings_name_file_line_and_column() -> None:
+    text = render_policy(fleet_policy())
+    (warning,) = validate(text, "p.yaml").warnings
+    line = text.splitlines().index("  cim:") + 2  # where the pool's mapping starts
+    assert warning.location == f"p.yaml:{line}:5"
+
+
+def test_the_committed_json_schema_is_current(repo_root: Path) -> None:
+    committed = json.loads((repo_root / "policies" / "policy.schema.json").read_text())
+    assert committed == json.loads(json.dumps(json_schema())), (
+        "regenerate: gateway policy schema > policies/policy.schema.json"
+    )
