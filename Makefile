@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: run test install lint typecheck unit clean
+.PHONY: run test install lint typecheck unit wrk clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -27,7 +27,14 @@ lint: install
 typecheck: install
 	$(VENV)/bin/mypy
 
-unit: install
+## Best effort: tests/test_performance.py needs wrk (Debian package) and skips without it.
+wrk:
+	-@command -v wrk >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
+	  && { apt-get install -y -qq wrk >/dev/null 2>&1 \
+	       || { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq wrk >/dev/null 2>&1; }; }; } \
+	  || echo "wrk is not installed: tests/test_performance.py will skip"
+
+unit: install wrk
 	$(PY) -m pytest
 
 clean:

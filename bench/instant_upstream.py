@@ -1,4 +1,8 @@
-"""An upstream that answers every chat completion at once: the floor for proxy benchmarks."""
+"""An upstream that answers every chat completion at once: the floor for proxy benchmarks.
+
+A request whose body asks for `"stream": true` is answered with `--chunks` server-sent events
+(OpenAI's `chat.completion.chunk` shape, usage in the last one) and `data: [DONE]`, all at once.
+"""
 
 from __future__ import annotations
 
@@ -25,14 +29,58 @@ ANSWER = orjson.dumps(
     }
 )
 HEADERS = [(b"content-type", b"application/json"), (b"content-length", str(len(ANSWER)).encode())]
+STREAM_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+STREAM_FLAGS = (b'"stream":true', b'"stream": true')
+
+
+def stream_events(chunks: int) -> list[bytes]:
+    """Encode one streamed answer as `chunks` content events, the last with usage, then DONE."""
+    events = []
+    for i in range(chunks):
+        last = i == chunks - 1
+        event: dict[str, Any] = {
+            "id": "chatcmpl-bench",
+            "object": "chat.completion.chunk",
+            "created": 0,
+            "model": "llama-3.1-8b-instruct",
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {"role": "assistant", "content": "ok"}
+                    if i == 0
+                    else {"content": " ok"},
+                    "finish_reason": "stop" if last else None,
+                }
+            ],
+        }
+        if last:
+            event["usage"] = {
+                "prompt_tokens": 8,
+                "completion_tokens": chunks,
+                "total_tokens": 8 + chunks,
+            }
+        events.append(b"data: " + orjson.dumps(event) + b"\n\n")
+    events.append(b"data: [DONE]\n\n")
+    return events
+
+
+EVENTS = stream_events(16)
 
 
 async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     if scope["type"] != "http":
         return
-    more = True
+    body, more = b"", True
     while more:
-        more = (await receive()).get("more_body", False)
+        message = await receive()
+        body += message.get("body", b"")
+        more = message.get("more_body", False)
+    if STREAM_FLAGS[0] in body or STREAM_FLAGS[1] in body:
+        await send({"type": "http.response.start", "status": 200, "headers": STREAM_HEADERS})
+        for event in EVENTS:
+            await send({"type": "http.response.body", "body": event, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+        return
     await send({"type": "http.response.start", "status": 200, "headers": HEADERS})
     await send({"type": "http.response.body", "body": ANSWER})
 
@@ -40,7 +88,10 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--chunks", type=int, default=16, help="content events per streamed answer")
     args = parser.parse_args()
+    global EVENTS
+    EVENTS = stream_events(args.chunks)
     uvicorn.run(
         app,
         host="127.0.0.1",

@@ -18,7 +18,7 @@ from fastapi import APIRouter, Depends, FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
-from gateway import policycheck, policystore, promotion
+from gateway import policycheck, policystore, promotion, rollout
 from gateway.errors import AdminDisabled, GatewayError, InvalidRequest, Problem, Unauthorized
 from gateway.explain import explain
 from gateway.policy import content_hash
@@ -88,6 +88,35 @@ def admin_router(gateway: Gateway) -> APIRouter:
         if evaluate:
             await asyncio.to_thread(promotion.evaluate, gateway.engine, gateway.policy)
         return await asyncio.to_thread(promotion.latest, gateway.engine)
+
+    @router.get("/rollouts")
+    async def rollouts() -> list[dict[str, Any]]:
+        """Return every rollout with its steps."""
+        return await asyncio.to_thread(rollout.status, gateway.engine)
+
+    @router.post("/promotions/apply")
+    async def promotion_apply(request: RolloutRequest) -> dict[str, Any]:
+        """Start rolling a candidate out on a route; served at once by this replica."""
+        started = await asyncio.to_thread(
+            rollout.start,
+            gateway.engine,
+            gateway.policy,
+            request.route,
+            request.candidate or "",
+            author="admin-api",
+            force=request.force,
+        )
+        await gateway.policy_watcher.sync()
+        return started
+
+    @router.post("/promotions/rollback")
+    async def promotion_rollback(request: RolloutRequest) -> dict[str, Any]:
+        """Take a route's rollout all the way back."""
+        stopped = await asyncio.to_thread(
+            rollout.stop, gateway.engine, request.route, author="admin-api"
+        )
+        await gateway.policy_watcher.sync()
+        return stopped
 
     @router.post("/explain")
     async def explain_request(request: ExplainRequest) -> dict[str, Any]:
@@ -173,6 +202,14 @@ class RollbackRequest(BaseModel):
     version: int | None = None
     message: str = ""
     author: str = "admin-api"
+
+
+class RolloutRequest(BaseModel):
+    """A rollout to start (route and candidate) or to take back (route)."""
+
+    route: str
+    candidate: str | None = None
+    force: bool = False
 
 
 class ExplainRequest(BaseModel):

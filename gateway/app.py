@@ -37,6 +37,7 @@ from gateway.policy import Policy, content_hash, parse_policy, render_policy
 from gateway.policystore import PolicyVersion
 from gateway.policysync import PolicyWatcher
 from gateway.records import RecordWriter, RequestRecord, request_records
+from gateway.rollout import RolloutDriver
 from gateway.routing.fleet import BackendState, Fleet
 from gateway.routing.ranking import CostRanker
 from gateway.settings import Settings
@@ -131,6 +132,12 @@ class Gateway:
             self.use_policy,
             interval_s=settings.policy_poll_interval_s,
         )
+        self.rollouts = RolloutDriver(
+            self.engine,
+            lambda: self.policy,
+            self.policy_watcher.sync,
+            interval_s=settings.rollout_check_interval_s,
+        )
         self.database_ok = False
 
     def use_policy(self, policy: Policy, stored: PolicyVersion) -> None:
@@ -215,8 +222,10 @@ class Gateway:
         self.learner.start()
         if versioned:
             self.policy_watcher.start()
+            self.rollouts.start()
 
     async def stop(self) -> None:
+        await self.rollouts.stop()
         await self.policy_watcher.stop()
         await self.learner.stop()
         await self.health.stop()

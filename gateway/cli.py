@@ -329,6 +329,35 @@ def _promote_evaluate(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _rollout_call(args: argparse.Namespace, settings: Settings) -> int:
+    import getpass
+    import json
+
+    from gateway import rollout
+    from gateway.db import make_engine
+    from gateway.errors import GatewayError
+
+    engine = make_engine(settings.database_url)
+    policy = load_policy(settings.policy_path)
+    author = getpass.getuser()
+    try:
+        if args.promote_command == "apply":
+            result: object = rollout.start(
+                engine, policy, args.route, args.candidate, author=author, force=args.force
+            )
+        elif args.promote_command == "rollback":
+            result = rollout.stop(engine, args.route, author=author)
+        elif args.promote_command == "step":
+            result = rollout.advance(engine, policy, author=author)
+        else:
+            result = rollout.status(engine)
+    except GatewayError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        return 2
+    print(json.dumps(result, indent=2))
+    return 0
+
+
 def _bench_promotion(args: argparse.Namespace, settings: Settings) -> int:
     import json
 
@@ -339,6 +368,38 @@ def _bench_promotion(args: argparse.Namespace, settings: Settings) -> int:
     Path(args.out).write_text(json.dumps(result, indent=2))
     print(json.dumps({k: v for k, v in result.items() if k != "scenarios"}, indent=2))
     print(f"written to {args.out}")
+    return 0
+
+
+def _report_weekly(args: argparse.Namespace, settings: Settings) -> int:
+    import time
+
+    from gateway.costmodel import store
+    from gateway.db import make_engine
+    from gateway.report import generate, period
+
+    try:
+        if args.week:
+            if args.until:
+                raise ValueError("--until goes with --since, not with --week")
+            span = period.week(args.week)
+        elif args.since or args.until:
+            if not (args.since and args.until):
+                raise ValueError("--since and --until go together")
+            span = period.date_range(args.since, args.until)
+        else:
+            span = period.last_complete_week(time.time())
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    policy = load_policy(settings.policy_path)
+    engine = make_engine(settings.database_url)
+    report = generate(engine, policy, span, args.out, model=store.load_latest(engine, policy))
+    engine.dispose()
+    for c in report["candidates"]:
+        verdict = c["verdict"]["outcome"] if c["verdict"] else "no evidence"
+        print(f"{c['route']} → {c['candidate']}: {verdict}")
+    print(f"report {span.label} written to {args.out}/report.html, report.md, report.json")
     return 0
 
 
@@ -454,6 +515,37 @@ def parser() -> argparse.ArgumentParser:
     promote_evaluate.add_argument("--route", help="only this route")
     promote_evaluate.add_argument("--json", action="store_true", help="print the evidence as JSON")
     promote_evaluate.set_defaults(run=_promote_evaluate)
+    promote_apply = promote.add_parser(
+        "apply", help="start rolling a candidate out on a route (needs a promote verdict)"
+    )
+    promote_apply.add_argument("route")
+    promote_apply.add_argument("candidate")
+    promote_apply.add_argument(
+        "--force", action="store_true", help="start without a promote verdict"
+    )
+    promote_apply.set_defaults(run=_rollout_call)
+    promote_rollback = promote.add_parser(
+        "rollback", help="take a route's rollout all the way back"
+    )
+    promote_rollback.add_argument("route")
+    promote_rollback.set_defaults(run=_rollout_call)
+    promote.add_parser("status", help="every rollout and its steps").set_defaults(run=_rollout_call)
+    promote.add_parser(
+        "step", help="check running rollouts now (gateway serve does it on its own)"
+    ).set_defaults(run=_rollout_call)
+
+    report = commands.add_parser("report", help="shadow-comparison reports").add_subparsers(
+        dest="report_command", required=True
+    )
+    weekly = report.add_parser(
+        "weekly", help="write report.html, report.md and report.json for a week (docs/report.md)"
+    )
+    span = weekly.add_mutually_exclusive_group()
+    span.add_argument("--week", help="ISO week like 2026-W48 (default: the last complete week)")
+    span.add_argument("--since", help="first day (UTC), with --until")
+    weekly.add_argument("--until", help="last day, included (UTC), with --since")
+    weekly.add_argument("--out", type=Path, required=True, help="directory to write into")
+    weekly.set_defaults(run=_report_weekly)
 
     return root
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import random
 import secrets
 import time
 from collections.abc import Callable, Iterator
@@ -77,6 +78,7 @@ class Ingress:
     def __init__(self, gateway: Gateway):
         self.gateway = gateway
         self._ids = decision_ids()
+        self._draw = random.random
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope["path"]
@@ -134,7 +136,7 @@ class Ingress:
             }
             policy, fleet = gw.policy, gw.fleet
             ex.profile = classify(endpoint, payload, headers, policy, gw.estimator)
-            ex.decision = decide(ex.profile, policy, fleet, gw.ranker)
+            ex.decision = decide(ex.profile, policy, fleet, gw.ranker, self._draw())
             ex.shadows = gw.mirror.sample(ex.profile, ex.decision.route, policy, ex.decision_id)
             if ex.shadows:
                 ex.captured = []

@@ -208,6 +208,13 @@ class ModelSpec(Strict):
 Objective = Literal["preference", "min_cost", "min_energy", "min_latency"]
 
 
+class Canary(Strict):
+    """A pool being rolled out on a route: it serves `weight` of the route's requests first."""
+
+    pool: str
+    weight: float = Field(ge=0, le=1)
+
+
 class Route(Strict):
     """A rule: the requests it matches, the pools allowed in preference order, and the fallback.
 
@@ -226,6 +233,10 @@ class Route(Strict):
     )
     shadow: list[ShadowTarget] = []
     noise_floor: NoiseFloor | None = None
+    canary: Canary | None = Field(
+        default=None,
+        description="A candidate being rolled out: it serves this share of the route first.",
+    )
 
 
 class Promotion(Strict):
@@ -241,6 +252,21 @@ class Promotion(Strict):
     alpha: float = Field(default=0.05, gt=0, lt=1, description="Chance of a false promotion.")
     min_samples: int = Field(default=500, ge=1)
     min_window_days: float = Field(default=7.0, ge=0)
+    rollout_steps: list[Annotated[float, Field(gt=0, le=1)]] = Field(
+        default=[0.05, 0.25, 0.5, 1.0], min_length=1, description="Canary weights, in order."
+    )
+    step_minutes: PositiveFloat = Field(
+        default=60.0, description="Time at each weight before its guards are checked."
+    )
+    guard_min_slo_attainment: float = Field(
+        default=0.99, ge=0, le=1, description="Share of the canary's requests meeting the SLO."
+    )
+    guard_min_agreement: float = Field(
+        default=0.95, ge=0, le=1, description="Agreement on the reverse shadow sample."
+    )
+    guard_min_requests: int = Field(
+        default=20, ge=1, description="Canary requests a step needs before it can advance."
+    )
 
 
 class Tenant(Strict):
@@ -349,6 +375,24 @@ def _reference_errors(policy: Policy) -> list[tuple[tuple[str | int, ...], str]]
                         "(live: false) and cannot serve clients",
                     )
                 )
+        if route.canary is not None:
+            canary = policy.pools.get(route.canary.pool)
+            if canary is None:
+                errors.append(
+                    (
+                        (*where, "canary", "pool"),
+                        f"route {route.name!r} rolls out pool {route.canary.pool!r}, which is not "
+                        f"defined (pools: {pools})",
+                    )
+                )
+            elif route.match.models and not set(route.match.models) & set(canary.models):
+                errors.append(
+                    (
+                        (*where, "canary", "pool"),
+                        f"route {route.name!r} rolls out pool {route.canary.pool!r}, which serves "
+                        f"none of its models",
+                    )
+                )
         if route.fallback is not None:
             fallback = policy.pools.get(route.fallback)
             if fallback is None:
@@ -449,7 +493,8 @@ def _shadow_errors(
                 )
             )
             continue
-        if target.pool == route.pools[0]:
+        # During a rollout the former primary shadows the canary: the reverse sample.
+        if target.pool == route.pools[0] and route.canary is None:
             errors.append(
                 (
                     (*at, "pool"),

@@ -49,6 +49,7 @@ request_records = sa.Table(
     sa.Column("predicted_ttft_ms", sa.Float),
     sa.Column("predicted_e2e_ms", sa.Float),
     sa.Column("predicted_energy_j", sa.Float),
+    sa.Column("first_pool", sa.String(64), comment="The pool tried first, before any fallback."),
 )
 
 
@@ -86,6 +87,7 @@ class RequestRecord:
     predicted_ttft_ms: float | None = None
     predicted_e2e_ms: float | None = None
     predicted_energy_j: float | None = None
+    first_pool: str | None = None
 
     def row(self) -> dict[str, Any]:
         return row_of(self)

@@ -48,6 +48,9 @@ class Settings(BaseSettings):
         ge=0,
         validation_alias=AliasChoices("GATEWAY_MODEL_RETRAIN_MIN_INTERVAL_S"),
     )
+    rollout_check_interval_s: float = Field(
+        default=30.0, gt=0, validation_alias=AliasChoices("GATEWAY_ROLLOUT_CHECK_INTERVAL_S")
+    )
     policy_poll_interval_s: float = Field(
         default=2.0,
         gt=0,

@@ -102,6 +102,7 @@ class Telemetry:
             predicted_ttft_ms=_ms(predicted.ttft_s) if predicted else None,
             predicted_e2e_ms=_ms(predicted.e2e_s) if predicted else None,
             predicted_energy_j=predicted.energy_j if predicted else None,
+            first_pool=ex.first_pool,
         )
         if ex.backend is None or not ex.attempt_started:
             self.sink(record)

@@ -8,6 +8,7 @@ import gateway.costmodel.store
 import gateway.policystore
 import gateway.promotion
 import gateway.records
+import gateway.rollout
 import gateway.shadow  # noqa: F401
 from gateway.db import make_engine, metadata
 from gateway.settings import Settings

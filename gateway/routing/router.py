@@ -73,10 +73,12 @@ def tokens_needed(profile: RequestProfile, policy: Policy) -> int:
     return profile.prompt_tokens + (profile.max_tokens or policy.assumed_max_tokens)
 
 
-def _unfit_reason(pool: PoolState, profile: RequestProfile, need: int, kv: float) -> str | None:
+def _unfit_reason(
+    pool: PoolState, profile: RequestProfile, need: int, kv: float, canary: bool = False
+) -> str | None:
     """Say why a pool cannot serve the request at all, or None when it can."""
     spec = pool.spec
-    if not spec.live:
+    if not spec.live and not canary:
         return "shadow-only"
     if profile.model not in spec.models:
         return f"does not serve {profile.model}"
@@ -85,6 +87,28 @@ def _unfit_reason(pool: PoolState, profile: RequestProfile, need: int, kv: float
     if kv > spec.kv_capacity_bytes():
         return f"KV cache {kv / 1e9:.1f} GB > {spec.kv_capacity_bytes() / 1e9:.1f} GB"
     return None
+
+
+def _canary_pool(
+    route: Route,
+    fleet: Fleet,
+    profile: RequestProfile,
+    need: int,
+    kv: float,
+    draw: float,
+    trace: list[tuple[str, str]],
+) -> PoolState | None:
+    """Return the route's canary pool when this request falls in its share and it can serve."""
+    canary = route.canary
+    if canary is None or draw >= canary.weight or canary.pool not in fleet.pools:
+        return None
+    pool = fleet.pools[canary.pool]
+    reason = _unfit_reason(pool, profile, need, kv, canary=True) or _health_reason(pool)
+    if reason is not None:
+        trace.append((pool.name, f"canary ({canary.weight:.0%}): {reason}"))
+        return None
+    trace.append((pool.name, f"canary ({canary.weight:.0%}): tried first"))
+    return pool
 
 
 def _full_reason(pool: PoolState) -> str:
@@ -105,8 +129,13 @@ def decide(
     policy: Policy,
     fleet: Fleet,
     rank_pools: RankPools = preference_order,
+    draw: float = 1.0,
 ) -> RouteDecision:
-    """Choose a backend for the request, or the pool whose queue it should wait in."""
+    """Choose a backend for the request, or the pool whose queue it should wait in.
+
+    `draw`, uniform in [0, 1), decides whether the request is in a canary's share: the caller
+    supplies it so the decision stays a function of its inputs.
+    """
     route = match_route(profile, policy)
     need = tokens_needed(profile, policy)
     kv = need * policy.kv_bytes_per_token(profile.model)
@@ -120,6 +149,9 @@ def decide(
             trace.append((pool.name, reason))
     ranking = rank_pools(profile, route, fit, trace)
     ranked = ranking.pools
+    canary = _canary_pool(route, fleet, profile, need, kv, draw, trace)
+    if canary is not None:
+        ranked = [canary, *(p for p in ranked if p is not canary)]
     slo = policy.slo_classes[profile.slo_class]
     budget_ms = (
         slo.max_queue_ms if profile.ttft_ms is None else min(slo.max_queue_ms, profile.ttft_ms)

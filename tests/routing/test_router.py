@@ -246,3 +246,32 @@ def test_embeddings_reserve_no_output_tokens() -> None:
         Fleet(policy),
     )
     assert decision.kv_bytes == 100 * policy.kv_bytes_per_token(EMBED)
+
+
+def test_a_canary_serves_its_share_first_even_when_shadow_only() -> None:
+    routes = [
+        {
+            "name": "chat",
+            "match": {"models": [MODEL]},
+            "pools": ["gpu"],
+            "canary": {"pool": "cim", "weight": 0.25},
+        }
+    ]
+    policy = fleet_policy(routes=routes)  # cim is live: false in the test fleet
+    fleet = Fleet(policy)
+    inside = decide(profile(prompt=100), policy, fleet, draw=0.1)
+    outside = decide(profile(prompt=100), policy, fleet, draw=0.5)
+    assert inside.backend is not None and inside.backend.pool == "cim"
+    assert ("cim", "canary (25%): tried first") in inside.trace
+    assert outside.backend is not None and outside.backend.pool == "gpu"
+
+
+def test_a_full_canary_gives_way_to_the_routes_pools() -> None:
+    routes = [
+        {"name": "chat", "match": {}, "pools": ["gpu"], "canary": {"pool": "asic", "weight": 1.0}}
+    ]
+    policy = fleet_policy(routes=routes)
+    fleet = Fleet(policy)
+    fill(fleet, "asic")
+    decision = decide(profile(), policy, fleet, draw=0.0)
+    assert decision.backend is not None and decision.backend.pool == "gpu"

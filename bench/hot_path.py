@@ -1,0 +1,570 @@
+"""The hot path side by side: direct, this gateway (shadow 0% and 10%) and LiteLLM's proxy.
+
+    python -m bench.hot_path                      # all paths, ~6 minutes; needs wrk
+    python -m bench.hot_path --seconds 2 --paths direct,gateway,gateway-shadow10
+    python -m bench.hot_path --profile            # py-spy on the gateway under load, no table
+
+An instant upstream (bench/instant_upstream.py: a chat answer, or `--chunks` streamed events)
+and wrk share core 1; each server under test runs alone on core 0. Every path is loaded with
+non-streaming and streaming chat at 1, 8 and 64 connections. Paths:
+
+- direct: wrk straight to the upstream, the floor.
+- gateway: `python -m gateway serve` with its full feature set: learned routing
+  (`objective: min_cost` over two live pools), metrics, request records in SQLite, energy
+  metering (the upstream's /metrics is not Prometheus text, so energy falls back to estimates)
+  and a shadow-only pool sampled at 0%.
+- gateway-shadow10: the same with 10% of requests copied to the shadow pool.
+- litellm: LiteLLM's proxy (`litellm[proxy]==1.93.0` in its own virtual environment, created
+  on first use in bench/.litellm-venv), one worker, no database, access log off.
+
+Reports requests per second, p50/p99 latency, the latency added over direct, and each server's
+peak resident memory (VmHWM), as a table, the ratios against issue #10's targets, and JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from bench.upstream_client import _ms, free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+MODEL = "llama-3.1-8b-instruct"
+SERVER_CORE, LOAD_CORE = 0, 1
+LITELLM_VERSION = "1.93.0"  # the issue's orientation figures; never 1.82.7, 1.82.8 or 1.107.0
+PATHS = ("direct", "gateway", "gateway-shadow10", "litellm")
+MODES = ("chat", "stream")
+CONNECTIONS = (1, 8, 64)
+
+
+def wrk_script(stream: bool) -> str:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+    if stream:
+        body["stream"] = True
+    return (
+        'wrk.method = "POST"\n'
+        f"wrk.body = {json.dumps(json.dumps(body))}\n"
+        'wrk.headers["Content-Type"] = "application/json"\n'
+        'wrk.headers["Authorization"] = "Bearer sk-bench"\n'
+    )
+
+
+def wrk(url: str, connections: int, seconds: int, script: str) -> dict[str, Any]:
+    """Load `url` with wrk pinned to the load core; return req/s, p50/p99 ms and failures."""
+    command = [
+        "taskset", "-c", str(LOAD_CORE), "wrk", "-t1", f"-c{connections}", f"-d{seconds}s",
+        "--timeout", "10s", "--latency", "-s", script, url,
+    ]  # fmt: skip
+    out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    rps = re.search(r"Requests/sec:\s+([\d.]+)", out)
+    p50 = re.search(r"50%\s+([\d.]+)(us|ms|s)", out)
+    p99 = re.search(r"99%\s+([\d.]+)(us|ms|s)", out)
+    non_2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    socket = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
+    return {
+        "rps": round(float(rps.group(1)), 1) if rps else 0.0,
+        "p50_ms": round(_ms(*p50.groups()), 3) if p50 else 0.0,
+        "p99_ms": round(_ms(*p99.groups()), 3) if p99 else 0.0,
+        "non_2xx": int(non_2xx.group(1)) if non_2xx else 0,
+        "socket_errors": sum(int(n) for n in socket.groups()) if socket else 0,
+    }
+
+
+def pin(core: int) -> Any:
+    def set_affinity() -> None:
+        with contextlib.suppress(OSError):  # fewer cores than expected: run unpinned
+            os.sched_setaffinity(0, {core})
+
+    return set_affinity
+
+
+@contextlib.contextmanager
+def server(
+    command: list[str], core: int, ready_url: str, env: dict[str, str] | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
+    """Run `command` pinned to `core` until the block ends; wait until `ready_url` answers."""
+    log = tempfile.TemporaryFile()  # noqa: SIM115 - closed in the finally below
+    proc = subprocess.Popen(
+        command,
+        cwd=ROOT,
+        env=env or dict(os.environ),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        preexec_fn=pin(core),
+    )
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                with urllib.request.urlopen(ready_url, timeout=2):
+                    break
+            except urllib.error.HTTPError:
+                break  # it answers: any status will do
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    log.seek(0)
+                    tail = log.read().decode(errors="replace")[-2000:]
+                    raise RuntimeError(f"{command[:3]} did not start:\n{tail}") from None
+                time.sleep(0.2)
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+def process_tree(pid: int) -> list[int]:
+    pids, i = [pid], 0
+    while i < len(pids):
+        for task in Path(f"/proc/{pids[i]}/task").glob("*/children"):
+            with contextlib.suppress(OSError):
+                pids += [int(p) for p in task.read_text().split()]
+        i += 1
+    return pids
+
+
+def memory_mib(pid: int, field: str) -> float:
+    """Sum `field` (VmRSS now, VmHWM the peak) over a process and its children, in MiB."""
+    total = 0
+    for p in process_tree(pid):
+        with contextlib.suppress(OSError, AttributeError):
+            status = Path(f"/proc/{p}/status").read_text()
+            total += int(re.search(rf"{field}:\s+(\d+)", status).group(1))  # type: ignore[union-attr]
+    return round(total / 1024, 1)
+
+
+def bench_policy(upstream: str, shadow_rate: float) -> dict[str, Any]:
+    """The default policy with every backend on the instant upstream and one learned route."""
+    doc = yaml.safe_load((ROOT / "policies/default.yaml").read_text())
+    for pool in doc["pools"].values():
+        pool["backends"] = [{"url": upstream}]
+        pool["slots_per_backend"] = 1000  # never queue: admission is not what is measured
+    doc["routes"] = [
+        {
+            "name": "chat",
+            "match": {"models": [MODEL]},
+            "pools": ["asic", "gpu"],
+            "fallback": "gpu",
+            "objective": "min_cost",
+            "shadow": [
+                {
+                    "pool": "cim",
+                    "sample_rate": shadow_rate,
+                    "budget": {
+                        "max_concurrent": 64,
+                        "max_per_second": 100000,
+                        "max_slot_share": 1.0,
+                    },
+                }
+            ],
+        }
+    ]
+    return doc
+
+
+@contextlib.contextmanager
+def gateway(upstream: str, shadow_rate: float) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    work = Path(tempfile.mkdtemp(prefix="hot-path-"))
+    policy = work / "policy.yaml"
+    policy.write_text(yaml.safe_dump(bench_policy(upstream, shadow_rate)))
+    env = {
+        **os.environ,
+        "DATABASE_URL": f"sqlite:///{work / 'gateway.db'}",
+        "GATEWAY_POLICY": str(policy),
+        "GATEWAY_LOG_LEVEL": "warning",
+    }
+    env.pop("REDIS_URL", None)
+    env.pop("GATEWAY_ADMIN_TOKEN", None)
+    subprocess.run(
+        [sys.executable, "-m", "gateway", "db", "upgrade"],
+        cwd=ROOT,
+        env=env,
+        check=True,
+        capture_output=True,
+    )
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    command = [sys.executable, "-m", "gateway", "serve", "--port", str(port)]
+    try:
+        with server(command, SERVER_CORE, base + "/healthz", env) as proc:
+            yield proc, base
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def litellm_binary(venv: Path) -> Path:
+    """Return LiteLLM's CLI in `venv`, creating the environment with the pinned proxy first."""
+    binary = venv / "bin" / "litellm"
+    if not binary.exists():
+        print(f"installing litellm[proxy]=={LITELLM_VERSION} into {venv}", flush=True)
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        subprocess.run(
+            [str(venv / "bin" / "pip"), "install", "--quiet", f"litellm[proxy]=={LITELLM_VERSION}"],
+            check=True,
+        )
+    return binary
+
+
+@contextlib.contextmanager
+def litellm(upstream: str, venv: Path) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    binary = litellm_binary(venv)
+    work = Path(tempfile.mkdtemp(prefix="hot-path-litellm-"))
+    config = work / "config.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "model_list": [
+                    {
+                        "model_name": MODEL,
+                        "litellm_params": {
+                            "model": f"openai/{MODEL}",
+                            "api_base": upstream + "/v1",
+                            "api_key": "sk-bench",
+                        },
+                    }
+                ],
+                "litellm_settings": {"set_verbose": False, "telemetry": False},
+            }
+        )
+    )
+    log_config = work / "logging.json"
+    log_config.write_text(
+        json.dumps(
+            {
+                "version": 1,
+                "disable_existing_loggers": False,
+                "root": {"level": "WARNING"},
+                "loggers": {
+                    "uvicorn.access": {"level": "WARNING", "propagate": False},
+                    "uvicorn.error": {"level": "WARNING"},
+                },
+            }
+        )
+    )
+    env = {
+        **os.environ,
+        "LITELLM_LOG": "ERROR",
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # no fetch of the price list at start
+        "LITELLM_TELEMETRY": "False",
+    }
+    for name in ("DATABASE_URL", "REDIS_URL", "LITELLM_MASTER_KEY"):
+        env.pop(name, None)
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    command = [
+        str(binary), "--config", str(config), "--host", "127.0.0.1", "--port", str(port),
+        "--num_workers", "1", "--log_config", str(log_config),
+    ]  # fmt: skip
+    try:
+        with server(command, SERVER_CORE, base + "/health/liveliness", env) as proc:
+            yield proc, base
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def direct(upstream: str, upstream_pid: int) -> Iterator[tuple[int, str]]:
+    yield upstream_pid, upstream
+
+
+def shadow_copies(base: str) -> dict[str, float]:
+    with urllib.request.urlopen(base + "/metrics", timeout=5) as response:
+        text = response.read().decode()
+    found: Counter[str] = Counter()
+    for line in text.splitlines():
+        match = re.match(r"gateway_shadow_(sent|dropped|failed)_total(?:\{.*\})? (\S+)", line)
+        if match:
+            found[match.group(1)] += float(match.group(2))
+    return dict(found)
+
+
+def measure_path(
+    name: str,
+    url: str,
+    pid: int,
+    args: argparse.Namespace,
+    scripts: dict[str, str],
+) -> dict[str, Any]:
+    row: dict[str, Any] = {}
+    for mode in args.modes:
+        # Warm caches, pools and the learned model; a proxy may answer its health check
+        # before it serves requests, so wait until it does.
+        for _ in range(15):
+            if wrk(url, 8, args.warmup, scripts[mode])["rps"] > 0:
+                break
+    row["rss_start_mib"] = memory_mib(pid, "VmRSS")
+    for mode in args.modes:
+        row[mode] = {}
+        for connections in args.connections:
+            point = wrk(url, connections, args.seconds, scripts[mode])
+            row[mode][str(connections)] = point
+            print(
+                f"  {name:17} {mode:6} {connections:>3} conns: {point['rps']:>9.0f} req/s  "
+                f"p50 {point['p50_ms']:.3f} ms  p99 {point['p99_ms']:.3f} ms",
+                flush=True,
+            )
+            if point["non_2xx"] or point["socket_errors"]:
+                print(f"  {name} failed some requests: {point}", flush=True)
+    row["rss_end_mib"] = memory_mib(pid, "VmRSS")
+    row["peak_rss_mib"] = memory_mib(pid, "VmHWM")
+    return row
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Measure every path in `args.paths` against one instant upstream; return the results."""
+    work = Path(tempfile.mkdtemp(prefix="hot-path-wrk-"))
+    scripts = {}
+    for mode in MODES:
+        scripts[mode] = str(work / f"{mode}.lua")
+        Path(scripts[mode]).write_text(wrk_script(mode == "stream"))
+    up_port = free_port()
+    upstream = f"http://127.0.0.1:{up_port}"
+    up_cmd = [
+        sys.executable, "-m", "bench.instant_upstream", "--port", str(up_port),
+        "--chunks", str(args.chunks),
+    ]  # fmt: skip
+    results: dict[str, Any] = {
+        "seconds": args.seconds,
+        "chunks": args.chunks,
+        "connections": list(args.connections),
+        "paths": {},
+    }
+    try:
+        with server(up_cmd, LOAD_CORE, upstream + "/", dict(os.environ)) as up:
+            for name in args.paths:
+                if name == "direct":
+                    target: Any = direct(upstream, up.pid)
+                elif name == "litellm":
+                    target = litellm(upstream, Path(args.litellm_venv))
+                else:
+                    target = gateway(upstream, 0.1 if name == "gateway-shadow10" else 0.0)
+                with target as (proc, base):
+                    pid = proc if isinstance(proc, int) else proc.pid
+                    url = base + "/v1/chat/completions"
+                    row = measure_path(name, url, pid, args, scripts)
+                    if name.startswith("gateway"):
+                        row["shadow_copies"] = shadow_copies(base)
+                    results["paths"][name] = row
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    add_comparisons(results)
+    return results
+
+
+def add_comparisons(results: dict[str, Any]) -> None:
+    """Add the latency each path adds over direct and the ratios issue #10 sets targets for."""
+    paths = results["paths"]
+    floor = paths.get("direct")
+    for name, row in paths.items():
+        if floor is None or name == "direct":
+            continue
+        for mode in MODES:
+            for conns, point in row.get(mode, {}).items():
+                base = floor.get(mode, {}).get(conns)
+                if base:
+                    point["added_p50_ms"] = round(point["p50_ms"] - base["p50_ms"], 3)
+                    point["added_p99_ms"] = round(point["p99_ms"] - base["p99_ms"], 3)
+
+    def rps(name: str, mode: str, conns: int) -> float | None:
+        point = paths.get(name, {}).get(mode, {}).get(str(conns))
+        return None if point is None else float(point["rps"])
+
+    ratios: dict[str, float] = {}
+    for mode in MODES:
+        for conns in results["connections"]:
+            pairs = {
+                f"gateway/litellm {mode} @{conns}": ("gateway", "litellm"),
+                f"gateway/direct {mode} @{conns}": ("gateway", "direct"),
+                f"shadow10/shadow0 {mode} @{conns}": ("gateway-shadow10", "gateway"),
+            }
+            for label, (a, b) in pairs.items():
+                num, den = rps(a, mode, conns), rps(b, mode, conns)
+                if num is not None and den:
+                    ratios[label] = round(num / den, 3)
+    results["ratios"] = ratios
+
+
+def targets(results: dict[str, Any]) -> list[tuple[str, str, bool]]:
+    """Check issue #10's targets that this run measured: (target, measured, met)."""
+    checks: list[tuple[str, str, bool]] = []
+    paths, ratios = results["paths"], results["ratios"]
+    for conns in (8, 64):
+        label = f"gateway/litellm chat @{conns}"
+        if label in ratios:
+            checks.append(
+                (f"throughput >= 15x LiteLLM @{conns}", f"{ratios[label]}x", ratios[label] >= 15)
+            )
+    gw = paths.get("gateway", {}).get("chat", {})
+    if "added_p50_ms" in gw.get("1", {}):
+        added = gw["1"]["added_p50_ms"]
+        checks.append(("added p50 <= 0.3 ms @1", f"{added:.3f} ms", added <= 0.3))
+    if "added_p99_ms" in gw.get("8", {}):
+        added = gw["8"]["added_p99_ms"]
+        checks.append(("added p99 <= 1.5 ms @8", f"{added:.3f} ms", added <= 1.5))
+    stream = paths.get("gateway", {}).get("stream", {})
+    if "added_p99_ms" in stream.get("8", {}):
+        added = stream["8"]["added_p99_ms"]
+        checks.append(
+            (
+                f"whole {results['chunks']}-chunk stream added p99 <= 1 ms @8",
+                f"{added:.3f} ms",
+                added <= 1.0,
+            )
+        )
+    for name in ("gateway", "gateway-shadow10"):
+        if name in paths:
+            peak = paths[name]["peak_rss_mib"]
+            checks.append((f"{name} peak RSS <= 150 MiB", f"{peak} MiB", peak <= 150))
+    for conns in (8, 64):
+        label = f"shadow10/shadow0 chat @{conns}"
+        if label in ratios:
+            cost = 1 - ratios[label]
+            checks.append(
+                (f"10% shadow costs <= 15% throughput @{conns}", f"{cost:.1%}", cost <= 0.15)
+            )
+    return checks
+
+
+def print_report(results: dict[str, Any]) -> None:
+    print(
+        f"\n{'path':17} {'mode':6} {'conns':>5} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} "
+        f"{'+p50 ms':>8} {'+p99 ms':>8} {'peak RSS MiB':>12}"
+    )
+    for name, row in results["paths"].items():
+        for mode in MODES:
+            for conns, p in row.get(mode, {}).items():
+                added50 = f"{p['added_p50_ms']:.3f}" if "added_p50_ms" in p else "-"
+                added99 = f"{p['added_p99_ms']:.3f}" if "added_p99_ms" in p else "-"
+                print(
+                    f"{name:17} {mode:6} {conns:>5} {p['rps']:>9.0f} {p['p50_ms']:>8.3f} "
+                    f"{p['p99_ms']:>8.3f} {added50:>8} {added99:>8} {row['peak_rss_mib']:>12}"
+                )
+    print("\nratios (throughput, same run):")
+    for label, value in results["ratios"].items():
+        print(f"  {label:32} {value:.3f}x")
+    checks = targets(results)
+    if checks:
+        print("\nissue #10 targets:")
+        for target, measured, met in checks:
+            print(f"  {'met    ' if met else 'NOT met'}  {target:44} {measured}")
+
+
+def summarise_profile(raw: Path, top: int) -> dict[str, Any]:
+    """Read py-spy's folded stacks; return the top functions by own and by inclusive samples."""
+    own: Counter[str] = Counter()
+    inclusive: Counter[str] = Counter()
+    total = 0
+    for line in raw.read_text().splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not stack:
+            continue
+        count = int(count_text)
+        frames = [re.sub(r":\d+\)$", ")", f) for f in stack.split(";")]
+        total += count
+        own[frames[-1]] += count
+        for frame in set(frames):
+            inclusive[frame] += count
+
+    def share(counter: Counter[str]) -> list[tuple[str, float]]:
+        return [(f, round(100 * n / total, 1)) for f, n in counter.most_common(top)]
+
+    return {"samples": total, "own_pct": share(own), "inclusive_pct": share(inclusive)}
+
+
+def profile(args: argparse.Namespace) -> int:
+    """Record the shadow-10% gateway with py-spy under 8 connections of non-streaming chat."""
+    py_spy = Path(sys.executable).parent / "py-spy"
+    if not py_spy.exists():
+        print(f"py-spy is not installed next to {sys.executable}", file=sys.stderr)
+        return 2
+    out = Path(args.out).with_suffix(".pyspy.txt")
+    script = Path(tempfile.mkdtemp(prefix="hot-path-wrk-")) / "chat.lua"
+    script.write_text(wrk_script(args.profile_mode == "stream"))
+    up_port = free_port()
+    upstream = f"http://127.0.0.1:{up_port}"
+    up_cmd = [sys.executable, "-m", "bench.instant_upstream", "--port", str(up_port)]
+    with (
+        server(up_cmd, LOAD_CORE, upstream + "/", dict(os.environ)),
+        gateway(upstream, 0.1) as (proc, base),
+    ):
+        url = base + "/v1/chat/completions"
+        wrk(url, 8, args.warmup, str(script))
+        record = [
+            str(py_spy), "record", "-p", str(proc.pid), "-d", str(args.seconds + 1),
+            "-f", "raw", "-o", str(out), "--nonblocking",
+        ]  # fmt: skip
+        recorder = subprocess.Popen(record, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        point = wrk(url, 8, args.seconds, str(script))
+        recorder.wait(60)
+    summary = summarise_profile(out, args.top)
+    print(f"gateway under py-spy: {point['rps']:.0f} req/s; {summary['samples']} samples")
+    for title, key in (("own time", "own_pct"), ("inclusive", "inclusive_pct")):
+        print(f"\ntop {args.top} by {title}:")
+        for frame, pct in summary[key]:
+            print(f"  {pct:5.1f}%  {frame}")
+    print(f"\nfolded stacks: {out}")
+    Path(args.out).with_suffix(".profile.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return 0
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=int, default=5, help="wrk duration per point")
+    parser.add_argument("--warmup", type=int, default=2, help="wrk warm-up per path and mode")
+    parser.add_argument("--chunks", type=int, default=16, help="events per streamed answer")
+    parser.add_argument("--paths", default=",".join(PATHS), help="comma-separated subset")
+    parser.add_argument("--modes", default=",".join(MODES), help="chat, stream or both")
+    parser.add_argument("--connections", default="1,8,64")
+    parser.add_argument("--litellm-venv", default=str(ROOT / "bench" / ".litellm-venv"))
+    parser.add_argument("--out", default="bench/results/hot_path.json")
+    parser.add_argument("--profile", action="store_true", help="py-spy the gateway instead")
+    parser.add_argument("--profile-mode", choices=MODES, default="chat")
+    parser.add_argument("--top", type=int, default=25, help="functions listed by --profile")
+    args = parser.parse_args(argv)
+    args.paths = [p for p in args.paths.split(",") if p]
+    unknown = sorted(set(args.paths) - set(PATHS))
+    if unknown:
+        parser.error(f"unknown paths {unknown} (paths: {', '.join(PATHS)})")
+    args.modes = [m for m in args.modes.split(",") if m]
+    args.connections = [int(c) for c in args.connections.split(",")]
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if shutil.which("wrk") is None:
+        print("wrk is not installed (apt-get install wrk)", file=sys.stderr)
+        return 2
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    if args.profile:
+        return profile(args)
+    results = run(args)
+    print_report(results)
+    results["targets"] = [{"target": t, "measured": m, "met": ok} for t, m, ok in targets(results)]
+    Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
+    print(f"\nJSON: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

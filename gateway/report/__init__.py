@@ -1,0 +1,37 @@
+"""The weekly shadow-comparison report: one page an operator decides promotions from.
+
+- `period`: which week (or date range) a report covers, and the one before it.
+- `data`: the database read into plain numbers (pure folds over rows, one reading edge).
+- `charts`: matplotlib figures rendered to SVG text.
+- `render`: report.html (self-contained), report.md and report.json written to a directory.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+from gateway.costmodel.model import CostModel
+from gateway.policy import Policy
+from gateway.report import data, render
+from gateway.report.period import Period
+
+
+def generate(
+    engine: sa.Engine,
+    policy: Policy,
+    period: Period,
+    out: Path,
+    *,
+    model: CostModel | None = None,
+    now: float | None = None,
+) -> dict[str, Any]:
+    """Read the period's records and write report.html, report.md and report.json into `out`."""
+    report = data.collect(
+        engine, policy, period, now=time.time() if now is None else now, model=model
+    )
+    render.write(report, out)
+    return report

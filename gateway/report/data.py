@@ -1,0 +1,759 @@
+"""The report's numbers: read the records of a period and fold them into plain values.
+
+`collect` is the one edge that reads the database. Everything else is a pure function of rows
+(dictionaries with the columns of request_records, shadow_records and shadow_drops), so the
+numbers can be checked against rows built by hand. Values that could not be measured are None,
+never zero.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter as Tally
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import sqlalchemy as sa
+
+from gateway import promotion
+from gateway.costmodel.model import CostModel, Prediction
+from gateway.costmodel.store import cost_models
+from gateway.judge import FAIL, PASS, Criteria, judge
+from gateway.policy import Policy
+from gateway.records import request_records
+from gateway.report.period import Period
+from gateway.shadow import CANDIDATE, NOISE, percentile, shadow_drops, shadow_records
+
+Row = Mapping[str, Any]
+Predict = Callable[[str, str, int, int, int], Prediction]
+
+QUANTILES = (50, 95, 99)
+LATENCIES = ("ttft", "tpot", "e2e")
+WORST_SHOWN = 5
+# Largest number of points a CDF keeps: enough for a smooth curve, small enough for the page.
+CDF_POINTS = 200
+
+
+# Reading -----------------------------------------------------------------------------------
+
+
+def collect(
+    engine: sa.Engine, policy: Policy, period: Period, *, now: float, model: CostModel | None
+) -> dict[str, Any]:
+    """Read everything the report needs for `period` and return its numbers."""
+    previous = period.previous()
+    window = judge_window(promotion.criteria(policy))
+    start = min(previous.since, period.until - window)
+    requests = _read_requests(engine, start, period.until)
+    shadows = _read_shadows(engine, start, period.until)
+    drops = _read_drops(engine, start, period.until)
+    cost_model = _read_cost_model(engine, period.until)
+    stored = promotion.latest(engine)
+    predict = (model or CostModel(policy)).predict
+    return build(
+        policy,
+        period,
+        requests=requests,
+        shadows=shadows,
+        drops=drops,
+        cost_model=cost_model,
+        stored_verdicts=stored,
+        predict=predict,
+        now=now,
+    )
+
+
+def judge_window(c: Criteria) -> float:
+    """Return how much history the judge looks at, as `promotion.evaluate` does."""
+    return max(2 * c.min_window_s, 86400.0)
+
+
+_REQUEST_COLUMNS = (
+    "ts",
+    "route",
+    "pool",
+    "model",
+    "slo_class",
+    "stream",
+    "prompt_tokens",
+    "completion_tokens",
+    "ttft_ms",
+    "tpot_ms",
+    "e2e_ms",
+    "status",
+    "error",
+    "energy_j",
+    "cost_usd",
+    "concurrent",
+    "predicted_e2e_ms",
+    "predicted_energy_j",
+)
+
+
+def _read_requests(engine: sa.Engine, since: float, until: float) -> list[dict[str, Any]]:
+    c = request_records.c
+    query = sa.select(*(c[n] for n in _REQUEST_COLUMNS)).where(c.ts >= since, c.ts < until)
+    with engine.connect() as conn:
+        return [dict(r._mapping) for r in conn.execute(query)]
+
+
+def _read_shadows(engine: sa.Engine, since: float, until: float) -> list[dict[str, Any]]:
+    c, r = shadow_records.c, request_records.c
+    measured = {
+        "primary_energy_j": sa.func.coalesce(c.primary_energy_j, r.energy_j),
+        "primary_cost_usd": sa.func.coalesce(c.primary_cost_usd, r.cost_usd),
+    }
+    columns = [
+        measured[col.name].label(col.name) if col.name in measured else col
+        for col in shadow_records.columns
+        if col.name not in ("id", "measures", "text_expires_at")
+    ]
+    query = (
+        sa.select(*columns)
+        .select_from(shadow_records.outerjoin(request_records, r.decision_id == c.decision_id))
+        .where(c.ts >= since, c.ts < until)
+    )
+    with engine.connect() as conn:
+        return [dict(row._mapping) for row in conn.execute(query)]
+
+
+def _read_drops(engine: sa.Engine, since: float, until: float) -> list[dict[str, Any]]:
+    d = shadow_drops.c
+    query = sa.select(d.ts, d.route, d.candidate_pool, d.kind, d.reason, d.count).where(
+        d.ts >= since, d.ts < until
+    )
+    with engine.connect() as conn:
+        return [dict(r._mapping) for r in conn.execute(query)]
+
+
+def _read_cost_model(engine: sa.Engine, until: float) -> dict[str, Any] | None:
+    m = cost_models.c
+    query = (
+        sa.select(m.version, m.created, m.observations, m.scores)
+        .where(m.status == "ok", m.created < until)
+        .order_by(m.version.desc())
+        .limit(1)
+    )
+    with engine.connect() as conn:
+        row = conn.execute(query).first()
+    if row is None:
+        return None
+    return {
+        "version": row.version,
+        "created": row.created,
+        "observations": row.observations,
+        "scores": json.loads(row.scores or "{}"),
+    }
+
+
+# The whole report --------------------------------------------------------------------------
+
+
+def build(
+    policy: Policy,
+    period: Period,
+    *,
+    requests: Sequence[Row],
+    shadows: Sequence[Row],
+    drops: Sequence[Row],
+    cost_model: Mapping[str, Any] | None,
+    stored_verdicts: Sequence[Mapping[str, Any]],
+    predict: Predict,
+    now: float,
+) -> dict[str, Any]:
+    """Fold the rows of the period (and the history before it) into the report's numbers."""
+    previous = period.previous()
+    this_requests = _within(requests, period)
+    before_requests = _within(requests, previous)
+    this_shadows = _within(shadows, period)
+    before_shadows = _within(shadows, previous)
+    stored = {(v["route"], v["candidate"]): v for v in stored_verdicts}
+    rules = promotion.criteria(policy)
+    verdicts = judge_rows(shadows, rules, period.until)
+    verdicts_before = judge_rows(_before(shadows, previous.until), rules, previous.until)
+
+    keys = sorted(
+        {(r["route"], r["candidate_pool"]) for r in this_shadows if r["kind"] == CANDIDATE}
+        | {
+            (d["route"], d["candidate_pool"])
+            for d in _within(drops, period)
+            if d["kind"] == CANDIDATE
+        }
+        | set(verdicts)
+    )
+    candidates = []
+    for route, pool in keys:
+        current = candidate_numbers(
+            route, pool, this_shadows, _within(drops, period), this_requests, period
+        )
+        before = candidate_numbers(
+            route, pool, before_shadows, _within(drops, previous), before_requests, previous
+        )
+        current["projected_savings"] = projected_savings(
+            [r for r in this_requests if r["route"] == route], pool, policy, predict
+        )
+        current["verdict"] = verdicts.get((route, pool))
+        current["stored_verdict"] = stored.get((route, pool))
+        current["change"] = change(current, before, verdicts_before.get((route, pool)))
+        candidates.append(current)
+
+    fleet = fleet_numbers(this_requests)
+    return {
+        "period": period.as_dict(),
+        "previous_period": previous.as_dict(),
+        "generated_at": datetime.fromtimestamp(now, UTC).isoformat().replace("+00:00", "Z"),
+        "fleet": {
+            **fleet,
+            "slo": slo_attainment(this_requests, policy),
+            "cost_model": cost_model_error(this_requests, cost_model),
+            "change": _fleet_change(fleet, fleet_numbers(before_requests)),
+        },
+        "criteria": {
+            "quality_margin": rules.quality_margin,
+            "latency_margin": rules.latency_margin,
+            "max_error_rate": rules.max_error_rate,
+            "alpha": rules.alpha,
+            "min_samples": rules.min_samples,
+            "min_window_days": rules.min_window_s / 86400,
+        },
+        "candidates": candidates,
+    }
+
+
+def _within(rows: Iterable[Row], period: Period) -> list[Row]:
+    return [r for r in rows if period.since <= r["ts"] < period.until]
+
+
+def _before(rows: Iterable[Row], until: float) -> list[Row]:
+    return [r for r in rows if r["ts"] < until]
+
+
+# Fleet -------------------------------------------------------------------------------------
+
+
+def _tokens(r: Row) -> int | None:
+    if r["prompt_tokens"] is None and r["completion_tokens"] is None:
+        return None
+    return (r["prompt_tokens"] or 0) + (r["completion_tokens"] or 0)
+
+
+def _per_1k(rows: Iterable[Row], value: str, tokens: Callable[[Row], int | None]) -> float | None:
+    """Return Σvalue / Σtokens × 1000 over the rows where both are known."""
+    total, count = 0.0, 0
+    for r in rows:
+        n = tokens(r)
+        if r[value] is not None and n:
+            total += r[value]
+            count += n
+    return None if not count else total / count * 1000
+
+
+def _sum(rows: Iterable[Row], column: str) -> float | None:
+    values = [r[column] for r in rows if r[column] is not None]
+    return None if not values else math.fsum(values)
+
+
+def _mean(rows: Iterable[Row], column: str) -> float | None:
+    values = [r[column] for r in rows if r[column] is not None]
+    return None if not values else math.fsum(values) / len(values)
+
+
+def _rate(rows: Iterable[Row], column: str) -> float | None:
+    values = [bool(r[column]) for r in rows if r[column] is not None]
+    return None if not values else sum(values) / len(values)
+
+
+def fleet_numbers(requests: Sequence[Row]) -> dict[str, Any]:
+    """Return traffic, errors, tokens, energy and cost per pool and in total."""
+    pools = []
+    for pool in sorted({r["pool"] or "(none)" for r in requests}):
+        rows = [r for r in requests if (r["pool"] or "(none)") == pool]
+        energy = _sum(rows, "energy_j")
+        measured = [r for r in rows if r["energy_j"] is not None]
+        pools.append(
+            {
+                "pool": pool,
+                "requests": len(rows),
+                "errors": sum(r["status"] != 200 for r in rows),
+                "prompt_tokens": sum(r["prompt_tokens"] or 0 for r in rows),
+                "completion_tokens": sum(r["completion_tokens"] or 0 for r in rows),
+                "energy_j": energy,
+                "cost_usd": _sum(rows, "cost_usd"),
+                "energy_j_per_request": None if energy is None else energy / len(measured),
+                "energy_j_per_1k_tokens": _per_1k(rows, "energy_j", _tokens),
+                "cost_usd_per_1k_tokens": _per_1k(rows, "cost_usd", _tokens),
+            }
+        )
+    return {
+        "requests": len(requests),
+        "errors": sum(r["status"] != 200 for r in requests),
+        "energy_j": _sum(requests, "energy_j"),
+        "cost_usd": _sum(requests, "cost_usd"),
+        "pools": pools,
+    }
+
+
+def meets_slo(r: Row, ttft_ms: float | None, tpot_ms: float | None, e2e_ms: float | None) -> bool:
+    """Say whether a request succeeded within every target it has a measure for."""
+    if r["status"] != 200:
+        return False
+    for target, measured in (
+        (ttft_ms, r["ttft_ms"]),
+        (tpot_ms, r["tpot_ms"]),
+        (e2e_ms, r["e2e_ms"]),
+    ):
+        if target is not None and measured is not None and measured > target:
+            return False
+    return True
+
+
+def slo_attainment(requests: Sequence[Row], policy: Policy) -> list[dict[str, Any]]:
+    """Return, per SLO class, the share of requests that met its targets."""
+    out = []
+    for name in sorted({r["slo_class"] or policy.default_slo_class for r in requests}):
+        rows = [r for r in requests if (r["slo_class"] or policy.default_slo_class) == name]
+        spec = policy.slo_classes.get(name)
+        targets = (
+            (spec.ttft_ms, spec.tpot_ms, spec.e2e_ms) if spec is not None else (None, None, None)
+        )
+        met = sum(meets_slo(r, *targets) for r in rows)
+        out.append(
+            {
+                "slo_class": name,
+                "targets_ms": dict(zip(LATENCIES, targets, strict=True)),
+                "requests": len(rows),
+                "met": met,
+                "attainment": met / len(rows) if rows else None,
+            }
+        )
+    return out
+
+
+def _mape(rows: Iterable[Row], observed: str, predicted: str) -> tuple[float | None, int]:
+    errors = [
+        abs(r[observed] - r[predicted]) / r[observed]
+        for r in rows
+        if r[observed] and r[predicted] is not None and r["status"] == 200
+    ]
+    return (None if not errors else math.fsum(errors) / len(errors), len(errors))
+
+
+def cost_model_error(requests: Sequence[Row], stored: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Return the cost model's error on the period's requests and held out at training."""
+    observed = []
+    for pool in sorted({r["pool"] for r in requests if r["pool"]}):
+        rows = [r for r in requests if r["pool"] == pool]
+        for target, columns in (
+            ("e2e", ("e2e_ms", "predicted_e2e_ms")),
+            ("energy", ("energy_j", "predicted_energy_j")),
+        ):
+            mape, n = _mape(rows, *columns)
+            observed.append({"pool": pool, "target": target, "requests": n, "mape": mape})
+    held_out = []
+    if stored is not None:
+        for pool, models in sorted(stored["scores"].items()):
+            for model, targets in sorted(models.items()):
+                for target, score in sorted(targets.items()):
+                    held_out.append(
+                        {
+                            "pool": pool,
+                            "model": model,
+                            "target": target,
+                            "observations": score.get("observations"),
+                            "mape": score.get("mape"),
+                            "prior_mape": score.get("prior_mape"),
+                        }
+                    )
+    return {
+        "version": None if stored is None else stored["version"],
+        "trained_at": None
+        if stored is None
+        else datetime.fromtimestamp(stored["created"], UTC).isoformat().replace("+00:00", "Z"),
+        "observed": observed,
+        "held_out": held_out,
+    }
+
+
+def _fleet_change(current: Mapping[str, Any], before: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        name: _delta(current[name], before[name]) for name in ("requests", "energy_j", "cost_usd")
+    }
+
+
+# Per route and candidate -------------------------------------------------------------------
+
+
+def candidate_numbers(
+    route: str,
+    pool: str,
+    shadows: Sequence[Row],
+    drops: Sequence[Row],
+    requests: Sequence[Row],
+    period: Period,
+) -> dict[str, Any]:
+    """Return volume, latency, accuracy, errors, energy and cost of one route's candidate."""
+    sent = [
+        r
+        for r in shadows
+        if r["kind"] == CANDIDATE and (r["route"], r["candidate_pool"]) == (route, pool)
+    ]
+    noise = [r for r in shadows if r["kind"] == NOISE and r["route"] == route]
+    answered = [r for r in sent if r["candidate_error"] is None]
+    noise_answered = [r for r in noise if r["candidate_error"] is None]
+    dropped = Tally[str]()
+    for d in drops:
+        if d["kind"] == CANDIDATE and (d["route"], d["candidate_pool"]) == (route, pool):
+            dropped[d["reason"]] += d["count"]
+    errors = Tally(r["candidate_error"] for r in sent if r["candidate_error"] is not None)
+    return {
+        "route": route,
+        "candidate": pool,
+        "primary_pools": sorted({r["primary_pool"] for r in sent}),
+        "volume": {
+            "requests": sum(r["route"] == route for r in requests),
+            "shadow_samples": len(sent),
+            "answered": len(answered),
+            "dropped": sum(dropped.values()),
+            "dropped_by_reason": dict(sorted(dropped.items())),
+            "noise_samples": len(noise),
+        },
+        "latency": latency(sent, answered),
+        "accuracy": {
+            "greedy": accuracy(
+                [r for r in answered if not r["sampled"]],
+                [r for r in noise_answered if not r["sampled"]],
+            ),
+            "sampled": accuracy(
+                [r for r in answered if r["sampled"]],
+                [r for r in noise_answered if r["sampled"]],
+            ),
+            "daily": daily_accuracy(answered, noise_answered, period),
+        },
+        "worst_disagreements": worst_disagreements(answered),
+        "errors": {
+            "count": len(sent) - len(answered),
+            "rate": (len(sent) - len(answered)) / len(sent) if sent else None,
+            "by_code": dict(sorted(errors.items())),
+        },
+        "energy": {
+            side: {
+                "j_per_request": _mean(answered, f"{side}_energy_j"),
+                "j_per_1k_tokens": _per_1k(answered, f"{side}_energy_j", _side_tokens(side)),
+            }
+            for side in ("primary", "candidate")
+        },
+        "cost": {
+            side: {
+                "usd_per_request": _mean(answered, f"{side}_cost_usd"),
+                "usd_per_1k_tokens": _per_1k(answered, f"{side}_cost_usd", _side_tokens(side)),
+            }
+            for side in ("primary", "candidate")
+        },
+    }
+
+
+def _side_tokens(side: str) -> Callable[[Row], int | None]:
+    def tokens(r: Row) -> int | None:
+        prompt, completion = r[f"{side}_prompt_tokens"], r[f"{side}_completion_tokens"]
+        if prompt is None and completion is None:
+            return None
+        return (prompt or 0) + (completion or 0)
+
+    return tokens
+
+
+def _quantiles(values: Sequence[float]) -> dict[str, float | None]:
+    return {f"p{q}": percentile(values, q) for q in QUANTILES}
+
+
+def _cdf(values: Sequence[float]) -> list[float]:
+    """Return at most CDF_POINTS evenly spaced order statistics, enough to draw the curve."""
+    ordered = sorted(values)
+    if len(ordered) <= CDF_POINTS:
+        return ordered
+    step = (len(ordered) - 1) / (CDF_POINTS - 1)
+    return [ordered[round(i * step)] for i in range(CDF_POINTS)]
+
+
+def latency(sent: Sequence[Row], answered: Sequence[Row]) -> dict[str, Any]:
+    """Return p50/p95/p99 and CDF points of the primary (all copies) and candidate (answers)."""
+    out: dict[str, Any] = {}
+    for name in LATENCIES:
+        primary = [r[f"primary_{name}_ms"] for r in sent if r[f"primary_{name}_ms"] is not None]
+        candidate = [
+            r[f"candidate_{name}_ms"] for r in answered if r[f"candidate_{name}_ms"] is not None
+        ]
+        out[name] = {
+            "primary": {**_quantiles(primary), "n": len(primary), "cdf": _cdf(primary)},
+            "candidate": {**_quantiles(candidate), "n": len(candidate), "cdf": _cdf(candidate)},
+        }
+    return out
+
+
+def accuracy(answered: Sequence[Row], noise: Sequence[Row]) -> dict[str, Any]:
+    """Return match rates and similarity of candidate answers beside the noise floor's."""
+    return {
+        "samples": len(answered),
+        "exact_match_rate": _rate(answered, "exact_match"),
+        "normalized_match_rate": _rate(answered, "normalized_match"),
+        "mean_similarity": _mean(answered, "similarity"),
+        "noise_samples": len(noise),
+        "noise_exact_match_rate": _rate(noise, "exact_match"),
+        "noise_normalized_match_rate": _rate(noise, "normalized_match"),
+        "noise_mean_similarity": _mean(noise, "similarity"),
+    }
+
+
+def daily_accuracy(
+    answered: Sequence[Row], noise: Sequence[Row], period: Period
+) -> list[dict[str, Any]]:
+    """Return the accuracy of each UTC day of the period (temperature-0 match rates)."""
+    days = []
+    for i in range(math.ceil(period.days)):
+        start = period.since + i * 86400
+        end = min(start + 86400, period.until)
+        rows = [r for r in answered if start <= r["ts"] < end]
+        floor = [r for r in noise if start <= r["ts"] < end and not r["sampled"]]
+        greedy = [r for r in rows if not r["sampled"]]
+        days.append(
+            {
+                "date": datetime.fromtimestamp(start, UTC).strftime("%Y-%m-%d"),
+                "samples": len(rows),
+                "exact_match_rate": _rate(greedy, "exact_match"),
+                "normalized_match_rate": _rate(greedy, "normalized_match"),
+                "mean_similarity": _mean(rows, "similarity"),
+                "noise_exact_match_rate": _rate(floor, "exact_match"),
+            }
+        )
+    return days
+
+
+_DISAGREEMENT_FIELDS = (
+    "decision_id",
+    "model",
+    "tenant",
+    "endpoint",
+    "stream",
+    "sampled",
+    "temperature",
+    "primary_backend",
+    "candidate_backend",
+    "exact_match",
+    "normalized_match",
+    "similarity",
+    "similarity_method",
+    "first_divergence",
+    "length_ratio",
+    "json_diff",
+    "primary_completion_tokens",
+    "candidate_completion_tokens",
+)
+
+
+def worst_disagreements(answered: Sequence[Row], shown: int = WORST_SHOWN) -> list[dict[str, Any]]:
+    """Return the metadata of the least similar answers; texts only where the route stored them."""
+
+    def badness(r: Row) -> tuple[float, int, int]:
+        similarity = r["similarity"] if r["similarity"] is not None else 1.0
+        return (similarity, bool(r["normalized_match"]), bool(r["exact_match"]))
+
+    disagreeing = [r for r in answered if r["exact_match"] is False or (r["similarity"] or 1) < 1]
+    out = []
+    for r in sorted(disagreeing, key=badness)[:shown]:
+        entry = {name: r.get(name) for name in _DISAGREEMENT_FIELDS}
+        entry["time"] = datetime.fromtimestamp(r["ts"], UTC).isoformat().replace("+00:00", "Z")
+        if r.get("primary_text") is not None or r.get("candidate_text") is not None:
+            entry["primary_text"] = r.get("primary_text")
+            entry["candidate_text"] = r.get("candidate_text")
+        out.append(entry)
+    return out
+
+
+def projected_savings(
+    requests: Sequence[Row], candidate: str, policy: Policy, predict: Predict
+) -> dict[str, Any]:
+    """Predict what the route's answered requests would have cost on the candidate instead.
+
+    Both sides come from the cost model (the same model on both sides keeps its bias out of the
+    difference), at the concurrency each request saw, capped at the candidate's slots. Requests
+    the candidate cannot serve (model not listed, context too long) are left out and counted.
+    """
+    spec = policy.pools.get(candidate)
+    eligible, skipped = [], 0
+    for r in requests:
+        tokens = (r["prompt_tokens"], r["completion_tokens"])
+        if r["status"] != 200 or r["pool"] not in policy.pools or None in tokens:
+            continue
+        if r["pool"] == candidate:
+            continue
+        if spec is None or r["model"] not in spec.models or sum(tokens) > spec.max_context:
+            skipped += 1
+            continue
+        eligible.append(r)
+    primary_cost = primary_energy = candidate_cost = candidate_energy = 0.0
+    for r in eligible:
+        concurrent = max(r["concurrent"] or 1, 1)
+        on_primary = predict(
+            r["pool"], r["model"], r["prompt_tokens"], r["completion_tokens"], concurrent
+        )
+        on_candidate = predict(
+            candidate,
+            r["model"],
+            r["prompt_tokens"],
+            r["completion_tokens"],
+            min(concurrent, spec.slots_per_backend if spec else 1),
+        )
+        primary_cost += on_primary.cost_usd
+        primary_energy += on_primary.energy_j
+        candidate_cost += on_candidate.cost_usd
+        candidate_energy += on_candidate.energy_j
+    return {
+        "requests": len(eligible),
+        "not_servable": skipped,
+        "primary_cost_usd": primary_cost if eligible else None,
+        "candidate_cost_usd": candidate_cost if eligible else None,
+        "cost_usd_saved": primary_cost - candidate_cost if eligible else None,
+        "primary_energy_j": primary_energy if eligible else None,
+        "candidate_energy_j": candidate_energy if eligible else None,
+        "energy_j_saved": primary_energy - candidate_energy if eligible else None,
+    }
+
+
+# The judge ---------------------------------------------------------------------------------
+
+
+def judge_rows(shadows: Sequence[Row], rules: Criteria, at: float) -> dict[tuple[str, str], Any]:
+    """Judge every route and candidate as of `at` from the shadow rows of its window."""
+    since = at - judge_window(rules)
+    rows = [dict(r) for r in shadows if since <= r["ts"] < at]
+    evidence = promotion.gather(rows)
+    for (route, pool), e in evidence.items():
+        answered = [
+            r
+            for r in rows
+            if r["kind"] == CANDIDATE
+            and (r["route"], r["candidate_pool"]) == (route, pool)
+            and r["candidate_error"] is None
+        ]
+        e.primary_energy_j, e.candidate_energy_j = _paired_means(answered, "energy_j")
+        e.primary_cost_usd, e.candidate_cost_usd = _paired_means(answered, "cost_usd")
+    verdicts = {}
+    for key, e in evidence.items():
+        verdict = judge(e, rules, at).as_dict()
+        verdict["evaluated_at"] = datetime.fromtimestamp(at, UTC).isoformat().replace("+00:00", "Z")
+        verdict["why"] = why_sentence(verdict)
+        verdict["summary"] = summary_sentence(verdict)
+        for check in verdict["checks"]:
+            check["plain"] = plain_check(check)
+        verdicts[key] = verdict
+    return verdicts
+
+
+def _paired_means(rows: Sequence[Row], measure: str) -> tuple[float | None, float | None]:
+    pairs = [
+        (r[f"primary_{measure}"], r[f"candidate_{measure}"])
+        for r in rows
+        if r[f"primary_{measure}"] is not None and r[f"candidate_{measure}"] is not None
+    ]
+    if not pairs:
+        return (None, None)
+    return (
+        math.fsum(p for p, _ in pairs) / len(pairs),
+        math.fsum(c for _, c in pairs) / len(pairs),
+    )
+
+
+_OUTCOME_WORDS = {
+    "promote": "Promote",
+    "hold": "Hold",
+    "reject": "Reject",
+}
+_RESULT_WORDS = {PASS: "passes", FAIL: "fails", "undecided": "is not decided yet"}
+
+
+def why_sentence(verdict: Mapping[str, Any]) -> str:
+    """Say why the judge decided as it did, with how much evidence it had."""
+    text = verdict["reason"]
+    if verdict.get("samples_needed"):
+        text += f" (about {verdict['samples_needed']} more compared copies would decide it)"
+    return text + f"; {verdict['window_days']:g} days of evidence."
+
+
+def summary_sentence(verdict: Mapping[str, Any]) -> str:
+    """Say the verdict and why in one sentence."""
+    outcome = _OUTCOME_WORDS.get(verdict["outcome"], verdict["outcome"])
+    return f"{outcome}: {why_sentence(verdict)}"
+
+
+def plain_check(check: Mapping[str, Any]) -> str:
+    """Say one of the judge's checks in words, with its estimate, interval and margin."""
+    name, result = check["name"], _RESULT_WORDS.get(check["result"], check["result"])
+    estimate, interval, threshold = check["estimate"], check["interval"], check["threshold"]
+    n = check["samples"]
+    if estimate is None or interval is None:
+        return f"{name} {result}: {check['detail']}."
+    low, high = interval
+    if name == "quality":
+        return (
+            f"Quality {result}: {check['detail']} (temperature-0 copies, {n} on the smaller "
+            f"side); the candidate is "
+            f"{estimate * 100:+.1f} points from the floor (95% interval {low * 100:+.1f} to "
+            f"{high * 100:+.1f}), and may be at most {abs(threshold) * 100:.1f} below it."
+        )
+    if name in ("ttft_p95", "e2e_p95"):
+        what = "time to first token" if name == "ttft_p95" else "end-to-end latency"
+        return (
+            f"95th-percentile {what} {result}: the candidate's is {estimate:.2f}× the primary's "
+            f"(interval {low:.2f}× to {_num(high)}×), at most {threshold:.2f}× allowed."
+        )
+    if name == "errors":
+        return (
+            f"Errors {result}: {check['detail']}, a rate of {estimate:.2%} (interval up to "
+            f"{high:.2%}); at most {threshold:.2%} allowed."
+        )
+    if name == "benefit":
+        return (
+            f"Benefit {result}: the candidate was cheaper on {estimate:.0%} of {n} paired "
+            f"requests (interval {low:.0%} to {high:.0%}); more than {threshold:.0%} needed."
+        )
+    return f"{name} {result}: {check['detail']}."
+
+
+def _num(value: float) -> str:
+    return "∞" if math.isinf(value) else f"{value:.2f}"
+
+
+# Against the previous period ---------------------------------------------------------------
+
+
+def _delta(current: float | None, before: float | None) -> dict[str, float | None]:
+    return {
+        "previous": before,
+        "change": None if current is None or before is None else current - before,
+    }
+
+
+def change(
+    current: Mapping[str, Any], before: Mapping[str, Any], verdict_before: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """Return the headline numbers of the previous period and how far they moved."""
+
+    def pick(numbers: Mapping[str, Any]) -> dict[str, float | None]:
+        latency_e2e = numbers["latency"]["e2e"]
+        return {
+            "shadow_samples": numbers["volume"]["shadow_samples"],
+            "exact_match_rate": numbers["accuracy"]["greedy"]["exact_match_rate"],
+            "mean_similarity": numbers["accuracy"]["greedy"]["mean_similarity"],
+            "error_rate": numbers["errors"]["rate"],
+            "candidate_e2e_p95_ms": latency_e2e["candidate"]["p95"],
+            "primary_e2e_p95_ms": latency_e2e["primary"]["p95"],
+            "candidate_cost_usd_per_1k_tokens": numbers["cost"]["candidate"]["usd_per_1k_tokens"],
+        }
+
+    now, then = pick(current), pick(before)
+    return {
+        "measures": {name: _delta(now[name], then[name]) for name in now},
+        "previous_outcome": None if verdict_before is None else verdict_before["outcome"],
+    }

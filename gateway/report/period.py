@@ -1,0 +1,109 @@
+"""Report periods: an ISO week or a date range, in UTC, and the period just before it."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta
+
+ISO_WEEK = re.compile(r"^(\d{4})-W(\d{2})$")
+
+
+@dataclass(frozen=True, slots=True)
+class Period:
+    """A half-open span of time [since, until) in Unix seconds, with a label for people."""
+
+    since: float
+    until: float
+    label: str
+
+    @property
+    def days(self) -> float:
+        return (self.until - self.since) / 86400
+
+    def previous(self) -> Period:
+        """Return the period of the same length that ends where this one starts."""
+        length = self.until - self.since
+        since = self.since - length
+        if _is_iso_week(since, length):
+            label = week_label(since)
+        else:
+            label = f"{_day(since)} – {_day(self.since - 1)}"
+        return Period(since, self.since, label)
+
+    def as_dict(self) -> dict[str, str | float]:
+        return {
+            "label": self.label,
+            "since": _iso(self.since),
+            "until": _iso(self.until),
+            "since_ts": self.since,
+            "until_ts": self.until,
+        }
+
+
+def week(text: str) -> Period:
+    """Return the ISO week named like 2026-W48, Monday 00:00 UTC to the next Monday."""
+    found = ISO_WEEK.match(text)
+    if found is None:
+        raise ValueError(f"a week is written like 2026-W48, got {text!r}")
+    year, number = int(found.group(1)), int(found.group(2))
+    try:
+        monday = date.fromisocalendar(year, number, 1)
+    except ValueError:
+        raise ValueError(f"{year} has no ISO week {number} (got {text!r})") from None
+    start = datetime(monday.year, monday.month, monday.day, tzinfo=UTC).timestamp()
+    return Period(start, start + 7 * 86400, text)
+
+
+def last_complete_week(now: float) -> Period:
+    """Return the newest ISO week that has ended by `now`."""
+    today = datetime.fromtimestamp(now, UTC).date()
+    this_monday = today - timedelta(days=today.weekday())
+    start = this_monday - timedelta(days=7)
+    return week(f"{start.isocalendar().year}-W{start.isocalendar().week:02d}")
+
+
+def date_range(since: str, until: str) -> Period:
+    """Return [since, until) from ISO dates or times; a plain `until` date includes that day."""
+    start = _moment(since, "since")
+    end = _moment(until, "until")
+    if _is_date(until):
+        end += 86400
+    if end <= start:
+        raise ValueError(f"--until ({until}) must be after --since ({since})")
+    return Period(start, end, f"{_day(start)} – {_day(end - 1)}")
+
+
+def week_label(ts: float) -> str:
+    year, number, _ = datetime.fromtimestamp(ts, UTC).isocalendar()
+    return f"{year}-W{number:02d}"
+
+
+def _is_iso_week(since: float, length: float) -> bool:
+    moment = datetime.fromtimestamp(since, UTC)
+    midnight = moment.hour == moment.minute == moment.second == 0
+    return length == 7 * 86400 and moment.weekday() == 0 and midnight
+
+
+def _is_date(text: str) -> bool:
+    return re.fullmatch(r"\d{4}-\d{2}-\d{2}", text) is not None
+
+
+def _moment(text: str, name: str) -> float:
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(
+            f"--{name} must be an ISO date or time such as 2026-11-23, got {text!r}"
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.timestamp()
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).isoformat().replace("+00:00", "Z")
+
+
+def _day(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d")

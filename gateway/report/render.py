@@ -1,0 +1,258 @@
+"""Write a report's numbers as report.html (self-contained), report.md and report.json."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from gateway.report import charts
+
+TEMPLATES = Path(__file__).resolve().parent / "templates"
+FILES = ("report.html", "report.md", "report.json")
+
+
+def chart_id(kind: str, route: str, candidate: str) -> str:
+    """Return a chart's element id: stable, and safe in HTML and SVG ids."""
+    return re.sub(r"[^a-z0-9-]+", "-", f"{kind}-{route}-{candidate}".lower()).strip("-")
+
+
+def draw(report: Mapping[str, Any]) -> dict[str, str]:
+    """Draw every chart of the report; return SVG text by chart id, in page order."""
+    svgs = {"fleet": charts.fleet_chart(report["fleet"]["pools"], "fleet")}
+    for c in report["candidates"]:
+        latency = chart_id("latency", c["route"], c["candidate"])
+        trend = chart_id("accuracy", c["route"], c["candidate"])
+        svgs[latency] = charts.latency_cdf_chart(c["latency"], latency)
+        svgs[trend] = charts.accuracy_trend_chart(c["accuracy"]["daily"], trend)
+    return svgs
+
+
+def write(report: dict[str, Any], out: Path) -> dict[str, Path]:
+    """Draw the charts and write the three files into `out`; return their paths."""
+    svgs = draw(report)
+    report["charts"] = list(svgs)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {name: out / name for name in FILES}
+    paths["report.json"].write_text(json.dumps(report, indent=2, allow_nan=False) + "\n")
+    paths["report.md"].write_text(markdown(report))
+    paths["report.html"].write_text(html(report, svgs))
+    return paths
+
+
+# Formatting ---------------------------------------------------------------------------------
+
+
+def number(value: float | None, digits: int = 3) -> str:
+    """Format a number for people: grouped thousands, `digits` significant digits below."""
+    if value is None:
+        return "–"
+    if isinstance(value, int) or (float(value).is_integer() and abs(value) >= 1):
+        return f"{int(value):,}"
+    if math.isinf(value):
+        return "∞"
+    if abs(value) >= 1000:
+        return f"{value:,.0f}"
+    return f"{value:.{digits}g}"
+
+
+def percent(value: float | None, digits: int = 1) -> str:
+    return "–" if value is None else f"{value * 100:.{digits}f}%"
+
+
+def usd(value: float | None) -> str:
+    if value is None:
+        return "–"
+    if abs(value) >= 0.01:
+        return f"${value:,.2f}" if abs(value) >= 1 else f"${value:.4f}"
+    return f"${value:.3g}"
+
+
+def signed(value: float | None, kind: str = "number") -> str:
+    """Format a change with its sign, or – when either side was not measured."""
+    if value is None:
+        return "–"
+    if kind == "percent":
+        return f"{value * 100:+.1f} pts"
+    if kind == "usd":
+        return ("+" if value >= 0 else "−") + usd(abs(value))
+    return ("+" if value >= 0 else "−") + number(abs(value))
+
+
+def ms(value: float | None) -> str:
+    return "–" if value is None else f"{value:,.1f} ms" if value < 100 else f"{value:,.0f} ms"
+
+
+def joules(value: float | None) -> str:
+    if value is None:
+        return "–"
+    if abs(value) >= 10_000:
+        return f"{value / 1000:,.2f} kJ"
+    return f"{value:,.0f} J" if abs(value) >= 100 else f"{value:.3g} J"
+
+
+def when(ts: float | None) -> str:
+    """Format Unix seconds as a UTC time to the minute."""
+    if ts is None:
+        return "–"
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+FILTERS = {
+    "when": when,
+    "number": number,
+    "percent": percent,
+    "usd": usd,
+    "signed": signed,
+    "ms": ms,
+    "joules": joules,
+}
+
+
+# HTML ---------------------------------------------------------------------------------------
+
+
+def html(report: Mapping[str, Any], svgs: Mapping[str, str]) -> str:
+    """Render the page: one file, styles and charts inline, no scripts or fonts to fetch."""
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(TEMPLATES),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters.update(FILTERS)
+    env.globals["chart_id"] = chart_id
+    return env.get_template("report.html.j2").render(
+        report=report, svgs={k: jinja2.filters.Markup(v) for k, v in svgs.items()}
+    )
+
+
+# Markdown -----------------------------------------------------------------------------------
+
+
+def _row(*cells: str) -> str:
+    return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
+
+
+def markdown(report: Mapping[str, Any]) -> str:
+    """Render the report as Markdown for a ticket or a chat: the decisions first."""
+    period, fleet = report["period"], report["fleet"]
+    lines = [
+        f"# Shadow-comparison report {period['label']}",
+        "",
+        f"{period['since']} to {period['until']} (UTC), generated {report['generated_at']}.",
+        "",
+        "## Decisions",
+        "",
+    ]
+    if not report["candidates"]:
+        lines.append("No shadow evidence in this period.")
+    for c in report["candidates"]:
+        v = c["verdict"]
+        said = v["summary"] if v else "no evidence in the judge's window"
+        saved = c["projected_savings"]["cost_usd_saved"]
+        lines.append(
+            f"- **{c['route']} → {c['candidate']}**: {said} Projected weekly saving if promoted: "
+            f"{usd(saved)}."
+        )
+    lines += [
+        "",
+        "## Fleet",
+        "",
+        f"{number(fleet['requests'])} requests ({signed(fleet['change']['requests']['change'])} "
+        f"on the previous period), {number(fleet['errors'])} errors, "
+        f"{joules(fleet['energy_j'])}, {usd(fleet['cost_usd'])}.",
+        "",
+        _row("pool", "requests", "errors", "energy", "J / 1k tokens", "cost", "USD / 1k tokens"),
+        _row(*["---"] * 7),
+    ]
+    for p in fleet["pools"]:
+        lines.append(
+            _row(
+                p["pool"],
+                number(p["requests"]),
+                number(p["errors"]),
+                joules(p["energy_j"]),
+                number(p["energy_j_per_1k_tokens"]),
+                usd(p["cost_usd"]),
+                usd(p["cost_usd_per_1k_tokens"]),
+            )
+        )
+    lines += ["", _row("SLO class", "requests", "met", "attainment"), _row(*["---"] * 4)]
+    for s in fleet["slo"]:
+        lines.append(
+            _row(s["slo_class"], number(s["requests"]), number(s["met"]), percent(s["attainment"]))
+        )
+    model = fleet["cost_model"]
+    lines += [
+        "",
+        f"Cost model version {model['version'] or 'prior'}; error on this period's requests "
+        "(mean absolute percentage error):",
+        "",
+    ]
+    lines += [
+        f"- {o['pool']} {o['target']}: {percent(o['mape'])} on {number(o['requests'])} requests"
+        for o in model["observed"]
+    ]
+    for c in report["candidates"]:
+        lines += ["", *_candidate_markdown(c)]
+    return "\n".join(lines) + "\n"
+
+
+def _candidate_markdown(c: Mapping[str, Any]) -> list[str]:
+    vol, greedy, lat = c["volume"], c["accuracy"]["greedy"], c["latency"]
+    lines = [
+        f"## {c['route']} → {c['candidate']}",
+        "",
+        f"{number(vol['requests'])} requests on the route, {number(vol['shadow_samples'])} shadow "
+        f"samples ({number(vol['answered'])} answered), {number(vol['dropped'])} dropped, "
+        f"{number(vol['noise_samples'])} noise-floor samples.",
+        "",
+    ]
+    v = c["verdict"]
+    if v:
+        lines += [f"**{v['summary']}**", ""]
+        lines += [f"- {check['plain']}" for check in v["checks"]]
+        lines.append("")
+    lines += [_row("latency", "primary p50 / p95 / p99", "candidate p50 / p95 / p99")]
+    lines.append(_row(*["---"] * 3))
+    for key, title in charts.LATENCY_TITLES.items():
+        p, q = lat[key]["primary"], lat[key]["candidate"]
+        lines.append(
+            _row(
+                title,
+                " / ".join(ms(p[f"p{n}"]) for n in (50, 95, 99)),
+                " / ".join(ms(q[f"p{n}"]) for n in (50, 95, 99)),
+            )
+        )
+    saved = c["projected_savings"]
+    lines += [
+        "",
+        f"Accuracy (temperature 0): exact match {percent(greedy['exact_match_rate'])}, normalized "
+        f"{percent(greedy['normalized_match_rate'])}, similarity "
+        f"{number(greedy['mean_similarity'])}; noise floor exact match "
+        f"{percent(greedy['noise_exact_match_rate'])}.",
+        f"Errors: {number(c['errors']['count'])} ({percent(c['errors']['rate'], 2)}).",
+        f"Energy per request: primary {joules(c['energy']['primary']['j_per_request'])}, "
+        f"candidate {joules(c['energy']['candidate']['j_per_request'])}. Cost per 1k tokens: "
+        f"primary {usd(c['cost']['primary']['usd_per_1k_tokens'])}, candidate "
+        f"{usd(c['cost']['candidate']['usd_per_1k_tokens'])}.",
+        f"Projected if promoted (cost model, {number(saved['requests'])} requests): "
+        f"{usd(saved['cost_usd_saved'])} and {joules(saved['energy_j_saved'])} saved.",
+    ]
+    moved = c["change"]["measures"]
+    lines.append(
+        f"Against the previous period: exact match "
+        f"{signed(moved['exact_match_rate']['change'], 'percent')}, candidate p95 end to end "
+        f"{signed(moved['candidate_e2e_p95_ms']['change'])} ms, error rate "
+        f"{signed(moved['error_rate']['change'], 'percent')}; previous verdict "
+        f"{c['change']['previous_outcome'] or 'none'}."
+    )
+    return lines

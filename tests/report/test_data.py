@@ -1,0 +1,199 @@
+"""The report's numbers, recounted here from the rows a constructed week stored."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from reportworld import MODEL, build
+
+from gateway.costmodel.model import CostModel
+from gateway.db import make_engine
+from gateway.promotion import evaluate
+from gateway.report import generate
+
+
+@pytest.fixture
+def written(database: str, tmp_path: Path) -> tuple:
+    engine = make_engine(database)
+    world = build(engine)
+    generate(engine, world.policy, world.period, tmp_path, now=world.period.until + 3600)
+    report = json.loads((tmp_path / "report.json").read_text())
+    yield world, report, engine
+    engine.dispose()
+
+
+def in_week(world, rows):
+    return [r for r in rows if world.period.since <= r["ts"] < world.period.until]
+
+
+def test_fleet_numbers_are_sums_of_the_weeks_requests(written) -> None:
+    world, report, _ = written
+    week = in_week(world, world.requests)
+    fleet = report["fleet"]
+    assert fleet["requests"] == len(week) == 60
+    assert fleet["errors"] == sum(r["status"] != 200 for r in week)
+    pools = {p["pool"]: p for p in fleet["pools"]}
+    gpu = [r for r in week if r["pool"] == "gpu"]
+    assert pools["gpu"]["requests"] == len(gpu)
+    assert pools["gpu"]["energy_j"] == pytest.approx(
+        sum(r["energy_j"] for r in gpu if r["energy_j"] is not None)
+    )
+    priced = [r for r in gpu if r["cost_usd"] is not None]
+    tokens = sum(r["prompt_tokens"] + r["completion_tokens"] for r in priced)
+    assert pools["gpu"]["cost_usd_per_1k_tokens"] == pytest.approx(
+        sum(r["cost_usd"] for r in priced) / tokens * 1000
+    )
+    # The week before had 5 requests, all on the ASIC.
+    assert fleet["change"]["requests"] == {"previous": 5, "change": 55}
+
+
+def test_slo_attainment_counts_successes_within_every_measured_target(written) -> None:
+    world, report, _ = written
+    week = in_week(world, world.requests)
+    slo = {s["slo_class"]: s for s in report["fleet"]["slo"]}
+    interactive = [r for r in week if r["slo_class"] == "interactive"]
+    met = [
+        r
+        for r in interactive
+        if r["status"] == 200
+        and (r["ttft_ms"] is None or r["ttft_ms"] <= 500)
+        and (r["tpot_ms"] is None or r["tpot_ms"] <= 50)
+    ]
+    assert slo["interactive"]["requests"] == len(interactive)
+    assert slo["interactive"]["attainment"] == pytest.approx(len(met) / len(interactive))
+    batch = [r for r in week if r["slo_class"] == "batch"]
+    batch_met = [r for r in batch if r["status"] == 200 and r["e2e_ms"] <= 120_000]
+    assert slo["batch"]["met"] == len(batch_met) < len(batch)
+
+
+def test_cost_model_error_is_the_mean_absolute_percentage_error(written) -> None:
+    world, report, _ = written
+    gpu = [r for r in in_week(world, world.requests) if r["pool"] == "gpu" and r["status"] == 200]
+    expected = np.mean([abs(r["e2e_ms"] - r["predicted_e2e_ms"]) / r["e2e_ms"] for r in gpu])
+    observed = {(o["pool"], o["target"]): o for o in report["fleet"]["cost_model"]["observed"]}
+    assert observed[("gpu", "e2e")]["mape"] == pytest.approx(expected)
+    assert observed[("gpu", "e2e")]["requests"] == len(gpu)
+
+
+def test_candidate_volume_latency_accuracy_and_errors(written) -> None:
+    world, report, _ = written
+    (c,) = report["candidates"]
+    assert (c["route"], c["candidate"]) == ("chat-8b", "cim")
+    shadows = in_week(world, world.shadows)
+    sent = [r for r in shadows if r["kind"] == "candidate"]
+    answered = [r for r in sent if r["candidate_error"] is None]
+    assert c["volume"] == {
+        "requests": sum(r["route"] == "chat-8b" for r in in_week(world, world.requests)),
+        "shadow_samples": 70,
+        "answered": len(answered),
+        "dropped": 8,
+        "dropped_by_reason": {"concurrency": 5, "rate": 3},
+        "noise_samples": 20,
+    }
+    for q in (50, 95, 99):
+        assert c["latency"]["e2e"]["primary"][f"p{q}"] == pytest.approx(
+            np.percentile([r["primary_e2e_ms"] for r in sent], q)
+        )
+        assert c["latency"]["ttft"]["candidate"][f"p{q}"] == pytest.approx(
+            np.percentile([r["candidate_ttft_ms"] for r in answered], q)
+        )
+    greedy = [r for r in answered if not r["sampled"]]
+    assert c["accuracy"]["greedy"]["exact_match_rate"] == pytest.approx(
+        sum(r["exact_match"] for r in greedy) / len(greedy)
+    )
+    assert c["accuracy"]["greedy"]["noise_exact_match_rate"] == pytest.approx(18 / 20)
+    assert c["errors"] == {
+        "count": len(sent) - len(answered),
+        "rate": pytest.approx((len(sent) - len(answered)) / len(sent)),
+        "by_code": {"upstream_timeout": len(sent) - len(answered)},
+    }
+    daily = c["accuracy"]["daily"]
+    assert daily[0]["date"] == "2026-11-23" and len(daily) == 7
+    assert sum(d["samples"] for d in daily) == len(answered)
+
+
+def test_energy_and_cost_per_1k_tokens_of_each_side(written) -> None:
+    world, report, _ = written
+    (c,) = report["candidates"]
+    answered = [
+        r
+        for r in in_week(world, world.shadows)
+        if r["kind"] == "candidate" and r["candidate_error"] is None
+    ]
+    tokens = sum(r["candidate_prompt_tokens"] + r["candidate_completion_tokens"] for r in answered)
+    assert c["energy"]["candidate"]["j_per_1k_tokens"] == pytest.approx(
+        sum(r["candidate_energy_j"] for r in answered) / tokens * 1000
+    )
+    assert c["energy"]["primary"]["j_per_request"] == pytest.approx(50.0)
+    assert c["cost"]["candidate"]["usd_per_1k_tokens"] == pytest.approx(
+        4e-5 * len(answered) / tokens * 1000
+    )
+
+
+def test_worst_disagreements_are_least_similar_and_carry_no_text(written) -> None:
+    world, report, _ = written
+    (c,) = report["candidates"]
+    answered = [
+        r
+        for r in in_week(world, world.shadows)
+        if r["kind"] == "candidate" and r["candidate_error"] is None and not r["exact_match"]
+    ]
+    least = sorted(answered, key=lambda r: r["similarity"])[:5]
+    worst = c["worst_disagreements"]
+    assert [w["decision_id"] for w in worst] == [r["decision_id"] for r in least]
+    assert not any("primary_text" in w or "candidate_text" in w for w in worst)
+
+
+def test_projected_savings_price_the_weeks_traffic_on_the_candidate(written) -> None:
+    world, report, _ = written
+    (c,) = report["candidates"]
+    model = CostModel(world.policy)
+    servable = [
+        r
+        for r in in_week(world, world.requests)
+        if r["route"] == "chat-8b"
+        and r["status"] == 200
+        and r["prompt_tokens"] + r["completion_tokens"] <= 4096
+    ]
+    primary = sum(
+        model.predict(
+            r["pool"], MODEL, r["prompt_tokens"], r["completion_tokens"], r["concurrent"]
+        ).cost_usd
+        for r in servable
+    )
+    candidate = sum(
+        model.predict(
+            "cim", MODEL, r["prompt_tokens"], r["completion_tokens"], min(r["concurrent"], 4)
+        ).cost_usd
+        for r in servable
+    )
+    saved = c["projected_savings"]
+    assert saved["requests"] == len(servable)
+    assert saved["not_servable"] == 1
+    assert saved["cost_usd_saved"] == pytest.approx(primary - candidate)
+
+
+def test_verdict_is_the_judges_at_the_end_of_the_week_and_said_in_words(written) -> None:
+    world, report, engine = written
+    (c,) = report["candidates"]
+    (stored,) = evaluate(engine, world.policy, now=world.period.until)
+    assert c["verdict"]["outcome"] == stored.outcome
+    assert c["verdict"]["reason"] == stored.reason
+    plain = {check["name"]: check["plain"] for check in c["verdict"]["checks"]}
+    assert plain["errors"].startswith("Errors fails") or "copies failed" in plain["errors"]
+    assert "noise floor" in plain["quality"]
+
+
+def test_change_against_the_previous_week(written) -> None:
+    _, report, _ = written
+    (c,) = report["candidates"]
+    moved = c["change"]["measures"]
+    assert moved["shadow_samples"] == {"previous": 10, "change": 60}
+    assert moved["exact_match_rate"]["previous"] == 1.0
+    assert moved["exact_match_rate"]["change"] == pytest.approx(
+        c["accuracy"]["greedy"]["exact_match_rate"] - 1.0
+    )
+    assert moved["candidate_e2e_p95_ms"]["previous"] == pytest.approx(120.0)

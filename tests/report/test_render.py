@@ -1,0 +1,153 @@
+"""The written report: charts inline, one self-contained page that Chromium renders cleanly."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from reportworld import ROOT, WEEK, build
+
+from gateway.db import make_engine, upgrade
+from gateway.report import generate
+from gateway.report.period import week
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
+    """One week written once for the module: rendering is what these tests look at."""
+    base = tmp_path_factory.mktemp("report")
+    url = f"sqlite:///{base / 'gateway.db'}"
+    upgrade(url)
+    engine = make_engine(url)
+    world = build(engine)
+    report = generate(engine, world.policy, world.period, base / "out", now=world.period.until)
+    engine.dispose()
+    return report, base / "out"
+
+
+def test_writes_html_markdown_and_json(written: tuple[dict, Path]) -> None:
+    report, out = written
+    assert sorted(p.name for p in out.iterdir()) == ["report.html", "report.json", "report.md"]
+    assert json.loads((out / "report.json").read_text())["charts"] == report["charts"]
+
+
+def test_every_chart_is_an_inline_svg_in_its_figure(written: tuple[dict, Path]) -> None:
+    report, out = written
+    page = (out / "report.html").read_text()
+    # The fleet chart, then a latency CDF and an accuracy trend per route and candidate.
+    assert len(report["charts"]) == 1 + 2 * len(report["candidates"]) == 3
+    for chart in report["charts"]:
+        figure = re.search(rf'<figure id="chart-{chart}">(.*?)</figure>', page, re.S)
+        assert figure is not None, f"chart {chart} is missing from the page"
+        assert figure.group(1).lstrip().startswith("<svg"), chart
+        assert "<path" in figure.group(1)
+
+
+def test_page_fetches_nothing(written: tuple[dict, Path]) -> None:
+    page = (written[1] / "report.html").read_text()
+    for fetching in ("<script", "<link", " src=", "@import", "@font-face", "url(http"):
+        assert fetching not in page, fetching
+    # The only addresses are SVG's XML namespaces, which name the markup and are never loaded.
+    addresses = set(re.findall(r"https?://[^\s\"'<>)]+", page))
+    assert addresses <= {"http://www.w3.org/2000/svg", "http://www.w3.org/1999/xlink"}, addresses
+
+
+def test_page_has_a_print_stylesheet(written: tuple[dict, Path]) -> None:
+    page = (written[1] / "report.html").read_text()
+    assert "@media print" in page and "break-inside: avoid" in page
+
+
+def test_markdown_leads_with_the_decisions(written: tuple[dict, Path]) -> None:
+    report, out = written
+    text = (out / "report.md").read_text()
+    (c,) = report["candidates"]
+    decisions = text.index("## Decisions")
+    assert decisions < text.index("## Fleet") < text.index("## chat-8b → cim")
+    assert c["verdict"]["summary"] in text
+
+
+@pytest.mark.skipif(
+    CHROMIUM is None, reason="no chromium binary (Debian: apt-get install chromium)"
+)
+def test_chromium_renders_the_page_without_console_messages(
+    written: tuple[dict, Path], tmp_path: Path
+) -> None:
+    report, out = written
+    result = subprocess.run(
+        [
+            str(CHROMIUM),
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--no-first-run",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            "--enable-logging=stderr",
+            "--v=0",
+            "--dump-dom",
+            (out / "report.html").as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    # The page has no scripts, so anything on the console is an error (a failed load included).
+    console = [line for line in result.stderr.splitlines() if ":CONSOLE" in line]
+    assert console == []
+    dom = result.stdout
+    for chart in report["charts"]:
+        assert f'id="chart-{chart}"' in dom
+    assert dom.count("<svg") >= len(report["charts"])
+
+
+def test_a_week_without_traffic_still_makes_a_report(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'gateway.db'}"
+    upgrade(url)
+    engine = make_engine(url)
+    from gateway.policy import load_policy
+
+    policy = load_policy(ROOT / "policies/default.yaml")
+    report = generate(engine, policy, week(WEEK), tmp_path / "out", now=0.0)
+    engine.dispose()
+    assert report["candidates"] == [] and report["fleet"]["requests"] == 0
+    assert "No shadow evidence" in (tmp_path / "out/report.md").read_text()
+    assert 'id="chart-fleet"' in (tmp_path / "out/report.html").read_text()
+
+
+def test_cli_writes_a_named_week_and_refuses_a_malformed_one(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'gateway.db'}"
+    upgrade(url)
+    engine = make_engine(url)
+    build(engine)
+    engine.dispose()
+    env = {**os.environ, "DATABASE_URL": url}
+    command = [sys.executable, "-m", "gateway", "report", "weekly"]
+    done = subprocess.run(
+        [*command, "--week", WEEK, "--out", str(tmp_path / "out")],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "chat-8b → cim" in done.stdout
+    assert json.loads((tmp_path / "out/report.json").read_text())["period"]["label"] == WEEK
+    wrong = subprocess.run(
+        [*command, "--week", "2026-48", "--out", str(tmp_path / "x")],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert wrong.returncode == 2 and "2026-W48" in wrong.stderr
