@@ -54,7 +54,7 @@ CONNECTIONS = (1, 8, 64)
 
 
 def wrk_script(stream: bool) -> str:
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+    body: dict[str, Any] = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
     if stream:
         body["stream"] = True
     return (
@@ -290,12 +290,12 @@ def direct(upstream: str, upstream_pid: int) -> Iterator[tuple[int, str]]:
 def shadow_copies(base: str) -> dict[str, float]:
     with urllib.request.urlopen(base + "/metrics", timeout=5) as response:
         text = response.read().decode()
-    found: Counter[str] = Counter()
+    found: dict[str, float] = {}
     for line in text.splitlines():
         match = re.match(r"gateway_shadow_(sent|dropped|failed)_total(?:\{.*\})? (\S+)", line)
         if match:
-            found[match.group(1)] += float(match.group(2))
-    return dict(found)
+            found[match.group(1)] = found.get(match.group(1), 0.0) + float(match.group(2))
+    return found
 
 
 def measure_path(
@@ -347,6 +347,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "seconds": args.seconds,
         "chunks": args.chunks,
         "connections": list(args.connections),
+        "load_average_at_start": list(os.getloadavg()),  # other work on the machine skews all
         "paths": {},
     }
     try:
@@ -473,6 +474,7 @@ def summarise_profile(raw: Path, top: int) -> dict[str, Any]:
     """Read py-spy's folded stacks; return the top functions by own and by inclusive samples."""
     own: Counter[str] = Counter()
     inclusive: Counter[str] = Counter()
+    by_package: Counter[str] = Counter()
     total = 0
     for line in raw.read_text().splitlines():
         stack, _, count_text = line.rpartition(" ")
@@ -482,13 +484,30 @@ def summarise_profile(raw: Path, top: int) -> dict[str, Any]:
         frames = [re.sub(r":\d+\)$", ")", f) for f in stack.split(";")]
         total += count
         own[frames[-1]] += count
+        by_package[package_of(frames[-1])] += count
         for frame in set(frames):
             inclusive[frame] += count
 
     def share(counter: Counter[str]) -> list[tuple[str, float]]:
         return [(f, round(100 * n / total, 1)) for f, n in counter.most_common(top)]
 
-    return {"samples": total, "own_pct": share(own), "inclusive_pct": share(inclusive)}
+    return {
+        "samples": total,
+        "own_pct_by_package": share(by_package),
+        "own_pct": share(own),
+        "inclusive_pct": share(inclusive),
+    }
+
+
+def package_of(frame: str) -> str:
+    """Name the package (or gateway module) a py-spy frame `function (path/file.py)` is in."""
+    path = frame[frame.rfind("(") + 1 : -1]
+    parts = path.split("/")
+    if parts[0] == "gateway":
+        return path
+    if parts[0] in ("asyncio", "concurrent", "threading.py", "selectors.py", "<frozen runpy>"):
+        return f"stdlib {parts[0]}"
+    return parts[0]
 
 
 def profile(args: argparse.Namespace) -> int:
@@ -511,14 +530,15 @@ def profile(args: argparse.Namespace) -> int:
         wrk(url, 8, args.warmup, str(script))
         record = [
             str(py_spy), "record", "-p", str(proc.pid), "-d", str(args.seconds + 1),
-            "-f", "raw", "-o", str(out), "--nonblocking",
+            "-r", str(args.rate), "-f", "raw", "-o", str(out), "--nonblocking",
         ]  # fmt: skip
         recorder = subprocess.Popen(record, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         point = wrk(url, 8, args.seconds, str(script))
         recorder.wait(60)
     summary = summarise_profile(out, args.top)
     print(f"gateway under py-spy: {point['rps']:.0f} req/s; {summary['samples']} samples")
-    for title, key in (("own time", "own_pct"), ("inclusive", "inclusive_pct")):
+    titles = (("own time, by package", "own_pct_by_package"), ("own time", "own_pct"))
+    for title, key in (*titles, ("inclusive", "inclusive_pct")):
         print(f"\ntop {args.top} by {title}:")
         for frame, pct in summary[key]:
             print(f"  {pct:5.1f}%  {frame}")
@@ -540,6 +560,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--profile", action="store_true", help="py-spy the gateway instead")
     parser.add_argument("--profile-mode", choices=MODES, default="chat")
     parser.add_argument("--top", type=int, default=25, help="functions listed by --profile")
+    parser.add_argument("--rate", type=int, default=500, help="py-spy samples per second")
     args = parser.parse_args(argv)
     args.paths = [p for p in args.paths.split(",") if p]
     unknown = sorted(set(args.paths) - set(PATHS))

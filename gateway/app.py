@@ -35,7 +35,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.mirror import Mirror
 from gateway.policy import Policy, content_hash, parse_policy, render_policy
 from gateway.policystore import PolicyVersion
-from gateway.policysync import PolicyWatcher
+from gateway.policysync import FileWatcher, PolicyWatcher
 from gateway.records import RecordWriter, RequestRecord, request_records
 from gateway.rollout import RolloutDriver
 from gateway.routing.fleet import BackendState, Fleet
@@ -132,6 +132,9 @@ class Gateway:
             self.use_policy,
             interval_s=settings.policy_poll_interval_s,
         )
+        self.policy_file = FileWatcher(
+            settings.policy_path, self.engine, self.metrics, self.policy_watcher.sync
+        )
         self.rollouts = RolloutDriver(
             self.engine,
             lambda: self.policy,
@@ -223,8 +226,11 @@ class Gateway:
         if versioned:
             self.policy_watcher.start()
             self.rollouts.start()
+            if self.settings.watch_policy:
+                self.policy_file.start()
 
     async def stop(self) -> None:
+        await self.policy_file.stop()
         await self.rollouts.stop()
         await self.policy_watcher.stop()
         await self.learner.stop()

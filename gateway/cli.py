@@ -21,6 +21,8 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
 
     host = args.host or settings.host
     port = args.port or settings.port
+    if args.watch:
+        settings = settings.model_copy(update={"watch_policy": True})
     app = create_app(settings)
 
     # uvicorn drains and runs the lifespan shutdown (records flushed), then re-raises the
@@ -97,6 +99,43 @@ def _policy_diff(args: argparse.Namespace, settings: Settings) -> int:
     if not lines:
         print(f"{args.file}: no changes against {label}")
     sys.stdout.writelines(line if line.endswith("\n") else line + "\n" for line in lines)
+    return 0
+
+
+def _policy_simulate(args: argparse.Namespace, settings: Settings) -> int:
+    import json
+    import time
+
+    from gateway import policystore
+    from gateway.admin import parse_since
+    from gateway.db import make_engine
+    from gateway.policy import parse_policy
+    from gateway.whatif import recorded_requests, simulate
+
+    engine = make_engine(settings.database_url)
+    stored = policystore.active(engine)
+    active = (
+        parse_policy(stored.content, f"version {stored.version}")
+        if stored is not None
+        else load_policy(settings.policy_path)
+    )
+    proposed = load_policy(args.file)
+    since = parse_since(args.since, time.time()) or 0.0
+    requests = recorded_requests(engine, since, limit=args.limit)
+    if not requests:
+        print(f"no recorded chat requests since {args.since}: nothing to replay", file=sys.stderr)
+        return 1
+    result = simulate(active, proposed, requests)
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    print(f"{result['requests']} recorded requests replayed under the active and proposed policy")
+    for key, row in result["change"].items():
+        if key == "pool_shares":
+            print(f"  pool shares: {row['active']} -> {row['proposed']}")
+        else:
+            ratio = "" if row["ratio"] is None else f" (x{row['ratio']})"
+            print(f"  {key}: {row['active']} -> {row['proposed']}{ratio}")
     return 0
 
 
@@ -413,6 +452,9 @@ def parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--host", help="address to listen on (default GATEWAY_HOST or 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port to listen on (default GATEWAY_PORT or 8080)")
+    serve.add_argument(
+        "--watch", action="store_true", help="apply GATEWAY_POLICY whenever it is saved, if valid"
+    )
     serve.set_defaults(run=_serve)
 
     db = commands.add_parser("db", help="manage the database").add_subparsers(
@@ -432,6 +474,16 @@ def parser() -> argparse.ArgumentParser:
     diff = policy.add_parser("diff", help="unified diff of the active version against a file")
     diff.add_argument("file")
     diff.set_defaults(run=_policy_diff)
+    simulate = policy.add_parser(
+        "simulate", help="replay recorded requests through a proposed policy (what-if)"
+    )
+    simulate.add_argument("file")
+    simulate.add_argument(
+        "--since", default="7d", help="period to replay: an age like 7d, or a time"
+    )
+    simulate.add_argument("--limit", type=int, help="replay at most this many requests")
+    simulate.add_argument("--json", action="store_true")
+    simulate.set_defaults(run=_policy_simulate)
     apply = policy.add_parser("apply", help="store a valid policy as the new active version")
     apply.add_argument("file")
     apply.add_argument("-m", "--message", required=True, help="why this change")

@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+import socket
+from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import sqlalchemy as sa
 
 from gateway import policystore
 from gateway.errors import PolicyError, PolicyStoreUnavailable
 from gateway.metrics import GatewayMetrics
-from gateway.policy import Policy, parse_policy
+from gateway.policy import Policy, content_hash, parse_policy
 from gateway.policystore import PolicyVersion
 
 log = logging.getLogger(__name__)
@@ -85,3 +87,79 @@ class PolicyWatcher:
             except Exception:
                 self._metrics.policy_reloads.labels("error").inc()
                 log.exception("policy sync failed")
+
+
+class FileWatcher:
+    """Apply a policy file whenever it is saved (`gateway serve --watch`), if it is valid.
+
+    A saved file that fails validation is logged with its errors and not applied; the gateway
+    keeps serving the active version. A valid one becomes a new version in the store, so the
+    other replicas follow it as they would an apply.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        engine: sa.Engine,
+        metrics: GatewayMetrics,
+        synced: Callable[[], Awaitable[int]],
+        *,
+        interval_s: float = 1.0,
+    ):
+        self._path = path
+        self._engine = engine
+        self._metrics = metrics
+        self._synced = synced
+        self._interval_s = interval_s
+        self._seen = self._stamp()
+        self._task: asyncio.Task[None] | None = None
+
+    def _stamp(self) -> tuple[float, int] | None:
+        try:
+            stat = self._path.stat()
+        except OSError:
+            return None
+        return (stat.st_mtime, stat.st_size)
+
+    async def check(self) -> bool:
+        """Apply the file if it changed since the last look and is valid; say if it applied."""
+        stamp = self._stamp()
+        if stamp is None or stamp == self._seen:
+            return False
+        self._seen = stamp
+        text = self._path.read_text()
+        try:
+            parse_policy(text, str(self._path))
+        except PolicyError as exc:
+            self._metrics.policy_reloads.labels("invalid").inc()
+            log.error("not applying %s: %s", self._path, exc)
+            return False
+        active = await asyncio.to_thread(policystore.active, self._engine)
+        if active is not None and active.hash == content_hash(text):
+            return False
+        await asyncio.to_thread(
+            policystore.record,
+            self._engine,
+            text,
+            f"watch@{socket.gethostname()}",
+            f"saved {self._path.name}",
+        )
+        await self._synced()
+        return True
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="policy-file-watcher")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self._interval_s)
+            try:
+                await self.check()
+            except Exception:
+                log.exception("watching %s failed", self._path)

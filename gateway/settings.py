@@ -48,6 +48,11 @@ class Settings(BaseSettings):
         ge=0,
         validation_alias=AliasChoices("GATEWAY_MODEL_RETRAIN_MIN_INTERVAL_S"),
     )
+    watch_policy: bool = Field(
+        default=False,
+        validation_alias=AliasChoices("GATEWAY_WATCH_POLICY"),
+        description="Apply the policy file whenever it is saved (gateway serve --watch).",
+    )
     rollout_check_interval_s: float = Field(
         default=30.0, gt=0, validation_alias=AliasChoices("GATEWAY_ROLLOUT_CHECK_INTERVAL_S")
     )

@@ -1,6 +1,6 @@
 """A short run of bench/hot_path.py: the gateway's throughput as ratios, never absolute times.
 
-Direct, the gateway with shadow sampling at 0% and at 10%, at 8 connections, 2 s per point.
+Direct, the gateway with shadow sampling at 0% and at 10%, at 8 connections, 3 s per point.
 The bounds are generous (issue #10: a build fails when a ratio falls far below what
 docs/performance.md reports), so a busy machine does not fail them but a hot-path regression
 that halves throughput does.
@@ -32,19 +32,17 @@ pytestmark = [
 # 0.13 for chat and 0.4 for 16-chunk streams; 10% shadow keeps about 0.9 of the throughput.
 MIN_CHAT_SHARE_OF_DIRECT = 0.05
 MIN_STREAM_SHARE_OF_DIRECT = 0.15
-MIN_THROUGHPUT_KEPT_WITH_SHADOW = 0.6
+MIN_THROUGHPUT_KEPT_WITH_SHADOW = 0.5
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = Path(tmp_path_factory.mktemp("hot-path")) / "hot_path.json"
-    args = hot_path.parse_args(
-        [
-            "--seconds", "2", "--warmup", "1", "--connections", "8",
-            "--paths", "direct,gateway,gateway-shadow10", "--out", str(out),
-        ]  # fmt: skip
-    )
-    return hot_path.run(args)
+    argv = [
+        "--seconds", "3", "--warmup", "1", "--connections", "8",
+        "--paths", "direct,gateway,gateway-shadow10", "--out", str(out),
+    ]  # fmt: skip
+    return hot_path.run(hot_path.parse_args(argv))
 
 
 def test_every_request_through_the_gateway_succeeds(results: dict[str, Any]) -> None:

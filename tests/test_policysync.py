@@ -167,3 +167,27 @@ def test_starts_from_the_active_version_else_stores_its_policy_as_version_1(
         assert [v.version for v in policystore.history(gw.gateway.engine)] == [1]
         value = gw.gateway.metrics.registry.get_sample_value("gateway_policy_version")
         assert value == 1
+
+
+def test_watch_applies_a_saved_valid_file_and_ignores_an_invalid_one(sims, tmp_path: Path) -> None:
+    import yaml
+
+    policy = fleet_policy(sims.urls("gpu"), sims.urls("asic"), sims.urls("cim"))
+    path = tmp_path / "policy.yaml"
+    path.write_text(render_policy(policy))
+    with run_gateway(
+        policy, tmp_path, policy_path=path, watch_policy=True, policy_poll_interval_s=0.1
+    ) as gw:
+        gw.gateway.policy_file._interval_s = 0.05
+        first = gw.gateway.policy_version
+        path.write_text("pools: [not a mapping\n")  # a half-saved file
+        time.sleep(0.5)
+        assert gw.gateway.policy_version == first
+        doc = yaml.safe_load(render_policy(policy))
+        doc["routes"][0]["pools"] = ["gpu"]
+        path.write_text(yaml.safe_dump(doc))
+        deadline = time.monotonic() + 10
+        while gw.gateway.policy_version == first and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert gw.gateway.policy_version == first + 1
+        assert gw.gateway.policy.routes[0].pools == ["gpu"]

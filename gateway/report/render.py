@@ -40,10 +40,21 @@ def write(report: dict[str, Any], out: Path) -> dict[str, Path]:
     report["charts"] = list(svgs)
     out.mkdir(parents=True, exist_ok=True)
     paths = {name: out / name for name in FILES}
-    paths["report.json"].write_text(json.dumps(report, indent=2, allow_nan=False) + "\n")
+    paths["report.json"].write_text(json.dumps(finite(report), indent=2, allow_nan=False) + "\n")
     paths["report.md"].write_text(markdown(report))
     paths["report.html"].write_text(html(report, svgs))
     return paths
+
+
+def finite(value: Any) -> Any:
+    """Return the value with infinities and NaNs as None: JSON has no words for them."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite(v) for v in value]
+    return value
 
 
 # Formatting ---------------------------------------------------------------------------------

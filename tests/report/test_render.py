@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -151,3 +152,12 @@ def test_cli_writes_a_named_week_and_refuses_a_malformed_one(tmp_path: Path) -> 
         text=True,
     )
     assert wrong.returncode == 2 and "2026-W48" in wrong.stderr
+
+
+def test_unbounded_intervals_are_null_in_json() -> None:
+    from gateway.report.render import finite
+
+    assert finite({"interval": (0.5, math.inf), "n": [math.nan, 1]}) == {
+        "interval": [0.5, None],
+        "n": [None, 1],
+    }
