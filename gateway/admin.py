@@ -15,13 +15,22 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal
 
 from fastapi import APIRouter, Depends, FastAPI, Request, Response
-from fastapi.responses import JSONResponse
+from fastapi.responses import FileResponse, JSONResponse
 from pydantic import BaseModel, Field
 
 from gateway import policycheck, policystore, promotion, rollout
-from gateway.errors import AdminDisabled, GatewayError, InvalidRequest, Problem, Unauthorized
+from gateway.errors import (
+    AdminDisabled,
+    GatewayError,
+    InvalidRequest,
+    Problem,
+    ReportNotFound,
+    Unauthorized,
+)
 from gateway.explain import explain
 from gateway.policy import content_hash
+from gateway.report.period import ISO_WEEK
+from gateway.report.schedule import FILES, listing
 from gateway.shadow import summarize
 
 if TYPE_CHECKING:
@@ -88,6 +97,21 @@ def admin_router(gateway: Gateway) -> APIRouter:
         if evaluate:
             await asyncio.to_thread(promotion.evaluate, gateway.engine, gateway.policy)
         return await asyncio.to_thread(promotion.latest, gateway.engine)
+
+    @router.get("/reports")
+    async def reports() -> list[dict[str, Any]]:
+        """List the kept weekly reports, newest first."""
+        return listing(gateway.settings.reports_dir)
+
+    @router.get("/reports/{week}/{name}")
+    async def report_file(week: str, name: str) -> Response:
+        """Download one file of a kept report."""
+        if not ISO_WEEK.match(week) or name not in FILES:
+            raise ReportNotFound(f"no report file {week}/{name} (files: {', '.join(FILES)})")
+        path = gateway.settings.reports_dir / week / name
+        if not path.is_file():
+            raise ReportNotFound(f"no report for week {week}")
+        return FileResponse(path)
 
     @router.get("/rollouts")
     async def rollouts() -> list[dict[str, Any]]:

@@ -37,6 +37,7 @@ from gateway.policy import Policy, content_hash, parse_policy, render_policy
 from gateway.policystore import PolicyVersion
 from gateway.policysync import FileWatcher, PolicyWatcher
 from gateway.records import RecordWriter, RequestRecord, request_records
+from gateway.report.schedule import ReportScheduler, parse_schedule
 from gateway.rollout import RolloutDriver
 from gateway.routing.fleet import BackendState, Fleet
 from gateway.routing.ranking import CostRanker
@@ -135,6 +136,17 @@ class Gateway:
         self.policy_file = FileWatcher(
             settings.policy_path, self.engine, self.metrics, self.policy_watcher.sync
         )
+        self.reports = (
+            ReportScheduler(
+                parse_schedule(settings.report_schedule),
+                settings.reports_dir,
+                self.engine,
+                lambda: self.policy,
+                lambda: self.costmodel,
+            )
+            if settings.report_schedule
+            else None
+        )
         self.rollouts = RolloutDriver(
             self.engine,
             lambda: self.policy,
@@ -223,6 +235,8 @@ class Gateway:
         await self.meter.start()
         self.health.start()
         self.learner.start()
+        if self.reports is not None and self.database_ok:
+            self.reports.start()
         if versioned:
             self.policy_watcher.start()
             self.rollouts.start()
@@ -230,6 +244,8 @@ class Gateway:
                 self.policy_file.start()
 
     async def stop(self) -> None:
+        if self.reports is not None:
+            await self.reports.stop()
         await self.policy_file.stop()
         await self.rollouts.stop()
         await self.policy_watcher.stop()

@@ -8,6 +8,7 @@ GatewayError                  anything the gateway refuses or fails to do for a 
 ├── AdminDisabled             403: no admin token is configured, so /admin is off
 ├── ModelNotFound             404: no pool serves the requested model
 ├── PolicyVersionNotFound     404: the admin asked for a policy version that was never stored
+├── ReportNotFound            404: the admin asked for a report file that was never written
 ├── BodyTooLarge              413: the request body is over the configured limit
 ├── NoCapacity                429: every eligible pool is full and its queue budget ran out
 ├── NoHealthyBackend          503: every eligible backend is ejected or unhealthy
@@ -121,6 +122,14 @@ class PolicyVersionNotFound(GatewayError):
     status = 404
     type = "invalid_request_error"
     code = "policy_version_not_found"
+
+
+class ReportNotFound(GatewayError):
+    """The admin asked for a report file that was never written."""
+
+    status = 404
+    type = "invalid_request_error"
+    code = "report_not_found"
 
 
 class PolicyStoreUnavailable(GatewayError):

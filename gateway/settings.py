@@ -48,6 +48,14 @@ class Settings(BaseSettings):
         ge=0,
         validation_alias=AliasChoices("GATEWAY_MODEL_RETRAIN_MIN_INTERVAL_S"),
     )
+    report_schedule: str = Field(
+        default="",
+        validation_alias=AliasChoices("GATEWAY_REPORT_SCHEDULE"),
+        description="Weekday and UTC time of the weekly report, e.g. 'mon 06:00'; empty: off.",
+    )
+    reports_dir: Path = Field(
+        default=Path("reports"), validation_alias=AliasChoices("GATEWAY_REPORTS_DIR")
+    )
     watch_policy: bool = Field(
         default=False,
         validation_alias=AliasChoices("GATEWAY_WATCH_POLICY"),
