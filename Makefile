@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: run test install lint typecheck unit wrk clean
+.PHONY: run report test install lint typecheck unit wrk clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -16,6 +16,10 @@ install: $(STAMP)
 ## Start simulated GPU, ASIC and CIM pools and the gateway on 127.0.0.1:8080; Ctrl-C stops all.
 run: install
 	VENV=$(VENV) bash scripts/run-local.sh
+
+## A demo week of traffic through the real gateway, rendered to reports/demo/report.html.
+report: install
+	$(PY) scripts/demo_report.py
 
 ## Install what the tests need, then lint, type-check and run the whole suite.
 test: install lint typecheck unit
