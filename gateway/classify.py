@@ -6,8 +6,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.errors import InvalidRequest, Unauthorized
-from gateway.policy import Policy
+from gateway.errors import InvalidRequest, SloNotAllowed, Unauthorized
+from gateway.policy import Policy, Tenant
 
 ENDPOINTS = {
     "/v1/chat/completions": "chat",
@@ -140,16 +140,14 @@ def _header_ms(headers: dict[str, str], name: str) -> float | None:
     return value
 
 
-def tenant_of(policy: Policy, headers: dict[str, str]) -> str:
-    """Return the tenant named by the request's API key, or 'anonymous' when keys are optional."""
+def tenant_of(policy: Policy, headers: dict[str, str]) -> Tenant | None:
+    """Return the tenant of the request's API key, or None (anonymous) when keys are optional."""
     auth = headers.get("authorization", "")
     key = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
     tenant = policy.tenant_for_key(key) if key and policy.tenants else None
-    if tenant is not None:
-        return tenant
-    if policy.require_tenant_key:
+    if tenant is None and policy.require_tenant_key:
         raise Unauthorized("a valid tenant API key is required (Authorization: Bearer KEY)")
-    return "anonymous"
+    return tenant
 
 
 def classify(
@@ -172,7 +170,14 @@ def classify(
     if stream and endpoint == "embeddings":
         raise InvalidRequest("embeddings cannot be streamed", param="stream")
     chars, messages = _prompt_size(endpoint, payload)
-    slo_name = headers.get("x-slo-class", policy.default_slo_class)
+    default_class = (tenant and tenant.default_slo_class) or policy.default_slo_class
+    slo_name = headers.get("x-slo-class", default_class)
+    if tenant is not None and tenant.slo_classes and slo_name not in tenant.slo_classes:
+        raise SloNotAllowed(
+            f"tenant {tenant.name!r} may not use SLO class {slo_name!r} "
+            f"(allowed: {', '.join(tenant.slo_classes)})",
+            param="x-slo-class",
+        )
     slo = policy.slo_classes.get(slo_name)
     if slo is None:
         raise InvalidRequest(
@@ -182,6 +187,12 @@ def classify(
         )
     ttft = _header_ms(headers, "x-slo-ttft-ms")
     tpot = _header_ms(headers, "x-slo-tpot-ms")
+    if tenant is not None and not tenant.slo_overrides and (ttft is not None or tpot is not None):
+        raise SloNotAllowed(
+            f"tenant {tenant.name!r} may not set x-slo-ttft-ms or x-slo-tpot-ms; "
+            "its class's targets apply",
+            param="x-slo-ttft-ms" if ttft is not None else "x-slo-tpot-ms",
+        )
     return RequestProfile(
         endpoint=endpoint,
         model=model,
@@ -191,6 +202,6 @@ def classify(
         ttft_ms=ttft if ttft is not None else slo.ttft_ms,
         tpot_ms=tpot if tpot is not None else slo.tpot_ms,
         e2e_ms=slo.e2e_ms,
-        tenant=tenant,
+        tenant=tenant.name if tenant is not None else "anonymous",
         stream=stream,
     )

@@ -5,6 +5,7 @@ GatewayError                  anything the gateway refuses or fails to do for a 
 │   └── ContextTooLong        400: prompt plus max tokens exceed every pool's context
 ├── Unauthorized              401: a required tenant key or the admin token is missing or wrong
 ├── RouteDenied               403: no route of the policy admits this request
+├── SloNotAllowed             403: the tenant may not ask for this SLO class or these targets
 ├── AdminDisabled             403: no admin token is configured, so /admin is off
 ├── ModelNotFound             404: no pool serves the requested model
 ├── PolicyVersionNotFound     404: the admin asked for a policy version that was never stored
@@ -66,6 +67,14 @@ class Unauthorized(GatewayError):
     status = 401
     type = "authentication_error"
     code = "invalid_api_key"
+
+
+class SloNotAllowed(GatewayError):
+    """The tenant's key does not allow the SLO class or per-request targets it asked for."""
+
+    status = 403
+    type = "permission_error"
+    code = "slo_not_allowed"
 
 
 class RouteDenied(GatewayError):

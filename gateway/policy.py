@@ -274,6 +274,15 @@ class Tenant(Strict):
 
     name: str = Field(min_length=1)
     api_key_sha256: list[str] = []
+    default_slo_class: str | None = Field(
+        default=None, description="The class of this tenant's requests without x-slo-class."
+    )
+    slo_classes: list[str] = Field(
+        default=[], description="Classes this tenant may ask for with x-slo-class; empty: any."
+    )
+    slo_overrides: bool = Field(
+        default=True, description="Whether x-slo-ttft-ms / x-slo-tpot-ms are honoured."
+    )
 
     @field_validator("api_key_sha256")
     @classmethod
@@ -305,12 +314,12 @@ class Policy(Strict):
         default=256, gt=0, description="Output tokens reserved when a request names no max_tokens."
     )
 
-    def tenant_for_key(self, api_key: str) -> str | None:
+    def tenant_for_key(self, api_key: str) -> Tenant | None:
         """Return the tenant whose key this is, or None."""
         digest = hashlib.sha256(api_key.encode()).hexdigest()
         for tenant in self.tenants:
             if digest in tenant.api_key_sha256:
-                return tenant.name
+                return tenant
         return None
 
     def params_b(self, model: str) -> float:
@@ -350,6 +359,20 @@ def _reference_errors(policy: Policy) -> list[tuple[tuple[str | int, ...], str]]
         names = [b.name for b in pool.backends]
         if len(set(names)) != len(names):
             errors.append((("pools", name, "backends"), f"backend names repeat: {names}"))
+    for i, tenant in enumerate(policy.tenants):
+        named = (
+            [("default_slo_class", tenant.default_slo_class)] if tenant.default_slo_class else []
+        )
+        named += [(f"slo_classes.{j}", c) for j, c in enumerate(tenant.slo_classes)]
+        for field, cls in named:
+            if cls not in policy.slo_classes:
+                errors.append(
+                    (
+                        ("tenants", i, *field.split(".")),
+                        f"tenant {tenant.name!r} names SLO class {cls!r}, which is not defined "
+                        f"(classes: {', '.join(policy.slo_classes)})",
+                    )
+                )
     seen_routes: set[str] = set()
     tenants = {t.name for t in policy.tenants}
     for i, route in enumerate(policy.routes):

@@ -5,7 +5,7 @@ import hashlib
 import pytest
 
 from gateway.classify import TokenEstimator, classify
-from gateway.errors import InvalidRequest, Unauthorized
+from gateway.errors import InvalidRequest, SloNotAllowed, Unauthorized
 from policies import MODEL, fleet_policy
 
 
@@ -98,3 +98,36 @@ def test_tenant_from_key_and_required_keys() -> None:
     )
     with pytest.raises(Unauthorized):
         classify("chat", chat(), {"authorization": "Bearer nope"}, closed, est)
+
+
+def test_tenant_defaults_and_limits_its_slo_headers() -> None:
+    digest = hashlib.sha256(b"sk-batch").hexdigest()
+    policy = fleet_policy(
+        tenants=[
+            {
+                "name": "nightly",
+                "api_key_sha256": [digest],
+                "default_slo_class": "batch",
+                "slo_classes": ["batch"],
+                "slo_overrides": False,
+            }
+        ]
+    )
+    key = {"authorization": "Bearer sk-batch"}
+    est = TokenEstimator()
+    assert classify("chat", chat(), key, policy, est).slo_class == "batch"
+    with pytest.raises(SloNotAllowed) as denied:
+        classify("chat", chat(), key | {"x-slo-class": "interactive"}, policy, est)
+    assert denied.value.status == 403 and "'interactive'" in denied.value.message
+    with pytest.raises(SloNotAllowed):
+        classify("chat", chat(), key | {"x-slo-ttft-ms": "50"}, policy, est)
+    # Anonymous traffic keeps the policy's defaults and may still override.
+    anonymous = classify("chat", chat(), {"x-slo-ttft-ms": "50"}, policy, est)
+    assert (anonymous.slo_class, anonymous.ttft_ms) == ("interactive", 50)
+
+
+def test_tenant_slo_classes_must_exist() -> None:
+    from gateway.errors import PolicyError
+
+    with pytest.raises(PolicyError, match="tenant 'x' names SLO class 'gold'"):
+        fleet_policy(tenants=[{"name": "x", "default_slo_class": "gold"}])

@@ -103,7 +103,8 @@ def test_tenant_keys_are_matched_by_digest() -> None:
     doc = default_doc()
     doc["tenants"] = [{"name": "acme", "api_key_sha256": [hashlib.sha256(b"sk-acme").hexdigest()]}]
     policy = parse_policy(yaml.safe_dump(doc))
-    assert policy.tenant_for_key("sk-acme") == "acme"
+    tenant = policy.tenant_for_key("sk-acme")
+    assert tenant is not None and tenant.name == "acme"
     assert policy.tenant_for_key("sk-other") is None
 
 
