@@ -1,6 +1,6 @@
 """The hot path side by side: direct, this gateway (shadow 0% and 10%) and LiteLLM's proxy.
 
-    python -m bench.hot_path                      # all paths, ~6 minutes; needs wrk
+    python -m bench.hot_path                      # all paths, ~5 minutes; needs wrk
     python -m bench.hot_path --seconds 2 --paths direct,gateway,gateway-shadow10
     python -m bench.hot_path --profile            # py-spy on the gateway under load, no table
 
