@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 from gateway.classify import TokenEstimator
 from gateway.costmodel.model import OutputLengths
@@ -14,6 +16,17 @@ from gateway.records import RequestRecord
 
 def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds * 1000, 3)
+
+
+@dataclass(frozen=True, slots=True)
+class _Served:
+    """The labelled series one (route, pool, model) updates for every answered request."""
+
+    duration: Any
+    ttft: Any
+    tpot: Any
+    prompt_tokens: Any
+    completion_tokens: Any
 
 
 class Telemetry:
@@ -32,6 +45,32 @@ class Telemetry:
         self.meter = meter
         self.estimator = estimator
         self.outputs = outputs
+        # Labelled children looked up once per label set: labels() costs more than the update.
+        self._request_series: dict[tuple[str, str, str, int], Any] = {}
+        self._served_series: dict[tuple[str, str, str], _Served] = {}
+
+    def _requests(self, route: str, pool: str, model: str, status: int) -> Any:
+        key = (route, pool, model, status)
+        child = self._request_series.get(key)
+        if child is None:
+            child = self._request_series[key] = self.metrics.requests.labels(
+                route, pool, model, str(status)
+            )
+        return child
+
+    def _served(self, route: str, pool: str, model: str) -> _Served:
+        key = (route, pool, model)
+        series = self._served_series.get(key)
+        if series is None:
+            m = self.metrics
+            series = self._served_series[key] = _Served(
+                m.duration.labels(*key),
+                m.ttft.labels(*key),
+                m.tpot.labels(*key),
+                m.prompt_tokens.labels(*key),
+                m.completion_tokens.labels(*key),
+            )
+        return series
 
     def finish(self, ex: Exchange, ended: float) -> None:
         """Account for an exchange that ended at `ended` (same clock as ex.started)."""
@@ -50,7 +89,7 @@ class Telemetry:
         ):
             tpot = (ex.last_token_s - ex.started - ex.ttft_s) / (ex.completion_tokens - 1)
         overhead = max(e2e - ex.queue_s - ex.upstream_s, 0.0)
-        m.requests.labels(route, pool, model, str(ex.status)).inc()
+        self._requests(route, pool, model, ex.status).inc()
         if ex.error is not None:
             m.errors.labels(route, pool, model, ex.error).inc()
         if ex.decision is not None and ex.decision.slo_unmeetable:
@@ -60,15 +99,16 @@ class Telemetry:
         if profile is not None:
             m.overhead.labels(route).observe(overhead)
         if pool and ex.status == 200:
-            m.duration.labels(route, pool, model).observe(e2e)
+            series = self._served(route, pool, model)
+            series.duration.observe(e2e)
             if ex.ttft_s is not None:
-                m.ttft.labels(route, pool, model).observe(ex.ttft_s)
+                series.ttft.observe(ex.ttft_s)
             if tpot is not None:
-                m.tpot.labels(route, pool, model).observe(tpot)
+                series.tpot.observe(tpot)
             if ex.prompt_tokens:
-                m.prompt_tokens.labels(route, pool, model).inc(ex.prompt_tokens)
+                series.prompt_tokens.inc(ex.prompt_tokens)
             if ex.completion_tokens:
-                m.completion_tokens.labels(route, pool, model).inc(ex.completion_tokens)
+                series.completion_tokens.inc(ex.completion_tokens)
         if profile is not None and ex.prompt_tokens:
             self.estimator.observe(ex.model, profile.prompt_tokens, ex.prompt_tokens)
         if route and ex.status == 200 and ex.completion_tokens is not None:
