@@ -359,17 +359,17 @@ def _reference_errors(policy: Policy) -> list[tuple[tuple[str | int, ...], str]]
         names = [b.name for b in pool.backends]
         if len(set(names)) != len(names):
             errors.append((("pools", name, "backends"), f"backend names repeat: {names}"))
-    for i, tenant in enumerate(policy.tenants):
+    for i, entry in enumerate(policy.tenants):
         named = (
-            [("default_slo_class", tenant.default_slo_class)] if tenant.default_slo_class else []
+            [("default_slo_class", entry.default_slo_class)] if entry.default_slo_class else []
         )
-        named += [(f"slo_classes.{j}", c) for j, c in enumerate(tenant.slo_classes)]
+        named += [(f"slo_classes.{j}", c) for j, c in enumerate(entry.slo_classes)]
         for field, cls in named:
             if cls not in policy.slo_classes:
                 errors.append(
                     (
                         ("tenants", i, *field.split(".")),
-                        f"tenant {tenant.name!r} names SLO class {cls!r}, which is not defined "
+                        f"entry {entry.name!r} names SLO class {cls!r}, which is not defined "
                         f"(classes: {', '.join(policy.slo_classes)})",
                     )
                 )
