@@ -369,7 +369,7 @@ def _reference_errors(policy: Policy) -> list[tuple[tuple[str | int, ...], str]]
                 errors.append(
                     (
                         ("tenants", i, *field.split(".")),
-                        f"entry {entry.name!r} names SLO class {cls!r}, which is not defined "
+                        f"tenant {entry.name!r} names SLO class {cls!r}, which is not defined "
                         f"(classes: {', '.join(policy.slo_classes)})",
                     )
                 )
