@@ -74,9 +74,13 @@ class Gateway:
         self.upstream = Upstream()
         self.outliers = OutlierDetector(self.metrics)
         self.engine = make_engine(settings.database_url)
-        self.records = RecordWriter(
-            self.engine, self.metrics, flush_interval_s=settings.record_flush_interval_s
-        )
+        spill: dict[str, Any] = {
+            "flush_interval_s": settings.record_flush_interval_s,
+            "max_held": settings.record_buffer_rows,
+            "spill_dir": settings.spill_dir,
+            "max_spill_bytes": settings.spill_max_bytes,
+        }
+        self.records = RecordWriter(self.engine, self.metrics, **spill)
         self.meter = EnergyMeter(
             lambda: self.policy,
             self.upstream,
@@ -108,9 +112,7 @@ class Gateway:
         self.telemetry = Telemetry(
             self.metrics, self._record_finished, self.meter, self.estimator, self.outputs
         )
-        self.shadow_records = ShadowWriter(
-            self.engine, self.metrics, flush_interval_s=settings.record_flush_interval_s
-        )
+        self.shadow_records = ShadowWriter(self.engine, self.metrics, **spill)
         self.mirror = Mirror(
             self.upstream,
             self.admission,

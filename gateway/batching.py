@@ -1,21 +1,45 @@
 """Batched writes: queue rows on the event loop and insert them from a worker thread.
 
-Adding never waits: when the bounded queue is full the row is dropped and counted, so a slow
-database cannot slow or stall requests. Request records and shadow records are both written
-this way.
+Adding never waits, so a slow or unreachable database cannot slow or stall requests. Rows the
+database cannot take are kept and retried every round, oldest first:
+
+    add ─▶ queue (max_pending records) ─────────insert──────────▶ database
+                 │ insert failed                                   ▲
+                 ▼                                                 │ retried every round
+           held in memory (max_held rows) ─────────────────────────┤
+                 │ full                                            │ replayed, then deleted
+                 ▼                                                 │
+           spill file <spill_dir>/<table>.jsonl (max_spill_bytes) ─┘
+
+At shutdown, rows still held are spilled, so the next start replays them. A record is lost
+only past those limits (counted as dropped: the queue is full, or memory and the spill file
+are) or when the database refuses the row itself (counted as rejected: a constraint, which no
+retry can fix). Request records and shadow records are both written this way.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
+from collections import deque
 from dataclasses import fields
-from typing import Any, Generic, Protocol, TypeVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
+import orjson
 import sqlalchemy as sa
 from prometheus_client import Counter
 
+from gateway.errors import DatabaseUnavailable
+
+if TYPE_CHECKING:
+    from gateway.metrics import GatewayMetrics
+
 log = logging.getLogger(__name__)
+
+DEFAULT_MAX_SPILL_BYTES = 256 * 1024 * 1024
 
 
 class Row(Protocol):
@@ -31,18 +55,25 @@ def row_of(record: Any) -> dict[str, Any]:
 
 
 class BatchWriter(Generic[T]):
-    """Write records of one table in batches, every `flush_interval_s`, off the request path."""
+    """Write records of one table in batches, every `flush_interval_s`, off the request path.
+
+    Without a `spill_dir`, rows beyond `max_held` that the database cannot take are dropped.
+    """
 
     def __init__(
         self,
         engine: sa.Engine,
         table: sa.Table,
+        metrics: GatewayMetrics,
         written: Counter,
         dropped: Counter,
         *,
         flush_interval_s: float = 0.5,
         batch_size: int = 500,
         max_pending: int = 100_000,
+        max_held: int = 10_000,
+        spill_dir: Path | None = None,
+        max_spill_bytes: int = DEFAULT_MAX_SPILL_BYTES,
     ):
         self._engine = engine
         self._table = table
@@ -52,6 +83,24 @@ class BatchWriter(Generic[T]):
         self._batch_size = batch_size
         self._queue: asyncio.Queue[T] = asyncio.Queue(max_pending)
         self._task: asyncio.Task[None] | None = None
+        self._stopping = asyncio.Event()
+        self._held: deque[dict[str, Any]] = deque()
+        self._max_held = max_held
+        self._spill = None if spill_dir is None else Path(spill_dir) / f"{table.name}.jsonl"
+        self._max_spill_bytes = max_spill_bytes
+        self._spill_bytes = 0
+        self._spill_rows = 0
+        self._replayed_to = 0  # offset in the spill file before which every row is written
+        self._outage = False
+        name = table.name
+        self._held_gauge = metrics.records_buffered.labels(name, "memory")
+        self._spill_gauge = metrics.records_buffered.labels(name, "disk")
+        self._spilled = metrics.records_spilled.labels(name)
+        self._replayed = metrics.records_replayed.labels(name)
+        self._rejected = metrics.records_rejected.labels(name)
+        self._failures = metrics.record_write_failures.labels(name)
+        if self._spill is not None and self._spill.exists():
+            self._count_spill()
 
     def add(self, record: T) -> None:
         """Queue a record for writing."""
@@ -61,46 +110,203 @@ class BatchWriter(Generic[T]):
             self._dropped.inc()
 
     def start(self) -> None:
+        self._stopping = asyncio.Event()
         self._task = asyncio.create_task(self._run(), name=f"{self._table.name}-writer")
 
     async def stop(self) -> None:
-        """Stop the worker after writing everything queued."""
+        """Stop the worker after writing everything queued; spill what the database refuses."""
+        self._stopping.set()
         if self._task is not None:
-            self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
         await self.flush()
+        if self._held:
+            rows = list(self._held)
+            self._held.clear()
+            self._held_gauge.set(0)
+            await self._spill_or_drop(rows)
 
     async def flush(self) -> None:
-        """Write everything queued now."""
-        while not self._queue.empty():
-            batch: list[T] = []
-            while len(batch) < self._batch_size and not self._queue.empty():
-                batch.append(self._queue.get_nowait())
-            await self._write(batch)
+        """Write what is held, spilled and queued, oldest first; keep what cannot be written."""
+        if await self._write_backlog():
+            while not self._queue.empty():
+                rows = self._take(self._batch_size)
+                if not await self._write(rows):
+                    await self._keep(rows)
+                    break
+        if not self._queue.empty():
+            # The database is down: move the queue out of the way so that adding keeps room.
+            await self._keep(self._take(self._queue.qsize()))
 
     async def tick(self) -> None:
         """Do one round of the worker's periodic work (subclasses add to it)."""
         await self.flush()
 
+    def insert(self, table: sa.Table, rows: list[dict[str, Any]]) -> None:
+        with self._engine.begin() as conn:
+            conn.execute(table.insert(), rows)
+
     async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self._interval)
+        while not self._stopping.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), self._interval)
+            if self._stopping.is_set():
+                return  # stop() does the last round
             try:
                 await self.tick()
             except Exception:
                 log.exception("%s writer round failed", self._table.name)
 
-    async def _write(self, batch: list[T]) -> None:
-        rows = [r.row() for r in batch]
-        try:
-            await asyncio.to_thread(self.insert, self._table, rows)
-        except Exception:
-            log.exception("could not write %d rows to %s", len(rows), self._table.name)
-            self._dropped.inc(len(rows))
-            return
-        self._written.inc(len(rows))
+    def _take(self, n: int) -> list[dict[str, Any]]:
+        batch: list[dict[str, Any]] = []
+        while len(batch) < n and not self._queue.empty():
+            batch.append(self._queue.get_nowait().row())
+        return batch
 
-    def insert(self, table: sa.Table, rows: list[dict[str, Any]]) -> None:
-        with self._engine.begin() as conn:
-            conn.execute(table.insert(), rows)
+    async def _write(self, rows: list[dict[str, Any]]) -> bool:
+        """Insert rows; return False, keeping nothing, when the database is unreachable."""
+        try:
+            await asyncio.to_thread(self._insert_rows, rows)
+        except DatabaseUnavailable as exc:
+            self._failures.inc()
+            if not self._outage:
+                self._outage = True
+                log.error("%s; keeping records to retry: %s", exc, exc.__cause__)
+            return False
+        if self._outage:
+            self._outage = False
+            log.warning("%s writable again; writing the records kept", self._table.name)
+        return True
+
+    def _insert_rows(self, rows: list[dict[str, Any]]) -> None:
+        """Insert rows in one transaction; one by one if the database refuses the batch."""
+        try:
+            self.insert(self._table, rows)
+        except (sa.exc.IntegrityError, sa.exc.DataError):
+            for row in rows:
+                try:
+                    self.insert(self._table, [row])
+                except (sa.exc.IntegrityError, sa.exc.DataError) as exc:
+                    log.error("the database refused a %s row: %s", self._table.name, exc.orig)
+                    self._rejected.inc()
+                except sa.exc.SQLAlchemyError as exc:
+                    raise DatabaseUnavailable(f"cannot write to {self._table.name}") from exc
+                else:
+                    self._written.inc()
+        except sa.exc.SQLAlchemyError as exc:
+            raise DatabaseUnavailable(f"cannot write to {self._table.name}") from exc
+        else:
+            self._written.inc(len(rows))
+
+    async def _write_backlog(self) -> bool:
+        """Write held rows, then replay the spill file; return whether all of it is written."""
+        while self._held:
+            rows = [self._held[i] for i in range(min(self._batch_size, len(self._held)))]
+            if not await self._write(rows):
+                return False
+            for _ in rows:
+                self._held.popleft()
+            self._held_gauge.set(len(self._held))
+        if self._spill is None or self._spill_bytes == 0:
+            return True
+        while True:
+            rows, end = await asyncio.to_thread(self._read_spill, self._replayed_to)
+            if end == self._replayed_to:
+                break
+            if rows and not await self._write(rows):
+                return False
+            self._replayed_to = end
+            self._spill_rows = max(0, self._spill_rows - len(rows))
+            self._replayed.inc(len(rows))
+            self._spill_gauge.set(self._spill_rows)
+        await asyncio.to_thread(self._spill.unlink, missing_ok=True)
+        self._replayed_to = self._spill_bytes = self._spill_rows = 0
+        self._spill_gauge.set(0)
+        return True
+
+    async def _keep(self, rows: list[dict[str, Any]]) -> None:
+        """Hold rows in memory up to max_held, spill the rest."""
+        room = max(0, self._max_held - len(self._held))
+        self._held.extend(rows[:room])
+        self._held_gauge.set(len(self._held))
+        if len(rows) > room:
+            await self._spill_or_drop(rows[room:])
+
+    async def _spill_or_drop(self, rows: list[dict[str, Any]]) -> None:
+        spilled = await asyncio.to_thread(self._append_spill, rows)
+        self._spilled.inc(spilled)
+        self._spill_gauge.set(self._spill_rows)
+        if spilled < len(rows):
+            lost = len(rows) - spilled
+            self._dropped.inc(lost)
+            log.error(
+                "dropped %d %s rows: memory (%d rows) and the spill file (%d bytes) are full",
+                lost,
+                self._table.name,
+                self._max_held,
+                self._max_spill_bytes if self._spill is not None else 0,
+            )
+
+    def _append_spill(self, rows: list[dict[str, Any]]) -> int:
+        """Append rows to the spill file up to its size limit; return how many were written."""
+        if self._spill is None:
+            return 0
+        lines = []
+        size = self._spill_bytes
+        for row in rows:
+            line = orjson.dumps(row) + b"\n"
+            if size + len(line) > self._max_spill_bytes:
+                break
+            lines.append(line)
+            size += len(line)
+        if not lines:
+            return 0
+        try:
+            self._spill.parent.mkdir(parents=True, exist_ok=True)
+            with self._spill.open("ab") as f:
+                f.write(b"".join(lines))
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as exc:
+            log.error("cannot spill %s rows to %s: %s", self._table.name, self._spill, exc)
+            return 0
+        self._spill_bytes = size
+        self._spill_rows += len(lines)
+        return len(lines)
+
+    def _read_spill(self, offset: int) -> tuple[list[dict[str, Any]], int]:
+        """Read up to one batch of spilled rows from offset; return them and the next offset."""
+        assert self._spill is not None
+        rows: list[dict[str, Any]] = []
+        try:
+            f = self._spill.open("rb")
+        except FileNotFoundError:
+            return rows, offset
+        end = offset
+        with f:
+            f.seek(offset)
+            while len(rows) < self._batch_size:
+                line = f.readline()
+                if not line.endswith(b"\n"):
+                    break  # end of file, or a line cut short by a crash while spilling
+                end += len(line)
+                try:
+                    rows.append(orjson.loads(line))
+                except orjson.JSONDecodeError:
+                    log.error("skipping an unreadable line in %s", self._spill)
+                    self._rejected.inc()
+        return rows, end
+
+    def _count_spill(self) -> None:
+        """Take up the spill file a previous run left, to replay it."""
+        assert self._spill is not None
+        data = self._spill.read_bytes()
+        self._spill_bytes = len(data)
+        self._spill_rows = data.count(b"\n")
+        self._spill_gauge.set(self._spill_rows)
+        log.warning(
+            "found %d %s rows spilled by an earlier run in %s; they will be replayed",
+            self._spill_rows,
+            self._table.name,
+            self._spill,
+        )

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.errors import InvalidRequest, SloNotAllowed, Unauthorized
+from gateway.errors import InvalidRequest, SloNotAllowed, Unauthorized, shown
 from gateway.policy import Policy, Tenant
 
 ENDPOINTS = {
@@ -17,6 +17,7 @@ ENDPOINTS = {
 
 CHARS_PER_TOKEN = 4.0
 MESSAGE_OVERHEAD_TOKENS = 4
+MAX_MODEL_CHARS = 128  # the width of the records' model column
 
 
 @dataclass(slots=True)
@@ -119,7 +120,7 @@ def _max_tokens(payload: dict[str, Any]) -> int | None:
             continue
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise InvalidRequest(
-                f"'{field}' must be a positive integer, got {value!r}", param=field
+                f"'{field}' must be a positive integer, got {shown(value)}", param=field
             )
         return value
     return None
@@ -135,7 +136,8 @@ def _header_ms(headers: dict[str, str], name: str) -> float | None:
         value = math.nan
     if not (value > 0 and math.isfinite(value)):
         raise InvalidRequest(
-            f"header {name} must be a positive number of milliseconds, got {raw!r}", param=name
+            f"header {name} must be a positive number of milliseconds, got {shown(raw)}",
+            param=name,
         )
     return value
 
@@ -164,9 +166,14 @@ def classify(
     model = payload.get("model")
     if not isinstance(model, str) or not model:
         raise InvalidRequest("'model' must be a non-empty string", param="model")
+    if len(model) > MAX_MODEL_CHARS:
+        raise InvalidRequest(
+            f"'model' is {len(model)} characters long; model names have at most {MAX_MODEL_CHARS}",
+            param="model",
+        )
     stream = payload.get("stream", False)
     if not isinstance(stream, bool):
-        raise InvalidRequest(f"'stream' must be true or false, got {stream!r}", param="stream")
+        raise InvalidRequest(f"'stream' must be true or false, got {shown(stream)}", param="stream")
     if stream and endpoint == "embeddings":
         raise InvalidRequest("embeddings cannot be streamed", param="stream")
     chars, messages = _prompt_size(endpoint, payload)
@@ -174,14 +181,14 @@ def classify(
     slo_name = headers.get("x-slo-class", default_class)
     if tenant is not None and tenant.slo_classes and slo_name not in tenant.slo_classes:
         raise SloNotAllowed(
-            f"tenant {tenant.name!r} may not use SLO class {slo_name!r} "
+            f"tenant {tenant.name!r} may not use SLO class {shown(slo_name)} "
             f"(allowed: {', '.join(tenant.slo_classes)})",
             param="x-slo-class",
         )
     slo = policy.slo_classes.get(slo_name)
     if slo is None:
         raise InvalidRequest(
-            f"x-slo-class names {slo_name!r}, which is not a class of the policy "
+            f"x-slo-class names {shown(slo_name)}, which is not a class of the policy "
             f"(classes: {', '.join(policy.slo_classes)})",
             param="x-slo-class",
         )

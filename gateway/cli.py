@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import signal
 import sys
 from collections.abc import Sequence
@@ -25,8 +26,9 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
         settings = settings.model_copy(update={"watch_policy": True})
     app = create_app(settings)
 
-    # uvicorn drains and runs the lifespan shutdown (records flushed), then re-raises the
-    # signal; a stop the operator asked for is a clean exit, not a death by signal.
+    # uvicorn stops listening, lets in-flight requests finish (up to the drain timeout), runs
+    # the lifespan shutdown (records flushed), then re-raises the signal; a stop the operator
+    # asked for is a clean exit, not a death by signal.
     def exit_cleanly(signum: int, frame: object) -> None:
         raise SystemExit(0)
 
@@ -42,6 +44,7 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
         log_level=settings.log_level,
         access_log=False,
         lifespan="on",
+        timeout_graceful_shutdown=math.ceil(settings.drain_timeout_s),
     )
     return 0
 

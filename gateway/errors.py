@@ -8,6 +8,7 @@ GatewayError                  anything the gateway refuses or fails to do for a 
 ├── SloNotAllowed             403: the tenant may not ask for this SLO class or these targets
 ├── AdminDisabled             403: no admin token is configured, so /admin is off
 ├── ModelNotFound             404: no pool serves the requested model
+├── RequestTimeout            408: the client did not send the whole body in time
 ├── PolicyVersionNotFound     404: the admin asked for a policy version that was never stored
 ├── ReportNotFound            404: the admin asked for a report file that was never written
 ├── BodyTooLarge              413: the request body is over the configured limit
@@ -18,6 +19,7 @@ GatewayError                  anything the gateway refuses or fails to do for a 
     └── UpstreamTimeout       504: the backend did not answer within the SLO's timeout
 
 PolicyError                   the policy file is invalid (raised at load, never per request)
+DatabaseUnavailable           records cannot be written now (kept and retried, never per request)
 """
 
 from __future__ import annotations
@@ -101,6 +103,14 @@ class ModelNotFound(GatewayError):
     code = "model_not_found"
 
 
+class RequestTimeout(GatewayError):
+    """The client did not send the whole request body within the body-read timeout."""
+
+    status = 408
+    type = "invalid_request_error"
+    code = "request_timeout"
+
+
 class BodyTooLarge(GatewayError):
     """The request body is over the configured limit."""
 
@@ -181,6 +191,16 @@ class PolicyError(Exception):
     def __init__(self, message: str, problems: Sequence[Problem] = ()):
         super().__init__(message)
         self.problems = list(problems)
+
+
+class DatabaseUnavailable(Exception):
+    """The database cannot take records now (unreachable, locked, not migrated); retry later."""
+
+
+def shown(value: object, limit: int = 60) -> str:
+    """Return a client-supplied value for an error message: its repr, cut short if long."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} characters)"
 
 
 def error_body(

@@ -7,6 +7,7 @@ become HTTP.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import random
@@ -17,8 +18,14 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from gateway.classify import ENDPOINTS, classify
-from gateway.errors import BodyTooLarge, GatewayError, InvalidRequest, error_body
+from gateway.classify import ENDPOINTS, MAX_MODEL_CHARS, classify
+from gateway.errors import (
+    BodyTooLarge,
+    GatewayError,
+    InvalidRequest,
+    RequestTimeout,
+    error_body,
+)
 from gateway.exchange import Exchange
 from gateway.routing.router import decide
 
@@ -40,8 +47,20 @@ async def _respond(send: Send, status: int, body: bytes, extra: list[Any] | None
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
-async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
-    """Read the request body, refusing it as soon as it is known to exceed limit bytes."""
+async def read_body(scope: Scope, receive: Receive, limit: int, timeout_s: float) -> bytes:
+    """Read the request body, refusing it as soon as it is known to exceed limit bytes.
+
+    The whole body must arrive within timeout_s: a client trickling bytes must not hold a
+    connection and its buffer forever.
+    """
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await _read_body(scope, receive, limit)
+    except TimeoutError:
+        raise RequestTimeout(f"the request body did not arrive within {timeout_s:g} s") from None
+
+
+async def _read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
     for name, value in scope["headers"]:
         if name == b"content-length":
             try:
@@ -50,16 +69,19 @@ async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
                 raise InvalidRequest("the Content-Length header is not a number") from None
             if declared > limit:
                 raise BodyTooLarge(f"the request body of {declared} bytes exceeds {limit} bytes")
-    body = b""
+    chunks: list[bytes] = []
+    size = 0
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
             raise InvalidRequest("the client disconnected before sending the whole body")
-        body += message.get("body", b"")
-        if len(body) > limit:
+        chunk = message.get("body", b"")
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > limit:
             raise BodyTooLarge(f"the request body exceeds {limit} bytes")
         if not message.get("more_body", False):
-            return body
+            return b"".join(chunks)
 
 
 def decision_ids() -> Iterator[str]:
@@ -122,13 +144,16 @@ class Ingress:
         clock = gw.clock
         ex = Exchange(next(self._ids), endpoint, time.time(), clock())
         try:
-            body = await read_body(scope, receive, gw.settings.max_body_bytes)
+            settings = gw.settings
+            body = await read_body(
+                scope, receive, settings.max_body_bytes, settings.body_read_timeout_s
+            )
             try:
                 payload = orjson.loads(body)
             except orjson.JSONDecodeError as exc:
                 raise InvalidRequest(f"the request body is not valid JSON: {exc}") from None
             if isinstance(payload, dict) and isinstance(payload.get("model"), str):
-                ex.model = payload["model"]
+                ex.model = payload["model"][:MAX_MODEL_CHARS]
             headers = {
                 name.decode("latin-1"): value.decode("latin-1")
                 for name, value in scope["headers"]

@@ -208,7 +208,44 @@ class GatewayMetrics:
         )
         self.records_dropped = Counter(
             "records_dropped",
-            "Request records lost because the writer queue was full.",
+            "Request records lost past the documented limit: the writer queue was full, or "
+            "the database was unreachable and memory and the spill file were full.",
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        # Records the database could not take, per table (request_records, shadow_records).
+        self.records_buffered = Gauge(
+            "records_buffered",
+            "Records waiting to be written after a failed insert, held in memory or on disk.",
+            ["table", "where"],
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.records_spilled = Counter(
+            "records_spilled",
+            "Records written to the local spill file because memory for held records was full.",
+            ["table"],
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.records_replayed = Counter(
+            "records_replayed",
+            "Records read back from the spill file and written to the database.",
+            ["table"],
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.records_rejected = Counter(
+            "records_rejected",
+            "Records the database refused (a constraint, e.g. a duplicate decision id).",
+            ["table"],
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.record_write_failures = Counter(
+            "record_write_failures",
+            "Batch inserts that failed because the database was unreachable; kept and retried.",
+            ["table"],
             namespace=NAMESPACE,
             registry=r,
         )
@@ -282,7 +319,7 @@ class GatewayMetrics:
         )
         self.shadow_records_dropped = Counter(
             "shadow_records_dropped",
-            "Shadow records lost because the writer queue was full or the write failed.",
+            "Shadow records lost past the documented limit (queue, memory and spill file full).",
             namespace=NAMESPACE,
             registry=r,
         )

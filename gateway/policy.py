@@ -360,9 +360,7 @@ def _reference_errors(policy: Policy) -> list[tuple[tuple[str | int, ...], str]]
         if len(set(names)) != len(names):
             errors.append((("pools", name, "backends"), f"backend names repeat: {names}"))
     for i, entry in enumerate(policy.tenants):
-        named = (
-            [("default_slo_class", entry.default_slo_class)] if entry.default_slo_class else []
-        )
+        named = [("default_slo_class", entry.default_slo_class)] if entry.default_slo_class else []
         named += [(f"slo_classes.{j}", c) for j, c in enumerate(entry.slo_classes)]
         for field, cls in named:
             if cls not in policy.slo_classes:

@@ -94,9 +94,14 @@ class RequestRecord:
 
 
 class RecordWriter(BatchWriter[RequestRecord]):
-    """Write request records in batches; a full queue drops and counts, never waits."""
+    """Write request records in batches; never waits, keeps what the database cannot take."""
 
     def __init__(self, engine: sa.Engine, metrics: GatewayMetrics, **options: Any):
         super().__init__(
-            engine, request_records, metrics.records_written, metrics.records_dropped, **options
+            engine,
+            request_records,
+            metrics,
+            metrics.records_written,
+            metrics.records_dropped,
+            **options,
         )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import AliasChoices, Field, SecretStr
+from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -73,3 +73,37 @@ class Settings(BaseSettings):
     record_flush_interval_s: float = Field(
         default=0.5, gt=0, validation_alias=AliasChoices("GATEWAY_RECORD_FLUSH_INTERVAL_S")
     )
+    record_buffer_rows: int = Field(
+        default=10_000,
+        ge=0,
+        validation_alias=AliasChoices("GATEWAY_RECORD_BUFFER_ROWS"),
+        description="Rows per table held in memory while the database is unreachable.",
+    )
+    spill_dir: Path | None = Field(
+        default=Path("spill"),
+        validation_alias=AliasChoices("GATEWAY_SPILL_DIR"),
+        description="Where rows beyond the memory buffer are spilled (JSON lines); empty: off.",
+    )
+    spill_max_bytes: int = Field(
+        default=256 * 1024 * 1024,
+        ge=0,
+        validation_alias=AliasChoices("GATEWAY_SPILL_MAX_BYTES"),
+        description="Size limit of each table's spill file; past it, records are dropped.",
+    )
+    drain_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        validation_alias=AliasChoices("GATEWAY_DRAIN_TIMEOUT_S"),
+        description="On SIGTERM, how long in-flight requests may take to finish before closing.",
+    )
+    body_read_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        validation_alias=AliasChoices("GATEWAY_BODY_READ_TIMEOUT_S"),
+        description="How long a client may take to send a request body before a 408.",
+    )
+
+    @field_validator("spill_dir", mode="before")
+    @classmethod
+    def _empty_is_off(cls, value: object) -> object:
+        return None if value == "" else value

@@ -166,7 +166,8 @@ DropKey = tuple[float, str, str, str, str]
 class ShadowWriter(BatchWriter[ShadowRecord]):
     """Write shadow records and drop counts in batches, and erase stored texts when due.
 
-    Like request records, adding never waits: a full queue drops the record and counts it.
+    Like request records, adding never waits, and what the database cannot take is held and
+    spilled (gateway.batching).
     Drops of copies are tallied in memory per minute and written as counts. Stored texts past
     their retention limit are erased on a slower period.
     """
@@ -181,15 +182,18 @@ class ShadowWriter(BatchWriter[ShadowRecord]):
         max_pending: int = 10_000,
         purge_interval_s: float = 60.0,
         wall: Callable[[], float] = time.time,
+        **options: Any,
     ):
         super().__init__(
             engine,
             shadow_records,
+            metrics,
             metrics.shadow_records_written,
             metrics.shadow_records_dropped,
             flush_interval_s=flush_interval_s,
             batch_size=batch_size,
             max_pending=max_pending,
+            **options,
         )
         self._purge_interval = purge_interval_s
         self._next_purge = 0.0

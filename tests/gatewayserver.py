@@ -54,6 +54,7 @@ def run_gateway(policy: Policy, tmp_path: Path, **settings: object) -> Iterator[
         "database_url": url,
         "record_flush_interval_s": 0.05,
         "health_check_interval_s": 0.2,
+        "spill_dir": tmp_path / "spill",
     }
     fields.update(settings)
     gateway = Gateway(Settings(**fields), policy)  # type: ignore[arg-type]
