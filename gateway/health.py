@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 
 from gateway.metrics import GatewayMetrics
+from gateway.periodic import Periodic
 from gateway.routing.fleet import BackendState, Fleet
 from gateway.upstream import Upstream
 
@@ -89,17 +90,13 @@ class HealthChecker:
         self._upstream = upstream
         self._outliers = outliers
         self._on_restore = on_restore
-        self._interval_s = interval_s
-        self._task: asyncio.Task[None] | None = None
+        self.periodic = Periodic("health-checker", interval_s, self.check_once)
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="health-checker")
+        self.periodic.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+        await self.periodic.stop()
 
     async def check_once(self) -> None:
         """Probe every backend once and apply the results."""
@@ -113,11 +110,3 @@ class HealthChecker:
                 self._outliers.success(backend)
             else:
                 self._outliers.failure(backend)
-
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self._interval_s)
-            try:
-                await self.check_once()
-            except Exception:
-                log.exception("health check round failed")

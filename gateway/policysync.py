@@ -18,6 +18,7 @@ import sqlalchemy as sa
 from gateway import policystore
 from gateway.errors import PolicyError, PolicyStoreUnavailable
 from gateway.metrics import GatewayMetrics
+from gateway.periodic import Periodic
 from gateway.policy import Policy, content_hash, parse_policy
 from gateway.policystore import PolicyVersion
 
@@ -42,10 +43,9 @@ class PolicyWatcher:
         self._metrics = metrics
         self._serving = serving
         self._apply = apply
-        self._interval_s = interval_s
         self._refused: int | None = None
         self._lock = asyncio.Lock()
-        self._task: asyncio.Task[None] | None = None
+        self.periodic = Periodic("policy-watcher", interval_s, self._poll)
 
     async def sync(self) -> int:
         """Apply the active version if it is new; return the version serving afterwards."""
@@ -68,25 +68,20 @@ class PolicyWatcher:
             return version
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="policy-watcher")
+        self.periodic.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+        await self.periodic.stop()
 
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self._interval_s)
-            try:
-                await self.sync()
-            except PolicyStoreUnavailable as exc:
-                self._metrics.policy_reloads.labels("error").inc()
-                log.warning("could not check the active policy version: %s", exc.message)
-            except Exception:
-                self._metrics.policy_reloads.labels("error").inc()
-                log.exception("policy sync failed")
+    async def _poll(self) -> None:
+        try:
+            await self.sync()
+        except PolicyStoreUnavailable as exc:
+            self._metrics.policy_reloads.labels("error").inc()
+            log.warning("could not check the active policy version: %s", exc.message)
+        except Exception:
+            self._metrics.policy_reloads.labels("error").inc()
+            raise
 
 
 class FileWatcher:
@@ -110,9 +105,8 @@ class FileWatcher:
         self._engine = engine
         self._metrics = metrics
         self._synced = synced
-        self._interval_s = interval_s
         self._seen = self._stamp()
-        self._task: asyncio.Task[None] | None = None
+        self.periodic = Periodic("policy-file-watcher", interval_s, self.check)
 
     def _stamp(self) -> tuple[float, int] | None:
         try:
@@ -148,18 +142,7 @@ class FileWatcher:
         return True
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="policy-file-watcher")
+        self.periodic.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
-
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self._interval_s)
-            try:
-                await self.check()
-            except Exception:
-                log.exception("watching %s failed", self._path)
+        await self.periodic.stop()

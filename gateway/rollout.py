@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -26,12 +25,11 @@ import yaml
 from gateway import policystore
 from gateway.db import metadata
 from gateway.errors import InvalidRequest
+from gateway.periodic import Periodic
 from gateway.policy import Policy, parse_policy
 from gateway.promotion import latest
 from gateway.records import request_records
 from gateway.shadow import CANDIDATE, shadow_records
-
-log = logging.getLogger(__name__)
 
 ROLLING, COMPLETE, ROLLED_BACK = "rolling", "complete", "rolled_back"
 # The reverse shadow sample's share of the canary's requests.
@@ -383,17 +381,13 @@ class RolloutDriver:
         self._engine = engine
         self._policy = policy
         self._synced = synced
-        self._interval_s = interval_s
-        self._task: asyncio.Task[None] | None = None
+        self.periodic = Periodic("rollout-driver", interval_s, self.check)
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="rollout-driver")
+        self.periodic.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+        await self.periodic.stop()
 
     async def check(self) -> list[dict[str, Any]]:
         """Advance what is due now; serve the resulting policy version at once."""
@@ -401,11 +395,3 @@ class RolloutDriver:
         if moved:
             await self._synced()
         return moved
-
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self._interval_s)
-            try:
-                await self.check()
-            except Exception:
-                log.exception("rollout check failed")

@@ -178,7 +178,7 @@ def test_watch_applies_a_saved_valid_file_and_ignores_an_invalid_one(sims, tmp_p
     with run_gateway(
         policy, tmp_path, policy_path=path, watch_policy=True, policy_poll_interval_s=0.1
     ) as gw:
-        gw.gateway.policy_file._interval_s = 0.05
+        gw.gateway.policy_file.periodic.interval_s = 0.05
         first = gw.gateway.policy_version
         path.write_text("pools: [not a mapping\n")  # a half-saved file
         time.sleep(0.5)

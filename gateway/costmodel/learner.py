@@ -19,6 +19,7 @@ from gateway.costmodel import store
 from gateway.costmodel.model import CostModel
 from gateway.costmodel.train import Observation, observations_from_rows, train
 from gateway.metrics import GatewayMetrics
+from gateway.periodic import Periodic
 from gateway.policy import Policy
 from gateway.records import RequestRecord
 
@@ -50,7 +51,7 @@ class Learner:
         self._observations: deque[Observation] = deque(maxlen=window)
         self._new = 0
         self._last = time.monotonic()
-        self._task: asyncio.Task[None] | None = None
+        self.periodic = Periodic("cost-model-learner", 1.0, self._train_if_due)
         self._training = False
 
     def observe(self, record: RequestRecord) -> None:
@@ -109,16 +110,11 @@ class Learner:
         return model
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="cost-model-learner")
+        self.periodic.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+        await self.periodic.stop()
 
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(1.0)
-            if self.due():
-                await self.train_now()
+    async def _train_if_due(self) -> None:
+        if self.due():
+            await self.train_now()

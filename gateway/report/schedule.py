@@ -19,6 +19,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from gateway.costmodel.model import CostModel
+from gateway.periodic import Periodic
 from gateway.policy import Policy
 from gateway.report import generate
 from gateway.report.period import ISO_WEEK, last_complete_week
@@ -92,8 +93,7 @@ class ReportScheduler:
         self._engine = engine
         self._policy = policy
         self._model = model
-        self._interval_s = interval_s
-        self._task: asyncio.Task[None] | None = None
+        self.periodic = Periodic("report-scheduler", interval_s, self.check, first_at_start=True)
 
     async def check(self, now: float | None = None) -> str | None:
         """Write the report that is due, if any; return its week."""
@@ -115,18 +115,7 @@ class ReportScheduler:
         return label
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="report-scheduler")
+        self.periodic.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
-
-    async def _run(self) -> None:
-        while True:
-            try:
-                await self.check()
-            except Exception:
-                log.exception("the weekly report failed")
-            await asyncio.sleep(self._interval_s)
+        await self.periodic.stop()
