@@ -19,6 +19,8 @@ stop() {
 trap stop EXIT INT TERM
 
 "$PY" -m gateway db upgrade
+# Serve the file as it is now (a new version only if it changed), and apply later saves live.
+"$PY" -m gateway policy apply "$GATEWAY_POLICY" -m "make run" --author "${USER:-make-run}" >/dev/null
 
 # One simulator process per backend of the default policy: two GPUs, one ASIC card, one CIM part.
 for sim in gpu:9101:1 gpu:9102:2 asic:9201:3 cim:9301:4; do
@@ -37,6 +39,6 @@ for port in 9101 9102 9201 9301; do
 done
 echo "simulators up: gpu :9101 :9102, asic :9201, cim :9301 (logs in run/)"
 
-"$PY" -m gateway serve --host "${GATEWAY_HOST:-127.0.0.1}" --port "${GATEWAY_PORT:-8080}" &
+"$PY" -m gateway serve --host "${GATEWAY_HOST:-127.0.0.1}" --port "${GATEWAY_PORT:-8080}" --watch &
 pids+=($!)
 wait "${pids[-1]}"
