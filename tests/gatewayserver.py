@@ -45,6 +45,26 @@ class GatewayServer:
             time.sleep(0.05)
 
 
+def free_port() -> int:
+    """Return a loopback port nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_ready(port: int) -> None:
+    """Wait until a gateway process on port answers /readyz with 200."""
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/readyz").status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < deadline, "gateway did not become ready"
+        time.sleep(0.1)
+
+
 @contextlib.contextmanager
 def run_gateway(policy: Policy, tmp_path: Path, **settings: object) -> Iterator[GatewayServer]:
     """Migrate a fresh SQLite database, start the gateway on a free port, stop it after."""

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from pathlib import Path
 
 import orjson
@@ -12,41 +11,14 @@ import pytest
 import sqlalchemy as sa
 from dbswitch import switchable
 from gatewayserver import run_gateway
+from test_records import record
 
 from gateway.db import make_engine
 from gateway.metrics import GatewayMetrics
-from gateway.records import RecordWriter, RequestRecord, request_records
+from gateway.records import RecordWriter, request_records
 from policies import MODEL, fleet_policy
 
 TABLE = "request_records"
-
-
-def record(n: int, decision_id: str | None = None) -> RequestRecord:
-    return RequestRecord(
-        decision_id=decision_id or uuid.uuid4().hex,
-        ts=1_700_000_000.0 + n,
-        endpoint="chat",
-        route="r",
-        pool="gpu",
-        backend="gpu-0",
-        model="m",
-        tenant=None,
-        slo_class="interactive",
-        stream=False,
-        prompt_tokens=10,
-        prompt_tokens_estimated=9,
-        max_tokens=20,
-        completion_tokens=n,
-        queue_ms=0.0,
-        ttft_ms=None,
-        tpot_ms=None,
-        e2e_ms=12.5,
-        gateway_ms=0.2,
-        attempts=1,
-        fallback=False,
-        status=200,
-        error=None,
-    )
 
 
 def sample(metrics: GatewayMetrics, name: str, **labels: str) -> float:

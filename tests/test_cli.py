@@ -5,16 +5,15 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import httpx
 import openai
 import sqlalchemy as sa
 import yaml
+from gatewayserver import free_port, wait_ready
 
 from gateway.records import request_records
 from policies import MODEL
@@ -67,12 +66,6 @@ def test_serve_refuses_an_invalid_policy_at_startup(tmp_path: Path) -> None:
     assert str(bad) in result.stderr and "pools" in result.stderr
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_serve_answers_then_stops_on_sigterm_with_records_flushed(sims, tmp_path: Path) -> None:
     doc = yaml.safe_load((ROOT / "policies/default.yaml").read_text())
     doc["pools"]["gpu"]["backends"] = [{"url": u} for u in sims.urls("gpu")]
@@ -98,15 +91,7 @@ def test_serve_answers_then_stops_on_sigterm_with_records_flushed(sims, tmp_path
         text=True,
     )
     try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/readyz").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "gateway did not become ready"
-            time.sleep(0.1)
+        wait_ready(port)
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k", max_retries=0)
         for _ in range(3):
             assert client.chat.completions.create(

@@ -11,34 +11,16 @@ import threading
 import time
 from pathlib import Path
 
-import httpx
 import openai
 import sqlalchemy as sa
 import yaml
+from gatewayserver import free_port, wait_ready
 
 from gateway.records import request_records
 from policies import MODEL
 
 ROOT = Path(__file__).resolve().parent.parent
 STREAMS = 4
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_ready(port: int) -> None:
-    deadline = time.monotonic() + 20
-    while True:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/readyz").status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        assert time.monotonic() < deadline, "gateway did not become ready"
-        time.sleep(0.1)
 
 
 def refuses_connections(port: int) -> bool:

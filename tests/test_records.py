@@ -16,22 +16,22 @@ from gateway.metrics import GatewayMetrics
 from gateway.records import RecordWriter, RequestRecord, request_records
 
 
-def record(n: int) -> RequestRecord:
+def record(n: int, decision_id: str | None = None) -> RequestRecord:
     return RequestRecord(
-        decision_id=uuid.uuid4().hex,
+        decision_id=decision_id or uuid.uuid4().hex,
         ts=1_700_000_000.0 + n,
         endpoint="chat",
         route="r",
         pool="gpu",
         backend="gpu-0",
         model="m",
-        tenant="t",
+        tenant=None,
         slo_class="interactive",
         stream=False,
         prompt_tokens=10,
         prompt_tokens_estimated=9,
         max_tokens=20,
-        completion_tokens=5,
+        completion_tokens=n,
         queue_ms=0.0,
         ttft_ms=None,
         tpot_ms=None,
