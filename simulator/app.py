@@ -9,12 +9,15 @@
     GET  /admin/faults            the faults now injected
     POST /admin/faults            change them (partial update; {"reset": true} clears)
 
-Faults apply to `/v1/*` and `/health`, never to `/admin/*` or `/metrics`.
+Faults apply to `/v1/*` and `/health`, never to `/admin/*` or `/metrics`. With an API key, every
+endpoint but `/admin/faults` wants `Authorization: Bearer KEY` and answers 401 without it: stricter
+than vLLM (which guards /v1 only), so a client's tests prove it sends its key on every call.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import time
 from collections.abc import Awaitable, Callable
 from random import Random
@@ -22,7 +25,14 @@ from random import Random
 from simulator.answers import Answer, compose
 from simulator.device import Job, JobState
 from simulator.embeddings import embed
-from simulator.errors import ApiError, MethodNotAllowed, ModelNotFound, ServerFault, UnknownUrl
+from simulator.errors import (
+    ApiError,
+    InvalidApiKey,
+    MethodNotAllowed,
+    ModelNotFound,
+    ServerFault,
+    UnknownUrl,
+)
 from simulator.exchange import Exchange, Receive, Scope, Send
 from simulator.faults import Faults, update_faults
 from simulator.fleet import Fleet
@@ -52,8 +62,10 @@ class SimulatorApp:
         seed: int = 0,
         faults: Faults | None = None,
         instance: str = "0",
+        api_key: str | None = None,
     ):
         self.profile = profile
+        self._expected = None if not api_key else f"Bearer {api_key}".encode()
         self.fleet = fleet
         self.metrics = SimulatorMetrics(profile, fleet, instance=instance)
         self.faults = Faults()
@@ -100,6 +112,8 @@ class SimulatorApp:
 
     async def _dispatch(self, exchange: Exchange) -> None:
         path, method = exchange.path, exchange.method
+        if self._expected is not None and path != "/admin/faults":
+            self._authorize(exchange)
         route = self._routes.get(path)
         if route is None and path.startswith("/v1/models/"):
             route = self._model_route
@@ -112,6 +126,15 @@ class SimulatorApp:
         if faultable and not await self._survives_faults(exchange):
             return
         await handler(exchange)
+
+    def _authorize(self, exchange: Exchange) -> None:
+        """Refuse a request whose Authorization is not the expected bearer key."""
+        assert self._expected is not None
+        given = next((v for k, v in exchange.scope["headers"] if k == b"authorization"), None)
+        if given is None or not hmac.compare_digest(given, self._expected):
+            known = exchange.path if exchange.path in self._routes else "other"
+            self.metrics.unauthorized[known] += 1
+            raise InvalidApiKey(given is not None)
 
     async def _survives_faults(self, exchange: Exchange) -> bool:
         """Inject the faults that hit before handling; say whether the request goes on."""

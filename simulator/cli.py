@@ -49,6 +49,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of deviations and sampling")
     parser.add_argument("--log-level", default="warning")
+    parser.add_argument(
+        "--api-key",
+        help="require Authorization: Bearer KEY on every endpoint but /admin/faults",
+    )
 
     figures = parser.add_argument_group("profile overrides")
     figures.add_argument("--slots", type=int)
@@ -126,6 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         faults=faults,
         on_ready=announce,
         log_level=args.log_level,
+        api_key=args.api_key,
     )
     return 0
 

@@ -4,6 +4,7 @@ SimulatorError
 ├── ProfileError           a profile file or override is not valid
 └── ApiError               a request cannot be served; rendered in OpenAI's error shape
     ├── InvalidRequest     400: the body is malformed or asks for more than the device can do
+    ├── InvalidApiKey      401: a key is required (--api-key) and the request's is missing or wrong
     ├── ModelNotFound      404: the model is not served here
     ├── UnknownUrl         404: no such endpoint
     ├── MethodNotAllowed   405: the endpoint exists but not for this method
@@ -49,6 +50,18 @@ class ApiError(SimulatorError):
 
 class InvalidRequest(ApiError):
     """The body is malformed or asks for more than the device can do."""
+
+
+class InvalidApiKey(ApiError):
+    """The simulator requires a key and the request carries none, or another one."""
+
+    status = 401
+
+    def __init__(self, given: bool):
+        super().__init__(
+            "Incorrect API key provided." if given else "You didn't provide an API key.",
+            code="invalid_api_key",
+        )
 
 
 class ModelNotFound(ApiError):

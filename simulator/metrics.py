@@ -30,6 +30,7 @@ class SimulatorMetrics:
         self.hostname = socket.gethostname()
         self.requests: Counter[str] = Counter()
         self.faults: Counter[str] = Counter()
+        self.unauthorized: Counter[str] = Counter()
         self.prompt_tokens = 0
         self.completion_tokens = 0
         self.deviations = 0
@@ -91,6 +92,14 @@ class SimulatorMetrics:
         _family(lines, "sim_faults_injected_total", "counter", "Faults injected, by kind.")
         for kind, count in sorted(self.faults.items()):
             lines.append(f'sim_faults_injected_total{{kind="{kind}"}} {count}')
+        _family(
+            lines,
+            "sim_unauthorized_requests_total",
+            "counter",
+            "Requests refused for a missing or wrong API key (--api-key), by path.",
+        )
+        for path, count in sorted(self.unauthorized.items()):
+            lines.append(f'sim_unauthorized_requests_total{{path="{path}"}} {count}')
         totals = (
             ("sim_prompt_tokens_total", "Prompt tokens of answered requests.", self.prompt_tokens),
             (

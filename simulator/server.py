@@ -71,11 +71,14 @@ async def serve(
     faults: Faults | None = None,
     on_ready: Callable[[str], None] = print,
     log_level: str = "warning",
+    api_key: str | None = None,
 ) -> None:
     """Run a simulator on the bound socket `sock` until SIGINT or SIGTERM."""
     fleet = Fleet(profile, devices, ScaledClock(speed))
     port = sock.getsockname()[1]
-    app = SimulatorApp(profile, fleet, seed=seed, faults=faults, instance=str(port))
+    app = SimulatorApp(
+        profile, fleet, seed=seed, faults=faults, instance=str(port), api_key=api_key
+    )
     config = uvicorn.Config(
         app,
         http=_TransportExposingProtocol,

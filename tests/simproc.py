@@ -28,12 +28,13 @@ _LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
 class SimulatorProcess:
     """A running simulator subprocess and the calls tests make on it."""
 
-    def __init__(self, process: subprocess.Popen[str], url: str):
+    def __init__(self, process: subprocess.Popen[str], url: str, api_key: str | None = None):
         self.process = process
         self.url = url
         self.port = int(url.rsplit(":", 1)[1])
         self.base_url = f"{url}/v1"
-        self._http = httpx.Client(base_url=url, timeout=10.0)
+        auth = {"authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = httpx.Client(base_url=url, timeout=10.0, headers=auth)
 
     def set_faults(self, **fields: Any) -> dict[str, Any]:
         """Change the injected faults (partial update) and return them all."""
@@ -115,8 +116,12 @@ def start_simulator(
     extra_args: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
     startup_timeout: float = 20.0,
+    api_key: str | None = None,
 ) -> Iterator[SimulatorProcess]:
-    """Run `python -m simulator` on a free loopback port until the block exits."""
+    """Run `python -m simulator` on a free loopback port until the block exits.
+
+    With `api_key`, the simulator requires it and this object's own calls send it.
+    """
     command = [
         sys.executable,
         "-m",
@@ -131,6 +136,7 @@ def start_simulator(
         str(speed),
         "--seed",
         str(seed),
+        *(["--api-key", api_key] if api_key else []),
         *extra_args,
     ]
     process = subprocess.Popen(
@@ -141,7 +147,7 @@ def start_simulator(
     )
     try:
         url = _wait_for_announcement(process, command, startup_timeout)
-        simulator = SimulatorProcess(process, url)
+        simulator = SimulatorProcess(process, url, api_key)
         _wait_until_answering(simulator, startup_timeout)
     except BaseException:
         process.kill()

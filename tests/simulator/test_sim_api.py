@@ -6,6 +6,7 @@ import math
 import httpx
 import openai
 import pytest
+from simproc import metric_value, start_simulator
 
 from simulator.tokenizer import count_tokens
 
@@ -219,3 +220,26 @@ def test_a_chat_model_on_the_embeddings_endpoint_gets_400(client):
     with pytest.raises(openai.BadRequestError) as caught:
         client.embeddings.create(model=CHAT, input="hi")
     assert caught.value.body["code"] == "model_not_supported"
+
+
+def test_with_an_api_key_every_endpoint_but_the_fault_switch_wants_it():
+    with start_simulator("gpu", speed=1000.0, api_key="sim-key") as sim:
+        good = {"authorization": "Bearer sim-key"}
+        body = {"model": CHAT, "messages": _messages("hi"), "max_tokens": 2}
+        for headers in ({}, {"authorization": "Bearer other"}, {"authorization": "sim-key"}):
+            chat = httpx.post(f"{sim.base_url}/chat/completions", json=body, headers=headers)
+            assert chat.status_code == 401
+            assert chat.json()["error"]["code"] == "invalid_api_key"
+            assert httpx.get(f"{sim.url}/health", headers=headers).status_code == 401
+            assert httpx.get(f"{sim.url}/metrics", headers=headers).status_code == 401
+        assert httpx.get(f"{sim.url}/admin/faults").status_code == 200
+        assert httpx.get(f"{sim.url}/health", headers=good).status_code == 200
+        answer = httpx.post(f"{sim.base_url}/chat/completions", json=body, headers=good)
+        assert answer.status_code == 200, answer.text
+        with openai.OpenAI(base_url=sim.base_url, api_key="sim-key", max_retries=0) as client:
+            client.embeddings.create(model=EMBEDDING, input="hi")
+        refused = sim.metrics()  # the test's own client sends the key
+    assert (
+        metric_value(refused, "sim_unauthorized_requests_total", path="/v1/chat/completions") == 3
+    )
+    assert metric_value(refused, "sim_unauthorized_requests_total", path="/metrics") == 3
