@@ -164,7 +164,7 @@ def admin_router(gateway: Gateway) -> APIRouter:
     @router.put("/policy")
     async def apply_policy(change: PolicyChange) -> Response:
         """Store a valid policy as the new active version and serve it; reject an invalid one."""
-        checked = policycheck.validate(change.yaml, "<request>")
+        checked = policycheck.validate(change.yaml, "<request>", gateway.environ)
         if not checked.valid:
             return JSONResponse({"errors": [_problem(p) for p in checked.errors]}, 422)
         stored = await asyncio.to_thread(
@@ -177,7 +177,7 @@ def admin_router(gateway: Gateway) -> APIRouter:
     @router.post("/policy/validate")
     async def validate_policy(candidate: PolicyCandidate) -> dict[str, Any]:
         """Check a policy without applying it: its errors and warnings."""
-        checked = policycheck.validate(candidate.yaml, "<request>")
+        checked = policycheck.validate(candidate.yaml, "<request>", gateway.environ)
         return {
             "valid": checked.valid,
             "errors": [_problem(p) for p in checked.errors],

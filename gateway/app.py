@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import socket
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -60,14 +61,17 @@ class Gateway:
         metrics: GatewayMetrics | None = None,
         clock: Callable[[], float] = time.perf_counter,
         policy_text: str | None = None,
+        environ: Mapping[str, str] = os.environ,
     ):
         self.settings = settings
+        # Where the upstream keys that policies name are read; refused here if one is missing.
+        self.environ = environ
         self.policy = policy
         self.policy_text = policy_text if policy_text is not None else render_policy(policy)
         self.policy_version = 0  # 0 until the version store confirms or replaces it
         self.clock = clock
         self.metrics = metrics if metrics is not None else GatewayMetrics()
-        self.fleet = Fleet(policy)
+        self.fleet = Fleet(policy, environ)
         self.metrics.watch(lambda: self.fleet)
         self.estimator = TokenEstimator()
         self.admission = Admission(self.fleet)
@@ -82,7 +86,7 @@ class Gateway:
         }
         self.records = RecordWriter(self.engine, self.metrics, **spill)
         self.meter = EnergyMeter(
-            lambda: self.policy,
+            lambda: self.fleet,
             self.upstream,
             self.metrics,
             interval_s=settings.power_scrape_interval_s,
@@ -136,7 +140,7 @@ class Gateway:
             interval_s=settings.policy_poll_interval_s,
         )
         self.policy_file = FileWatcher(
-            settings.policy_path, self.engine, self.metrics, self.policy_watcher.sync
+            settings.policy_path, self.engine, self.metrics, self.policy_watcher.sync, environ
         )
         self.reports = (
             ReportScheduler(

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from gateway.errors import GatewayError, PolicyError
-from gateway.policy import load_policy, parse_policy
+from gateway.policy import Policy, load_policy, parse_policy
 from gateway.settings import Settings
 
 
@@ -57,13 +57,30 @@ def _db_upgrade(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _key_warnings(policy: Policy, text: str, source: str) -> list[str]:
+    """List the upstream key variables the policy names that are unset here."""
+    # Only warnings: the CLI may run where no secret is kept; each serving gateway checks its own.
+    import os
+
+    from gateway import credentials
+    from gateway.policy import locator
+
+    at = locator(text, source)
+    where = "here; every gateway that serves this policy needs it"
+    return [str(at(p, m)) for p, m in credentials.unset(policy, os.environ, where)]
+
+
 def _policy_validate(args: argparse.Namespace, settings: Settings) -> int:
     from gateway.policycheck import validate
 
     policy = load_policy(args.file)
     routes = ", ".join(r.name for r in policy.routes)
     print(f"{args.file}: valid ({len(policy.pools)} pools, routes: {routes})")
-    warnings = validate(Path(args.file).read_text(), args.file).warnings
+    text = Path(args.file).read_text()
+    warnings = [
+        *map(str, validate(text, args.file).warnings),
+        *_key_warnings(policy, text, args.file),
+    ]
     for warning in warnings:
         print(f"warning: {warning}")
     return 1 if warnings and args.strict else 0
@@ -149,8 +166,11 @@ def _policy_apply(args: argparse.Namespace, settings: Settings) -> int:
     from gateway.policycheck import validate
 
     text = _policy_text(args.file)
-    parse_policy(text, args.file)  # an invalid policy stops here, with every error located
-    for warning in validate(text, args.file).warnings:
+    policy = parse_policy(text, args.file)  # an invalid policy stops here, every error located
+    for warning in [
+        *map(str, validate(text, args.file).warnings),
+        *_key_warnings(policy, text, args.file),
+    ]:
         print(f"warning: {warning}")
     engine = make_engine(settings.database_url)
     active = policystore.active(engine)

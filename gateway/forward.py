@@ -31,7 +31,6 @@ Send = Callable[[dict[str, Any]], Any]
 Receive = Callable[[], Any]
 
 MAX_ATTEMPTS = 2
-UPSTREAM_HEADERS = {"content-type": "application/json"}
 PATHS = {
     "chat": "/v1/chat/completions",
     "completions": "/v1/completions",
@@ -185,9 +184,7 @@ class Forwarder:
             self.meter.open(backend, ex.decision_id, ex.attempt_started)
             response: aiohttp.ClientResponse | None = None
             try:
-                response = await self.upstream.send(
-                    backend, path, body, UPSTREAM_HEADERS, timeout_s
-                )
+                response = await self.upstream.send(backend, path, body, backend.headers, timeout_s)
                 if response.status >= 500:
                     detail = (await self.upstream.read(backend, response))[:200]
                     raise UpstreamError(

@@ -12,15 +12,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import aiohttp
 
 from gateway.energy import BackendLedger, Span, read_counter_j
 from gateway.metrics import GatewayMetrics
-from gateway.policy import Policy, Pool
-from gateway.routing.fleet import BackendState
+from gateway.policy import Pool
+from gateway.routing.fleet import BackendState, Fleet
 from gateway.upstream import Upstream
 
 log = logging.getLogger(__name__)
@@ -60,14 +60,14 @@ class EnergyMeter:
 
     def __init__(
         self,
-        policy: Callable[[], Policy],
+        fleet: Callable[[], Fleet],
         upstream: Upstream,
         metrics: GatewayMetrics,
         *,
         interval_s: float = 1.0,
         clock: Callable[[], float] = time.perf_counter,
     ):
-        self._policy = policy
+        self._fleet = fleet
         self._upstream = upstream
         self._metrics = metrics
         self._interval_s = interval_s
@@ -78,7 +78,8 @@ class EnergyMeter:
         self._task: asyncio.Task[None] | None = None
 
     def _pool(self, backend: BackendState) -> Pool | None:
-        return self._policy().pools.get(backend.pool)
+        pool = self._fleet().pools.get(backend.pool)
+        return pool.spec if pool is not None else None
 
     def _metered(self, backend: BackendState) -> bool:
         pool = self._pool(backend)
@@ -147,15 +148,14 @@ class EnergyMeter:
 
     async def scrape_once(self) -> None:
         """Read every metered backend's energy counter and release the records now known."""
-        policy = self._policy()
         targets = [
-            (backend, pool)
-            for pool in policy.pools.values()
-            if pool.power_metrics is not None
+            (backend, pool.spec)
+            for pool in self._fleet().pools.values()
+            if pool.spec.power_metrics is not None
             for backend in pool.backends
         ]
         readings = await asyncio.gather(
-            *(self._fetch(b.metrics_url or b.url + "/metrics") for b, _ in targets)
+            *(self._fetch(b.metrics_url, b.metrics_auth) for b, _ in targets)
         )
         for (backend, pool), (now, text) in zip(targets, readings, strict=True):
             assert pool.power_metrics is not None
@@ -190,12 +190,15 @@ class EnergyMeter:
             if pending is not None and span.end is not None:
                 self._estimate(pending, span.end - span.start)
 
-    async def _fetch(self, url: str) -> tuple[float, str | None]:
+    async def _fetch(self, url: str, headers: Mapping[str, str]) -> tuple[float, str | None]:
         """Return (when the reading was taken, the metrics text or None)."""
         sent = self._clock()
         try:
             async with self._upstream.session.get(
-                url, timeout=aiohttp.ClientTimeout(total=SCRAPE_TIMEOUT_S)
+                url,
+                headers=headers,
+                timeout=aiohttp.ClientTimeout(total=SCRAPE_TIMEOUT_S),
+                allow_redirects=False,
             ) as response:
                 text = await response.text() if response.status == 200 else None
         except (aiohttp.ClientError, OSError, TimeoutError):

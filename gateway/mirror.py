@@ -46,7 +46,6 @@ from gateway.upstream import Upstream
 
 log = logging.getLogger(__name__)
 
-SHADOW_HEADERS = {"content-type": "application/json", "x-gateway-shadow": "1"}
 MAX_TEXT_CHARS = 32_768
 
 Draw = Callable[[str, str], float]
@@ -410,7 +409,7 @@ class Mirror:
         tally = StreamTally()
         try:
             response = await self.upstream.send(
-                backend, PATHS[job.endpoint], job.body, SHADOW_HEADERS, job.timeout_s
+                backend, PATHS[job.endpoint], job.body, backend.shadow_headers, job.timeout_s
             )
             try:
                 status = response.status

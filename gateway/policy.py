@@ -8,6 +8,7 @@ and column, the field path and the bad value.
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -20,6 +21,7 @@ from gateway.errors import PolicyError, Problem
 
 PositiveFloat = Annotated[float, Field(gt=0)]
 NonNegativeFloat = Annotated[float, Field(ge=0)]
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 class Strict(BaseModel):
@@ -37,6 +39,11 @@ class Backend(Strict):
         default=None,
         description="Prometheus endpoint with the DCGM power series; default URL/metrics.",
     )
+    api_key_env: str | None = Field(
+        default=None,
+        description="Environment variable holding the key sent upstream as Authorization: "
+        "Bearer; the policy names the variable, never the key.",
+    )
 
     @field_validator("url")
     @classmethod
@@ -44,6 +51,17 @@ class Backend(Strict):
         if not value.startswith(("http://", "https://")):
             raise ValueError(f"backend url must start with http:// or https://, got {value!r}")
         return value.rstrip("/")
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _variable_name(cls, value: str | None) -> str | None:
+        if value is not None and not ENV_NAME.fullmatch(value):
+            # Never quote the value: an operator who pasted the key itself must not see it logged.
+            raise ValueError(
+                "api_key_env names an environment variable (letters, digits and underscores, "
+                "not starting with a digit) that holds the key, not the key itself"
+            )
+        return value
 
 
 class PowerFigures(Strict):
@@ -675,7 +693,8 @@ def parse_policy(text: str, source: str = "<policy>") -> Policy:
         problems = []
         for err in exc.errors():
             loc = tuple(err["loc"])
-            value = "" if err["type"] == "missing" else f" (got {err['input']!r})"
+            quiet = err["type"] == "missing" or loc[-1:] == ("api_key_env",)
+            value = "" if quiet else f" (got {err['input']!r})"
             problems.append(at(loc, f"{err['msg']}{value}"))
         raise _invalid(problems) from exc
     problems = [at(path, message) for path, message in _reference_errors(policy)]

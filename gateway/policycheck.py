@@ -10,9 +10,11 @@ uses.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway import credentials
 from gateway.costmodel.prior import physics
 from gateway.errors import PolicyError, Problem
 from gateway.policy import Match, Policy, Route, locator, parse_policy
@@ -33,15 +35,26 @@ class Validation:
         return self.policy is not None and not self.errors
 
 
-def validate(text: str, source: str = "<policy>") -> Validation:
-    """Load a policy text and report its errors, or its warnings when it loads."""
+def validate(
+    text: str, source: str = "<policy>", environ: Mapping[str, str] | None = None
+) -> Validation:
+    """Load a policy text and report its errors, or its warnings when it loads.
+
+    Given the environment of the gateway that is to serve it, an upstream key variable unset
+    there is an error too: that gateway would refuse the policy.
+    """
     try:
         policy = parse_policy(text, source)
     except PolicyError as exc:
         problems = exc.problems or [Problem(source, "(top level)", str(exc))]
         return Validation(None, problems)
     at = locator(text, source)
-    return Validation(policy, [], [at(path, message) for path, message in warnings(policy)])
+    found = [at(path, message) for path, message in warnings(policy)]
+    if environ is not None:
+        unset = [at(path, message) for path, message in credentials.unset(policy, environ)]
+        if unset:
+            return Validation(policy, unset, found)
+    return Validation(policy, [], found)
 
 
 def warnings(policy: Policy) -> list[Finding]:

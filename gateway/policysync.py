@@ -10,12 +10,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 
 import sqlalchemy as sa
 
-from gateway import policystore
+from gateway import credentials, policystore
 from gateway.errors import PolicyError, PolicyStoreUnavailable
 from gateway.metrics import GatewayMetrics
 from gateway.periodic import Periodic
@@ -56,13 +56,16 @@ class PolicyWatcher:
             stored = await asyncio.to_thread(policystore.get, self._engine, version)
             try:
                 policy = parse_policy(stored.content, f"policy version {version}")
+                # Applying builds the fleet, which refuses a policy whose upstream keys this
+                # replica lacks before anything changes.
+                self._apply(policy, stored)
             except PolicyError as exc:
-                # Stored versions were valid when applied; this replica's code may be older.
+                # Stored versions were valid where they were applied; this replica's code may be
+                # older, or its environment may lack a key the version names.
                 self._refused = version
                 self._metrics.policy_reloads.labels("invalid").inc()
                 log.error("not applying policy version %d: %s", version, exc)
                 return self._serving()
-            self._apply(policy, stored)
             self._metrics.policy_reloads.labels("ok").inc()
             log.info("serving policy version %d (%s)", version, stored.message)
             return version
@@ -98,10 +101,12 @@ class FileWatcher:
         engine: sa.Engine,
         metrics: GatewayMetrics,
         synced: Callable[[], Awaitable[int]],
+        environ: Mapping[str, str] | None = None,
         *,
         interval_s: float = 1.0,
     ):
         self._path = path
+        self._environ = environ
         self._engine = engine
         self._metrics = metrics
         self._synced = synced
@@ -123,7 +128,9 @@ class FileWatcher:
         self._seen = stamp
         text = self._path.read_text()
         try:
-            parse_policy(text, str(self._path))
+            policy = parse_policy(text, str(self._path))
+            if self._environ is not None:
+                credentials.require(policy, self._environ, str(self._path))
         except PolicyError as exc:
             self._metrics.policy_reloads.labels("invalid").inc()
             log.error("not applying %s: %s", self._path, exc)

@@ -2,10 +2,16 @@
 
 aiohttp's compiled HTTP parser keeps the proxy path cheap (see docs/performance.md for the
 measurement against httpx); nothing outside this module sees an aiohttp exception.
+
+Redirects are never followed: the gateway connects only to the backends of its policy, and a
+backend's key must never go where a backend points. A backend that refuses the gateway's
+credential (401, 403) has failed, like one answering 5xx: the request is retried elsewhere and
+the client never mistakes the refusal for one of its own key.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import contextmanager
 
@@ -14,8 +20,11 @@ import aiohttp
 from gateway.errors import UpstreamError, UpstreamTimeout
 from gateway.routing.fleet import BackendState
 
+log = logging.getLogger(__name__)
+
 CONNECT_TIMEOUT_S = 2.0
 PROBE_TIMEOUT_S = 1.0
+CREDENTIALS_REFUSED = frozenset({401, 403})
 
 
 @contextmanager
@@ -74,12 +83,17 @@ class Upstream:
     ) -> aiohttp.ClientResponse:
         """POST body to the backend and return once its status line and headers arrived."""
         with map_exceptions(backend):
-            return await self.session.post(
+            response = await self.session.post(
                 backend.url + path,
                 data=body,
                 headers=headers,
                 timeout=self._timeout(read_timeout_s),
+                allow_redirects=False,
             )
+        if response.status in CREDENTIALS_REFUSED:
+            response.release()
+            raise _refused(backend, response.status)
+        return response
 
     async def read(self, backend: BackendState, response: aiohttp.ClientResponse) -> bytes:
         """Read a whole response body."""
@@ -98,8 +112,27 @@ class Upstream:
         """Return whether the backend's /health answers 200."""
         try:
             async with self.session.get(
-                backend.url + "/health", timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)
+                backend.url + "/health",
+                headers=backend.auth,
+                timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S),
+                allow_redirects=False,
             ) as response:
                 return response.status == 200
         except (aiohttp.ClientError, OSError, TimeoutError):
             return False
+
+
+def _refused(backend: BackendState, status: int) -> UpstreamError:
+    """Log, for the operator, which credential a backend refused; return the client's error."""
+    if backend.api_key_env is None:
+        log.warning(
+            "backend %s answered %d: it wants a key, and its policy entry names no api_key_env",
+            backend.name,
+            status,
+        )
+    else:
+        log.warning(
+            "backend %s refused the key from %s (%d)", backend.name, backend.api_key_env, status
+        )
+    # The upstream's own text is left out: it may quote the key it was given.
+    return UpstreamError(f"backend {backend.name} refused the gateway's credentials ({status})")

@@ -89,6 +89,36 @@ def sim_processes() -> Iterator[SimFleet]:
         yield fleet
 
 
+# The keys the keyed simulators require; tests give them to the gateway through these variables.
+UPSTREAM_KEYS = {
+    "UPSTREAM_GPU_KEY": "sk-upstream-gpu-7f3a9c",
+    "UPSTREAM_ASIC_KEY": "sk-upstream-asic-51be02",
+    "UPSTREAM_CIM_KEY": "sk-upstream-cim-c48d1e",
+}
+
+
+@pytest.fixture(scope="session")
+def keyed_sim_processes() -> Iterator[SimFleet]:
+    """One simulator per pool kind that answers only requests carrying its pool's key."""
+    from simproc import start_simulator
+
+    with contextlib.ExitStack() as stack:
+        yield SimFleet(
+            *(
+                [stack.enter_context(start_simulator(kind, seed=5, api_key=key))]
+                for kind, key in zip(("gpu", "asic", "cim"), UPSTREAM_KEYS.values(), strict=True)
+            )
+        )
+
+
+@pytest.fixture
+def keyed_sims(keyed_sim_processes: SimFleet) -> Iterator[SimFleet]:
+    """The keyed simulators, with every fault cleared after the test."""
+    yield keyed_sim_processes
+    for sim in keyed_sim_processes.all():
+        sim.reset_faults()
+
+
 @pytest.fixture
 def sims(sim_processes: SimFleet) -> Iterator[SimFleet]:
     """The shared simulators, with every fault cleared after the test."""

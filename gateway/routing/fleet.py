@@ -8,20 +8,38 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from gateway.policy import Policy, Pool
+from gateway import credentials
+from gateway.policy import Backend, Policy, Pool
+
+REQUEST_HEADERS = {"content-type": "application/json"}
+SHADOW_HEADER = {"x-gateway-shadow": "1"}
 
 
 @dataclass(eq=False, slots=True)
 class BackendState:
-    """One upstream server: its slots and KV-cache memory in use, and its outlier state."""
+    """One upstream server: its slots and KV-cache memory in use, and its outlier state.
+
+    It also carries the headers every call to it sends (its credential among them), built once
+    with the fleet, so the request path only picks the right set. They stay out of repr, so a
+    backend in a log line or a traceback never shows its key.
+    """
 
     name: str
     url: str
     pool: str
     slots: int
     kv_capacity: float = float("inf")
+    metrics_url: str = ""
+    api_key_env: str | None = None
+    auth: dict[str, str] = field(default_factory=dict, repr=False)
+    headers: dict[str, str] = field(default_factory=lambda: dict(REQUEST_HEADERS), repr=False)
+    shadow_headers: dict[str, str] = field(
+        default_factory=lambda: REQUEST_HEADERS | SHADOW_HEADER, repr=False
+    )
+    metrics_auth: dict[str, str] = field(default_factory=dict, repr=False)
     in_flight: int = 0
     kv_reserved: float = 0.0
     ejected: bool = False
@@ -36,6 +54,47 @@ class BackendState:
     def fits(self, kv_bytes: float) -> bool:
         """Return whether a request needing kv_bytes of KV cache fits in the free memory."""
         return self.kv_reserved + kv_bytes <= self.kv_capacity
+
+    def configure(self, fresh: BackendState) -> None:
+        """Take a new policy version's name, pool, capacity and credentials; keep live state."""
+        for name in CONFIGURED:
+            setattr(self, name, getattr(fresh, name))
+
+
+# What a policy version sets on a backend; the rest is live state that survives a reload.
+CONFIGURED = (
+    "name",
+    "pool",
+    "slots",
+    "kv_capacity",
+    "metrics_url",
+    "api_key_env",
+    "auth",
+    "headers",
+    "shadow_headers",
+    "metrics_auth",
+)
+
+
+def backend_state(
+    backend: Backend, pool_name: str, pool: Pool, environ: Mapping[str, str] | None
+) -> BackendState:
+    """Build the state of one backend of a policy, with its credential from `environ`."""
+    auth = credentials.authorization(backend, environ)
+    metrics_url = backend.metrics_url or backend.url + "/metrics"
+    return BackendState(
+        backend.name,
+        backend.url,
+        pool_name,
+        pool.slots_per_backend,
+        pool.kv_capacity_bytes(),
+        metrics_url=metrics_url,
+        api_key_env=backend.api_key_env,
+        auth=auth,
+        headers=REQUEST_HEADERS | auth,
+        shadow_headers=REQUEST_HEADERS | SHADOW_HEADER | auth,
+        metrics_auth=auth if credentials.same_origin(backend.url, metrics_url) else {},
+    )
 
 
 @dataclass(eq=False, slots=True)
@@ -74,19 +133,20 @@ class PoolState:
 
 
 class Fleet:
-    """Every pool of the active policy with its live backend state."""
+    """Every pool of the active policy with its live backend state.
 
-    def __init__(self, policy: Policy):
+    `environ` is where upstream keys are read: a serving gateway passes its environment and is
+    refused (PolicyError) a policy naming a key variable it lacks; without it (routing
+    simulations, tests) backends carry no credentials.
+    """
+
+    def __init__(self, policy: Policy, environ: Mapping[str, str] | None = None):
+        if environ is not None:
+            credentials.require(policy, environ)
+        self.environ = environ
         self.pools: dict[str, PoolState] = {
             name: PoolState(
-                name,
-                spec,
-                [
-                    BackendState(
-                        b.name, b.url, name, spec.slots_per_backend, spec.kv_capacity_bytes()
-                    )
-                    for b in spec.backends
-                ],
+                name, spec, [backend_state(b, name, spec, environ) for b in spec.backends]
             )
             for name, spec in policy.pools.items()
         }
@@ -98,18 +158,18 @@ class Fleet:
         """Return the fleet of a new policy that keeps this one's live state.
 
         A backend whose URL is unchanged keeps its BackendState object (slots and KV memory
-        held, outlier state), updated to its new name, pool and capacity, so the requests in
-        flight give their slots back to the state the new fleet uses. A pool that keeps its name
-        keeps its queue of waiters.
+        held, outlier state), updated to its new name, pool, capacity and credentials, so the
+        requests in flight give their slots back to the state the new fleet uses. A pool that
+        keeps its name keeps its queue of waiters. A policy this fleet's environment cannot
+        serve raises PolicyError before anything changes.
         """
         known = {b.url: b for b in self.backends()}
-        fleet = Fleet(policy)
+        fleet = Fleet(policy, self.environ)
         for name, pool in fleet.pools.items():
             for i, fresh in enumerate(pool.backends):
                 kept = known.pop(fresh.url, None)
                 if kept is not None:
-                    kept.name, kept.pool = fresh.name, fresh.pool
-                    kept.slots, kept.kv_capacity = fresh.slots, fresh.kv_capacity
+                    kept.configure(fresh)
                     pool.backends[i] = kept
             previous = self.pools.get(name)
             if previous is not None:
