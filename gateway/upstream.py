@@ -4,9 +4,9 @@ aiohttp's compiled HTTP parser keeps the proxy path cheap (see docs/performance.
 measurement against httpx); nothing outside this module sees an aiohttp exception.
 
 Redirects are never followed: the gateway connects only to the backends of its policy, and a
-backend's key must never go where a backend points. A backend that refuses the gateway's
-credential (401, 403) has failed, like one answering 5xx: the request is retried elsewhere and
-the client never mistakes the refusal for one of its own key.
+backend's key must never go where a backend points. A backend that redirects, or refuses the
+gateway's credential (401, 403), has failed, like one answering 5xx: the request is retried
+elsewhere, and the client never mistakes the refusal for one of its own key.
 """
 
 from __future__ import annotations
@@ -90,9 +90,9 @@ class Upstream:
                 timeout=self._timeout(read_timeout_s),
                 allow_redirects=False,
             )
-        if response.status in CREDENTIALS_REFUSED:
+        if response.status in CREDENTIALS_REFUSED or 300 <= response.status < 400:
             response.release()
-            raise _refused(backend, response.status)
+            raise _unusable(backend, response.status, response.headers.get("location", ""))
         return response
 
     async def read(self, backend: BackendState, response: aiohttp.ClientResponse) -> bytes:
@@ -122,8 +122,17 @@ class Upstream:
             return False
 
 
-def _refused(backend: BackendState, status: int) -> UpstreamError:
-    """Log, for the operator, which credential a backend refused; return the client's error."""
+def _unusable(backend: BackendState, status: int, location: str) -> UpstreamError:
+    """Log, for the operator, why a backend's answer cannot be used; return the client's error."""
+    if status < 400:
+        log.warning(
+            "backend %s answered %d redirecting to %r; redirects are not followed: give the "
+            "policy the address that serves",
+            backend.name,
+            status,
+            location[:200],
+        )
+        return UpstreamError(f"backend {backend.name} answered {status}, a redirect, not followed")
     if backend.api_key_env is None:
         log.warning(
             "backend %s answered %d: it wants a key, and its policy entry names no api_key_env",
