@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from random import Random
@@ -195,7 +196,8 @@ def _departure(sampler: Random, temperature: float) -> int:
     chance = min(1.0, DEPARTURE_PER_TOKEN * temperature)
     if chance >= 1.0:
         return 0
-    return int(math.log(1.0 - sampler.random()) / math.log(1.0 - chance))
+    # log1p keeps a tiny chance (temperature 1e-50) from rounding to log(1) = 0.
+    return int(min(math.log(1.0 - sampler.random()) / math.log1p(-chance), sys.maxsize))
 
 
 def _prose(rng: Random, count: int, *, opening: bool) -> list[str]:

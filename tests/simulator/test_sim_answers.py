@@ -77,6 +77,13 @@ def test_sampling_is_reproducible_with_a_request_seed():
     assert _answer(sampled).text != _answer(_greedy("hi", limit=200)).text
 
 
+def test_a_vanishing_temperature_samples_the_reference_text_instead_of_failing():
+    tiny = Question(model=MODEL, prompt_key="hi", limit=1000, temperature=1.86e-54, seed=3)
+    sampled, greedy = _answer(tiny).pieces, _answer(_greedy("hi")).pieces
+    common = min(len(sampled), len(greedy))
+    assert common > 0 and sampled[:common] == greedy[:common]
+
+
 def test_sampling_without_a_seed_varies_between_requests():
     sampled = Question(model=MODEL, prompt_key="hi", limit=200, temperature=1.0)
     rng = Random(0)
