@@ -2,7 +2,7 @@
 
 Every route here needs `Authorization: Bearer <GATEWAY_ADMIN_TOKEN>`. Without a configured token
 the API is off (403 `admin_disabled`) rather than open; a missing or wrong token is 401.
-Errors have OpenAI's shape, as on /v1.
+Errors have OpenAI's shape, as on /v1; a field of the wrong type is a 400 naming the field.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal
 
 from fastapi import APIRouter, Depends, FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse
 from pydantic import BaseModel, Field
 
@@ -28,6 +29,7 @@ from gateway.errors import (
     Unauthorized,
 )
 from gateway.explain import explain
+from gateway.openapi import ADMIN_ERRORS, ErrorBody
 from gateway.policy import content_hash
 from gateway.report.period import ISO_WEEK
 from gateway.report.schedule import FILES, listing
@@ -79,7 +81,9 @@ def admin_router(gateway: Gateway) -> APIRouter:
                 code="invalid_admin_token",
             )
 
-    router = APIRouter(prefix="/admin", dependencies=[Depends(require_admin)])
+    router = APIRouter(
+        prefix="/admin", dependencies=[Depends(require_admin)], responses=ADMIN_ERRORS
+    )
 
     @router.get("/shadow/summary")
     async def shadow_summary(
@@ -103,7 +107,7 @@ def admin_router(gateway: Gateway) -> APIRouter:
         """List the kept weekly reports, newest first."""
         return listing(gateway.settings.reports_dir)
 
-    @router.get("/reports/{week}/{name}")
+    @router.get("/reports/{week}/{name}", responses={404: {"model": ErrorBody}})
     async def report_file(week: str, name: str) -> Response:
         """Download one file of a kept report."""
         if not ISO_WEEK.match(week) or name not in FILES:
@@ -161,7 +165,7 @@ def admin_router(gateway: Gateway) -> APIRouter:
         text = gateway.policy_text
         return {"version": gateway.policy_version, "hash": content_hash(text), "yaml": text}
 
-    @router.put("/policy")
+    @router.put("/policy", responses={422: {"model": PolicyErrors}, **STORE_ERRORS})
     async def apply_policy(change: PolicyChange) -> Response:
         """Store a valid policy as the new active version and serve it; reject an invalid one."""
         checked = policycheck.validate(change.yaml, "<request>", gateway.environ)
@@ -184,14 +188,14 @@ def admin_router(gateway: Gateway) -> APIRouter:
             "warnings": [_problem(p) for p in checked.warnings],
         }
 
-    @router.get("/policy/versions")
+    @router.get("/policy/versions", responses=STORE_ERRORS)
     async def policy_versions(limit: int = 50) -> dict[str, Any]:
         """List stored policy versions, newest first, without their content."""
         versions = await asyncio.to_thread(policystore.history, gateway.engine, limit)
         active = await asyncio.to_thread(policystore.active_version, gateway.engine)
         return {"active": active, "versions": [v.summary() for v in versions]}
 
-    @router.post("/policy/rollback")
+    @router.post("/policy/rollback", responses={404: {"model": ErrorBody}, **STORE_ERRORS})
     async def rollback_policy(request: RollbackRequest) -> dict[str, Any]:
         """Serve a previous version's content again, stored as a new version."""
         stored = await asyncio.to_thread(
@@ -203,8 +207,27 @@ def admin_router(gateway: Gateway) -> APIRouter:
     return router
 
 
+STORE_ERRORS: dict[int | str, dict[str, Any]] = {
+    503: {"model": ErrorBody, "description": "The policy versions cannot be read or written."}
+}
+
+
 def _problem(problem: Problem) -> dict[str, str]:
     return {"path": problem.path, "message": problem.message, "location": problem.location}
+
+
+class PolicyProblem(BaseModel):
+    """One error or warning in a policy: its field path, what is wrong, and where."""
+
+    path: str
+    message: str
+    location: str
+
+
+class PolicyErrors(BaseModel):
+    """Why a policy was not applied."""
+
+    errors: list[PolicyProblem]
 
 
 class PolicyCandidate(BaseModel):
@@ -250,7 +273,22 @@ async def _error_response(request: Request, exc: Exception) -> Response:
     return Response(exc.body(), exc.status, headers, media_type="application/json")
 
 
+async def _invalid_request(request: Request, exc: Exception) -> Response:
+    """Answer a query or body FastAPI could not validate as /v1 would: 400, OpenAI-shaped."""
+    assert isinstance(exc, RequestValidationError)
+    errors = exc.errors()
+    if errors[0]["type"] == "json_invalid":
+        reason = errors[0].get("ctx", {}).get("error", "")
+        invalid = InvalidRequest(f"the request body is not valid JSON: {reason}".rstrip(": "))
+        return await _error_response(request, invalid)
+    where = [".".join(str(p) for p in e["loc"]) for e in errors]
+    problems = "; ".join(f"{w}: {e['msg']}" for w, e in list(zip(where, errors, strict=True))[:5])
+    invalid = InvalidRequest(f"the request is not valid: {problems}", param=where[0] or None)
+    return await _error_response(request, invalid)
+
+
 def install(app: FastAPI, gateway: Gateway) -> None:
     """Mount the admin API on the ops app, with errors turned into OpenAI-shaped responses."""
     app.include_router(admin_router(gateway))
     app.add_exception_handler(GatewayError, _error_response)
+    app.add_exception_handler(RequestValidationError, _invalid_request)

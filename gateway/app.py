@@ -17,10 +17,10 @@ from typing import Any
 
 import sqlalchemy as sa
 from fastapi import FastAPI, Response
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from gateway import admin, policystore
+from gateway import admin, openapi, policystore
 from gateway.admission import Admission
 from gateway.classify import TokenEstimator
 from gateway.costmodel import store
@@ -294,11 +294,13 @@ def ops_app(gateway: Gateway) -> FastAPI:
         state = gateway.readiness()
         return JSONResponse(state, status_code=200 if state["ready"] else 503)
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics() -> Response:
         return Response(generate_latest(gateway.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     admin.install(app, gateway)
+    generate = app.openapi  # FastAPI's generator, which keeps what it generated
+    app.openapi = lambda: openapi.document(generate(), gateway.policy)  # type: ignore[method-assign]
     return app
 
 

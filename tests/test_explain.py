@@ -53,4 +53,5 @@ def test_explain_returns_the_error_a_client_would_get(sims, tmp_path: Path) -> N
         ).json()
         malformed = http.post("/admin/explain", json={"endpoint": "images"}, headers=AUTH)
     assert bad["status"] == 400 and bad["error"]["param"] == "x-slo-class"
-    assert malformed.status_code == 422
+    assert malformed.status_code == 400
+    assert malformed.json()["error"]["param"] == "body.endpoint"
