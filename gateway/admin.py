@@ -2,7 +2,8 @@
 
 Every route here needs `Authorization: Bearer <GATEWAY_ADMIN_TOKEN>`. Without a configured token
 the API is off (403 `admin_disabled`) rather than open; a missing or wrong token is 401.
-Errors have OpenAI's shape, as on /v1; a field of the wrong type is a 400 naming the field.
+Errors have OpenAI's shape, as on /v1, the framework's own included: a body that is not JSON or
+a field of the wrong type is a 400 naming the field, an unknown path a 404.
 """
 
 from __future__ import annotations
@@ -12,12 +13,13 @@ import hmac
 import re
 import time
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, FastAPI, Request, Response
+from fastapi import APIRouter, Depends, FastAPI, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse
 from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException
 
 from gateway import policycheck, policystore, promotion, rollout
 from gateway.errors import (
@@ -27,6 +29,7 @@ from gateway.errors import (
     Problem,
     ReportNotFound,
     Unauthorized,
+    error_body,
 )
 from gateway.explain import explain
 from gateway.openapi import ADMIN_ERRORS, ErrorBody
@@ -38,6 +41,8 @@ from gateway.shadow import summarize
 if TYPE_CHECKING:
     from gateway.app import Gateway
 
+MAX_LISTED = 1000  # policy versions one listing returns; a bigger limit is a 400, not a crash
+MAX_VERSION = 2**63 - 1  # the widest integer the databases store
 DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
 UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -189,7 +194,9 @@ def admin_router(gateway: Gateway) -> APIRouter:
         }
 
     @router.get("/policy/versions", responses=STORE_ERRORS)
-    async def policy_versions(limit: int = 50) -> dict[str, Any]:
+    async def policy_versions(
+        limit: Annotated[int, Query(ge=1, le=MAX_LISTED)] = 50,
+    ) -> dict[str, Any]:
         """List stored policy versions, newest first, without their content."""
         versions = await asyncio.to_thread(policystore.history, gateway.engine, limit)
         active = await asyncio.to_thread(policystore.active_version, gateway.engine)
@@ -246,7 +253,7 @@ class PolicyChange(PolicyCandidate):
 class RollbackRequest(BaseModel):
     """Which version to serve again (default: the one before the active version), and why."""
 
-    version: int | None = None
+    version: int | None = Field(default=None, ge=1, le=MAX_VERSION)
     message: str = ""
     author: str = "admin-api"
 
@@ -287,8 +294,27 @@ async def _invalid_request(request: Request, exc: Exception) -> Response:
     return await _error_response(request, invalid)
 
 
+async def _http_error(request: Request, exc: Exception) -> Response:
+    """Answer what the framework refuses by itself (an unparsable body, an unknown path) alike."""
+    assert isinstance(exc, HTTPException)
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "invalid_request")
+    kind = "invalid_request_error" if exc.status_code < 500 else "api_error"
+    body = error_body(str(exc.detail), kind, None, code)
+    return Response(body, exc.status_code, exc.headers, media_type="application/json")
+
+
+async def _internal_error(request: Request, exc: Exception) -> Response:
+    """Answer a failure of the gateway's own in the OpenAI shape; the traceback is logged."""
+    body = error_body(
+        "the gateway failed to serve this request", "api_error", None, "internal_error"
+    )
+    return Response(body, 500, media_type="application/json")
+
+
 def install(app: FastAPI, gateway: Gateway) -> None:
     """Mount the admin API on the ops app, with errors turned into OpenAI-shaped responses."""
     app.include_router(admin_router(gateway))
     app.add_exception_handler(GatewayError, _error_response)
     app.add_exception_handler(RequestValidationError, _invalid_request)
+    app.add_exception_handler(HTTPException, _http_error)
+    app.add_exception_handler(Exception, _internal_error)

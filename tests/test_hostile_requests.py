@@ -171,3 +171,50 @@ def test_a_body_that_never_finishes_is_cut_with_408_while_others_are_served(
         error = orjson.loads(body)["error"]
         assert error["code"] == "request_timeout" and "did not arrive" in error["message"]
         assert_still_serving(http)
+
+
+ADMIN_TOKEN = "hostile-admin-token"
+# Found by fuzzing the admin API from its OpenAPI description (tests/test_openapi.py): each was
+# a 500 or an answer in FastAPI's own shape. method, path, body, expected status, phrase.
+ADMIN_CATALOGUE: list[tuple[str, str, bytes, int, str]] = [
+    ("PUT", "/admin/policy", b"\x13~qa%\xff", 400, "parsing the body"),
+    ("PUT", "/admin/policy", b'{"yaml": ', 400, "not valid JSON"),
+    ("PUT", "/admin/policy", b'{"message": "no yaml"}', 400, "body.yaml"),
+    ("POST", "/admin/policy/validate", b'{"yaml": 5}', 400, "body.yaml"),
+    ("GET", "/admin/policy/versions?limit=44933367872658375442432", b"", 400, "query.limit"),
+    ("GET", "/admin/policy/versions?limit=-1", b"", 400, "query.limit"),
+    ("POST", "/admin/policy/rollback", b'{"version": -1162628957580915900416}', 400, "version"),
+    ("POST", "/admin/policy/rollback", b'{"version": 99999999999999999999}', 400, "version"),
+    ("GET", "/admin/promotions?evaluate=maybe", b"", 400, "query.evaluate"),
+    ("GET", "/admin/nothing-here", b"", 404, "Not Found"),
+]
+
+
+def test_malformed_admin_requests_get_an_openai_shaped_4xx_never_a_500(tmp_path: Path) -> None:
+    wrong = []
+    auth = {"authorization": f"Bearer {ADMIN_TOKEN}", "content-type": "application/json"}
+    with run_gateway(fleet_policy(), tmp_path, admin_token=ADMIN_TOKEN) as gw, gw.http() as http:
+        for method, path, body, status, phrase in ADMIN_CATALOGUE:
+            response = http.request(method, path, content=body, headers=auth)
+            try:
+                error = response.json()["error"]
+            except (ValueError, KeyError, TypeError):
+                wrong.append(f"{method} {path}: {response.status_code} {response.text[:200]!r}")
+                continue
+            if (
+                response.status_code != status
+                or set(error) != {"message", "type", "param", "code"}
+                or phrase not in error["message"]
+            ):
+                wrong.append(f"{method} {path}: {response.status_code} {str(error)[:300]}")
+        assert http.get("/admin/policy", headers=auth).status_code == 200
+    assert not wrong, "\n".join(wrong)
+
+
+def test_a_vanishing_temperature_is_served_not_failed_upstream(gw_small: GatewayServer) -> None:
+    # Once a 502: the simulated backends divided by zero at temperature 1e-54.
+    with gw_small.http() as http:
+        response = http.post(
+            CHAT, content=chat(temperature=1.86e-54), headers={"content-type": "application/json"}
+        )
+    assert response.status_code == 200, response.text
