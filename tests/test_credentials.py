@@ -15,9 +15,11 @@ from shadowworld import shadow_rows
 from simproc import metric_value
 
 from gateway import policystore
+from gateway.app import Gateway
 from gateway.errors import PolicyError
 from gateway.policy import Policy, parse_policy, render_policy
 from gateway.routing.fleet import Fleet
+from gateway.settings import Settings
 from policies import EMBED, MODEL, fleet_policy
 
 TOKEN = "credentials-admin-token"
@@ -82,6 +84,12 @@ def test_a_policy_naming_an_unset_variable_is_refused_before_anything_changes() 
     assert backend.name == "gpu-0" and backend.auth == {"authorization": "Bearer g"}
     with pytest.raises(PolicyError, match="MISSING_KEY"):
         Fleet(keyed(fleet_policy(), {"asic": "MISSING_KEY"}), {"MISSING_KEY": ""})
+
+
+def test_a_gateway_does_not_start_on_a_policy_naming_an_unset_variable(tmp_path: Path) -> None:
+    settings = Settings(database_url=f"sqlite:///{tmp_path / 'gateway.db'}")
+    with pytest.raises(PolicyError, match="MISSING_KEY"):
+        Gateway(settings, keyed(fleet_policy(), {"asic": "MISSING_KEY"}), environ={})
 
 
 def test_the_admin_api_refuses_an_unset_key_and_a_replica_without_it_keeps_serving(
