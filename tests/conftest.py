@@ -89,18 +89,12 @@ def sim_processes() -> Iterator[SimFleet]:
         yield fleet
 
 
-# The keys the keyed simulators require; tests give them to the gateway through these variables.
-UPSTREAM_KEYS = {
-    "UPSTREAM_GPU_KEY": "sk-upstream-gpu-7f3a9c",
-    "UPSTREAM_ASIC_KEY": "sk-upstream-asic-51be02",
-    "UPSTREAM_CIM_KEY": "sk-upstream-cim-c48d1e",
-}
-
-
 @pytest.fixture(scope="session")
 def keyed_sim_processes() -> Iterator[SimFleet]:
     """One simulator per pool kind that answers only requests carrying its pool's key."""
     from simproc import start_simulator
+
+    from policies import UPSTREAM_KEYS
 
     with contextlib.ExitStack() as stack:
         yield SimFleet(

@@ -11,6 +11,12 @@ from gateway.policy import Policy, parse_policy
 MODEL = "llama-3.1-8b-instruct"
 BIG = "llama-3.1-70b-instruct"
 EMBED = "bge-large-en-v1.5"
+# The keys the keyed simulators require (conftest.py), by the variable tests give them in.
+UPSTREAM_KEYS = {
+    "UPSTREAM_GPU_KEY": "sk-upstream-gpu-7f3a9c",
+    "UPSTREAM_ASIC_KEY": "sk-upstream-asic-51be02",
+    "UPSTREAM_CIM_KEY": "sk-upstream-cim-c48d1e",
+}
 
 
 def pool(kind: str, urls: Sequence[str], models: Sequence[str], **extra: object) -> dict:
@@ -84,3 +90,12 @@ def fleet_policy(
     }
     doc.update(top)
     return parse_policy(yaml.safe_dump(doc), "test-policy.yaml")
+
+
+def keyed(policy: Policy, variables: dict[str, str], **backend: object) -> Policy:
+    """Return the policy with each listed pool's backends taking their key from a variable."""
+    doc = policy.model_dump(mode="json", exclude_defaults=True)
+    for name, variable in variables.items():
+        for entry in doc["pools"][name]["backends"]:
+            entry.update({"api_key_env": variable, **backend})
+    return parse_policy(yaml.safe_dump(doc), "keyed.yaml")

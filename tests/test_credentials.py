@@ -9,7 +9,6 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-from conftest import UPSTREAM_KEYS
 from gatewayserver import run_gateway
 from shadowworld import shadow_rows
 from simproc import metric_value
@@ -17,23 +16,14 @@ from simproc import metric_value
 from gateway import policystore
 from gateway.app import Gateway
 from gateway.errors import PolicyError
-from gateway.policy import Policy, parse_policy, render_policy
+from gateway.policy import parse_policy, render_policy
 from gateway.routing.fleet import Fleet
 from gateway.settings import Settings
-from policies import EMBED, MODEL, fleet_policy
+from policies import EMBED, MODEL, UPSTREAM_KEYS, fleet_policy, keyed
 
 TOKEN = "credentials-admin-token"
 AUTH = {"authorization": f"Bearer {TOKEN}"}
 VARIABLES = dict(zip(("gpu", "asic", "cim"), UPSTREAM_KEYS, strict=True))
-
-
-def keyed(policy: Policy, variables: dict[str, str], **backend: object) -> Policy:
-    """Return the policy with each listed pool's backends taking their key from a variable."""
-    doc = policy.model_dump(mode="json", exclude_defaults=True)
-    for pool, variable in variables.items():
-        for entry in doc["pools"][pool]["backends"]:
-            entry.update({"api_key_env": variable, **backend})
-    return parse_policy(yaml.safe_dump(doc), "keyed.yaml")
 
 
 def test_the_policy_names_a_variable_and_never_quotes_a_pasted_key() -> None:

@@ -30,7 +30,7 @@ CHECKS = [
     content_type_conformance,
     response_schema_conformance,
 ]
-# Examples per operation and mode: about 15 s for the whole API on the two-core machine. Fuzz
+# Examples per operation and mode: about 10 s for the whole API on the two-core machine. Fuzz
 # deeper on demand with FUZZ_EXAMPLES=200 (a few minutes).
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "12"))
 

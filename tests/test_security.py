@@ -17,13 +17,12 @@ import httpx
 import orjson
 import pytest
 import yaml
-from conftest import UPSTREAM_KEYS
 from gatewayserver import run_gateway
 from shadowworld import shadow_rows
 
-from gateway.policy import Policy, parse_policy
+from gateway.policy import Policy
 from gateway.report import generate, period
-from policies import EMBED, MODEL, fleet_policy
+from policies import EMBED, MODEL, UPSTREAM_KEYS, fleet_policy, keyed
 
 ADMIN_TOKEN = "adm-tok-90c1f7e2b4"
 TENANT_KEYS = {"acme": "sk-tenant-acme-3b8e51", "nightly": "sk-tenant-nightly-e07d44"}
@@ -73,11 +72,7 @@ def audited_policy(gpu: list[str], asic: list[str], cim: list[str]) -> Policy:
         {"name": "embed", "match": {"models": [EMBED]}, "pools": ["asic", "gpu"]},
     ]
     policy = fleet_policy(gpu, asic, cim, routes=routes, tenants=TENANTS, require_tenant_key=True)
-    doc = policy.model_dump(mode="json", exclude_defaults=True)
-    for pool, variable in zip(("gpu", "asic", "cim"), UPSTREAM_KEYS, strict=True):
-        for backend in doc["pools"][pool]["backends"]:
-            backend["api_key_env"] = variable
-    return parse_policy(yaml.safe_dump(doc), "audited.yaml")
+    return keyed(policy, dict(zip(("gpu", "asic", "cim"), UPSTREAM_KEYS, strict=True)))
 
 
 class Transcript:
