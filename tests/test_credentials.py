@@ -112,12 +112,18 @@ def test_the_admin_api_refuses_an_unset_key_and_a_replica_without_it_keeps_servi
         assert http.get("/admin/policy", headers=AUTH).json()["version"] == 1
 
 
-def test_the_cli_warns_of_an_unset_variable_it_cannot_see(tmp_path: Path) -> None:
+def test_the_cli_warns_of_an_unset_variable_it_cannot_see(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from gateway.cli import main
 
     path = tmp_path / "keyed.yaml"
     path.write_text(render_policy(keyed(fleet_policy(), {"asic": "NOT_HERE_KEY"})))
+    assert main(["policy", "validate", str(path)]) == 0
     assert main(["policy", "validate", str(path), "--strict"]) == 1
+    (warning,) = [line for line in capsys.readouterr().out.splitlines() if "NOT_HERE" in line][:1]
+    assert f"{path}:" in warning and "pools.asic.backends.0.api_key_env" in warning
+    assert "NOT_HERE_KEY, which is not set here" in warning
 
 
 def test_the_key_reaches_every_call_to_a_backend_that_requires_it(
