@@ -120,7 +120,7 @@ class EnergyMeter:
         deliver: Deliver,
     ) -> None:
         """Close a request's span; call `deliver` once its energy is known (or estimated)."""
-        concurrent = backend.in_flight + 1
+        concurrent = backend.load + 1
         ledger = self._ledgers.get(backend.url)
         if ledger is not None and key in ledger and self._metered(backend):
             ledger.close(key, end, prompt_tokens, completion_tokens, first_token)

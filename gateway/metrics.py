@@ -1,8 +1,8 @@
 """Every Prometheus metric the gateway exports, declared in one place.
 
-Labels are bounded: route, pool, model (from the policy), status (HTTP code) and error codes;
-never tenant keys or request ids. Fleet gauges are read from the live state at scrape time, so the
-request path never updates them.
+Labels are bounded: route, pool, model, tenant names (from the policy), status (HTTP code) and
+error codes; never tenant keys or request ids. Fleet gauges are read from the live state at
+scrape time, so the request path never updates them.
 """
 
 from __future__ import annotations
@@ -320,6 +320,35 @@ class GatewayMetrics:
         self.shadow_records_dropped = Counter(
             "shadow_records_dropped",
             "Shadow records lost past the documented limit (queue, memory and spill file full).",
+            namespace=NAMESPACE,
+            registry=r,
+        )
+
+        # Shared state (REDIS_URL): whether this replica shares it now, and what it sees.
+        self.shared_state_up = Gauge(
+            "shared_state_up",
+            "1 while this replica shares slots, budgets and limits through Redis; 0 while it "
+            "serves from local state (Redis unreachable, or not configured).",
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.shared_state_outages = Counter(
+            "shared_state_outages",
+            "Times this replica lost Redis and switched to local state.",
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.replicas = Gauge(
+            "replicas",
+            "Gateway replicas alive as this replica last saw them in Redis (1 without Redis).",
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.replicas.set(1)
+        self.rate_limited = Counter(
+            "rate_limited",
+            "Requests refused because their tenant was over its rate limit.",
+            ["tenant"],
             namespace=NAMESPACE,
             registry=r,
         )

@@ -23,7 +23,7 @@ from gateway.compare import Answer, compare, tokens
 from gateway.db import make_engine, upgrade
 from gateway.exchange import Exchange
 from gateway.metrics import GatewayMetrics
-from gateway.mirror import Mirror, RateBudget, sample, stable_fraction
+from gateway.mirror import Mirror, sample, stable_fraction
 from gateway.routing.fleet import Fleet
 from gateway.routing.router import RouteDecision
 from gateway.shadow import ShadowWriter
@@ -113,13 +113,6 @@ def test_noise_copies_are_a_share_of_the_sampled_requests() -> None:
     noise = [p for p in plans if any(plan.kind == "noise" for plan in p)]
     assert all(any(plan.kind == "candidate" for plan in p) for p in noise)
     assert abs(len(noise) - 500) < 4 * math.sqrt(2000 * 0.25 * 0.75)
-
-
-def test_rate_budget_allows_its_rate_and_refills_with_time() -> None:
-    budget = RateBudget(2.0, now=0.0)
-    assert [budget.take(0.0) for _ in range(3)] == [True, True, False]
-    assert budget.take(0.4) is False
-    assert budget.take(0.5) is True
 
 
 # Budgets without a network ----------------------------------------------------------------

@@ -9,13 +9,21 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from gateway.policy import Policy, Pool
+
+if TYPE_CHECKING:
+    from gateway.admission import Slot
 
 
 @dataclass(eq=False, slots=True)
 class BackendState:
-    """One upstream server: its slots and KV-cache memory in use, and its outlier state."""
+    """One upstream server: its slots and KV-cache memory in use, and its outlier state.
+
+    `in_flight` and `kv_reserved` are this replica's; `elsewhere` and `kv_elsewhere` what the
+    other replicas hold, as last seen through shared state (always 0 for a single process).
+    """
 
     name: str
     url: str
@@ -24,6 +32,8 @@ class BackendState:
     kv_capacity: float = float("inf")
     in_flight: int = 0
     kv_reserved: float = 0.0
+    elsewhere: int = 0
+    kv_elsewhere: float = 0.0
     ejected: bool = False
     ejected_until: float = 0.0
     consecutive_failures: int = 0
@@ -31,18 +41,27 @@ class BackendState:
 
     @property
     def free_slots(self) -> int:
-        return self.slots - self.in_flight
+        return self.slots - self.in_flight - self.elsewhere
+
+    @property
+    def load(self) -> int:
+        """Requests the backend serves now, every replica's included."""
+        return self.in_flight + self.elsewhere
 
     def fits(self, kv_bytes: float) -> bool:
         """Return whether a request needing kv_bytes of KV cache fits in the free memory."""
-        return self.kv_reserved + kv_bytes <= self.kv_capacity
+        return self.kv_reserved + self.kv_elsewhere + kv_bytes <= self.kv_capacity
+
+    def overcommitted(self) -> bool:
+        """Return whether more slots or KV memory are held than the backend has."""
+        return self.free_slots < 0 or not self.fits(0.0)
 
 
 @dataclass(eq=False, slots=True)
 class Waiter:
     """A request waiting in a pool's queue, and the KV memory the slot it gets must have."""
 
-    future: asyncio.Future[BackendState]
+    future: asyncio.Future[Slot]
     kv_bytes: float = 0.0
 
 
