@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import sqlalchemy as sa
 
+from gateway.errors import DatabaseUnavailable
 from gateway.periodic import Periodic
 from gateway.records import request_records
 from gateway.settings import Settings
@@ -56,14 +57,17 @@ class Windows:
         """Return the windows the settings ask for."""
         return cls(settings.retention_days, settings.shadow_retention_days)
 
-    def cutoffs(self, now: float) -> dict[sa.Table, float]:
-        """Return, per table with a window, the time before which its rows are deleted."""
-        days = {
+    def days(self) -> dict[sa.Table, float]:
+        """Return the window of every table retention looks after."""
+        return {
             request_records: self.request_days,
             shadow_records: self.shadow_days,
             shadow_drops: self.shadow_days,
         }
-        return {table: now - d * DAY_S for table, d in days.items() if d > 0}
+
+    def cutoffs(self, now: float) -> dict[sa.Table, float]:
+        """Return, per table with a window, the time before which its rows are deleted."""
+        return {table: now - days * DAY_S for table, days in self.days().items() if days > 0}
 
 
 def delete_batch(engine: sa.Engine, table: sa.Table, cutoff: float, rows: int) -> int:
@@ -74,8 +78,13 @@ def delete_batch(engine: sa.Engine, table: sa.Table, cutoff: float, rows: int) -
         .limit(rows)
         .with_for_update(skip_locked=True)  # PostgreSQL only; SQLite has one writer anyway
     )
-    with engine.begin() as conn:
-        return int(conn.execute(table.delete().where(table.c.id.in_(oldest))).rowcount or 0)
+    try:
+        with engine.begin() as conn:
+            return int(conn.execute(table.delete().where(table.c.id.in_(oldest))).rowcount or 0)
+    except sa.exc.SQLAlchemyError as exc:
+        raise DatabaseUnavailable(
+            f"cannot delete old rows of {table.name} ({type(exc).__name__})"
+        ) from exc
 
 
 def prune(
