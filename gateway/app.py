@@ -40,6 +40,7 @@ from gateway.policysync import FileWatcher, PolicyWatcher
 from gateway.ratelimit import TokenBuckets
 from gateway.records import RecordWriter, RequestRecord, request_records
 from gateway.report.schedule import ReportScheduler, parse_schedule
+from gateway.retention import Pruner, Windows
 from gateway.rollout import RolloutDriver
 from gateway.routing.fleet import BackendState, Fleet
 from gateway.routing.ranking import CostRanker
@@ -178,6 +179,7 @@ class Gateway:
             self.policy_watcher.sync,
             interval_s=settings.rollout_check_interval_s,
         )
+        self.retention = Pruner(self.engine, Windows.of(settings), settings.retention_interval_s)
         self.database_ok = False
 
     def use_policy(self, policy: Policy, stored: PolicyVersion) -> None:
@@ -269,6 +271,8 @@ class Gateway:
         self.learner.start()
         if self.reports is not None and self.database_ok:
             self.reports.start()
+        if self.database_ok:
+            self.retention.start()
         if versioned:
             self.policy_watcher.start()
             self.rollouts.start()
@@ -278,6 +282,7 @@ class Gateway:
     async def stop(self) -> None:
         if self.reports is not None:
             await self.reports.stop()
+        await self.retention.stop()
         await self.policy_file.stop()
         await self.rollouts.stop()
         await self.policy_watcher.stop()

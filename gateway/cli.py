@@ -57,6 +57,36 @@ def _db_upgrade(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _db_prune(args: argparse.Namespace, settings: Settings) -> int:
+    import time
+    from datetime import UTC, datetime
+
+    from gateway.db import make_engine
+    from gateway.errors import DatabaseUnavailable
+    from gateway.retention import Windows, prune
+
+    windows, now = Windows.of(settings), time.time()
+    engine = make_engine(settings.database_url)
+    try:
+        deleted = prune(engine, windows, now)
+    except DatabaseUnavailable as exc:
+        where = engine.url.render_as_string(hide_password=True)
+        print(f"error: {exc} at {where}; run `gateway db upgrade` first", file=sys.stderr)
+        return 1
+    finally:
+        engine.dispose()
+    cutoffs = windows.cutoffs(now)
+    for table, days in windows.days().items():
+        if table not in cutoffs:
+            print(f"{table.name}: kept forever (retention 0 days)")
+            continue
+        since = datetime.fromtimestamp(cutoffs[table], UTC).strftime("%Y-%m-%d %H:%M UTC")
+        print(
+            f"{table.name}: deleted {deleted[table.name]} rows from before {since} ({days:g} days)"
+        )
+    return 0
+
+
 def _policy_validate(args: argparse.Namespace, settings: Settings) -> int:
     from gateway.policycheck import validate
 
@@ -466,6 +496,10 @@ def parser() -> argparse.ArgumentParser:
     up = db.add_parser("upgrade", help="apply migrations to DATABASE_URL")
     up.add_argument("revision", nargs="?", default="head")
     up.set_defaults(run=_db_upgrade)
+    prune = db.add_parser(
+        "prune", help="delete records past GATEWAY_RETENTION_DAYS and GATEWAY_SHADOW_RETENTION_DAYS"
+    )
+    prune.set_defaults(run=_db_prune)
 
     policy = commands.add_parser("policy", help="work with routing policies").add_subparsers(
         dest="policy_command", required=True

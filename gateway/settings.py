@@ -125,6 +125,25 @@ class Settings(BaseSettings):
         description="How long a client may take to send a request body before a 408.",
     )
 
+    retention_days: float = Field(
+        default=30.0,
+        ge=0,
+        validation_alias=AliasChoices("GATEWAY_RETENTION_DAYS"),
+        description="Days request records are kept; 0 keeps them forever.",
+    )
+    shadow_retention_days: float = Field(
+        default=30.0,
+        ge=0,
+        validation_alias=AliasChoices("GATEWAY_SHADOW_RETENTION_DAYS"),
+        description="Days shadow records and shadow drop counts are kept; 0 keeps them forever.",
+    )
+    retention_interval_s: float = Field(
+        default=3600.0,
+        ge=0,
+        validation_alias=AliasChoices("GATEWAY_RETENTION_INTERVAL_S"),
+        description="How often `gateway serve` deletes records past retention; 0: never.",
+    )
+
     @field_validator("redis_url", mode="before")
     @classmethod
     def _empty_is_unset(cls, value: object) -> object:
