@@ -107,6 +107,7 @@ class Gateway:
             self.metrics,
             interval_s=settings.power_scrape_interval_s,
             clock=clock,
+            load_share=self._load_share,
         )
         self.costmodel = CostModel(policy)
         self.learner = Learner(
@@ -222,6 +223,13 @@ class Gateway:
             log.error("serving the policy file without versions: %s", exc.message)
             return False
         return True
+
+    def _load_share(self, url: str) -> float:
+        """Return the part of a backend's load that is this replica's requests (1 alone)."""
+        for backend in self.fleet.backends():
+            if backend.url == url and backend.elsewhere:
+                return backend.in_flight / backend.load
+        return 1.0
 
     def _announce_policy(self, version: int) -> None:
         assert self.shared is not None

@@ -190,9 +190,20 @@ def _policy_apply(args: argparse.Namespace, settings: Settings) -> int:
     stored = policystore.record(engine, text, args.author or _os_user(), args.message)
     print(
         f"applied {args.file} as version {stored.version} ({stored.hash[:12]}); running gateways "
-        f"switch to it within {settings.policy_poll_interval_s:g} s"
+        f"switch to it within {_switch_time(settings, stored.version)}"
     )
     return 0
+
+
+def _switch_time(settings: Settings, version: int) -> str:
+    """Tell running gateways a new version is active; return how soon they will serve it."""
+    from gateway.sharedstate import tell_replicas
+
+    if settings.redis_url and tell_replicas(
+        settings.redis_url, settings.redis_prefix, "policy", version=version
+    ):
+        return "a second"
+    return f"{settings.policy_poll_interval_s:g} s"
 
 
 def _policy_history(args: argparse.Namespace, settings: Settings) -> int:
@@ -219,7 +230,10 @@ def _policy_rollback(args: argparse.Namespace, settings: Settings) -> int:
 
     engine = make_engine(settings.database_url)
     stored = policystore.rollback(engine, args.author or _os_user(), args.version, args.message)
-    print(f"version {stored.version} restores version {stored.restores}; it is active now")
+    print(
+        f"version {stored.version} restores version {stored.restores}; running gateways switch "
+        f"to it within {_switch_time(settings, stored.version)}"
+    )
     return 0
 
 
@@ -426,6 +440,11 @@ def _rollout_call(args: argparse.Namespace, settings: Settings) -> int:
     except GatewayError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return 2
+    if args.promote_command != "status" and settings.redis_url:
+        from gateway.sharedstate import tell_replicas
+
+        # Each step is a policy version: running gateways pick it up at once.
+        tell_replicas(settings.redis_url, settings.redis_prefix, "policy")
     print(json.dumps(result, indent=2))
     return 0
 

@@ -66,8 +66,10 @@ class EnergyMeter:
         *,
         interval_s: float = 1.0,
         clock: Callable[[], float] = time.perf_counter,
+        load_share: Callable[[str], float] = lambda url: 1.0,
     ):
         self._policy = policy
+        self._load_share = load_share
         self._upstream = upstream
         self._metrics = metrics
         self._interval_s = interval_s
@@ -167,7 +169,7 @@ class EnergyMeter:
                 continue
             self._failures[backend.url] = 0
             ledger = self._ledgers.setdefault(backend.url, BackendLedger(pool.power.idle_w))
-            ledger.reading(now, counter)
+            ledger.reading(now, counter, self._load_share(backend.url))
             for span in ledger.settle():
                 self._release(span)
 

@@ -221,6 +221,9 @@ class SharedState:
         """
         rejoining = self.boot is not None
         self.up, self._joining = False, True
+        if self._reported:
+            # Connections pooled before the outage point at a server that is gone.
+            await self.redis.connection_pool.disconnect()
         try:
             for work in self._resets:
                 await work()
@@ -285,3 +288,19 @@ class SharedState:
             with contextlib.suppress(SharedStateUnavailable):
                 await self.call(lambda r: r.zrem(self.key("replicas"), self.replica))
         await self.redis.aclose()
+
+
+def tell_replicas(url: str, prefix: str, kind: str, **fields: Any) -> bool:
+    """Publish a notice from outside a gateway (the CLI); return whether Redis took it."""
+    import redis
+
+    client = redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=2)
+    message = orjson.dumps({"kind": kind, "from": f"cli@{socket.gethostname()}", **fields})
+    try:
+        client.publish(f"{prefix}:events", message)
+    except (RedisError, OSError) as exc:
+        log.warning("could not tell the replicas through Redis at %s: %s", redis_address(url), exc)
+        return False
+    finally:
+        client.close()
+    return True

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import redis
+from gatewayserver import free_port
 
 
 class RedisProcess:
@@ -63,12 +63,6 @@ class RedisProcess:
             self._process.kill()
             self._process.wait()
         self._process = None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextlib.contextmanager
