@@ -100,6 +100,7 @@ RARE = {
     "gateway_queue_wait_seconds_bucket": "a request waited for a slot",
     "gateway_cost_model_mape": "a retrained cost model scored on held-out requests",
     "gateway_policy_reloads_total": "a replica switched policy versions",
+    "gateway_rate_limited_total": "a tenant went over its rate limit",
 }
 
 
