@@ -523,10 +523,9 @@ class Mirror:
         if diff.exact_match is None:
             return
         m.shadow_compared.labels(*labels).inc()
-        if diff.exact_match:
-            m.shadow_exact_matches.labels(*labels).inc()
-        if diff.normalized_match:
-            m.shadow_normalized_matches.labels(*labels).inc()
+        # Added even when zero: a match rate with no numerator series shows no data, not 0 %.
+        m.shadow_exact_matches.labels(*labels).inc(1 if diff.exact_match else 0)
+        m.shadow_normalized_matches.labels(*labels).inc(1 if diff.normalized_match else 0)
         if diff.similarity is not None:
             m.shadow_similarity.labels(*labels).observe(diff.similarity)
 
