@@ -293,3 +293,60 @@ def test_a_tenants_rate_limit_holds_across_replicas(
                 assert exc.body["code"] == "rate_limit_exceeded"  # type: ignore[index]
                 outcomes.append("limited")
     assert outcomes.count("ok") == 6  # a minute's worth, spent across both replicas
+
+
+def test_applies_and_rollbacks_under_load_on_two_replicas_fail_no_request(
+    tmp_path: Path, asic: SimulatorProcess, redis_url: str, redis_prefix: str
+) -> None:
+    failures: list[BaseException] = []
+    routes: set[str] = set()
+    stop = threading.Event()
+
+    def steady(gw: GatewayProcess) -> None:
+        while not stop.is_set():
+            try:
+                raw = gw.client().chat.completions.with_raw_response.create(
+                    model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=8
+                )
+                routes.add(raw.headers["x-gateway-route"])
+            except BaseException as exc:
+                failures.append(exc)
+
+    with replicas(
+        tmp_path, asic, redis_url, redis_prefix, GATEWAY_POLICY_POLL_INTERVAL_S="60"
+    ) as gateways:
+        admin = {"authorization": f"Bearer {ADMIN}"}
+        base = yaml.safe_load(
+            httpx.get(gateways[0].url + "/admin/policy", headers=admin).json()["yaml"]
+        )
+        threads = [threading.Thread(target=steady, args=(gw,)) for gw in gateways for _ in range(3)]
+        for t in threads:
+            t.start()
+        try:
+            for i in range(4):
+                doc = {**base, "routes": [{**base["routes"][0], "name": f"chat-v{i}"}]}
+                via = gateways[i % 2]
+                put = httpx.put(
+                    via.url + "/admin/policy",
+                    headers=admin,
+                    json={"yaml": yaml.safe_dump(doc), "message": f"step {i}"},
+                )
+                assert put.status_code == 200, put.text
+                time.sleep(0.4)
+                rolled = httpx.post(
+                    gateways[(i + 1) % 2].url + "/admin/policy/rollback",
+                    headers=admin,
+                    json={"message": f"undo step {i}"},
+                )
+                assert rolled.status_code == 200, rolled.text
+                time.sleep(0.4)
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(timeout=30)
+        versions = [
+            httpx.get(gw.url + "/admin/policy", headers=admin).json()["version"] for gw in gateways
+        ]
+    assert failures == []
+    assert {"chat", "chat-v0", "chat-v3"} <= routes  # traffic ran under the versions in turn
+    assert versions[0] == versions[1] == 9  # the first version, then 4 applies and 4 rollbacks
