@@ -29,21 +29,25 @@ from gateway.costmodel.model import CostModel, OutputLengths
 from gateway.db import make_engine
 from gateway.errors import PolicyError, PolicyStoreUnavailable
 from gateway.forward import Forwarder
-from gateway.health import HealthChecker, OutlierDetector
+from gateway.health import HealthChecker, OutlierDetector, SharedEjections
 from gateway.ingress import Ingress
+from gateway.leases import Leases
 from gateway.metering import EnergyMeter
 from gateway.metrics import GatewayMetrics
 from gateway.mirror import Mirror
 from gateway.policy import Policy, content_hash, parse_policy, render_policy
 from gateway.policystore import PolicyVersion
 from gateway.policysync import FileWatcher, PolicyWatcher
+from gateway.ratelimit import TokenBuckets
 from gateway.records import RecordWriter, RequestRecord, request_records
 from gateway.report.schedule import ReportScheduler, parse_schedule
+from gateway.retention import Pruner, Windows
 from gateway.rollout import RolloutDriver
 from gateway.routing.fleet import BackendState, Fleet
 from gateway.routing.ranking import CostRanker
 from gateway.settings import Settings
 from gateway.shadow import ShadowWriter
+from gateway.sharedstate import SharedState
 from gateway.telemetry import Telemetry
 from gateway.upstream import Upstream
 
@@ -74,9 +78,25 @@ class Gateway:
         self.fleet = Fleet(policy, environ)
         self.metrics.watch(lambda: self.fleet)
         self.estimator = TokenEstimator()
-        self.admission = Admission(self.fleet)
+        self.shared = (
+            SharedState(
+                settings.redis_url,
+                self.metrics,
+                prefix=settings.redis_prefix,
+                lease_s=settings.slot_lease_s,
+                timeout_s=settings.redis_timeout_s,
+            )
+            if settings.redis_url
+            else None
+        )
+        self.admission = Admission(
+            self.fleet, Leases(self.shared) if self.shared is not None else None
+        )
+        self.buckets = TokenBuckets(self.shared)
         self.upstream = Upstream()
         self.outliers = OutlierDetector(self.metrics)
+        if self.shared is not None:
+            SharedEjections(self.shared, lambda: self.fleet, self.outliers)
         self.engine = make_engine(settings.database_url)
         spill: dict[str, Any] = {
             "flush_interval_s": settings.record_flush_interval_s,
@@ -91,6 +111,7 @@ class Gateway:
             self.metrics,
             interval_s=settings.power_scrape_interval_s,
             clock=clock,
+            load_share=self._load_share,
         )
         self.costmodel = CostModel(policy)
         self.learner = Learner(
@@ -124,6 +145,7 @@ class Gateway:
             self.shadow_records,
             lambda: self.fleet,
             self.meter,
+            self.buckets,
         )
         self.health = HealthChecker(
             lambda: self.fleet,
@@ -138,7 +160,10 @@ class Gateway:
             lambda: self.policy_version,
             self.use_policy,
             interval_s=settings.policy_poll_interval_s,
+            announce=self._announce_policy if self.shared is not None else None,
         )
+        if self.shared is not None:
+            self.shared.on("policy", lambda _: self.policy_watcher.nudge())
         self.policy_file = FileWatcher(
             settings.policy_path, self.engine, self.metrics, self.policy_watcher.sync, environ
         )
@@ -159,6 +184,7 @@ class Gateway:
             self.policy_watcher.sync,
             interval_s=settings.rollout_check_interval_s,
         )
+        self.retention = Pruner(self.engine, Windows.of(settings), settings.retention_interval_s)
         self.database_ok = False
 
     def use_policy(self, policy: Policy, stored: PolicyVersion) -> None:
@@ -202,6 +228,17 @@ class Gateway:
             return False
         return True
 
+    def _load_share(self, url: str) -> float:
+        """Return the part of a backend's load that is this replica's requests (1 alone)."""
+        for backend in self.fleet.backends():
+            if backend.url == url and backend.elsewhere:
+                return backend.in_flight / backend.load
+        return 1.0
+
+    def _announce_policy(self, version: int) -> None:
+        assert self.shared is not None
+        self.shared.publish("policy", version=version)
+
     def _record_finished(self, record: RequestRecord) -> None:
         self.records.add(record)
         self.learner.observe(record)
@@ -234,6 +271,9 @@ class Gateway:
             if stored is not None:
                 self._use_model(stored)
                 self.metrics.model_version.set(stored.version)
+        if self.shared is not None:
+            await self.shared.start()
+        self.admission.start()
         await self.upstream.start()
         self.records.start()
         self.shadow_records.start()
@@ -243,6 +283,8 @@ class Gateway:
         self.learner.start()
         if self.reports is not None and self.database_ok:
             self.reports.start()
+        if self.database_ok:
+            self.retention.start()
         if versioned:
             self.policy_watcher.start()
             self.rollouts.start()
@@ -252,6 +294,7 @@ class Gateway:
     async def stop(self) -> None:
         if self.reports is not None:
             await self.reports.stop()
+        await self.retention.stop()
         await self.policy_file.stop()
         await self.rollouts.stop()
         await self.policy_watcher.stop()
@@ -261,6 +304,9 @@ class Gateway:
         await self.meter.stop()  # delivers the energy of what is still held, then they are written
         await self.shadow_records.stop()
         await self.records.stop()
+        await self.admission.stop()
+        if self.shared is not None:
+            await self.shared.stop()
         await self.upstream.close()
         self.engine.dispose()
 
@@ -269,7 +315,20 @@ class Gateway:
         live = {n: p for n, p in self.fleet.pools.items() if p.spec.live}
         pools = {name: len(pool.healthy()) for name, pool in live.items()}
         ready = self.database_ok and any(pools.values())
-        return {"ready": ready, "database": self.database_ok, "healthy_backends": pools}
+        state: dict[str, Any] = {
+            "ready": ready,
+            "database": self.database_ok,
+            "healthy_backends": pools,
+        }
+        shared = self.shared
+        if shared is not None:
+            # Not a reason to refuse traffic: without Redis the replica serves its share.
+            state["shared_state"] = {
+                "redis": shared.address,
+                "mode": "shared" if shared.up else "local (Redis unreachable)",
+                "replicas": shared.replicas,
+            }
+        return state
 
 
 def ops_app(gateway: Gateway) -> FastAPI:

@@ -70,6 +70,36 @@ def _key_warnings(policy: Policy, text: str, source: str) -> list[str]:
     return [str(at(p, m)) for p, m in credentials.unset(policy, os.environ, where)]
 
 
+def _db_prune(args: argparse.Namespace, settings: Settings) -> int:
+    import time
+    from datetime import UTC, datetime
+
+    from gateway.db import make_engine
+    from gateway.errors import DatabaseUnavailable
+    from gateway.retention import Windows, prune
+
+    windows, now = Windows.of(settings), time.time()
+    engine = make_engine(settings.database_url)
+    try:
+        deleted = prune(engine, windows, now)
+    except DatabaseUnavailable as exc:
+        where = engine.url.render_as_string(hide_password=True)
+        print(f"error: {exc} at {where}; run `gateway db upgrade` first", file=sys.stderr)
+        return 1
+    finally:
+        engine.dispose()
+    cutoffs = windows.cutoffs(now)
+    for table, days in windows.days().items():
+        if table not in cutoffs:
+            print(f"{table.name}: kept forever (retention 0 days)")
+            continue
+        since = datetime.fromtimestamp(cutoffs[table], UTC).strftime("%Y-%m-%d %H:%M UTC")
+        print(
+            f"{table.name}: deleted {deleted[table.name]} rows from before {since} ({days:g} days)"
+        )
+    return 0
+
+
 def _policy_validate(args: argparse.Namespace, settings: Settings) -> int:
     from gateway.policycheck import validate
 
@@ -180,9 +210,20 @@ def _policy_apply(args: argparse.Namespace, settings: Settings) -> int:
     stored = policystore.record(engine, text, args.author or _os_user(), args.message)
     print(
         f"applied {args.file} as version {stored.version} ({stored.hash[:12]}); running gateways "
-        f"switch to it within {settings.policy_poll_interval_s:g} s"
+        f"switch to it within {_switch_time(settings, stored.version)}"
     )
     return 0
+
+
+def _switch_time(settings: Settings, version: int) -> str:
+    """Tell running gateways a new version is active; return how soon they will serve it."""
+    from gateway.sharedstate import tell_replicas
+
+    if settings.redis_url and tell_replicas(
+        settings.redis_url, settings.redis_prefix, "policy", version=version
+    ):
+        return "a second"
+    return f"{settings.policy_poll_interval_s:g} s"
 
 
 def _policy_history(args: argparse.Namespace, settings: Settings) -> int:
@@ -209,7 +250,10 @@ def _policy_rollback(args: argparse.Namespace, settings: Settings) -> int:
 
     engine = make_engine(settings.database_url)
     stored = policystore.rollback(engine, args.author or _os_user(), args.version, args.message)
-    print(f"version {stored.version} restores version {stored.restores}; it is active now")
+    print(
+        f"version {stored.version} restores version {stored.restores}; running gateways switch "
+        f"to it within {_switch_time(settings, stored.version)}"
+    )
     return 0
 
 
@@ -416,6 +460,11 @@ def _rollout_call(args: argparse.Namespace, settings: Settings) -> int:
     except GatewayError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return 2
+    if args.promote_command != "status" and settings.redis_url:
+        from gateway.sharedstate import tell_replicas
+
+        # Each step is a policy version: running gateways pick it up at once.
+        tell_replicas(settings.redis_url, settings.redis_prefix, "policy")
     print(json.dumps(result, indent=2))
     return 0
 
@@ -486,6 +535,10 @@ def parser() -> argparse.ArgumentParser:
     up = db.add_parser("upgrade", help="apply migrations to DATABASE_URL")
     up.add_argument("revision", nargs="?", default="head")
     up.set_defaults(run=_db_upgrade)
+    prune = db.add_parser(
+        "prune", help="delete records past GATEWAY_RETENTION_DAYS and GATEWAY_SHADOW_RETENTION_DAYS"
+    )
+    prune.set_defaults(run=_db_prune)
 
     policy = commands.add_parser("policy", help="work with routing policies").add_subparsers(
         dest="policy_command", required=True

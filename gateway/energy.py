@@ -8,6 +8,10 @@ overlapping it has ended:
   each did in it (prompt tokens prefilled, weighted, and tokens decoded);
 - the idle draw, and the device time that the hourly price pays for, are shared by time.
 
+When several gateway replicas send to one backend, each sees only its own requests: a reading
+carries this replica's share of the backend's load, and only that share of the interval is
+split among its requests, so the replicas together attribute the energy once.
+
 A request's energy is final once every interval it overlaps has been split.
 """
 
@@ -72,11 +76,12 @@ def _share(a0: float, a1: float, t0: float, t1: float) -> float:
 
 @dataclass(slots=True)
 class Interval:
-    """Energy a backend's counter measured between two readings."""
+    """Energy a backend's counter measured between two readings, and this replica's share."""
 
     t0: float
     t1: float
     energy_j: float
+    share: float = 1.0
 
 
 class BackendLedger:
@@ -85,19 +90,23 @@ class BackendLedger:
     def __init__(self, idle_w: float):
         self.idle_w = idle_w
         self._idle_measured = False
-        self._reading: tuple[float, float] | None = None
+        self._reading: tuple[float, float, float] | None = None
         self._intervals: deque[Interval] = deque()
         self._spans: dict[str, Span] = {}
         self.measured_until = -math.inf
 
-    def reading(self, t: float, counter_j: float) -> None:
-        """Take a reading of the cumulative energy counter at time t."""
+    def reading(self, t: float, counter_j: float, share: float = 1.0) -> None:
+        """Take a reading of the cumulative energy counter at time t.
+
+        `share` is the part of the backend's load that this replica's requests were at t
+        (1 for a single gateway); an interval gets the mean of its two ends.
+        """
         if self._reading is not None:
-            t0, c0 = self._reading
+            t0, c0, share0 = self._reading
             if t > t0 and counter_j >= c0:  # a counter reset loses one interval, nothing more
-                self._intervals.append(Interval(t0, t, counter_j - c0))
+                self._intervals.append(Interval(t0, t, counter_j - c0, (share0 + share) / 2))
                 self._idle_floor(counter_j - c0, t - t0, t0, t)
-        self._reading = (t, counter_j)
+        self._reading = (t, counter_j, share)
         self.measured_until = t
 
     def _idle_floor(self, energy_j: float, seconds: float, t0: float, t1: float) -> None:
@@ -164,11 +173,11 @@ class BackendLedger:
         if not present:
             return
         idle_total = min(self.idle_w * (t1 - t0), interval.energy_j)
-        dynamic_j = interval.energy_j - idle_total
+        dynamic_j = (interval.energy_j - idle_total) * interval.share
         # Idle draw and device time are paid only while something runs; a device idling
         # between requests is the fleet's cost, not theirs.
         busy = _union([(a, b) for _, a, b in present])
-        idle_j = idle_total * busy / (t1 - t0)
+        idle_j = idle_total * busy / (t1 - t0) * interval.share
         works = [s.work(t0, t1) for s, _, _ in present]
         total_work = sum(works)
         total_time = sum(b - a for _, a, b in present)

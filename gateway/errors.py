@@ -13,6 +13,7 @@ GatewayError                  anything the gateway refuses or fails to do for a 
 ├── ReportNotFound            404: the admin asked for a report file that was never written
 ├── BodyTooLarge              413: the request body is over the configured limit
 ├── NoCapacity                429: every eligible pool is full and its queue budget ran out
+├── RateLimited               429: the tenant is over its requests or tokens a minute
 ├── NoHealthyBackend          503: every eligible backend is ejected or unhealthy
 ├── PolicyStoreUnavailable    503: the policy versions in the database cannot be read or written
 └── UpstreamError             502: the backend failed (connection, 5xx, broken answer)
@@ -20,10 +21,12 @@ GatewayError                  anything the gateway refuses or fails to do for a 
 
 PolicyError                   the policy file is invalid (raised at load, never per request)
 DatabaseUnavailable           records cannot be written now (kept and retried, never per request)
+SharedStateUnavailable        Redis cannot be reached now (the replica serves from local state)
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -47,6 +50,10 @@ class GatewayError(Exception):
     def body(self) -> bytes:
         """Return the OpenAI error document for this error."""
         return error_body(self.message, self.type, self.param, self.code)
+
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        """Return the response headers this error adds (e.g. Retry-After)."""
+        return []
 
 
 class InvalidRequest(GatewayError):
@@ -127,6 +134,21 @@ class NoCapacity(GatewayError):
     code = "no_capacity"
 
 
+class RateLimited(GatewayError):
+    """The tenant has spent its requests or tokens a minute; the answer says when to retry."""
+
+    status = 429
+    type = "rate_limit_error"
+    code = "rate_limit_exceeded"
+
+    def __init__(self, message: str, *, retry_after_s: float):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        return [(b"retry-after", str(max(1, math.ceil(self.retry_after_s))).encode())]
+
+
 class NoHealthyBackend(GatewayError):
     """Every backend that could serve the request is ejected or failing its health check."""
 
@@ -195,6 +217,10 @@ class PolicyError(Exception):
 
 class DatabaseUnavailable(Exception):
     """The database cannot take records now (unreachable, locked, not migrated); retry later."""
+
+
+class SharedStateUnavailable(Exception):
+    """Redis cannot be reached or has lost its data; the replica serves from local state."""
 
 
 def shown(value: object, limit: int = 60) -> str:

@@ -15,7 +15,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from gateway.admission import Admission
+from gateway.admission import Admission, Slot
 from gateway.costmodel.model import Prediction
 from gateway.errors import NoCapacity, UpstreamError
 from gateway.exchange import Exchange
@@ -126,10 +126,11 @@ class Forwarder:
         fleet: Fleet,
     ) -> None:
         """Serve the exchange's decision; raise GatewayError if nothing was sent downstream."""
-        backend = await self._admit(ex, policy, fleet)
+        slot = await self._admit(ex, policy, fleet)
         started = self.clock()
-        backend, response, head, chunks = await self._open(ex, backend, body, policy, fleet)
-        ex.concurrent = backend.in_flight
+        slot, response, head, chunks = await self._open(ex, slot, body, policy, fleet)
+        backend = slot.backend
+        ex.concurrent = backend.load
         ex.prediction = self._prediction(ex, backend, fleet)
         try:
             if chunks is not None:
@@ -141,42 +142,61 @@ class Forwarder:
             if chunks is not None:
                 await chunks.aclose()  # type: ignore[attr-defined]
             response.release()
-            self.admission.release(backend, ex.decision.kv_bytes)  # type: ignore[union-attr]
+            self.admission.release(slot)
 
-    async def _admit(self, ex: Exchange, policy: Policy, fleet: Fleet) -> BackendState:
+    async def _admit(self, ex: Exchange, policy: Policy, fleet: Fleet) -> Slot:
         decision = ex.decision
         assert decision is not None and ex.profile is not None
         kv = decision.kv_bytes
         if decision.backend is not None:
-            self.admission.acquire(decision.backend, kv)
             ex.first_pool = decision.backend.pool
-            return decision.backend
-        assert decision.queue_pool is not None
-        ex.first_pool = decision.queue_pool.name
+            slot = await self.admission.take(decision.backend, kv)
+            if slot is not None:
+                return slot
+            # Another replica took the last slot first: wait for the pool as if it were full.
+            pool = fleet.pools[decision.backend.pool]
+        else:
+            assert decision.queue_pool is not None
+            pool = decision.queue_pool
+            ex.first_pool = pool.name
         waited = self.clock()
         try:
-            return await self.admission.wait(decision.queue_pool, decision.queue_budget_s, kv)
+            return await self.admission.wait(pool, decision.queue_budget_s, kv)
         except NoCapacity:
-            backend = pick_backend(ex.profile, decision.route, policy, fleet)
-            if backend is None:
+            slot = await self._take_any(ex, policy, fleet, frozenset())
+            if slot is None:
                 raise
-            self.admission.acquire(backend, kv)
             ex.fallback_reason = "queue_timeout"
-            return backend
+            return slot
         finally:
             ex.queue_s = self.clock() - waited
-            self.metrics.queue_wait.labels(decision.queue_pool.name).observe(ex.queue_s)
+            self.metrics.queue_wait.labels(pool.name).observe(ex.queue_s)
+
+    async def _take_any(
+        self, ex: Exchange, policy: Policy, fleet: Fleet, exclude: frozenset[str]
+    ) -> Slot | None:
+        """Take a free slot on any backend of the route (its fallback included), or None."""
+        assert ex.profile is not None and ex.decision is not None
+        while True:
+            backend = pick_backend(ex.profile, ex.decision.route, policy, fleet, exclude)
+            if backend is None:
+                return None
+            slot = await self.admission.take(backend, ex.decision.kv_bytes)
+            if slot is not None:
+                return slot
+            exclude = exclude | {backend.name}
 
     async def _open(
-        self, ex: Exchange, backend: BackendState, body: bytes, policy: Policy, fleet: Fleet
-    ) -> tuple[BackendState, aiohttp.ClientResponse, bytes, AsyncIterator[bytes] | None]:
-        """Send until a backend answers; return it, its response, the first bytes and the rest."""
+        self, ex: Exchange, slot: Slot, body: bytes, policy: Policy, fleet: Fleet
+    ) -> tuple[Slot, aiohttp.ClientResponse, bytes, AsyncIterator[bytes] | None]:
+        """Send until a backend answers; return its slot, response, first bytes and the rest."""
         profile, decision = ex.profile, ex.decision
         assert profile is not None and decision is not None
         timeout_s = policy.slo_classes[profile.slo_class].timeout_s
         path = PATHS[profile.endpoint]
         failed: set[str] = set()
         while True:
+            backend = slot.backend
             ex.attempts += 1
             ex.attempt_started = self.clock()
             ex.backend = backend
@@ -200,16 +220,16 @@ class Forwarder:
                 else:
                     head = await self.upstream.read(backend, response)
                 self.outliers.success(backend)
-                return backend, response, head, chunks
+                return slot, response, head, chunks
             except UpstreamError:
                 if response is not None:
                     response.release()
                 self.meter.abandon(backend, ex.decision_id)
                 self.outliers.failure(backend)
-                self.admission.release(backend, decision.kv_bytes)
+                self.admission.release(slot)
                 failed.add(backend.name)
                 retry = (
-                    pick_backend(profile, decision.route, policy, fleet, frozenset(failed))
+                    await self._take_any(ex, policy, fleet, frozenset(failed))
                     if ex.attempts < MAX_ATTEMPTS
                     else None
                 )
@@ -217,15 +237,14 @@ class Forwarder:
                     ex.backend = None
                     raise
                 self.metrics.retries.labels(backend.pool).inc()
-                self.admission.acquire(retry, decision.kv_bytes)
                 ex.fallback_reason = "upstream_failure"
-                backend = retry
+                slot = retry
             except BaseException:
                 # Cancelled (shutdown) or a bug: the slot must still come back.
                 if response is not None:
                     response.release()
                 self.meter.abandon(backend, ex.decision_id)
-                self.admission.release(backend, decision.kv_bytes)
+                self.admission.release(slot)
                 ex.backend = None
                 raise
 

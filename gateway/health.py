@@ -4,6 +4,10 @@ A backend that fails `threshold` times in a row is ejected for an interval that 
 each ejection (up to a cap). The health checker probes every backend; an ejected one comes back
 once its interval has passed and a probe succeeds, and a healthy one whose probes keep failing
 is ejected without waiting for traffic to find out.
+
+With shared state, an ejection is also a notice to the other replicas and a key in Redis that
+expires with the interval, so every replica stops sending to a failing backend as soon as one
+has seen it fail, and a replica that joins later learns the ejections in force.
 """
 
 from __future__ import annotations
@@ -12,11 +16,16 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from gateway.metrics import GatewayMetrics
 from gateway.periodic import Periodic
 from gateway.routing.fleet import BackendState, Fleet
+from gateway.sharedstate import SharedState
 from gateway.upstream import Upstream
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
 
 log = logging.getLogger(__name__)
 
@@ -32,8 +41,10 @@ class OutlierDetector:
         base_ejection_s: float = 2.0,
         max_ejection_s: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
+        on_eject: Callable[[BackendState, float], None] | None = None,
     ):
         self.metrics = metrics
+        self.on_eject = on_eject
         self.threshold = threshold
         self.base_ejection_s = base_ejection_s
         self.max_ejection_s = max_ejection_s
@@ -48,10 +59,7 @@ class OutlierDetector:
         if backend.ejected or backend.consecutive_failures < self.threshold:
             return
         interval = min(self.base_ejection_s * 2**backend.ejections, self.max_ejection_s)
-        backend.ejected = True
-        backend.ejected_until = self.clock() + interval
-        backend.ejections += 1
-        backend.consecutive_failures = 0
+        self.eject(backend, interval)
         self.metrics.ejections.labels(backend.pool).inc()
         log.warning(
             "ejected backend %s of pool %s for %.1f s after %d consecutive failures",
@@ -60,6 +68,16 @@ class OutlierDetector:
             interval,
             self.threshold,
         )
+        if self.on_eject is not None:
+            self.on_eject(backend, interval)
+
+    def eject(self, backend: BackendState, interval_s: float) -> None:
+        """Take a backend out of rotation for interval_s (here, or because a replica said so)."""
+        if not backend.ejected:
+            backend.ejections += 1
+        backend.ejected = True
+        backend.ejected_until = max(backend.ejected_until, self.clock() + interval_s)
+        backend.consecutive_failures = 0
 
     def restore(self, backend: BackendState) -> bool:
         """Bring an ejected backend back if its interval has passed; return whether it did."""
@@ -110,3 +128,64 @@ class HealthChecker:
                 self._outliers.success(backend)
             else:
                 self._outliers.failure(backend)
+
+
+class SharedEjections:
+    """Tell the other replicas about this replica's ejections, and apply theirs."""
+
+    def __init__(self, shared: SharedState, fleet: Callable[[], Fleet], outliers: OutlierDetector):
+        self.shared = shared
+        self._fleet = fleet
+        self._outliers = outliers
+        outliers.on_eject = self.announce
+        shared.on("eject", self._heard)
+        shared.on_reset(self.load)
+
+    def _key(self, url: str) -> str:
+        return self.shared.key("ejected", url)
+
+    def announce(self, backend: BackendState, interval_s: float) -> None:
+        """Publish an ejection, and keep it in Redis until its interval ends."""
+        shared = self.shared
+        if not shared.up:
+            return
+        ms = max(1, int(interval_s * 1000))
+        notice = shared.notice("eject", url=backend.url, ms=ms)
+        key = self._key(backend.url)
+
+        async def write(redis: Redis) -> None:
+            pipe = redis.pipeline(transaction=False)
+            pipe.set(key, b"1", px=ms)
+            pipe.publish(shared.channel, notice)
+            await pipe.execute()
+
+        shared.spawn(shared.call(write))
+
+    def _heard(self, notice: dict[str, Any]) -> None:
+        self._apply(str(notice.get("url")), float(notice.get("ms", 0)) / 1000)
+
+    def _apply(self, url: str, interval_s: float) -> None:
+        for backend in self._fleet().backends():
+            if backend.url == url and interval_s > 0:
+                if not backend.ejected:
+                    log.warning(
+                        "backend %s of pool %s ejected for %.1f s: another replica saw it fail",
+                        backend.name,
+                        backend.pool,
+                        interval_s,
+                    )
+                self._outliers.eject(backend, interval_s)
+
+    async def load(self) -> None:
+        """Apply the ejections in force (on joining shared state)."""
+        urls = [b.url for b in self._fleet().backends()]
+
+        async def read(redis: Redis) -> list[int]:
+            pipe = redis.pipeline(transaction=False)
+            for url in urls:
+                pipe.pttl(self._key(url))
+            return list(await pipe.execute())
+
+        for url, ms in zip(urls, await self.shared.call(read), strict=True):
+            if ms > 0:
+                self._apply(url, ms / 1000)

@@ -23,10 +23,12 @@ from gateway.errors import (
     BodyTooLarge,
     GatewayError,
     InvalidRequest,
+    RateLimited,
     RequestTimeout,
     error_body,
 )
 from gateway.exchange import Exchange
+from gateway.ratelimit import admit_tenant
 from gateway.routing.router import decide
 
 if TYPE_CHECKING:
@@ -161,6 +163,8 @@ class Ingress:
             }
             policy, fleet = gw.policy, gw.fleet
             ex.profile = classify(endpoint, payload, headers, policy, gw.estimator)
+            if policy.tenants:
+                await admit_tenant(gw.buckets, ex.profile, policy)
             ex.decision = decide(ex.profile, policy, fleet, gw.ranker, self._draw())
             ex.shadows = gw.mirror.sample(ex.profile, ex.decision.route, policy, ex.decision_id)
             if ex.shadows:
@@ -173,7 +177,9 @@ class Ingress:
                     "request %s failed after its response started: %s", ex.decision_id, exc.message
                 )
             else:
-                extra = [(b"x-gateway-decision-id", ex.decision_id.encode())]
+                if isinstance(exc, RateLimited) and ex.profile is not None:
+                    gw.metrics.rate_limited.labels(ex.profile.tenant).inc()
+                extra = [(b"x-gateway-decision-id", ex.decision_id.encode()), *exc.headers()]
                 if ex.decision is not None:
                     extra.append((b"x-gateway-route", ex.decision.route.name.encode()))
                 await _respond(send, exc.status, exc.body(), extra)

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import aiohttp
+from prometheus_client import Counter
 
 from gateway.energy import BackendLedger, Span, read_counter_j
 from gateway.metrics import GatewayMetrics
@@ -66,8 +67,10 @@ class EnergyMeter:
         *,
         interval_s: float = 1.0,
         clock: Callable[[], float] = time.perf_counter,
+        load_share: Callable[[str], float] = lambda url: 1.0,
     ):
         self._fleet = fleet
+        self._load_share = load_share
         self._upstream = upstream
         self._metrics = metrics
         self._interval_s = interval_s
@@ -75,6 +78,7 @@ class EnergyMeter:
         self._ledgers: dict[str, BackendLedger] = {}
         self._failures: dict[str, int] = {}
         self._pending: dict[str, _Pending] = {}
+        self._series: dict[str, tuple[Counter, Counter]] = {}
         self._task: asyncio.Task[None] | None = None
 
     def _pool(self, backend: BackendState) -> Pool | None:
@@ -121,7 +125,7 @@ class EnergyMeter:
         deliver: Deliver,
     ) -> None:
         """Close a request's span; call `deliver` once its energy is known (or estimated)."""
-        concurrent = backend.in_flight + 1
+        concurrent = backend.load + 1
         ledger = self._ledgers.get(backend.url)
         if ledger is not None and key in ledger and self._metered(backend):
             ledger.close(key, end, prompt_tokens, completion_tokens, first_token)
@@ -143,8 +147,19 @@ class EnergyMeter:
             return
         pool = self._pool(pending.backend)
         cost = cost_usd(pool, span.energy_j, span.device_s) if pool else None
-        self._metrics.energy.labels(pending.backend.pool).inc(span.energy_j)
+        energy, spent = self._pool_series(pending.backend.pool)
+        energy.inc(span.energy_j)
+        if cost is not None:
+            spent.inc(cost)
         pending.deliver(span.energy_j, cost, False)
+
+    def _pool_series(self, pool: str) -> tuple[Counter, Counter]:
+        """Return the pool's energy and cost counters, looked up once: labels() costs more."""
+        series = self._series.get(pool)
+        if series is None:
+            m = self._metrics
+            series = self._series[pool] = (m.energy.labels(pool), m.cost.labels(pool))
+        return series
 
     async def scrape_once(self) -> None:
         """Read every metered backend's energy counter and release the records now known."""
@@ -167,7 +182,7 @@ class EnergyMeter:
                 continue
             self._failures[backend.url] = 0
             ledger = self._ledgers.setdefault(backend.url, BackendLedger(pool.power.idle_w))
-            ledger.reading(now, counter)
+            ledger.reading(now, counter, self._load_share(backend.url))
             for span in ledger.settle():
                 self._release(span)
 

@@ -1,8 +1,8 @@
 """Every Prometheus metric the gateway exports, declared in one place.
 
-Labels are bounded: route, pool, model (from the policy), status (HTTP code) and error codes;
-never tenant keys or request ids. Fleet gauges are read from the live state at scrape time, so the
-request path never updates them.
+Labels are bounded: route, pool, model, slo_class and tenant names (from the policy), status
+(HTTP code), error codes and other small fixed sets; never tenant keys or request ids. Fleet
+gauges are read from the live state at scrape time, so the request path never updates them.
 """
 
 from __future__ import annotations
@@ -153,6 +153,13 @@ class GatewayMetrics:
             namespace=NAMESPACE,
             registry=r,
         )
+        self.cost = Counter(
+            "cost_usd",
+            "Cost of the measured energy and device time attributed to requests, in US dollars.",
+            ["pool"],
+            namespace=NAMESPACE,
+            registry=r,
+        )
         self.prediction_ratio = Histogram(
             "cost_model_observed_over_predicted",
             "Observed over predicted, per request: 1 is a perfect prediction.",
@@ -178,6 +185,15 @@ class GatewayMetrics:
             "slo_unmeetable",
             "Requests for which no pool was predicted to meet the SLO.",
             ["route"],
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        # Attainment is met / (met + missed); the targets are the request's own: its class's,
+        # narrowed or widened by x-slo-ttft-ms and x-slo-tpot-ms where the policy allows them.
+        self.slo_requests = Counter(
+            "slo_requests",
+            "Finished requests judged against their SLO targets, by result (met, missed).",
+            ["route", "pool", "slo_class", "result"],
             namespace=NAMESPACE,
             registry=r,
         )
@@ -320,6 +336,35 @@ class GatewayMetrics:
         self.shadow_records_dropped = Counter(
             "shadow_records_dropped",
             "Shadow records lost past the documented limit (queue, memory and spill file full).",
+            namespace=NAMESPACE,
+            registry=r,
+        )
+
+        # Shared state (REDIS_URL): whether this replica shares it now, and what it sees.
+        self.shared_state_up = Gauge(
+            "shared_state_up",
+            "1 while this replica shares slots, budgets and limits through Redis; 0 while it "
+            "serves from local state (Redis unreachable, or not configured).",
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.shared_state_outages = Counter(
+            "shared_state_outages",
+            "Times this replica lost Redis and switched to local state.",
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.replicas = Gauge(
+            "replicas",
+            "Gateway replicas alive as this replica last saw them in Redis (1 without Redis).",
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.replicas.set(1)
+        self.rate_limited = Counter(
+            "rate_limited",
+            "Requests refused because their tenant was over its rate limit.",
+            ["tenant"],
             namespace=NAMESPACE,
             registry=r,
         )

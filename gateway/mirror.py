@@ -36,9 +36,11 @@ from gateway.compare import Answer, Diff, compare, read_body, read_stream
 from gateway.errors import UpstreamError, UpstreamTimeout
 from gateway.exchange import Exchange
 from gateway.forward import PATHS, StreamTally
+from gateway.leases import Place
 from gateway.metering import EnergyMeter
 from gateway.metrics import GatewayMetrics
 from gateway.policy import Comparison, Policy, Route, ShadowBudget, ShadowMatch
+from gateway.ratelimit import Bucket, Draw, TokenBuckets
 from gateway.routing.fleet import BackendState, Fleet
 from gateway.routing.router import tokens_needed
 from gateway.shadow import CANDIDATE, NOISE, ShadowRecord, ShadowWriter
@@ -48,7 +50,7 @@ log = logging.getLogger(__name__)
 
 MAX_TEXT_CHARS = 32_768
 
-Draw = Callable[[str, str], float]
+Sampler = Callable[[str, str], float]
 
 
 def stable_fraction(key: str, salt: str) -> float:
@@ -80,7 +82,7 @@ def sample(
     route: Route,
     policy: Policy,
     key: str,
-    draw: Draw = stable_fraction,
+    draw: Sampler = stable_fraction,
 ) -> tuple[ShadowPlan, ...]:
     """Decide which copies a routed request gets; `key` (the decision id) makes it reproducible.
 
@@ -104,25 +106,6 @@ def sample(
     if plans and noise is not None and draw(key, NOISE) < noise.share:
         plans.append(ShadowPlan(NOISE, None, noise.budget, noise.compare))
     return tuple(plans)
-
-
-class RateBudget:
-    """A token bucket: at most `per_second` copies a second, bursting to one second's worth."""
-
-    def __init__(self, per_second: float, now: float):
-        self.per_second = per_second
-        self.capacity = max(1.0, per_second)
-        self.tokens = self.capacity
-        self.updated = now
-
-    def take(self, now: float) -> bool:
-        """Spend one token if there is one; return whether there was."""
-        self.tokens = min(self.capacity, self.tokens + (now - self.updated) * self.per_second)
-        self.updated = now
-        if self.tokens >= 1:
-            self.tokens -= 1
-            return True
-        return False
 
 
 @dataclass(slots=True, eq=False)
@@ -234,11 +217,12 @@ class Mirror:
         writer: ShadowWriter,
         fleet: Callable[[], Fleet],
         meter: EnergyMeter,
+        buckets: TokenBuckets | None = None,
         *,
         workers: int = 16,
         max_pending: int = 256,
         max_pending_bytes: int = 64 * 1024 * 1024,
-        draw: Draw = stable_fraction,
+        draw: Sampler = stable_fraction,
         clock: Callable[[], float] = time.perf_counter,
         wall: Callable[[], float] = time.time,
     ):
@@ -248,6 +232,7 @@ class Mirror:
         self.writer = writer
         self._fleet = fleet
         self.meter = meter
+        self.buckets = buckets if buckets is not None else TokenBuckets()
         self._workers = workers
         self._max_pending_bytes = max_pending_bytes
         self._draw = draw
@@ -255,7 +240,7 @@ class Mirror:
         self._wall = wall
         self._queue: asyncio.Queue[tuple[ShadowJob, ShadowPlan]] = asyncio.Queue(max_pending)
         self._pending_bytes = 0
-        self._rates: dict[tuple[str, str, str], RateBudget] = {}
+        self._rates: dict[tuple[str, str, str], Bucket] = {}
         self._in_flight: Tally[tuple[str, str, str]] = Tally()
         self._pool_in_flight: Tally[str] = Tally()
         self._tasks: list[asyncio.Task[None]] = []
@@ -299,10 +284,13 @@ class Mirror:
                 self._drop(route, candidate, plan.kind, "served_by_candidate")
                 continue
             key = (route, candidate, plan.kind)
+            per_second = plan.budget.max_per_second
             rate = self._rates.get(key)
-            if rate is None or rate.per_second != plan.budget.max_per_second:
-                rate = self._rates[key] = RateBudget(plan.budget.max_per_second, now)
-            if not rate.take(now):
+            if rate is None or rate.rate != per_second:
+                rate = self._rates[key] = Bucket(per_second, max(1.0, per_second), now)
+            # This replica alone never exceeds the budget; with shared state the worker then
+            # spends from the fleet-wide bucket too.
+            if not rate.take(1.0, now):
                 self._drop(route, candidate, plan.kind, "rate")
                 continue
             if self._pending_bytes + job.size > self._max_pending_bytes or self._queue.full():
@@ -340,10 +328,15 @@ class Mirror:
             except Exception:
                 log.exception("shadow copy of request %s failed", job.decision_id)
 
-    def _pick(self, job: ShadowJob, plan: ShadowPlan) -> BackendState | str:
-        """Return the backend to send the copy to, or why the copy must be dropped."""
+    def _share(self, limit: int) -> int:
+        shared = self.buckets.shared
+        return limit if shared is None else int(shared.share(limit))
+
+    def _pick(self, job: ShadowJob, plan: ShadowPlan) -> tuple[BackendState, int] | str:
+        """Return the backend for the copy and the pool's allowance for copies, or why not."""
         candidate = plan.pool or job.primary_pool
-        if self._in_flight[(job.route, candidate, plan.kind)] >= plan.budget.max_concurrent:
+        limit = self._share(plan.budget.max_concurrent)
+        if self._in_flight[(job.route, candidate, plan.kind)] >= limit:
             return "concurrency"
         pool = self._fleet().pools.get(candidate)
         if pool is None:
@@ -351,11 +344,11 @@ class Mirror:
         if plan.kind == NOISE and len(pool.backends) < 2:
             return "no_second_backend"
         allowed = int(plan.budget.max_slot_share * sum(b.slots for b in pool.backends))
-        if self._pool_in_flight[candidate] >= allowed:
+        if self._pool_in_flight[candidate] >= self._share(allowed):
             return "no_slot"
         exclude = frozenset({job.primary_backend}) if plan.kind == NOISE else frozenset()
         backend = pool.most_free(exclude, job.kv_bytes)
-        return "no_slot" if backend is None else backend
+        return "no_slot" if backend is None else (backend, allowed)
 
     async def _mirror(self, job: ShadowJob, plan: ShadowPlan) -> None:
         candidate = plan.pool or job.primary_pool
@@ -363,9 +356,24 @@ class Mirror:
         if isinstance(picked, str):
             self._drop(job.route, candidate, plan.kind, picked)
             return
-        backend = picked
+        backend, allowed = picked
         key = (job.route, candidate, plan.kind)
-        self.admission.acquire(backend, job.kv_bytes)
+        name = ":".join(key)
+        if self.buckets.shared is not None:
+            per_second = plan.budget.max_per_second
+            draw = Draw(f"shadow:{name}", per_second, max(1.0, per_second))
+            if await self.buckets.take([draw]) > 0:
+                self._drop(job.route, candidate, plan.kind, "rate")
+                return
+        # With shared state the budget's places are fleet-wide, taken with the slot.
+        places = (
+            Place(f"shadow:{name}", plan.budget.max_concurrent),
+            Place(f"shadow-share:{candidate}", allowed),
+        )
+        slot = await self.admission.take(backend, job.kv_bytes, places)
+        if slot is None:
+            self._drop(job.route, candidate, plan.kind, "no_slot")
+            return
         self._in_flight[key] += 1
         self._pool_in_flight[candidate] += 1
         self.metrics.shadow_sent.labels(*key).inc()
@@ -381,7 +389,7 @@ class Mirror:
         finally:
             self._in_flight[key] -= 1
             self._pool_in_flight[candidate] -= 1
-            self.admission.release(backend, job.kv_bytes)
+            self.admission.release(slot)
         record = self._account(job, plan, backend, outcome)
 
         def deliver(energy_j: float | None, cost: float | None, estimated: bool) -> None:
@@ -514,10 +522,9 @@ class Mirror:
         if diff.exact_match is None:
             return
         m.shadow_compared.labels(*labels).inc()
-        if diff.exact_match:
-            m.shadow_exact_matches.labels(*labels).inc()
-        if diff.normalized_match:
-            m.shadow_normalized_matches.labels(*labels).inc()
+        # Added even when zero: a match rate with no numerator series shows no data, not 0 %.
+        m.shadow_exact_matches.labels(*labels).inc(1 if diff.exact_match else 0)
+        m.shadow_normalized_matches.labels(*labels).inc(1 if diff.normalized_match else 0)
         if diff.similarity is not None:
             m.shadow_similarity.labels(*labels).observe(diff.similarity)
 

@@ -287,6 +287,24 @@ class Promotion(Strict):
     )
 
 
+class RateLimit(Strict):
+    """How much a tenant may send, summed over every replica; each bursts to a minute's worth."""
+
+    requests_per_minute: PositiveFloat | None = None
+    tokens_per_minute: PositiveFloat | None = Field(
+        default=None,
+        description="Prompt tokens plus the output a request may generate (its max_tokens).",
+    )
+
+    def describe(self) -> str:
+        parts = []
+        if self.requests_per_minute is not None:
+            parts.append(f"{self.requests_per_minute:g} requests a minute")
+        if self.tokens_per_minute is not None:
+            parts.append(f"{self.tokens_per_minute:g} tokens a minute")
+        return ", ".join(parts) or "unlimited"
+
+
 class Tenant(Strict):
     """A client identity, recognised by the SHA-256 of its API key (never the key itself)."""
 
@@ -300,6 +318,9 @@ class Tenant(Strict):
     )
     slo_overrides: bool = Field(
         default=True, description="Whether x-slo-ttft-ms / x-slo-tpot-ms are honoured."
+    )
+    rate_limit: RateLimit | None = Field(
+        default=None, description="Requests and tokens a minute; past them, 429 with Retry-After."
     )
 
     @field_validator("api_key_sha256")
@@ -337,6 +358,13 @@ class Policy(Strict):
         digest = hashlib.sha256(api_key.encode()).hexdigest()
         for tenant in self.tenants:
             if digest in tenant.api_key_sha256:
+                return tenant
+        return None
+
+    def tenant_named(self, name: str) -> Tenant | None:
+        """Return the tenant of this name, or None (e.g. for anonymous requests)."""
+        for tenant in self.tenants:
+            if tenant.name == name:
                 return tenant
         return None
 

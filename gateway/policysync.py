@@ -1,8 +1,10 @@
 """Keep a running gateway on the active policy version: poll the version store, swap on change.
 
 Every replica polls the one-row active pointer (cheap) on an interval, and syncs at once after a
-PUT or rollback it handled itself, so all replicas converge within one interval. The database read
-runs in a thread; the swap runs on the event loop, between requests.
+PUT or rollback it handled itself. With shared state it then tells the other replicas, which
+sync at once too, so every replica serves a new version within a second; the poll remains for
+when a notice is lost (Redis out). The database read runs in a thread; the swap runs on the
+event loop, between requests.
 """
 
 from __future__ import annotations
@@ -38,17 +40,24 @@ class PolicyWatcher:
         apply: Apply,
         *,
         interval_s: float = 2.0,
+        announce: Callable[[int], None] | None = None,
     ):
         self._engine = engine
         self._metrics = metrics
         self._serving = serving
         self._apply = apply
+        self._announce = announce
         self._refused: int | None = None
         self._lock = asyncio.Lock()
+        self._nudged: set[asyncio.Task[None]] = set()
         self.periodic = Periodic("policy-watcher", interval_s, self._poll)
 
-    async def sync(self) -> int:
-        """Apply the active version if it is new; return the version serving afterwards."""
+    async def sync(self, *, announce: bool = True) -> int:
+        """Apply the active version if it is new; return the version serving afterwards.
+
+        After a change this replica made (an apply, a rollback, a rollout step, a saved file),
+        `announce` tells the other replicas to sync too.
+        """
         async with self._lock:  # one sync at a time: a poll and a PUT never swap in reverse
             version = await asyncio.to_thread(policystore.active_version, self._engine)
             if version is None or version == self._serving() or version == self._refused:
@@ -68,6 +77,8 @@ class PolicyWatcher:
                 return self._serving()
             self._metrics.policy_reloads.labels("ok").inc()
             log.info("serving policy version %d (%s)", version, stored.message)
+            if announce and self._announce is not None:
+                self._announce(version)
             return version
 
     def start(self) -> None:
@@ -75,10 +86,19 @@ class PolicyWatcher:
 
     async def stop(self) -> None:
         await self.periodic.stop()
+        for task in list(self._nudged):
+            task.cancel()
+        await asyncio.gather(*self._nudged, return_exceptions=True)
+
+    def nudge(self) -> None:
+        """Sync now, in the background: another replica changed the active version."""
+        task = asyncio.create_task(self._poll(), name="policy-sync")
+        self._nudged.add(task)
+        task.add_done_callback(self._nudged.discard)
 
     async def _poll(self) -> None:
         try:
-            await self.sync()
+            await self.sync(announce=False)
         except PolicyStoreUnavailable as exc:
             self._metrics.policy_reloads.labels("error").inc()
             log.warning("could not check the active policy version: %s", exc.message)

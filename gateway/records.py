@@ -50,6 +50,8 @@ request_records = sa.Table(
     sa.Column("predicted_e2e_ms", sa.Float),
     sa.Column("predicted_energy_j", sa.Float),
     sa.Column("first_pool", sa.String(64), comment="The pool tried first, before any fallback."),
+    # The rollout guards' read of a canary's requests (migration 0007 says which query).
+    sa.Index("ix_request_records_route_first_pool_ts", "route", "first_pool", "ts"),
 )
 
 

@@ -30,6 +30,7 @@ from gateway.policy import Policy, parse_policy
 from gateway.promotion import latest
 from gateway.records import request_records
 from gateway.shadow import CANDIDATE, shadow_records
+from gateway.slo import meets_slo
 
 ROLLING, COMPLETE, ROLLED_BACK = "rolling", "complete", "rolled_back"
 # The reverse shadow sample's share of the canary's requests.
@@ -230,13 +231,7 @@ def guards(engine: sa.Engine, policy: Policy, route: str, candidate: str, since:
         cls = policy.slo_classes.get(slo_class or policy.default_slo_class)
         ok = status_code == 200 and not fallback
         errors += not ok
-        if ok and cls is not None:
-            ok = (
-                (cls.ttft_ms is None or ttft is None or ttft <= cls.ttft_ms)
-                and (cls.tpot_ms is None or tpot is None or tpot <= cls.tpot_ms)
-                and (cls.e2e_ms is None or e2e is None or e2e <= cls.e2e_ms)
-            )
-        met += ok
+        met += ok and meets_slo(cls, status_code, ttft, tpot, e2e)
     return Guards(
         requests=len(served),
         errors=errors,

@@ -16,7 +16,29 @@ class Settings(BaseSettings):
     database_url: str = Field(
         default="sqlite:///gateway.db", validation_alias=AliasChoices("DATABASE_URL")
     )
-    redis_url: str | None = Field(default=None, validation_alias=AliasChoices("REDIS_URL"))
+    redis_url: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices("REDIS_URL"),
+        description="Shared state for several replicas; unset: one process, in memory.",
+    )
+    redis_prefix: str = Field(
+        default="gateway",
+        min_length=1,
+        validation_alias=AliasChoices("GATEWAY_REDIS_PREFIX"),
+        description="Prefix of every Redis key and channel: one per fleet of replicas.",
+    )
+    redis_timeout_s: float = Field(
+        default=0.5,
+        gt=0,
+        validation_alias=AliasChoices("GATEWAY_REDIS_TIMEOUT_S"),
+        description="A Redis call slower than this counts as Redis unreachable.",
+    )
+    slot_lease_s: float = Field(
+        default=10.0,
+        gt=0,
+        validation_alias=AliasChoices("GATEWAY_SLOT_LEASE_S"),
+        description="How long the slots of a replica that died stay taken in Redis.",
+    )
     admin_token: SecretStr | None = Field(
         default=None,
         validation_alias=AliasChoices("GATEWAY_ADMIN_TOKEN"),
@@ -102,6 +124,30 @@ class Settings(BaseSettings):
         validation_alias=AliasChoices("GATEWAY_BODY_READ_TIMEOUT_S"),
         description="How long a client may take to send a request body before a 408.",
     )
+
+    retention_days: float = Field(
+        default=30.0,
+        ge=0,
+        validation_alias=AliasChoices("GATEWAY_RETENTION_DAYS"),
+        description="Days request records are kept; 0 keeps them forever.",
+    )
+    shadow_retention_days: float = Field(
+        default=30.0,
+        ge=0,
+        validation_alias=AliasChoices("GATEWAY_SHADOW_RETENTION_DAYS"),
+        description="Days shadow records and shadow drop counts are kept; 0 keeps them forever.",
+    )
+    retention_interval_s: float = Field(
+        default=3600.0,
+        ge=0,
+        validation_alias=AliasChoices("GATEWAY_RETENTION_INTERVAL_S"),
+        description="How often `gateway serve` deletes records past retention; 0: never.",
+    )
+
+    @field_validator("redis_url", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: object) -> object:
+        return None if value == "" else value
 
     @field_validator("spill_dir", mode="before")
     @classmethod

@@ -88,7 +88,8 @@ shadow_records = sa.Table(
         index=True,
         comment="When the stored texts are erased, Unix seconds.",
     ),
-    sa.Index("ix_shadow_records_route_candidate", "route", "candidate_pool"),
+    # The judge, the summary and the rollout guards read one route's time range (migration 0007).
+    sa.Index("ix_shadow_records_route_ts", "route", "ts"),
 )
 
 shadow_drops = sa.Table(
@@ -103,6 +104,7 @@ shadow_drops = sa.Table(
     sa.Column("kind", sa.String(16), nullable=False),
     sa.Column("reason", sa.String(32), nullable=False),
     sa.Column("count", sa.Integer, nullable=False),
+    sa.Index("ix_shadow_drops_route_ts", "route", "ts"),
 )
 
 

@@ -12,6 +12,7 @@ from gateway.exchange import Exchange
 from gateway.metering import EnergyMeter
 from gateway.metrics import GatewayMetrics
 from gateway.records import RequestRecord
+from gateway.slo import meets_slo
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -48,6 +49,7 @@ class Telemetry:
         # Labelled children looked up once per label set: labels() costs more than the update.
         self._request_series: dict[tuple[str, str, str, int], Any] = {}
         self._served_series: dict[tuple[str, str, str], _Served] = {}
+        self._slo_series: dict[tuple[str, str, str], tuple[Any, Any]] = {}
 
     def _requests(self, route: str, pool: str, model: str, status: int) -> Any:
         key = (route, pool, model, status)
@@ -69,6 +71,18 @@ class Telemetry:
                 m.tpot.labels(*key),
                 m.prompt_tokens.labels(*key),
                 m.completion_tokens.labels(*key),
+            )
+        return series
+
+    def _slo(self, route: str, pool: str, slo_class: str) -> tuple[Any, Any]:
+        """Return the (met, missed) counters of a route, pool and SLO class."""
+        key = (route, pool, slo_class)
+        series = self._slo_series.get(key)
+        if series is None:
+            counter = self.metrics.slo_requests
+            series = self._slo_series[key] = (
+                counter.labels(*key, "met"),
+                counter.labels(*key, "missed"),
             )
         return series
 
@@ -144,6 +158,13 @@ class Telemetry:
             predicted_energy_j=predicted.energy_j if predicted else None,
             first_pool=ex.first_pool,
         )
+        if profile is not None:
+            # The record's numbers, as the weekly report reads them. The targets are the
+            # profile's, so a client's x-slo-ttft-ms counts here; records do not keep it, so the
+            # report judges by the class alone.
+            met, missed = self._slo(route, pool, profile.slo_class)
+            ok = meets_slo(profile, ex.status, record.ttft_ms, record.tpot_ms, record.e2e_ms)
+            (met if ok else missed).inc()
         if ex.backend is None or not ex.attempt_started:
             self.sink(record)
             return

@@ -17,6 +17,9 @@ sys.path.insert(0, str(TESTS))
 GATEWAY_ENV = (
     "DATABASE_URL",
     "REDIS_URL",
+    "GATEWAY_REDIS_PREFIX",
+    "GATEWAY_REDIS_TIMEOUT_S",
+    "GATEWAY_SLOT_LEASE_S",
     "GATEWAY_ADMIN_TOKEN",
     "GATEWAY_POLICY",
     "GATEWAY_HOST",
@@ -39,6 +42,9 @@ GATEWAY_ENV = (
     "GATEWAY_SPILL_MAX_BYTES",
     "GATEWAY_BODY_READ_TIMEOUT_S",
     "GATEWAY_DRAIN_TIMEOUT_S",
+    "GATEWAY_RETENTION_DAYS",
+    "GATEWAY_SHADOW_RETENTION_DAYS",
+    "GATEWAY_RETENTION_INTERVAL_S",
 )
 
 
@@ -134,10 +140,61 @@ def postgres_url() -> str:
             pass
         engine.dispose()
     except sa.exc.OperationalError as exc:
-        if os.environ.get("GATEWAY_TEST_REQUIRE_SERVICES"):
-            pytest.fail(f"PostgreSQL is required here and unreachable at {url}: {exc}")
-        pytest.skip(f"no PostgreSQL at {url} (set GATEWAY_TEST_POSTGRES_URL)")
+        _unreachable("PostgreSQL", url, exc)
     return url
+
+
+def _unreachable(service: str, url: str, exc: Exception) -> None:
+    """Skip a test whose server is missing, except in CI, where that fails it."""
+    if os.environ.get("GATEWAY_TEST_REQUIRE_SERVICES"):
+        pytest.fail(f"{service} is required here and unreachable at {url}: {exc}")
+    variable = "GATEWAY_TEST_REDIS_URL" if service == "Redis" else "GATEWAY_TEST_POSTGRES_URL"
+    pytest.skip(f"no {service} at {url} (set {variable})")
+
+
+@pytest.fixture
+def redis_url() -> str:
+    """Return the test Redis URL; skip (or, in CI, fail) when it cannot be reached."""
+    import redis
+
+    url = os.environ.get("GATEWAY_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+    client = redis.Redis.from_url(url, socket_connect_timeout=2)
+    try:
+        client.ping()
+    except redis.RedisError as exc:
+        _unreachable("Redis", url, exc)
+    finally:
+        client.close()
+    return url
+
+
+@pytest.fixture
+def redis_prefix(redis_url: str) -> Iterator[str]:
+    """A key prefix of this test's own on the shared Redis; its keys are deleted after."""
+    import uuid
+
+    import redis
+
+    prefix = f"test-{uuid.uuid4().hex[:12]}"
+    yield prefix
+    client = redis.Redis.from_url(redis_url)
+    keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
+    if keys:
+        client.delete(*keys)
+    client.close()
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path) -> Iterator[object]:
+    """A Redis server of this test's own, which it may stop and start."""
+    import shutil
+
+    from redisproc import start_redis
+
+    if shutil.which("redis-server") is None:
+        _unreachable("Redis", "redis-server", FileNotFoundError("redis-server is not installed"))
+    with start_redis(tmp_path) as server:
+        yield server
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -98,3 +101,56 @@ def run_gateway(policy: Policy, tmp_path: Path, **settings: object) -> Iterator[
         server.should_exit = True
         thread.join(timeout=10)
         sock.close()
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class GatewayProcess:
+    """A `gateway serve` subprocess on a loopback port."""
+
+    def __init__(self, process: subprocess.Popen[str], port: int):
+        self.process = process
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+
+    def client(self, **kw: object) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.url + "/v1", api_key="test-key", max_retries=0, **kw)
+
+    def readiness(self) -> dict:
+        result: dict = httpx.get(self.url + "/readyz", timeout=5).json()
+        return result
+
+    def kill(self) -> None:
+        """Kill the process at once, as a crash would: nothing is given back or flushed."""
+        self.process.kill()
+        self.process.wait()
+
+
+@contextlib.contextmanager
+def gateway_process(env: dict[str, str], log: Path) -> Iterator[GatewayProcess]:
+    """Run `python -m gateway serve` with env (on top of os.environ) until the block exits.
+
+    Its output goes to `log`, for the test to read or to show when it fails.
+    """
+    port = free_port()
+    with log.open("w") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "gateway", "serve", "--port", str(port)],
+            env={**os.environ, **env},
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+    try:
+        wait_ready(port)
+        yield GatewayProcess(process, port)
+    finally:
+        if process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()

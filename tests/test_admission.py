@@ -21,7 +21,7 @@ def test_released_slot_goes_to_the_oldest_waiter() -> None:
         fleet, admission = asic_world(slots=1)
         pool = fleet.pools["asic"]
         backend = pool.backends[0]
-        admission.acquire(backend)
+        held = admission.acquire(backend)
         served: list[int] = []
 
         async def waiter(n: int) -> None:
@@ -32,7 +32,7 @@ def test_released_slot_goes_to_the_oldest_waiter() -> None:
 
         tasks = [asyncio.create_task(waiter(n)) for n in range(3)]
         await asyncio.sleep(0)
-        admission.release(backend)
+        admission.release(held)
         await asyncio.gather(*tasks)
         assert backend.in_flight == 0
         return served
@@ -44,11 +44,11 @@ def test_wait_times_out_with_no_capacity_and_leaves_the_queue() -> None:
     async def scenario() -> None:
         fleet, admission = asic_world(slots=1)
         pool = fleet.pools["asic"]
-        admission.acquire(pool.backends[0])
+        held = admission.acquire(pool.backends[0])
         with pytest.raises(NoCapacity, match="asic"):
             await admission.wait(pool, 0.01)
         assert len(pool.waiters) == 0
-        admission.release(pool.backends[0])
+        admission.release(held)
         assert pool.backends[0].in_flight == 0
 
     asyncio.run(scenario())
@@ -59,10 +59,10 @@ def test_cancelled_waiter_never_holds_a_slot() -> None:
         fleet, admission = asic_world(slots=1)
         pool = fleet.pools["asic"]
         backend = pool.backends[0]
-        admission.acquire(backend)
+        held = admission.acquire(backend)
         task = asyncio.create_task(admission.wait(pool, 5))
         await asyncio.sleep(0)
-        admission.release(backend)  # hands the slot to the waiter...
+        admission.release(held)  # hands the slot to the waiter...
         task.cancel()  # ...which is cancelled before it runs
         await asyncio.gather(task, return_exceptions=True)
         assert backend.in_flight == 0
@@ -75,16 +75,16 @@ def test_dispatch_skips_ejected_backends() -> None:
         fleet, admission = asic_world(slots=1)
         pool = fleet.pools["asic"]
         backend = pool.backends[0]
-        admission.acquire(backend)
+        held = admission.acquire(backend)
         backend.ejected = True
         task = asyncio.create_task(admission.wait(pool, 5))
         await asyncio.sleep(0)
-        admission.release(backend)
+        admission.release(held)
         await asyncio.sleep(0)
         assert not task.done()
         backend.ejected = False
         admission.dispatch(pool)
-        assert await task is backend
+        assert (await task).backend is backend
 
     asyncio.run(scenario())
 
@@ -95,14 +95,15 @@ def test_kv_memory_is_reserved_and_given_back_with_the_slot() -> None:
         pool = fleet.pools["asic"]
         backend = pool.backends[0]
         backend.kv_capacity = 10.0
-        admission.acquire(backend, 8.0)
+        big = admission.acquire(backend, 8.0)
         assert pool.most_free(kv_bytes=4.0) is None  # a slot is free, the memory is not
         waiter = asyncio.create_task(admission.wait(pool, 5, kv_bytes=4.0))
         await asyncio.sleep(0)
-        admission.release(backend, 8.0)
-        assert await waiter is backend
+        admission.release(big)
+        small = await waiter
+        assert small.backend is backend
         assert (backend.in_flight, backend.kv_reserved) == (1, 4.0)
-        admission.release(backend, 4.0)
+        admission.release(small)
         assert (backend.in_flight, backend.kv_reserved) == (0, 0.0)
 
     asyncio.run(scenario())
@@ -114,20 +115,20 @@ def test_the_oldest_waiter_is_served_first_even_when_a_younger_one_fits() -> Non
         pool = fleet.pools["asic"]
         backend = pool.backends[0]
         backend.kv_capacity = 10.0
-        admission.acquire(backend, 9.0)
+        held = admission.acquire(backend, 9.0)
         order: list[str] = []
 
         async def wait(name: str, kv: float) -> None:
             got = await admission.wait(pool, 5, kv_bytes=kv)
             order.append(name)
-            admission.release(got, kv)
+            admission.release(got)
 
         big = asyncio.create_task(wait("big", 8.0))
         await asyncio.sleep(0)
         small = asyncio.create_task(wait("small", 1.0))
         await asyncio.sleep(0)
         assert order == []  # "small" would fit now, but "big" came first
-        admission.release(backend, 9.0)
+        admission.release(held)
         await asyncio.gather(big, small)
         return order
 

@@ -14,8 +14,10 @@ import openai
 import sqlalchemy as sa
 import yaml
 from gatewayserver import free_port, wait_ready
+from test_retention import store
 
 from gateway.records import request_records
+from gateway.shadow import shadow_records
 from policies import MODEL
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -56,6 +58,32 @@ def test_db_upgrade_creates_the_schema(tmp_path: Path) -> None:
     engine = sa.create_engine(url)
     assert request_records.name in sa.inspect(engine).get_table_names()
     engine.dispose()
+
+
+def test_db_prune_deletes_records_past_retention_and_says_how_many(database: str) -> None:
+    engine = sa.create_engine(database)
+    now = time.time()
+    store(engine, request_records, [40, 35, 1], now=now)
+    store(engine, shadow_records, [40, 1], now=now)
+    result = gateway(
+        "db",
+        "prune",
+        env={"DATABASE_URL": database, "GATEWAY_SHADOW_RETENTION_DAYS": "0"},
+    )
+    assert result.returncode == 0, result.stderr
+    assert "request_records: deleted 2 rows from before" in result.stdout
+    assert "shadow_records: kept forever" in result.stdout
+    with engine.connect() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(request_records)).scalar() == 1
+        assert conn.execute(sa.select(sa.func.count()).select_from(shadow_records)).scalar() == 2
+    engine.dispose()
+
+
+def test_db_prune_on_an_unmigrated_database_says_so(tmp_path: Path) -> None:
+    result = gateway("db", "prune", env={"DATABASE_URL": f"sqlite:///{tmp_path / 'empty.db'}"})
+    assert result.returncode == 1
+    assert "cannot delete old rows of request_records" in result.stderr
+    assert "gateway db upgrade" in result.stderr
 
 
 def test_serve_refuses_an_invalid_policy_at_startup(tmp_path: Path) -> None:

@@ -103,3 +103,17 @@ def test_reads_and_sums_dcgm_energy_over_devices() -> None:
     )
     assert read_counter_j(text, "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION") == pytest.approx(4.0)
     assert read_counter_j(text, "DCGM_FI_DEV_TOTAL_ENERGY") is None
+
+
+def test_replicas_sharing_a_backend_split_its_energy_once_between_them() -> None:
+    # Two gateways each see one of two equal requests on the device: each takes its half.
+    energy = []
+    for replica in ("a", "b"):
+        ledger = BackendLedger(idle_w=100.0)
+        ledger.reading(0.0, 0.0, share=0.5)
+        ledger.open(replica, 0.0)
+        ledger.close(replica, 1.0, prompt_tokens=0, completion_tokens=10)
+        ledger.reading(1.0, 500.0, share=0.5)  # 100 J idle + 400 J dynamic, for both
+        energy += [s.energy_j for s in ledger.settle()]
+    assert energy == pytest.approx([250.0, 250.0])
+    assert sum(energy) == pytest.approx(500.0)

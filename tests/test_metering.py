@@ -6,6 +6,7 @@ import socket
 import statistics
 from pathlib import Path
 
+import pytest
 from gatewayserver import run_gateway
 from simproc import metric_value
 
@@ -39,6 +40,25 @@ def test_records_carry_measured_energy_that_grows_with_work(sims, tmp_path: Path
     assert statistics.median(long) > 4 * statistics.median(short)
     # Attribution never invents energy: the records hold at most what the counter measured.
     assert sum(r["energy_j"] for r in rows) <= after - before
+
+
+def test_energy_and_cost_counters_add_up_to_the_measured_records(sims, tmp_path: Path) -> None:
+    policy = fleet_policy(sims.urls("gpu"), sims.urls("asic"), sims.urls("cim"))
+    with run_gateway(policy, tmp_path, power_scrape_interval_s=0.2) as gw:
+        client = gw.client()
+        for model in (BIG, MODEL, BIG):  # the 70B model only fits the GPU; the 8B goes to the ASIC
+            client.chat.completions.create(model=model, messages=PROMPT, max_tokens=20)
+        rows = gw.records(3)
+        text = gw.http().get("/metrics").text
+    assert not any(r["energy_estimated"] for r in rows)
+    for pool in ("gpu", "asic"):
+        served = [r for r in rows if r["pool"] == pool]
+        assert served, pool
+        energy = metric_value(text, "gateway_energy_joules_total", pool=pool)
+        cost = metric_value(text, "gateway_cost_usd_total", pool=pool)
+        assert energy == pytest.approx(sum(r["energy_j"] for r in served), rel=1e-5)
+        assert cost == pytest.approx(sum(r["cost_usd"] for r in served), rel=1e-9)
+        assert cost > 0
 
 
 def test_concurrent_requests_share_one_interval_by_their_work(sims, tmp_path: Path) -> None:

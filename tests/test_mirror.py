@@ -16,14 +16,14 @@ import pytest
 import sqlalchemy as sa
 from gatewayserver import run_gateway
 from shadowworld import PROMPT, drop_counts, settle, shadow_policy, shadow_rows
-from simproc import metric_value, start_simulator
+from simproc import metric_value, parse_metrics, start_simulator
 
 from gateway.classify import RequestProfile
 from gateway.compare import Answer, compare, tokens
 from gateway.db import make_engine, upgrade
 from gateway.exchange import Exchange
 from gateway.metrics import GatewayMetrics
-from gateway.mirror import Mirror, RateBudget, sample, stable_fraction
+from gateway.mirror import Mirror, sample, stable_fraction
 from gateway.routing.fleet import Fleet
 from gateway.routing.router import RouteDecision
 from gateway.shadow import ShadowWriter
@@ -115,13 +115,6 @@ def test_noise_copies_are_a_share_of_the_sampled_requests() -> None:
     assert abs(len(noise) - 500) < 4 * math.sqrt(2000 * 0.25 * 0.75)
 
 
-def test_rate_budget_allows_its_rate_and_refills_with_time() -> None:
-    budget = RateBudget(2.0, now=0.0)
-    assert [budget.take(0.0) for _ in range(3)] == [True, True, False]
-    assert budget.take(0.4) is False
-    assert budget.take(0.5) is True
-
-
 # Budgets without a network ----------------------------------------------------------------
 
 
@@ -197,9 +190,17 @@ def test_candidate_and_noise_records_carry_correct_diffs(sims, deviant_cim, tmp_
             answers[raw.headers["x-gateway-decision-id"]] = raw.parse().choices[0].message.content
         rows = shadow_rows(gw, 8)
         requests = gw.records(4)
+        samples = parse_metrics(gw.http().get("/metrics").text)
     candidates = [r for r in rows if r["kind"] == "candidate"]
     noise = [r for r in rows if r["kind"] == "noise"]
     assert len(candidates) == len(noise) == 4
+    # A candidate that never matched shows a match rate of 0, not a gap in the graph.
+    matches = {
+        labels["kind"]: value
+        for name, labels, value in samples
+        if name == "gateway_shadow_exact_matches_total"
+    }
+    assert matches == {"candidate": 0.0, "noise": 4.0}
     # Shadows stay out of the client's accounting: one request record per client request.
     assert len(requests) == 4
     for row in rows:

@@ -19,6 +19,8 @@ matplotlib.use("Agg")
 
 from matplotlib.figure import Figure
 
+from gateway.report.render import LATENCY_TITLES
+
 METADATA = re.compile(r"<metadata>.*?</metadata>\s*", re.S)
 PRIMARY, CANDIDATE, FLOOR = "#1f5fa8", "#d9730d", "#6b6b6b"
 # Typed loosely: matplotlib types rc keys as a Literal of every known name.
@@ -32,11 +34,6 @@ STYLE: dict[Any, Any] = {
     "grid.color": "#dddddd",
     "grid.linewidth": 0.6,
     "legend.frameon": False,
-}
-LATENCY_TITLES = {
-    "ttft": "Time to first token",
-    "tpot": "Time per output token",
-    "e2e": "End to end",
 }
 
 

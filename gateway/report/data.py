@@ -25,6 +25,7 @@ from gateway.policy import Policy
 from gateway.records import request_records
 from gateway.report.period import Period
 from gateway.shadow import CANDIDATE, NOISE, percentile, shadow_drops, shadow_records
+from gateway.slo import meets_slo
 
 Row = Mapping[str, Any]
 Predict = Callable[[str, str, int, int, int], Prediction]
@@ -295,20 +296,6 @@ def fleet_numbers(requests: Sequence[Row]) -> dict[str, Any]:
     }
 
 
-def meets_slo(r: Row, ttft_ms: float | None, tpot_ms: float | None, e2e_ms: float | None) -> bool:
-    """Say whether a request succeeded within every target it has a measure for."""
-    if r["status"] != 200:
-        return False
-    for target, measured in (
-        (ttft_ms, r["ttft_ms"]),
-        (tpot_ms, r["tpot_ms"]),
-        (e2e_ms, r["e2e_ms"]),
-    ):
-        if target is not None and measured is not None and measured > target:
-            return False
-    return True
-
-
 def slo_attainment(requests: Sequence[Row], policy: Policy) -> list[dict[str, Any]]:
     """Return, per SLO class, the share of requests that met its targets."""
     out = []
@@ -318,7 +305,9 @@ def slo_attainment(requests: Sequence[Row], policy: Policy) -> list[dict[str, An
         targets = (
             (spec.ttft_ms, spec.tpot_ms, spec.e2e_ms) if spec is not None else (None, None, None)
         )
-        met = sum(meets_slo(r, *targets) for r in rows)
+        met = sum(
+            meets_slo(spec, r["status"], r["ttft_ms"], r["tpot_ms"], r["e2e_ms"]) for r in rows
+        )
         out.append(
             {
                 "slo_class": name,

@@ -12,10 +12,15 @@ from typing import Any
 
 import jinja2
 
-from gateway.report import charts
-
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 FILES = ("report.html", "report.md", "report.json")
+
+
+LATENCY_TITLES = {
+    "ttft": "Time to first token",
+    "tpot": "Time per output token",
+    "e2e": "End to end",
+}
 
 
 def chart_id(kind: str, route: str, candidate: str) -> str:
@@ -25,6 +30,9 @@ def chart_id(kind: str, route: str, candidate: str) -> str:
 
 def draw(report: Mapping[str, Any]) -> dict[str, str]:
     """Draw every chart of the report; return SVG text by chart id, in page order."""
+    # matplotlib loads only to draw: a serving gateway that never writes a report never has it.
+    from gateway.report import charts
+
     svgs = {"fleet": charts.fleet_chart(report["fleet"]["pools"], "fleet")}
     for c in report["candidates"]:
         latency = chart_id("latency", c["route"], c["candidate"])
@@ -234,7 +242,7 @@ def _candidate_markdown(c: Mapping[str, Any]) -> list[str]:
         lines.append("")
     lines += [_row("latency", "primary p50 / p95 / p99", "candidate p50 / p95 / p99")]
     lines.append(_row(*["---"] * 3))
-    for key, title in charts.LATENCY_TITLES.items():
+    for key, title in LATENCY_TITLES.items():
         p, q = lat[key]["primary"], lat[key]["candidate"]
         lines.append(
             _row(

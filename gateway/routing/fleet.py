@@ -10,6 +10,7 @@ import asyncio
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from gateway import credentials
 from gateway.policy import Backend, Policy, Pool
@@ -17,10 +18,16 @@ from gateway.policy import Backend, Policy, Pool
 REQUEST_HEADERS = {"content-type": "application/json"}
 SHADOW_HEADER = {"x-gateway-shadow": "1"}
 
+if TYPE_CHECKING:
+    from gateway.admission import Slot
+
 
 @dataclass(eq=False, slots=True)
 class BackendState:
     """One upstream server: its slots and KV-cache memory in use, and its outlier state.
+
+    `in_flight` and `kv_reserved` are this replica's; `elsewhere` and `kv_elsewhere` what the
+    other replicas hold, as last seen through shared state (always 0 for a single process).
 
     It also carries the headers every call to it sends (its credential among them), built once
     with the fleet, so the request path only picks the right set. They stay out of repr, so a
@@ -42,6 +49,8 @@ class BackendState:
     metrics_auth: dict[str, str] = field(default_factory=dict, repr=False)
     in_flight: int = 0
     kv_reserved: float = 0.0
+    elsewhere: int = 0
+    kv_elsewhere: float = 0.0
     ejected: bool = False
     ejected_until: float = 0.0
     consecutive_failures: int = 0
@@ -49,11 +58,20 @@ class BackendState:
 
     @property
     def free_slots(self) -> int:
-        return self.slots - self.in_flight
+        return self.slots - self.in_flight - self.elsewhere
+
+    @property
+    def load(self) -> int:
+        """Requests the backend serves now, every replica's included."""
+        return self.in_flight + self.elsewhere
 
     def fits(self, kv_bytes: float) -> bool:
         """Return whether a request needing kv_bytes of KV cache fits in the free memory."""
-        return self.kv_reserved + kv_bytes <= self.kv_capacity
+        return self.kv_reserved + self.kv_elsewhere + kv_bytes <= self.kv_capacity
+
+    def overcommitted(self) -> bool:
+        """Return whether more slots or KV memory are held than the backend has."""
+        return self.free_slots < 0 or not self.fits(0.0)
 
     def configure(self, fresh: BackendState) -> None:
         """Take a new policy version's name, pool, capacity and credentials; keep live state."""
@@ -101,7 +119,7 @@ def backend_state(
 class Waiter:
     """A request waiting in a pool's queue, and the KV memory the slot it gets must have."""
 
-    future: asyncio.Future[BackendState]
+    future: asyncio.Future[Slot]
     kv_bytes: float = 0.0
 
 

@@ -82,7 +82,7 @@ class CostRanker:
         backend = pool.most_free()
         if backend is not None:
             return model.predict(
-                pool.name, profile.model, profile.prompt_tokens, output, backend.in_flight + 1
+                pool.name, profile.model, profile.prompt_tokens, output, backend.load + 1
             )
         healthy = pool.healthy()
         full = model.predict(

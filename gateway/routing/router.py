@@ -26,7 +26,11 @@ RankPools = Callable[[RequestProfile, Route, Sequence[PoolState], list[tuple[str
 
 @dataclass(slots=True)
 class RouteDecision:
-    """Where a request goes: a backend now, or a pool to wait in; with the reasons."""
+    """Where a request goes: a backend now, or a pool to wait in; with the reasons.
+
+    `queue_budget_s` is how long the request may wait for a slot: in `queue_pool`, or in the
+    chosen backend's pool if another replica takes that backend's last slot first.
+    """
 
     route: Route
     backend: BackendState | None
@@ -158,9 +162,15 @@ def decide(
     )
 
     def decision(backend: BackendState | None, queue: PoolState | None = None) -> RouteDecision:
-        budget = budget_ms / 1000 if queue is not None else 0.0
         return RouteDecision(
-            route, backend, queue, budget, trace, ranking.predictions, ranking.slo_unmeetable, kv
+            route,
+            backend,
+            queue,
+            budget_ms / 1000,
+            trace,
+            ranking.predictions,
+            ranking.slo_unmeetable,
+            kv,
         )
 
     for pool in ranked:

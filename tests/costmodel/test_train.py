@@ -84,3 +84,17 @@ def test_held_out_error_scores_the_learned_fit_not_the_prior_on_long_histories()
     asic = scores["asic"][MODEL]
     assert asic["ttft"].mape is not None and asic["ttft"].mape < 0.10
     assert asic["ttft"].prior_mape is not None and asic["ttft"].prior_mape > 0.3
+
+
+def test_the_closed_form_ridge_is_scikit_learns_ridge() -> None:
+    import numpy as np
+    from sklearn import linear_model
+
+    from gateway.costmodel.train import RIDGE_ALPHA, ridge
+
+    rng = np.random.default_rng(7)
+    x = rng.normal(size=(300, 4))
+    y = x @ np.array([0.5, -1.0, 0.2, 2.0]) + rng.normal(scale=0.1, size=300)
+    weights = rng.uniform(0.1, 1.0, size=300)
+    expected = linear_model.Ridge(alpha=RIDGE_ALPHA, fit_intercept=False).fit(x, y, weights)
+    assert ridge(x, y, weights) == pytest.approx(expected.coef_, rel=1e-9, abs=1e-12)

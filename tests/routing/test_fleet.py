@@ -15,7 +15,7 @@ def test_backends_with_unchanged_urls_keep_their_slots_and_outlier_state() -> No
     old = Fleet(fleet_policy(gpu=GPU))
     admission = Admission(old)
     held = old.pools["gpu"].backends[0]
-    admission.acquire(held, kv_bytes=1000.0)
+    slot = admission.acquire(held, kv_bytes=1000.0)
     old.pools["gpu"].backends[1].ejected = True
 
     new = old.reconfigure(fleet_policy(gpu=GPU[:1], gpu_extra={"slots_per_backend": 4}))
@@ -25,7 +25,7 @@ def test_backends_with_unchanged_urls_keep_their_slots_and_outlier_state() -> No
     assert kept is held and kept.in_flight == 1 and kept.kv_reserved == 1000.0
     assert kept.slots == 4  # the new capacity applies to the state that stays
     assert [b.url for b in new.pools["gpu"].backends] == [GPU[0]]
-    admission.release(held, kv_bytes=1000.0)  # a request routed under the old policy ends
+    admission.release(slot)  # a request routed under the old policy ends
     assert kept.in_flight == 0 and kept.kv_reserved == 0.0
 
 
@@ -50,7 +50,7 @@ def test_waiters_stay_queued_in_a_pool_that_keeps_its_name() -> None:
         admission.fleet = new
         assert len(new.pools["gpu"].waiters) == 1
         admission.dispatch(new.pools["gpu"])  # the new version gave the pool a second slot
-        backend = await asyncio.wait_for(waiting, 1)
+        backend = (await asyncio.wait_for(waiting, 1)).backend
         assert backend is new.pools["gpu"].backends[0] and backend.in_flight == 2
 
     asyncio.run(scenario())

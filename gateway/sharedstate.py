@@ -1,0 +1,306 @@
+"""Shared state: what the replicas of one gateway share through Redis, and the fallback without it.
+
+With REDIS_URL set, each replica registers itself on a heartbeat, holds its slots and shadow
+budgets as leases that lapse when it dies (`gateway/leases.py`), shares token buckets
+(`gateway/ratelimit.py`), and hears the other replicas' notices (a new policy version, an
+ejected backend, a freed slot) on one pub/sub channel.
+
+When a Redis call fails, the replica logs it once, reports it in /readyz and metrics, and serves
+from local state: a conservative share of every capacity (divided by the replicas it last saw),
+so that replicas cut off together still never overfill a pool. The heartbeat keeps trying;
+once Redis answers, the replica registers its leases again (Redis may have restarted empty) and
+goes back to shared state. Redis errors never leave this module: they become
+SharedStateUnavailable.
+
+Keys, under the prefix (GATEWAY_REDIS_PREFIX):
+
+    PREFIX:replicas          sorted set: replica id -> lease expiry (Redis time, ms)
+    PREFIX:boot              a token that changes when Redis has lost its data
+    PREFIX:lease:NAME        sorted set: lease id -> expiry; a slot or shadow-budget place
+    PREFIX:waiting:POOL      set while some replica has requests waiting for POOL
+    PREFIX:ejections         hash: backend url -> ejected until (Redis time, ms)
+    PREFIX:bucket:NAME       hash: tokens, updated (a token bucket)
+    PREFIX:events            the pub/sub channel
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import socket
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
+
+import orjson
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+
+from gateway.errors import SharedStateUnavailable
+from gateway.metrics import GatewayMetrics
+from gateway.periodic import Periodic
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+Handler = Callable[[dict[str, Any]], None]
+
+# Register this replica until its lease lapses; set the boot token if Redis has none (it was
+# just started, or lost its data); return the token and how many replicas are alive.
+HEARTBEAT = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
+local boot = redis.call('GET', KEYS[2])
+if not boot then
+  boot = ARGV[3]
+  redis.call('SET', KEYS[2], boot)
+end
+return {boot, redis.call('ZCARD', KEYS[1])}
+"""
+
+
+def replica_id() -> str:
+    """Return an id for this process that no other replica, past or present, has."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+
+
+def redis_address(url: str) -> str:
+    """Return host:port/db of a Redis URL, without the password a URL may carry."""
+    parts = urlsplit(url)
+    return f"{parts.hostname or 'localhost'}:{parts.port or 6379}{parts.path or ''}"
+
+
+class SharedState:
+    """The replicas' Redis: membership, outage fallback, notices; one per gateway process.
+
+    Components call Redis only through `call`, which turns every failure into
+    SharedStateUnavailable and switches the replica to local state; `on_reset` work runs each
+    time the replica (re)joins, `on_beat` work on every heartbeat while shared.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        metrics: GatewayMetrics,
+        *,
+        prefix: str = "gateway",
+        lease_s: float = 10.0,
+        timeout_s: float = 0.5,
+        replica: str | None = None,
+    ):
+        self.address = redis_address(url)
+        self.redis = aioredis.Redis.from_url(
+            url,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+            # No retries inside the client: a failed call switches to local state at once.
+            retry=Retry(NoBackoff(), 0),
+            health_check_interval=0,
+        )
+        self.metrics = metrics
+        self.prefix = prefix
+        self.lease_ms = int(lease_s * 1000)
+        self.replica = replica if replica is not None else replica_id()
+        self.up = False
+        self.replicas = 1
+        self.boot: bytes | None = None
+        self._joining = False
+        self._reported = False  # this outage is logged and counted
+        self._handlers: dict[str, list[Handler]] = {}
+        self._resets: list[Callable[[], Awaitable[None]]] = []
+        self._beats: list[Callable[[], Awaitable[None]]] = []
+        self._heartbeat = self.redis.register_script(HEARTBEAT)
+        self.periodic = Periodic("shared-state", max(lease_s / 4, 0.05), self.beat)
+        self._listener: asyncio.Task[None] | None = None
+        self._background: set[asyncio.Task[Any]] = set()
+
+    def key(self, *parts: str) -> str:
+        return ":".join((self.prefix, *parts))
+
+    @property
+    def channel(self) -> str:
+        return self.key("events")
+
+    def share(self, capacity: float) -> float:
+        """Return the part of a fleet-wide capacity this replica may use alone now."""
+        return capacity if self.up else capacity / self.replicas
+
+    def on(self, kind: str, handler: Handler) -> None:
+        """Call handler with every notice of this kind that another replica publishes."""
+        self._handlers.setdefault(kind, []).append(handler)
+
+    def on_reset(self, work: Callable[[], Awaitable[None]]) -> None:
+        """Run work each time this replica joins shared state (at start, after an outage)."""
+        self._resets.append(work)
+
+    def on_beat(self, work: Callable[[], Awaitable[None]]) -> None:
+        """Run work on every heartbeat while in shared state."""
+        self._beats.append(work)
+
+    async def call(self, op: Callable[[aioredis.Redis], Awaitable[T]]) -> T:
+        """Run one Redis operation; on failure switch to local state and raise."""
+        if not (self.up or self._joining):
+            raise SharedStateUnavailable(f"Redis at {self.address} is unreachable")
+        try:
+            return await op(self.redis)
+        except (RedisError, OSError) as exc:
+            self.lost(exc)
+            raise SharedStateUnavailable(
+                f"Redis at {self.address} failed: {type(exc).__name__}"
+            ) from exc
+
+    def spawn(self, work: Awaitable[Any]) -> None:
+        """Run a Redis write in the background (a release, a notice): never on the request path."""
+        task = asyncio.ensure_future(self._quietly(work))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _quietly(self, work: Awaitable[Any]) -> None:
+        # A failure is already logged and counted; leases lapse and state is rebuilt on rejoin.
+        with contextlib.suppress(SharedStateUnavailable):
+            await work
+
+    def notice(self, kind: str, **fields: Any) -> bytes:
+        """Return a notice from this replica, as it goes on the channel."""
+        return orjson.dumps({"kind": kind, "from": self.replica, **fields})
+
+    def publish(self, kind: str, **fields: Any) -> None:
+        """Tell the other replicas something, in the background."""
+        message = self.notice(kind, **fields)
+        self.spawn(self.call(lambda r: r.publish(self.channel, message)))
+
+    def lost(self, exc: BaseException | str) -> None:
+        """Switch to local state after a failed call; log and count it once per outage."""
+        self.up = False
+        if self._reported:
+            return
+        self._reported = True
+        self.metrics.shared_state_up.set(0)
+        self.metrics.shared_state_outages.inc()
+        log.warning(
+            "Redis at %s is unreachable (%s); serving from local state with 1/%d of every "
+            "pool's capacity until it answers",
+            self.address,
+            exc if isinstance(exc, str) else type(exc).__name__,
+            self.replicas,
+        )
+
+    async def beat(self) -> None:
+        """Renew this replica's registration; rejoin shared state after an outage or a reset."""
+        token = secrets.token_hex(8)
+        try:
+            boot, replicas = await self._heartbeat(
+                keys=[self.key("replicas"), self.key("boot")],
+                args=[self.replica, self.lease_ms, token],
+            )
+        except (RedisError, OSError) as exc:
+            self.lost(exc)
+            return
+        self.replicas = max(int(replicas), 1)
+        self.metrics.replicas.set(self.replicas)
+        if (not self.up or boot != self.boot) and not await self._join(boot):
+            return
+        for work in self._beats:
+            try:
+                await work()
+            except SharedStateUnavailable:
+                return
+
+    async def _join(self, boot: bytes) -> bool:
+        """Register what this replica holds, then serve from shared state; say if it worked.
+
+        Requests keep using local state until every reset has run, so none is admitted
+        against a Redis that does not yet know what this replica holds.
+        """
+        rejoining = self.boot is not None
+        self.up, self._joining = False, True
+        if self._reported:
+            # Connections pooled before the outage point at a server that is gone.
+            await self.redis.connection_pool.disconnect()
+        try:
+            for work in self._resets:
+                await work()
+        except SharedStateUnavailable:
+            return False  # lost again: the next beat tries anew
+        finally:
+            self._joining = False
+        self.boot, self.up, self._reported = boot, True, False
+        self.metrics.shared_state_up.set(1)
+        if rejoining:
+            log.info("Redis at %s answers again: state is shared again", self.address)
+        self._listen()
+        return True
+
+    def _listen(self) -> None:
+        if self._listener is None or self._listener.done():
+            self._listener = asyncio.create_task(self._receive(), name="shared-state-notices")
+
+    async def _receive(self) -> None:
+        """Hand every notice from another replica to its handlers, until the connection fails."""
+        pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
+        try:
+            await pubsub.subscribe(self.channel)
+            while True:
+                message = await pubsub.get_message(timeout=None)
+                if message is not None:
+                    self._dispatch(message["data"])
+        except (RedisError, OSError) as exc:
+            self.lost(exc)  # the heartbeat rejoins and listens again
+        finally:
+            await asyncio.shield(pubsub.aclose())
+
+    def _dispatch(self, data: bytes) -> None:
+        try:
+            notice = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            log.warning("ignoring a malformed notice on %s", self.channel)
+            return
+        if not isinstance(notice, dict) or notice.get("from") == self.replica:
+            return
+        for handler in self._handlers.get(str(notice.get("kind")), ()):
+            try:
+                handler(notice)
+            except Exception:
+                log.exception("handling a %s notice failed", notice.get("kind"))
+
+    async def start(self) -> None:
+        """Join shared state (or start in local state if Redis is unreachable now)."""
+        self.metrics.shared_state_up.set(0)
+        await self.beat()
+        self.periodic.start()
+
+    async def stop(self) -> None:
+        """Leave: stop listening, finish background writes, deregister, close the connection."""
+        await self.periodic.stop()
+        if self._listener is not None:
+            self._listener.cancel()
+            await asyncio.gather(self._listener, return_exceptions=True)
+        if self._background:
+            await asyncio.wait(self._background, timeout=2)
+        if self.up:
+            with contextlib.suppress(SharedStateUnavailable):
+                await self.call(lambda r: r.zrem(self.key("replicas"), self.replica))
+        await self.redis.aclose()
+
+
+def tell_replicas(url: str, prefix: str, kind: str, **fields: Any) -> bool:
+    """Publish a notice from outside a gateway (the CLI); return whether Redis took it."""
+    import redis
+
+    client = redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=2)
+    message = orjson.dumps({"kind": kind, "from": f"cli@{socket.gethostname()}", **fields})
+    try:
+        client.publish(f"{prefix}:events", message)
+    except (RedisError, OSError) as exc:
+        log.warning("could not tell the replicas through Redis at %s: %s", redis_address(url), exc)
+        return False
+    finally:
+        client.close()
+    return True

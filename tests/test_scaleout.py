@@ -1,0 +1,352 @@
+"""Two `gateway serve` processes sharing Redis behave as one gateway in front of one backend."""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import redis
+import yaml
+from gatewayserver import ROOT, GatewayProcess, gateway_process
+from simproc import SimulatorProcess, metric_value, start_simulator
+
+from gateway.db import upgrade
+from policies import MODEL, pool
+
+pytestmark = pytest.mark.redis
+
+SLOTS = 4  # the policy's slots on the one ASIC backend (the simulated card itself has 16)
+ADMIN = "scaleout-admin-token"
+
+
+def write_policy(path: Path, asic_url: str, **top: object) -> Path:
+    doc = {
+        "default_slo_class": "batch",
+        "slo_classes": {"batch": {"e2e_ms": 120000, "max_queue_ms": 60000, "timeout_s": 60}},
+        "pools": {"asic": pool("asic", [asic_url], [MODEL], slots_per_backend=SLOTS)},
+        "routes": [{"name": "chat", "match": {"models": [MODEL]}, "pools": ["asic"]}],
+        **top,
+    }
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+@contextlib.contextmanager
+def replicas(
+    tmp_path: Path, sim: SimulatorProcess, redis_url: str | None, prefix: str, **env: str
+) -> Iterator[list[GatewayProcess]]:
+    """Start two gateway processes on one policy and one database, sharing Redis if given."""
+    database = f"sqlite:///{tmp_path / 'gateway.db'}"
+    upgrade(database)
+    common = {
+        "GATEWAY_POLICY": str(write_policy(tmp_path / "policy.yaml", sim.url)),
+        "DATABASE_URL": database,
+        "GATEWAY_ADMIN_TOKEN": ADMIN,
+        "GATEWAY_REDIS_PREFIX": prefix,
+        "GATEWAY_SLOT_LEASE_S": "2",
+        "GATEWAY_HEALTH_CHECK_INTERVAL_S": "0.5",
+        **({"REDIS_URL": redis_url} if redis_url else {}),
+        **env,
+    }
+    with contextlib.ExitStack() as stack:
+        procs = [
+            stack.enter_context(
+                gateway_process(
+                    {**common, "GATEWAY_SPILL_DIR": str(tmp_path / f"spill-{i}")},
+                    tmp_path / f"gateway-{i}.log",
+                )
+            )
+            for i in range(2)
+        ]
+        yield procs
+
+
+def chat(gw: GatewayProcess, max_tokens: int = 60) -> str:
+    reply = gw.client().chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Summarise the history of computing."}],
+        max_tokens=max_tokens,
+        temperature=0,
+    )
+    return reply.choices[0].finish_reason or ""
+
+
+def load(gateways: list[GatewayProcess], per_gateway: int, **kw: int) -> list[BaseException]:
+    """Send per_gateway concurrent requests to each gateway; return the failures."""
+    failures: list[BaseException] = []
+
+    def one(gw: GatewayProcess) -> None:
+        try:
+            chat(gw, **kw)
+        except BaseException as exc:
+            failures.append(exc)
+
+    threads = [
+        threading.Thread(target=one, args=(gw,)) for gw in gateways for _ in range(per_gateway)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    return failures
+
+
+@pytest.fixture
+def asic(tmp_path: Path) -> Iterator[SimulatorProcess]:
+    # Slow enough that 24 requests on 4 slots overlap: each takes ~0.1-0.2 s.
+    with start_simulator("asic", speed=4, seed=7) as sim:
+        yield sim
+
+
+def test_two_replicas_sharing_redis_never_exceed_the_pools_slots_together(
+    tmp_path: Path, asic: SimulatorProcess, redis_url: str, redis_prefix: str
+) -> None:
+    with replicas(tmp_path, asic, redis_url, redis_prefix) as gateways:
+        failures = load(gateways, per_gateway=12)
+    assert failures == []
+    assert asic.metric("sim_peak_inflight_requests") == SLOTS  # full, and never over
+
+
+def test_without_redis_two_replicas_overfill_the_pool(
+    tmp_path: Path, asic: SimulatorProcess
+) -> None:
+    # The control for the test above: the same load with no shared state overfills the card.
+    with replicas(tmp_path, asic, None, "none") as gateways:
+        failures = load(gateways, per_gateway=12)
+    assert failures == []
+    assert asic.metric("sim_peak_inflight_requests") > SLOTS
+
+
+def leases_in_redis(url: str, prefix: str) -> int:
+    client = redis.Redis.from_url(url)
+    try:
+        return sum(int(client.zcard(k)) for k in client.scan_iter(match=f"{prefix}:lease:slots:*"))
+    finally:
+        client.close()
+
+
+def test_a_replica_killed_mid_request_leaks_no_slot(
+    tmp_path: Path, asic: SimulatorProcess, redis_url: str, redis_prefix: str
+) -> None:
+    with replicas(tmp_path, asic, redis_url, redis_prefix) as (a, b):
+        asic.set_faults(slow_factor=50)  # a's requests hold every slot for a long while
+        doomed = [threading.Thread(target=lambda: load([a], SLOTS)) for _ in range(1)]
+        for t in doomed:
+            t.start()
+        asic.wait_for_metric("sim_inflight_requests", SLOTS)
+        assert leases_in_redis(redis_url, redis_prefix) == SLOTS
+        a.kill()
+        asic.reset_faults()
+        started = time.monotonic()
+        failures = load([b], SLOTS)  # they wait for the dead replica's leases to lapse
+        waited = time.monotonic() - started
+        assert failures == []
+        deadline = time.monotonic() + 5
+        while leases_in_redis(redis_url, redis_prefix) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert leases_in_redis(redis_url, redis_prefix) == 0
+        assert b.readiness()["shared_state"]["replicas"] == 1
+    assert waited < 10  # the 2 s lease, not the requests' own timeout
+    assert asic.metric("sim_peak_inflight_requests") == SLOTS
+
+
+def test_redis_stopped_and_restarted_mid_load_fails_no_request(
+    tmp_path: Path, asic: SimulatorProcess, private_redis
+) -> None:
+    url = private_redis.url  # type: ignore[attr-defined]
+    failures: list[BaseException] = []
+    served = [0]
+    stop = threading.Event()
+
+    def steady(gw: GatewayProcess) -> None:
+        while not stop.is_set():
+            try:
+                chat(gw, max_tokens=20)
+                served[0] += 1
+            except BaseException as exc:
+                failures.append(exc)
+
+    with replicas(tmp_path, asic, url, "fleet") as gateways:
+        threads = [threading.Thread(target=steady, args=(gw,)) for gw in gateways for _ in range(4)]
+        for t in threads:
+            t.start()
+        try:
+            time.sleep(1.5)
+            private_redis.stop()  # type: ignore[attr-defined]
+            time.sleep(0.5)
+            during = [gw.readiness() for gw in gateways]
+            time.sleep(1.0)
+            private_redis.start()  # type: ignore[attr-defined]
+            deadline = time.monotonic() + 5
+            while any(gw.readiness()["shared_state"]["mode"] != "shared" for gw in gateways):
+                assert time.monotonic() < deadline, "the replicas did not rejoin Redis"
+                time.sleep(0.1)
+            time.sleep(1.0)
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(timeout=60)
+        after = [gw.readiness() for gw in gateways]
+        metrics = httpx.get(gateways[0].url + "/metrics").text
+    assert failures == []
+    assert served[0] > 50
+    assert all(r["ready"] and r["shared_state"]["mode"].startswith("local") for r in during)
+    assert all(r["shared_state"]["mode"] == "shared" for r in after)
+    assert metric_value(metrics, "gateway_shared_state_outages_total") == 1
+    assert metric_value(metrics, "gateway_shared_state_up") == 1
+    # Cut off from Redis, each replica used at most its half of the slots.
+    assert asic.metric("sim_peak_inflight_requests") <= SLOTS
+
+
+def test_a_policy_change_reaches_the_other_replica_within_a_second(
+    tmp_path: Path, asic: SimulatorProcess, redis_url: str, redis_prefix: str
+) -> None:
+    # Polling alone would take a minute: only the notice can be this quick.
+    with replicas(tmp_path, asic, redis_url, redis_prefix, GATEWAY_POLICY_POLL_INTERVAL_S="60") as (
+        a,
+        b,
+    ):
+        admin = {"authorization": f"Bearer {ADMIN}"}
+        doc = yaml.safe_load(httpx.get(a.url + "/admin/policy", headers=admin).json()["yaml"])
+        doc["routes"][0]["name"] = "chat-renamed"
+        put = httpx.put(
+            a.url + "/admin/policy",
+            headers=admin,
+            json={"yaml": yaml.safe_dump(doc), "message": "rename the route"},
+        )
+        assert put.status_code == 200, put.text
+        version = put.json()["version"]
+        started = time.monotonic()
+        while httpx.get(b.url + "/admin/policy", headers=admin).json()["version"] != version:
+            assert time.monotonic() - started < 1.0, "replica b still serves the old version"
+            time.sleep(0.02)
+        reply = b.client().chat.completions.with_raw_response.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2
+        )
+        assert reply.headers["x-gateway-route"] == "chat-renamed"
+
+        # `gateway policy apply` from a shell tells the replicas the same way.
+        doc["routes"][0]["name"] = "chat-from-cli"
+        path = tmp_path / "cli.yaml"
+        path.write_text(yaml.safe_dump(doc))
+        env = {
+            "DATABASE_URL": f"sqlite:///{tmp_path / 'gateway.db'}",
+            "REDIS_URL": redis_url,
+            "GATEWAY_REDIS_PREFIX": redis_prefix,
+        }
+        command = [sys.executable, "-m", "gateway", "policy", "apply", str(path), "-m", "cli"]
+        done = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        started = time.monotonic()
+        for gw in (a, b):
+            while (
+                httpx.get(gw.url + "/admin/policy", headers=admin).json()["version"] != version + 1
+            ):
+                assert time.monotonic() - started < 1.0, "a replica missed the CLI's apply"
+                time.sleep(0.02)
+
+
+def test_a_tenants_rate_limit_holds_across_replicas(
+    tmp_path: Path, asic: SimulatorProcess, redis_url: str, redis_prefix: str
+) -> None:
+    import hashlib
+
+    key = "tenant-key-acme"
+    tenants = [
+        {
+            "name": "acme",
+            "api_key_sha256": [hashlib.sha256(key.encode()).hexdigest()],
+            "rate_limit": {"requests_per_minute": 6},
+        }
+    ]
+    with replicas(tmp_path, asic, redis_url, redis_prefix) as gateways:
+        doc = yaml.safe_load(
+            write_policy(tmp_path / "acme.yaml", asic.url, tenants=tenants).read_text()
+        )
+        admin = {"authorization": f"Bearer {ADMIN}"}
+        put = httpx.put(
+            gateways[0].url + "/admin/policy",
+            headers=admin,
+            json={"yaml": yaml.safe_dump(doc), "message": "acme gets a limit"},
+        )
+        assert put.status_code == 200, put.text
+        time.sleep(0.5)
+        outcomes = []
+        for i in range(10):
+            gw = gateways[i % 2]
+            client = openai.OpenAI(base_url=gw.url + "/v1", api_key=key, max_retries=0)
+            try:
+                client.chat.completions.create(
+                    model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2
+                )
+                outcomes.append("ok")
+            except openai.RateLimitError as exc:
+                assert exc.response.headers["retry-after"].isdigit()
+                assert exc.body["code"] == "rate_limit_exceeded"  # type: ignore[index]
+                outcomes.append("limited")
+    assert outcomes.count("ok") == 6  # a minute's worth, spent across both replicas
+
+
+def test_applies_and_rollbacks_under_load_on_two_replicas_fail_no_request(
+    tmp_path: Path, asic: SimulatorProcess, redis_url: str, redis_prefix: str
+) -> None:
+    failures: list[BaseException] = []
+    routes: set[str] = set()
+    stop = threading.Event()
+
+    def steady(gw: GatewayProcess) -> None:
+        while not stop.is_set():
+            try:
+                raw = gw.client().chat.completions.with_raw_response.create(
+                    model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=8
+                )
+                routes.add(raw.headers["x-gateway-route"])
+            except BaseException as exc:
+                failures.append(exc)
+
+    with replicas(
+        tmp_path, asic, redis_url, redis_prefix, GATEWAY_POLICY_POLL_INTERVAL_S="60"
+    ) as gateways:
+        admin = {"authorization": f"Bearer {ADMIN}"}
+        base = yaml.safe_load(
+            httpx.get(gateways[0].url + "/admin/policy", headers=admin).json()["yaml"]
+        )
+        threads = [threading.Thread(target=steady, args=(gw,)) for gw in gateways for _ in range(3)]
+        for t in threads:
+            t.start()
+        try:
+            for i in range(4):
+                doc = {**base, "routes": [{**base["routes"][0], "name": f"chat-v{i}"}]}
+                via = gateways[i % 2]
+                put = httpx.put(
+                    via.url + "/admin/policy",
+                    headers=admin,
+                    json={"yaml": yaml.safe_dump(doc), "message": f"step {i}"},
+                )
+                assert put.status_code == 200, put.text
+                time.sleep(0.4)
+                rolled = httpx.post(
+                    gateways[(i + 1) % 2].url + "/admin/policy/rollback",
+                    headers=admin,
+                    json={"message": f"undo step {i}"},
+                )
+                assert rolled.status_code == 200, rolled.text
+                time.sleep(0.4)
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(timeout=30)
+        versions = [
+            httpx.get(gw.url + "/admin/policy", headers=admin).json()["version"] for gw in gateways
+        ]
+    assert failures == []
+    assert {"chat", "chat-v0", "chat-v3"} <= routes  # traffic ran under the versions in turn
+    assert versions[0] == versions[1] == 9  # the first version, then 4 applies and 4 rollbacks
