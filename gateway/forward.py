@@ -87,6 +87,15 @@ def _has_text(data: bytes) -> bool:
     return False
 
 
+def error_detail(body: bytes, backend: BackendState, limit: int = 200) -> str:
+    """Return the start of a backend's error body for the client, its key blanked out."""
+    text = body.decode(errors="replace")
+    _, _, key = backend.headers.get("authorization", "").partition(" ")
+    if key:
+        text = text.replace(key, "[redacted]")  # before clipping: no prefix of it survives
+    return text[:limit]
+
+
 def _usage(body: bytes) -> dict[str, Any] | None:
     try:
         usage = orjson.loads(body).get("usage")
@@ -206,10 +215,9 @@ class Forwarder:
             try:
                 response = await self.upstream.send(backend, path, body, backend.headers, timeout_s)
                 if response.status >= 500:
-                    detail = (await self.upstream.read(backend, response))[:200]
+                    detail = error_detail(await self.upstream.read(backend, response), backend)
                     raise UpstreamError(
-                        f"backend {backend.name} answered {response.status}: "
-                        f"{detail.decode(errors='replace')}"
+                        f"backend {backend.name} answered {response.status}: {detail}"
                     )
                 chunks: AsyncIterator[bytes] | None = None
                 if profile.stream and response.status == 200:

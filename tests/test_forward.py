@@ -11,6 +11,8 @@ import openai
 import pytest
 from gatewayserver import run_gateway
 
+from gateway.forward import error_detail
+from gateway.routing.fleet import BackendState
 from policies import BIG, MODEL, fleet_policy
 
 PROMPT = [{"role": "user", "content": "Tell me about analog noise in memory arrays."}]
@@ -174,3 +176,13 @@ def test_full_pool_past_its_queue_budget_is_429(sims, tmp_path: Path) -> None:
             with pytest.raises(openai.APIStatusError) as hung:
                 holder.result()
         assert hung.value.status_code == 504
+
+
+def test_a_backend_error_quoted_to_the_client_never_carries_the_backends_key() -> None:
+    backend = BackendState("asic-0", "http://asic", "asic", 4)
+    backend.headers = {**backend.headers, "authorization": "Bearer sk-upstream-secret"}
+    echoed = error_detail(b'{"error": "bad key sk-upstream-secret"}', backend)
+    assert echoed == '{"error": "bad key [redacted]"}'
+    # A key across the clip: blanking it after clipping would leave its first characters.
+    straddling = error_detail(b"x" * 195 + b"sk-upstream-secret", backend)
+    assert "sk-" not in straddling and len(straddling) == 200
