@@ -53,6 +53,9 @@ from gateway.upstream import Upstream
 
 log = logging.getLogger(__name__)
 
+# How often a gateway that started without a usable database checks for it again.
+DATABASE_RECHECK_S = 2.0
+
 
 class Gateway:
     """The running gateway: settings, active policy, fleet state and the parts serving requests."""
@@ -186,6 +189,7 @@ class Gateway:
         )
         self.retention = Pruner(self.engine, Windows.of(settings), settings.retention_interval_s)
         self.database_ok = False
+        self._database_wait: asyncio.Task[None] | None = None
 
     def use_policy(self, policy: Policy, stored: PolicyVersion) -> None:
         """Serve a new policy version from the next request on.
@@ -250,27 +254,23 @@ class Gateway:
     def _restored(self, backend: BackendState) -> None:
         self.admission.dispatch(self.fleet.pools[backend.pool])
 
-    def check_database(self) -> bool:
+    def check_database(self, *, quiet: bool = False) -> bool:
         """Return whether the request-records table is reachable."""
         try:
             with self.engine.connect() as conn:
                 conn.execute(sa.select(request_records.c.id).limit(1))
         except sa.exc.SQLAlchemyError as exc:
-            log.error(
-                "the database at DATABASE_URL is not usable (%s); run `gateway db upgrade`",
-                type(exc).__name__,
-            )
+            if not quiet:
+                log.error(
+                    "the database at DATABASE_URL is not usable (%s); run `gateway db upgrade`"
+                    " (checking again every %g s)",
+                    type(exc).__name__,
+                    DATABASE_RECHECK_S,
+                )
             return False
         return True
 
     async def start(self) -> None:
-        self.database_ok = self.check_database()
-        versioned = self.database_ok and await self._seed_policy()
-        if self.database_ok:
-            stored = store.load_latest(self.engine, self.policy)
-            if stored is not None:
-                self._use_model(stored)
-                self.metrics.model_version.set(stored.version)
         if self.shared is not None:
             await self.shared.start()
         self.admission.start()
@@ -281,17 +281,42 @@ class Gateway:
         await self.meter.start()
         self.health.start()
         self.learner.start()
-        if self.reports is not None and self.database_ok:
+        if not await self._use_database(quiet=False):
+            # Serve now from the policy file; once the database is there (migrated, reachable),
+            # start what needs it and become ready.
+            self._database_wait = asyncio.create_task(self._wait_for_database())
+
+    async def _wait_for_database(self) -> None:
+        while True:
+            await asyncio.sleep(DATABASE_RECHECK_S)
+            if await self._use_database(quiet=True):
+                log.info("the database at DATABASE_URL is usable now")
+                return
+
+    async def _use_database(self, *, quiet: bool) -> bool:
+        """Start the parts that need the database, if it is usable; say whether it is."""
+        if not await asyncio.to_thread(self.check_database, quiet=quiet):
+            return False
+        self.database_ok = True
+        versioned = await self._seed_policy()
+        stored = await asyncio.to_thread(store.load_latest, self.engine, self.policy)
+        if stored is not None:
+            self._use_model(stored)
+            self.metrics.model_version.set(stored.version)
+        if self.reports is not None:
             self.reports.start()
-        if self.database_ok:
-            self.retention.start()
+        self.retention.start()
         if versioned:
             self.policy_watcher.start()
             self.rollouts.start()
             if self.settings.watch_policy:
                 self.policy_file.start()
+        return True
 
     async def stop(self) -> None:
+        if self._database_wait is not None:
+            self._database_wait.cancel()
+            await asyncio.gather(self._database_wait, return_exceptions=True)
         if self.reports is not None:
             await self.reports.stop()
         await self.retention.stop()
