@@ -162,7 +162,8 @@ class Admission:
         waiter = Waiter(future, kv_bytes)
         pool.waiters.append(waiter)
         if self.leases is not None:
-            self._announce_waiting([pool])
+            if len(pool.waiters) == 1:  # the first raises the flag; refreshes keep it up
+                self._announce_waiting([pool])
             self.dispatch(pool)  # another backend of the pool may have a slot by now
         try:
             await asyncio.wait((future,), timeout=timeout_s)
