@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Coroutine, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gateway.errors import NoCapacity, SharedStateUnavailable
 from gateway.leases import Leases, Occupancy, Place
-from gateway.periodic import Periodic
+from gateway.periodic import Periodic, Tasks
 from gateway.routing.fleet import BackendState, Fleet, PoolState, Waiter
 
 if TYPE_CHECKING:
@@ -52,7 +52,7 @@ class Admission:
         self.fleet = fleet
         self.leases = leases
         self._dispatching: set[str] = set()
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = Tasks()
         self.periodic = Periodic("slot-view", refresh_s, self.refresh)
         if leases is not None:
             leases.shared.on("freed", self._freed)
@@ -117,7 +117,7 @@ class Admission:
         if self.leases is not None:
             if pool.name not in self._dispatching:
                 self._dispatching.add(pool.name)
-                self._spawn(self._dispatch_shared(pool))
+                self._tasks.spawn(self._dispatch_shared(pool))
             return
         while pool.waiters:
             waiter = pool.waiters[0]
@@ -191,12 +191,18 @@ class Admission:
         backend.kv_elsewhere = max(0.0, seen.weight - kv_mine)
 
     def _local_view(self, backend: BackendState) -> None:
-        """Assume the other replicas hold all but this replica's share of the backend."""
+        """Assume the others hold all but this replica's share, or what they last held if more.
+
+        The others cannot take more while Redis is out, but those above their share when it
+        went away keep what they had until their requests end.
+        """
         assert self.leases is not None
         replicas = self.leases.shared.replicas
-        backend.elsewhere = backend.slots - backend.slots // replicas
+        backend.elsewhere = max(backend.elsewhere, backend.slots - backend.slots // replicas)
         if math.isfinite(backend.kv_capacity):
-            backend.kv_elsewhere = backend.kv_capacity * (1 - 1 / replicas)
+            backend.kv_elsewhere = max(
+                backend.kv_elsewhere, backend.kv_capacity * (1 - 1 / replicas)
+            )
 
     async def refresh(self) -> None:
         """Refresh the view of every backend; wake waiters of pools that have room now."""
@@ -248,17 +254,10 @@ class Admission:
         if pool.waiters:
             self.dispatch(pool)
 
-    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.ensure_future(work)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
     def start(self) -> None:
         if self.leases is not None:
             self.periodic.start()
 
     async def stop(self) -> None:
         await self.periodic.stop()
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._tasks.cancel()

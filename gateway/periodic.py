@@ -1,10 +1,11 @@
-"""Periodic work: a background task that runs one round every interval until stopped."""
+"""Background work: a task that runs one round every interval, and one-off tasks."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -51,3 +52,28 @@ class Periodic:
             await self._work()
         except Exception:
             log.exception("%s: a round failed; the next one runs as usual", self.name)
+
+
+class Tasks:
+    """One-off background tasks, kept referenced until they end (asyncio holds only weak ones)."""
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def spawn(self, work: Coroutine[Any, Any, Any], name: str | None = None) -> None:
+        task = asyncio.create_task(work, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def finish(self, timeout_s: float) -> None:
+        """Let the tasks running now end, for up to timeout_s; cancel what is left."""
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=timeout_s)
+        await self.cancel()
+
+    async def cancel(self) -> None:
+        """Cancel every task and wait for them to end."""
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from gateway import credentials, policystore
 from gateway.errors import PolicyError, PolicyStoreUnavailable
 from gateway.metrics import GatewayMetrics
-from gateway.periodic import Periodic
+from gateway.periodic import Periodic, Tasks
 from gateway.policy import Policy, content_hash, parse_policy
 from gateway.policystore import PolicyVersion
 
@@ -49,7 +49,7 @@ class PolicyWatcher:
         self._announce = announce
         self._refused: int | None = None
         self._lock = asyncio.Lock()
-        self._nudged: set[asyncio.Task[None]] = set()
+        self._nudged = Tasks()
         self.periodic = Periodic("policy-watcher", interval_s, self._poll)
 
     async def sync(self, *, announce: bool = True) -> int:
@@ -86,15 +86,11 @@ class PolicyWatcher:
 
     async def stop(self) -> None:
         await self.periodic.stop()
-        for task in list(self._nudged):
-            task.cancel()
-        await asyncio.gather(*self._nudged, return_exceptions=True)
+        await self._nudged.cancel()
 
     def nudge(self) -> None:
         """Sync now, in the background: another replica changed the active version."""
-        task = asyncio.create_task(self._poll(), name="policy-sync")
-        self._nudged.add(task)
-        task.add_done_callback(self._nudged.discard)
+        self._nudged.spawn(self._poll(), name="policy-sync")
 
     async def _poll(self) -> None:
         try:

@@ -43,7 +43,7 @@ from redis.exceptions import RedisError
 
 from gateway.errors import SharedStateUnavailable
 from gateway.metrics import GatewayMetrics
-from gateway.periodic import Periodic
+from gateway.periodic import Periodic, Tasks
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +119,7 @@ class SharedState:
         self._heartbeat = self.redis.register_script(HEARTBEAT)
         self.periodic = Periodic("shared-state", max(lease_s / 4, 0.05), self.beat)
         self._listener: asyncio.Task[None] | None = None
-        self._background: set[asyncio.Task[Any]] = set()
+        self._background = Tasks()
 
     def key(self, *parts: str) -> str:
         return ":".join((self.prefix, *parts))
@@ -158,9 +158,7 @@ class SharedState:
 
     def spawn(self, work: Awaitable[Any]) -> None:
         """Run a Redis write in the background (a release, a notice): never on the request path."""
-        task = asyncio.ensure_future(self._quietly(work))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        self._background.spawn(self._quietly(work))
 
     async def _quietly(self, work: Awaitable[Any]) -> None:
         # A failure is already logged and counted; leases lapse and state is rebuilt on rejoin.
@@ -282,8 +280,7 @@ class SharedState:
         if self._listener is not None:
             self._listener.cancel()
             await asyncio.gather(self._listener, return_exceptions=True)
-        if self._background:
-            await asyncio.wait(self._background, timeout=2)
+        await self._background.finish(timeout_s=2)
         if self.up:
             with contextlib.suppress(SharedStateUnavailable):
                 await self.call(lambda r: r.zrem(self.key("replicas"), self.replica))

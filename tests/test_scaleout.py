@@ -153,7 +153,9 @@ def test_a_replica_killed_mid_request_leaks_no_slot(
         while leases_in_redis(redis_url, redis_prefix) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert leases_in_redis(redis_url, redis_prefix) == 0
-        assert b.readiness()["shared_state"]["replicas"] == 1
+        while b.readiness()["shared_state"]["replicas"] != 1:  # a's registration lapses too
+            assert time.monotonic() < deadline, "b still counts the dead replica"
+            time.sleep(0.05)
     assert waited < 10  # the 2 s lease, not the requests' own timeout
     assert asic.metric("sim_peak_inflight_requests") == SLOTS
 
@@ -202,8 +204,10 @@ def test_redis_stopped_and_restarted_mid_load_fails_no_request(
     assert all(r["shared_state"]["mode"] == "shared" for r in after)
     assert metric_value(metrics, "gateway_shared_state_outages_total") == 1
     assert metric_value(metrics, "gateway_shared_state_up") == 1
-    # Cut off from Redis, each replica used at most its half of the slots.
-    assert asic.metric("sim_peak_inflight_requests") <= SLOTS
+    # Cut off from Redis, each replica uses at most its half of what the other did not hold
+    # when last seen; what the other took in the last moment before (up to its half) is the
+    # most the backend can briefly hold beyond its slots.
+    assert asic.metric("sim_peak_inflight_requests") <= SLOTS + SLOTS // 2
 
 
 def test_a_policy_change_reaches_the_other_replica_within_a_second(
