@@ -54,6 +54,28 @@ def row_of(record: Any) -> dict[str, Any]:
     return {f.name: getattr(record, f.name) for f in fields(record)}
 
 
+class InsertStatement:
+    """A table's INSERT compiled once for an engine, taking rows of plain values as they are.
+
+    Rows go to the driver without SQLAlchemy's per-row parameter processing, which is half the
+    CPU of a batch insert; they hold only str, int, float, bool and None, which need none.
+    """
+
+    def __init__(self, table: sa.Table, engine: sa.Engine):
+        generated = table.autoincrement_column
+        self.columns = tuple(c.name for c in table.columns if c is not generated)
+        compiled = table.insert().compile(dialect=engine.dialect, column_keys=list(self.columns))
+        self.sql = str(compiled)
+        # Set for a positional paramstyle (SQLite's ?), empty for a named one (psycopg's).
+        self.positions = tuple(compiled.positiontup or ())
+
+    def params(self, rows: list[dict[str, Any]]) -> list[Any]:
+        """Return the rows as the driver takes them, a missing column as NULL."""
+        if self.positions:
+            return [tuple(row.get(k) for k in self.positions) for row in rows]
+        return [{k: row.get(k) for k in self.columns} for row in rows]
+
+
 class BatchWriter(Generic[T]):
     """Write records of one table in batches, every `flush_interval_s`, off the request path.
 
@@ -92,6 +114,7 @@ class BatchWriter(Generic[T]):
         self._spill_rows = 0
         self._replayed_to = 0  # offset in the spill file before which every row is written
         self._outage = False
+        self._statements: dict[str, InsertStatement] = {}
         name = table.name
         self._held_gauge = metrics.records_buffered.labels(name, "memory")
         self._spill_gauge = metrics.records_buffered.labels(name, "disk")
@@ -143,8 +166,12 @@ class BatchWriter(Generic[T]):
         await self.flush()
 
     def insert(self, table: sa.Table, rows: list[dict[str, Any]]) -> None:
+        """Insert rows into a table in one transaction."""
+        statement = self._statements.get(table.name)
+        if statement is None:
+            statement = self._statements[table.name] = InsertStatement(table, self._engine)
         with self._engine.begin() as conn:
-            conn.execute(table.insert(), rows)
+            conn.exec_driver_sql(statement.sql, statement.params(rows))
 
     async def _run(self) -> None:
         while not self._stopping.is_set():
