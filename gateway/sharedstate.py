@@ -217,9 +217,9 @@ class SharedState:
         Requests keep using local state until every reset has run, so none is admitted
         against a Redis that does not yet know what this replica holds.
         """
-        rejoining = self.boot is not None
+        outage, lost_data = self._reported, self.boot is not None and boot != self.boot
         self.up, self._joining = False, True
-        if self._reported:
+        if outage:
             # Connections pooled before the outage point at a server that is gone.
             await self.redis.connection_pool.disconnect()
         try:
@@ -231,8 +231,12 @@ class SharedState:
             self._joining = False
         self.boot, self.up, self._reported = boot, True, False
         self.metrics.shared_state_up.set(1)
-        if rejoining:
-            log.info("Redis at %s answers again: state is shared again", self.address)
+        if outage:
+            log.info("Redis at %s answers: state is shared again", self.address)
+        elif lost_data:
+            log.warning(
+                "Redis at %s had lost its data: registered this replica's again", self.address
+            )
         self._listen()
         return True
 
