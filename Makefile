@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: run report test install lint typecheck unit wrk clean
+.PHONY: run report test install lint typecheck unit tools clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -31,14 +31,18 @@ lint: install
 typecheck: install
 	$(VENV)/bin/mypy
 
-## Best effort: tests/test_performance.py needs wrk (Debian package) and skips without it.
-wrk:
-	-@command -v wrk >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
-	  && { apt-get install -y -qq wrk >/dev/null 2>&1 \
-	       || { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq wrk >/dev/null 2>&1; }; }; } \
-	  || echo "wrk is not installed: tests/test_performance.py will skip"
+# Best effort, as root with apt-get: Debian packages some tests need, which skip without them
+# (wrk: tests/test_performance.py; chromium: the report's rendering in tests/report).
+DEBIAN_TOOLS := wrk:wrk chromium:chromium
 
-unit: install wrk
+tools:
+	-@for entry in $(DEBIAN_TOOLS); do command=$${entry%%:*}; package=$${entry#*:}; \
+	  command -v $$command >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
+	    && { apt-get install -y -qq $$package >/dev/null 2>&1 \
+	         || { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq $$package >/dev/null 2>&1; }; }; } \
+	  || echo "$$package is not installed: the tests that need it will skip"; done
+
+unit: install tools
 	$(PY) -m pytest
 
 clean:
