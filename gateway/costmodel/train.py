@@ -91,13 +91,15 @@ def train(
     for (pool, model), group in groups.items():
         slots = policy.pools[pool].slots_per_backend
         residuals: dict[str, Residual] = {}
+        # Once per observation, not once per target: these loops are most of a retraining.
+        priors = [_priors(prior, o) for o in group]
+        phis = [features(o.prompt_tokens, o.completion_tokens, o.concurrent, slots) for o in group]
         for target in TARGETS:
             rows = []
-            for o in group:
-                y, base = _observed(o, target), _priors(prior, o)[target]
-                if y is not None and base:
-                    phi = features(o.prompt_tokens, o.completion_tokens, o.concurrent, slots)
-                    rows.append((phi, y, base))
+            for o, base, phi in zip(group, priors, phis, strict=True):
+                y, b = _observed(o, target), base[target]
+                if y is not None and b:
+                    rows.append((phi, y, b))
             score, residual = _fit(rows)
             scores.setdefault(pool, {}).setdefault(model, {})[target] = score
             if residual is not None:
