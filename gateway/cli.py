@@ -43,6 +43,9 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
         http="httptools",
         log_level=settings.log_level,
         access_log=False,
+        # The gateway reads no client address, so X-Forwarded-* rewriting is a layer of
+        # middleware on every request for nothing.
+        proxy_headers=False,
         lifespan="on",
         timeout_graceful_shutdown=math.ceil(settings.drain_timeout_s),
     )
