@@ -179,7 +179,7 @@ class Forwarder:
             return slot
         finally:
             ex.queue_s = self.clock() - waited
-            self.metrics.queue_wait.labels(pool.name).observe(ex.queue_s)
+            self.metrics.child(self.metrics.queue_wait, pool.name).observe(ex.queue_s)
 
     async def _take_any(
         self, ex: Exchange, policy: Policy, fleet: Fleet, exclude: frozenset[str]
@@ -244,7 +244,7 @@ class Forwarder:
                 if retry is None:
                     ex.backend = None
                     raise
-                self.metrics.retries.labels(backend.pool).inc()
+                self.metrics.child(self.metrics.retries, backend.pool).inc()
                 ex.fallback_reason = "upstream_failure"
                 slot = retry
             except BaseException:

@@ -16,7 +16,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import aiohttp
-from prometheus_client import Counter
 
 from gateway.energy import BackendLedger, Span, read_counter_j
 from gateway.metrics import GatewayMetrics
@@ -78,7 +77,6 @@ class EnergyMeter:
         self._ledgers: dict[str, BackendLedger] = {}
         self._failures: dict[str, int] = {}
         self._pending: dict[str, _Pending] = {}
-        self._series: dict[str, tuple[Counter, Counter]] = {}
         self._task: asyncio.Task[None] | None = None
 
     def _pool(self, backend: BackendState) -> Pool | None:
@@ -147,19 +145,11 @@ class EnergyMeter:
             return
         pool = self._pool(pending.backend)
         cost = cost_usd(pool, span.energy_j, span.device_s) if pool else None
-        energy, spent = self._pool_series(pending.backend.pool)
-        energy.inc(span.energy_j)
+        m, pool_name = self._metrics, pending.backend.pool
+        m.child(m.energy, pool_name).inc(span.energy_j)
         if cost is not None:
-            spent.inc(cost)
+            m.child(m.cost, pool_name).inc(cost)
         pending.deliver(span.energy_j, cost, False)
-
-    def _pool_series(self, pool: str) -> tuple[Counter, Counter]:
-        """Return the pool's energy and cost counters, looked up once: labels() costs more."""
-        series = self._series.get(pool)
-        if series is None:
-            m = self._metrics
-            series = self._series[pool] = (m.energy.labels(pool), m.cost.labels(pool))
-        return series
 
     async def scrape_once(self) -> None:
         """Read every metered backend's energy counter and release the records now known."""

@@ -8,6 +8,7 @@ gauges are read from the live state at scrape time, so the request path never up
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
@@ -55,6 +56,7 @@ class GatewayMetrics:
 
     def __init__(self, registry: CollectorRegistry | None = None):
         self.registry = registry if registry is not None else CollectorRegistry()
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         r = self.registry
         rpm = ["route", "pool", "model"]
         self.requests = Counter(
@@ -368,6 +370,18 @@ class GatewayMetrics:
             namespace=NAMESPACE,
             registry=r,
         )
+
+    def child(self, metric: Any, *labels: str) -> Any:
+        """Return a metric's labelled series, looked up once per label set.
+
+        prometheus_client's labels() validates and locks on every call, which costs more than
+        the update itself; the request path asks here instead.
+        """
+        key = (id(metric), labels)
+        series = self._children.get(key)
+        if series is None:
+            series = self._children[key] = metric.labels(*labels)
+        return series
 
     def watch(self, fleet: Callable[[], Fleet]) -> None:
         """Export the fleet's slot and health gauges."""

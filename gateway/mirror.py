@@ -300,7 +300,7 @@ class Mirror:
             self._pending_bytes += job.size
 
     def _drop(self, route: str, candidate: str, kind: str, reason: str) -> None:
-        self.metrics.shadow_dropped.labels(route, candidate, kind, reason).inc()
+        self.metrics.child(self.metrics.shadow_dropped, route, candidate, kind, reason).inc()
         self.writer.count_drop(route, candidate, kind, reason)
 
     def start(self) -> None:
@@ -376,7 +376,7 @@ class Mirror:
             return
         self._in_flight[key] += 1
         self._pool_in_flight[candidate] += 1
-        self.metrics.shadow_sent.labels(*key).inc()
+        self.metrics.child(self.metrics.shadow_sent, *key).inc()
         # Copies draw power too: they get their own span, so primaries are not charged for them.
         span = f"{job.decision_id}:{plan.kind}:{backend.name}"
         started = self._clock()
@@ -516,17 +516,17 @@ class Mirror:
     def _observe(self, labels: tuple[str, str, str], outcome: CandidateOutcome, diff: Diff) -> None:
         m = self.metrics
         if outcome.error is not None:
-            m.shadow_failed.labels(*labels, outcome.error).inc()
+            m.child(m.shadow_failed, *labels, outcome.error).inc()
             return
-        m.shadow_duration.labels(*labels).observe(outcome.e2e_s)
+        m.child(m.shadow_duration, *labels).observe(outcome.e2e_s)
         if diff.exact_match is None:
             return
-        m.shadow_compared.labels(*labels).inc()
+        m.child(m.shadow_compared, *labels).inc()
         # Added even when zero: a match rate with no numerator series shows no data, not 0 %.
-        m.shadow_exact_matches.labels(*labels).inc(1 if diff.exact_match else 0)
-        m.shadow_normalized_matches.labels(*labels).inc(1 if diff.normalized_match else 0)
+        m.child(m.shadow_exact_matches, *labels).inc(1 if diff.exact_match else 0)
+        m.child(m.shadow_normalized_matches, *labels).inc(1 if diff.normalized_match else 0)
         if diff.similarity is not None:
-            m.shadow_similarity.labels(*labels).observe(diff.similarity)
+            m.child(m.shadow_similarity, *labels).observe(diff.similarity)
 
 
 def _clip(text: str | None) -> str | None:

@@ -46,19 +46,10 @@ class Telemetry:
         self.meter = meter
         self.estimator = estimator
         self.outputs = outputs
-        # Labelled children looked up once per label set: labels() costs more than the update.
-        self._request_series: dict[tuple[str, str, str, int], Any] = {}
+        # The series every answered request updates, grouped so that one lookup finds them.
         self._served_series: dict[tuple[str, str, str], _Served] = {}
+        # Both of a label set's SLO series at once: "missed" reads 0, not no data, until one is.
         self._slo_series: dict[tuple[str, str, str], tuple[Any, Any]] = {}
-
-    def _requests(self, route: str, pool: str, model: str, status: int) -> Any:
-        key = (route, pool, model, status)
-        child = self._request_series.get(key)
-        if child is None:
-            child = self._request_series[key] = self.metrics.requests.labels(
-                route, pool, model, str(status)
-            )
-        return child
 
     def _served(self, route: str, pool: str, model: str) -> _Served:
         key = (route, pool, model)
@@ -103,15 +94,15 @@ class Telemetry:
         ):
             tpot = (ex.last_token_s - ex.started - ex.ttft_s) / (ex.completion_tokens - 1)
         overhead = max(e2e - ex.queue_s - ex.upstream_s, 0.0)
-        self._requests(route, pool, model, ex.status).inc()
+        m.child(m.requests, route, pool, model, str(ex.status)).inc()
         if ex.error is not None:
-            m.errors.labels(route, pool, model, ex.error).inc()
+            m.child(m.errors, route, pool, model, ex.error).inc()
         if ex.decision is not None and ex.decision.slo_unmeetable:
-            m.slo_unmeetable.labels(route).inc()
+            m.child(m.slo_unmeetable, route).inc()
         if ex.fallback_reason is not None and pool:
-            m.fallbacks.labels(route, ex.first_pool or "", pool, ex.fallback_reason).inc()
+            m.child(m.fallbacks, route, ex.first_pool or "", pool, ex.fallback_reason).inc()
         if profile is not None:
-            m.overhead.labels(route).observe(overhead)
+            m.child(m.overhead, route).observe(overhead)
         if pool and ex.status == 200:
             series = self._served(route, pool, model)
             series.duration.observe(e2e)
