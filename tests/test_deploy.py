@@ -52,6 +52,29 @@ def test_gateway_environment_uses_only_real_settings(compose: dict) -> None:
     assert "${GATEWAY_ADMIN_TOKEN:?" in env["GATEWAY_ADMIN_TOKEN"]  # no placeholder secret
 
 
+def test_the_load_balancer_waits_for_replicas_that_answer_readiness(compose: dict) -> None:
+    from gateway.app import create_app
+    from gateway.settings import Settings
+
+    ops = create_app(Settings()).ops.routes
+    paths = {getattr(route, "path", None) for route in ops}
+    port = compose["services"]["gateway-1"]["environment"]["GATEWAY_PORT"]
+    for name in ("gateway-1", "gateway-2"):
+        check = " ".join(compose["services"][name]["healthcheck"]["test"])
+        url = re.search(r"http://127\.0\.0\.1:(\d+)(/\w+)", check)
+        assert url is not None and url.group(1) == port and url.group(2) in paths
+        assert url.group(2) == "/readyz"
+        assert compose["services"]["lb"]["depends_on"][name] == {"condition": "service_healthy"}
+
+
+def test_compose_mounts_only_files_the_repository_has(compose: dict) -> None:
+    for name, service in compose["services"].items():
+        for volume in service.get("volumes", []):
+            source = volume.split(":", 1)[0]
+            if source.startswith("./"):
+                assert (ROOT / source).exists(), f"{name} mounts {source}, which is missing"
+
+
 def test_compose_policy_is_the_default_fleet_on_simulator_services(compose: dict) -> None:
     env = compose["services"]["gateway-1"]["environment"]
     path = ROOT / env["GATEWAY_POLICY"].removeprefix("/app/")
