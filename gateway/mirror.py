@@ -12,6 +12,9 @@ On the request path nothing waits:
 A fixed number of worker tasks then send the copies. Each copy takes a slot of the candidate
 backend from the same admission that primaries use, so slot accounting stays true, but it never
 waits for one: past the target's concurrency or slot share, or with no free slot, it is dropped.
+With shared state (REDIS_URL) a target's budget is the fleet's, not each replica's: the rate
+is a token bucket in Redis, and `max_concurrent` and `max_slot_share` are places taken in Redis
+with the copy's slot (`gateway/leases.py`); while Redis is out, each replica keeps its share.
 Copies carry `x-gateway-shadow: 1`, run under their SLO class's timeout, are never retried and
 never fall back; they are compared with the primary's answer here, in the worker, and become
 shadow records. A hanging candidate can hold at most its `max_concurrent` workers and slots,

@@ -266,3 +266,28 @@ def test_slot_place_weighs_kv_memory_only_when_the_backend_has_a_limit() -> None
     assert place.limit == backend.slots and place.weight_limit == backend.kv_capacity
     backend.kv_capacity = float("inf")
     assert slot_place(backend).weight_limit == -1
+
+
+def test_a_shadow_budgets_places_are_fleet_wide(redis_url: str, redis_prefix: str) -> None:
+    # A shadow target's max_concurrent of 1 holds across replicas: the place goes with the slot.
+    from gateway.leases import Place
+
+    async def scenario() -> tuple[int, int]:
+        async with (
+            replica(redis_url, redis_prefix) as a,
+            replica(redis_url, redis_prefix) as b,
+        ):
+            budget = [Place("shadow:chat:asic:candidate", 1)]
+            first = await a.admission.take(a.asic, 0.0, budget)
+            second = await b.admission.take(b.asic, 0.0, budget)
+            assert first is not None
+            a.admission.release(first)
+            await asyncio.sleep(0.1)  # the give-back is sent in the background
+            third = await b.admission.take(b.asic, 0.0, budget)
+            assert third is not None
+            b.admission.release(third)
+            return int(second is None), int(b.asic.in_flight)
+
+    refused, left = asyncio.run(scenario())
+    assert refused == 1  # b had free slots, but the target's one place was a's
+    assert left == 0
