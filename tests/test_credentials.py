@@ -135,7 +135,14 @@ def test_the_key_reaches_every_call_to_a_backend_that_requires_it(
         "name": "chat",
         "match": {"models": [MODEL]},
         "pools": ["asic", "gpu"],
-        "shadow": [{"pool": "cim", "sample_rate": 1.0}],
+        # Room for every copy at once: on a busy machine they overlap, and none may be dropped.
+        "shadow": [
+            {
+                "pool": "cim",
+                "sample_rate": 1.0,
+                "budget": {"max_concurrent": 8, "max_slot_share": 1.0},
+            }
+        ],
     }
     embed = {"name": "embed", "match": {"models": [EMBED]}, "pools": ["gpu"]}
     policy = keyed(
