@@ -8,6 +8,7 @@ is stored and the last good version keeps serving.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections import deque
@@ -17,7 +18,7 @@ import sqlalchemy as sa
 
 from gateway.costmodel import store
 from gateway.costmodel.model import CostModel
-from gateway.costmodel.train import Observation, observations_from_rows, train
+from gateway.costmodel.train import Observation, observation, train
 from gateway.metrics import GatewayMetrics
 from gateway.periodic import Periodic
 from gateway.policy import Policy
@@ -56,17 +57,18 @@ class Learner:
 
     def observe(self, record: RequestRecord) -> None:
         """Learn from a finished request's record."""
-        for observation in observations_from_rows([record.row()]):
-            self._observations.append(observation)
-            self._new += 1
-            if record.predicted_e2e_ms and record.e2e_ms and record.pool:
-                self._metrics.prediction_ratio.labels(record.pool, "e2e").observe(
-                    record.e2e_ms / record.predicted_e2e_ms
-                )
-            if record.predicted_energy_j and observation.energy_j and record.pool:
-                self._metrics.prediction_ratio.labels(record.pool, "energy").observe(
-                    observation.energy_j / record.predicted_energy_j
-                )
+        seen = observation(functools.partial(getattr, record))
+        if seen is None:
+            return
+        self._observations.append(seen)
+        self._new += 1
+        m = self._metrics
+        if record.predicted_e2e_ms and record.e2e_ms:
+            ratio = record.e2e_ms / record.predicted_e2e_ms
+            m.child(m.prediction_ratio, seen.pool, "e2e").observe(ratio)
+        if record.predicted_energy_j and seen.energy_j:
+            ratio = seen.energy_j / record.predicted_energy_j
+            m.child(m.prediction_ratio, seen.pool, "energy").observe(ratio)
 
     def due(self) -> bool:
         if self._training or self._new == 0:

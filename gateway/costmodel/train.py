@@ -14,8 +14,9 @@ scikit-learn (~120 MiB resident) out of the serving process.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -151,27 +152,26 @@ def _recency(n: int) -> np.ndarray:
     return np.asarray(0.5 ** (np.arange(n)[::-1] / HALF_LIFE))
 
 
-def observations_from_rows(rows: Iterable[dict[str, object]]) -> list[Observation]:
+def observations_from_rows(rows: Iterable[Mapping[str, Any]]) -> list[Observation]:
     """Turn request-record rows into observations (successful, measured requests only)."""
-    out = []
-    for r in rows:
-        if r.get("status") != 200 or not r.get("pool") or not r.get("e2e_ms"):
-            continue
-        queue_s = float(r.get("queue_ms") or 0.0) / 1e3  # type: ignore[arg-type]
-        ttft = r.get("ttft_ms")
-        tpot = r.get("tpot_ms")
-        energy = None if r.get("energy_estimated") else r.get("energy_j")
-        out.append(
-            Observation(
-                pool=str(r["pool"]),
-                model=str(r["model"]),
-                prompt_tokens=int(r.get("prompt_tokens") or 0),  # type: ignore[call-overload]
-                completion_tokens=int(r.get("completion_tokens") or 0),  # type: ignore[call-overload]
-                concurrent=int(r.get("concurrent") or 1),  # type: ignore[call-overload]
-                ttft_s=None if ttft is None else float(ttft) / 1e3 - queue_s,  # type: ignore[arg-type]
-                tpot_s=None if tpot is None else float(tpot) / 1e3,  # type: ignore[arg-type]
-                e2e_s=float(r["e2e_ms"]) / 1e3 - queue_s,  # type: ignore[arg-type]
-                energy_j=None if energy is None else float(energy),  # type: ignore[arg-type]
-            )
-        )
-    return out
+    return [o for o in (observation(r.get) for r in rows) if o is not None]
+
+
+def observation(field: Callable[[str], Any]) -> Observation | None:
+    """Read one request record, a field at a time; None unless it is a measured success."""
+    if field("status") != 200 or not field("pool") or not field("e2e_ms"):
+        return None
+    queue_s = float(field("queue_ms") or 0.0) / 1e3
+    ttft, tpot = field("ttft_ms"), field("tpot_ms")
+    energy = None if field("energy_estimated") else field("energy_j")
+    return Observation(
+        pool=str(field("pool")),
+        model=str(field("model")),
+        prompt_tokens=int(field("prompt_tokens") or 0),
+        completion_tokens=int(field("completion_tokens") or 0),
+        concurrent=int(field("concurrent") or 1),
+        ttft_s=None if ttft is None else float(ttft) / 1e3 - queue_s,
+        tpot_s=None if tpot is None else float(tpot) / 1e3,
+        e2e_s=float(field("e2e_ms")) / 1e3 - queue_s,
+        energy_j=None if energy is None else float(energy),
+    )
