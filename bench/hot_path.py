@@ -17,7 +17,8 @@ non-streaming and streaming chat at 1, 8 and 64 connections. Paths:
 - litellm: LiteLLM's proxy (`litellm[proxy]==1.93.0` in its own virtual environment, created
   on first use in bench/.litellm-venv), one worker, no database, access log off.
 
-Reports requests per second, p50/p99 latency, the latency added over direct, and each server's
+Reports requests per second, p50/p99 latency, the latency added over direct, the server's CPU
+time per request (steadier than throughput on a busy machine), and each server's
 peak resident memory (VmHWM), as a table, the ratios against issue #10's targets, and JSON.
 """
 
@@ -141,6 +142,16 @@ def process_tree(pid: int) -> list[int]:
                 pids += [int(p) for p in task.read_text().split()]
         i += 1
     return pids
+
+
+def cpu_s(pid: int) -> float:
+    """Return the CPU time (user + system) a process and its children have used, in seconds."""
+    total = 0
+    for p in process_tree(pid):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime: every thread's
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def memory_mib(pid: int, field: str) -> float:
@@ -316,7 +327,11 @@ def measure_path(
     for mode in args.modes:
         row[mode] = {}
         for connections in args.connections:
+            used = cpu_s(pid)
             point = wrk(url, connections, args.seconds, scripts[mode])
+            # CPU per request moves far less than throughput when the machine is not quiet.
+            served = point["rps"] * args.seconds
+            point["cpu_us_per_req"] = round((cpu_s(pid) - used) * 1e6 / served) if served else 0
             row[mode][str(connections)] = point
             print(
                 f"  {name:17} {mode:6} {connections:>3} conns: {point['rps']:>9.0f} req/s  "
@@ -449,7 +464,7 @@ def targets(results: dict[str, Any]) -> list[tuple[str, str, bool]]:
 def print_report(results: dict[str, Any]) -> None:
     print(
         f"\n{'path':17} {'mode':6} {'conns':>5} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} "
-        f"{'+p50 ms':>8} {'+p99 ms':>8} {'peak RSS MiB':>12}"
+        f"{'+p50 ms':>8} {'+p99 ms':>8} {'CPU us/req':>10} {'peak RSS MiB':>12}"
     )
     for name, row in results["paths"].items():
         for mode in MODES:
@@ -458,7 +473,8 @@ def print_report(results: dict[str, Any]) -> None:
                 added99 = f"{p['added_p99_ms']:.3f}" if "added_p99_ms" in p else "-"
                 print(
                     f"{name:17} {mode:6} {conns:>5} {p['rps']:>9.0f} {p['p50_ms']:>8.3f} "
-                    f"{p['p99_ms']:>8.3f} {added50:>8} {added99:>8} {row['peak_rss_mib']:>12}"
+                    f"{p['p99_ms']:>8.3f} {added50:>8} {added99:>8} {p['cpu_us_per_req']:>10} "
+                    f"{row['peak_rss_mib']:>12}"
                 )
     print("\nratios (throughput, same run):")
     for label, value in results["ratios"].items():
