@@ -90,6 +90,9 @@ class Admission:
         except SharedStateUnavailable:
             self._local_view(backend)  # Redis failed mid-take: this replica's share decides
             taken = not backend.overcommitted()
+        except BaseException:
+            self.release(slot)  # cancelled while asking Redis: the slot must still come back
+            raise
         else:
             self._saw(backend, seen[0], exclude=slot)
         if taken:

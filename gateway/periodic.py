@@ -46,6 +46,11 @@ class Periodic:
         while True:
             await asyncio.sleep(self.interval_s)
             await self._round()
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                # Stopped mid-round, and the round's library (a timeout around a network call)
+                # turned the cancellation into an error of its own: stop all the same.
+                raise asyncio.CancelledError
 
     async def _round(self) -> None:
         try:
