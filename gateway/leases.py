@@ -139,7 +139,7 @@ class Leases:
         args: list[bytes | str | int | float] = [shared.boot or b"", lease, shared.lease_ms]
         for place in places:
             args += [place.limit, place.weight_limit]
-        out = await shared.call(lambda _: self._take(keys=keys, args=args))
+        out = await shared.run(self._take, keys, args)
         if out[0] == -1:
             shared.lost("Redis lost its data since this replica joined")
             raise SharedStateUnavailable("Redis lost its data since this replica joined")
@@ -162,11 +162,7 @@ class Leases:
         shared = self.shared
         flag = shared.key("waiting", waiting) if waiting else ""
         notice = shared.notice("freed", pool=waiting, **freed)
-        shared.spawn(
-            shared.call(
-                lambda _: self._give_back(keys=[flag, *sets], args=[lease, shared.channel, notice])
-            )
-        )
+        shared.spawn(shared.run(self._give_back, [flag, *sets], [lease, shared.channel, notice]))
 
     async def register(self) -> None:
         """Register every held lease again (on joining: Redis may have restarted empty)."""
@@ -183,12 +179,10 @@ class Leases:
             keys += sets
             ids += [lease] * len(sets)
         if keys:
-            await self.shared.call(
-                lambda _: self._renew(keys=keys, args=[self.shared.lease_ms, mode, *ids])
-            )
+            await self.shared.run(self._renew, keys, [self.shared.lease_ms, mode, *ids])
 
     async def occupancy(self, names: Sequence[str]) -> list[Occupancy]:
         """Return how full each capacity set is now, every replica's places included."""
         keys = [self.shared.key("lease", n) for n in names]
-        out = await self.shared.call(lambda _: self._count(keys=keys))
+        out = await self.shared.run(self._count, keys, [])
         return [Occupancy(int(out[i]), float(out[i + 1])) for i in range(0, len(out), 2)]

@@ -108,7 +108,7 @@ class TokenBuckets:
             for d in draws:
                 args += [d.rate, d.capacity, min(d.cost, d.capacity)]
             try:
-                waited_ms = await shared.call(lambda _: spend(keys=keys, args=args))
+                waited_ms = await shared.run(spend, keys, args)
                 return int(waited_ms) / 1000
             except SharedStateUnavailable:
                 pass  # spend from this replica's share instead

@@ -291,3 +291,41 @@ def test_a_shadow_budgets_places_are_fleet_wide(redis_url: str, redis_prefix: st
     refused, left = asyncio.run(scenario())
     assert refused == 1  # b had free slots, but the target's one place was a's
     assert left == 0
+
+
+def test_a_take_cancelled_while_redis_answers_leaves_nothing_held(
+    redis_url: str, redis_prefix: str
+) -> None:
+    async def scenario() -> tuple[int, int]:
+        async with replica(redis_url, redis_prefix) as a:
+            task = asyncio.create_task(a.admission.take(a.asic))
+            await asyncio.sleep(0)  # the take is on its way to Redis
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await asyncio.sleep(0.2)  # the give-back, in the background
+            return a.asic.in_flight, lease_count(redis_url, redis_prefix, a.asic.url)
+
+    assert asyncio.run(scenario()) == (0, 0)
+
+
+def test_takes_in_one_turn_of_the_event_loop_share_a_round_trip(
+    redis_url: str, redis_prefix: str
+) -> None:
+    async def scenario() -> tuple[int, int]:
+        async with replica(redis_url, redis_prefix) as a:
+            sent: list[int] = []
+            execute = a.shared._execute
+
+            async def counting(calls):  # type: ignore[no-untyped-def]
+                sent.append(len(calls))
+                return await execute(calls)
+
+            a.shared._execute = counting  # type: ignore[method-assign]
+            slots = await asyncio.gather(*(a.admission.take(a.asic) for _ in range(SLOTS)))
+            for slot in slots:
+                assert slot is not None
+                a.admission.release(slot)
+            return sent[0], sum(s is not None for s in slots)
+
+    batch, held = asyncio.run(scenario())
+    assert batch == SLOTS and held == SLOTS
