@@ -14,6 +14,8 @@ non-streaming and streaming chat at 1, 8 and 64 connections. Paths:
   metering (the upstream's /metrics is not Prometheus text, so energy falls back to estimates)
   and a shadow-only pool sampled at 0%.
 - gateway-shadow10: the same with 10% of requests copied to the shadow pool.
+- gateway-redis (only when named in --paths): the gateway with REDIS_URL set (Redis on
+  127.0.0.1:6379, or GATEWAY_BENCH_REDIS_URL), so slots, ejections and budgets are shared.
 - litellm: LiteLLM's proxy (`litellm[proxy]==1.93.0` in its own virtual environment, created
   on first use in bench/.litellm-venv), one worker, no database, access log off.
 
@@ -50,6 +52,9 @@ MODEL = "llama-3.1-8b-instruct"
 SERVER_CORE, LOAD_CORE = 0, 1
 LITELLM_VERSION = "1.93.0"  # the orientation figures; never 1.82.7, 1.82.8 or 1.107.0
 PATHS = ("direct", "gateway", "gateway-shadow10", "litellm")
+# Run only when asked: the gateway with its slots, ejections and budgets shared through Redis.
+REDIS_PATH = "gateway-redis"
+REDIS_URL = os.environ.get("GATEWAY_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
 MODES = ("chat", "stream")
 CONNECTIONS = (1, 8, 64)
 
@@ -194,7 +199,9 @@ def bench_policy(upstream: str, shadow_rate: float) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def gateway(upstream: str, shadow_rate: float) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+def gateway(
+    upstream: str, shadow_rate: float, redis_url: str | None = None
+) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
     work = Path(tempfile.mkdtemp(prefix="hot-path-"))
     policy = work / "policy.yaml"
     policy.write_text(yaml.safe_dump(bench_policy(upstream, shadow_rate)))
@@ -206,6 +213,9 @@ def gateway(upstream: str, shadow_rate: float) -> Iterator[tuple[subprocess.Pope
     }
     env.pop("REDIS_URL", None)
     env.pop("GATEWAY_ADMIN_TOKEN", None)
+    if redis_url is not None:
+        env["REDIS_URL"] = redis_url
+        env["GATEWAY_REDIS_PREFIX"] = f"hot-path-{os.getpid()}"
     subprocess.run(
         [sys.executable, "-m", "gateway", "db", "upgrade"],
         cwd=ROOT,
@@ -372,6 +382,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     target: Any = direct(upstream, up.pid)
                 elif name == "litellm":
                     target = litellm(upstream, Path(args.litellm_venv))
+                elif name == REDIS_PATH:
+                    target = gateway(upstream, 0.0, REDIS_URL)
                 else:
                     target = gateway(upstream, 0.1 if name == "gateway-shadow10" else 0.0)
                 with target as (proc, base):
@@ -412,6 +424,7 @@ def add_comparisons(results: dict[str, Any]) -> None:
                 f"gateway/litellm {mode} @{conns}": ("gateway", "litellm"),
                 f"gateway/direct {mode} @{conns}": ("gateway", "direct"),
                 f"shadow10/shadow0 {mode} @{conns}": ("gateway-shadow10", "gateway"),
+                f"redis/local {mode} @{conns}": (REDIS_PATH, "gateway"),
             }
             for label, (a, b) in pairs.items():
                 num, den = rps(a, mode, conns), rps(b, mode, conns)
@@ -579,9 +592,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rate", type=int, default=500, help="py-spy samples per second")
     args = parser.parse_args(argv)
     args.paths = [p for p in args.paths.split(",") if p]
-    unknown = sorted(set(args.paths) - set(PATHS))
+    unknown = sorted(set(args.paths) - {*PATHS, REDIS_PATH})
     if unknown:
-        parser.error(f"unknown paths {unknown} (paths: {', '.join(PATHS)})")
+        parser.error(f"unknown paths {unknown} (paths: {', '.join((*PATHS, REDIS_PATH))})")
     args.modes = [m for m in args.modes.split(",") if m]
     args.connections = [int(c) for c in args.connections.split(",")]
     return args
