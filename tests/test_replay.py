@@ -19,10 +19,8 @@ from gateway.replay.strategies import ROUTED, STRATEGIES
 from gateway.replay.trace import TraceRequest, read_trace
 
 ROOT = Path(__file__).resolve().parent.parent
-TRACE = ROOT.parent / "shared" / "traces" / "azure_llm_2023_conv.csv"
+TRACE = ROOT / "tests" / "data" / "azure_llm_2023_conv_head.csv"  # tests/data/README.md
 SLICE = 300
-
-pytestmark = pytest.mark.skipif(not TRACE.exists(), reason=f"the shared trace {TRACE} is absent")
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 import sqlalchemy as sa
 import yaml
 
@@ -17,7 +16,7 @@ from gateway.db import make_engine, upgrade
 from gateway.records import request_records
 
 ROOT = Path(__file__).resolve().parent.parent
-TRACE = ROOT.parent / "shared" / "traces" / "azure_llm_2023_conv.csv"
+TRACE = ROOT / "tests" / "data" / "azure_llm_2023_conv_head.csv"  # tests/data/README.md
 
 
 def record_trace_slice(url: str, n: int) -> None:
@@ -47,7 +46,6 @@ def record_trace_slice(url: str, n: int) -> None:
     engine.dispose()
 
 
-@pytest.mark.skipif(not TRACE.exists(), reason="the shared trace is not beside the repository")
 def test_simulate_reports_the_change_a_proposed_policy_would_make(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'g.db'}"
     upgrade(url)
