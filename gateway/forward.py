@@ -227,7 +227,9 @@ class Forwarder:
                         raise UpstreamError(f"backend {backend.name} ended the stream at once")
                 else:
                     head = await self.upstream.read(backend, response)
-                self.outliers.success(backend)
+                    self.outliers.success(backend)
+                # A stream counts as a success only once it ends with [DONE] (_relay_stream):
+                # a backend that cuts its streams mid-answer must reach the ejection threshold.
                 return slot, response, head, chunks
             except UpstreamError:
                 if response is not None:
@@ -331,6 +333,7 @@ class Forwarder:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             if not tally.done:
                 raise UpstreamError(f"backend {backend.name} ended the stream without [DONE]")
+            self.outliers.success(backend)
         except UpstreamError as exc:
             self.outliers.failure(backend)
             ex.status, ex.error = exc.status, "stream_broken"

@@ -80,6 +80,25 @@ def test_stream_broken_mid_way_ends_with_an_error_not_a_short_answer(sims, tmp_p
     assert (record["status"], record["error"]) == (502, "stream_broken")
 
 
+def test_a_backend_that_cuts_its_streams_mid_answer_is_ejected(sims, tmp_path: Path) -> None:
+    # Each stream reaches its first byte, then breaks: only a [DONE] may count as a success.
+    sims.gpu[0].set_faults(drop_after_tokens=3)
+    policy = fleet_policy(sims.urls("gpu")[:1], sims.urls("asic"), sims.urls("cim"))
+    with run_gateway(policy, tmp_path, health_check_interval_s=60) as gw:
+        client = gw.client()
+        for _ in range(3):
+            stream = client.chat.completions.create(
+                model=BIG, messages=PROMPT, max_tokens=200, stream=True, temperature=0
+            )
+            with pytest.raises(openai.APIError):
+                for _chunk in stream:
+                    pass
+        assert gw.gateway.fleet.pools["gpu"].backends[0].ejected
+        with pytest.raises(openai.APIStatusError) as info:
+            client.chat.completions.create(model=BIG, messages=PROMPT, max_tokens=4)
+    assert info.value.status_code == 503
+
+
 def test_every_backend_failing_is_502_then_503_once_ejected(sims, tmp_path: Path) -> None:
     for sim in sims.gpu:
         sim.set_faults(error_rate=1.0)
