@@ -1,9 +1,12 @@
 """Backend health: passive outlier detection on the request path, active probes beside it.
 
 A backend that fails `threshold` times in a row is ejected for an interval that doubles with
-each ejection (up to a cap). The health checker probes every backend; an ejected one comes back
-once its interval has passed and a probe succeeds, and a healthy one whose probes keep failing
-is ejected without waiting for traffic to find out.
+each ejection (up to a cap). As in Envoy, the doubling is forgiven: every `forgive_after_s`
+(10 s) a backend serves after returning takes one doubling off, so a backend with a fault now
+and then is ejected again for the base interval, not for ever longer ones. This holds for
+ejections other replicas announce too. The health checker probes every backend; an ejected one
+comes back once its interval has passed and a probe succeeds, and a healthy one whose probes
+keep failing is ejected without waiting for traffic to find out.
 
 With shared state, an ejection is also a notice to the other replicas and a key in Redis that
 expires with the interval, so every replica stops sending to a failing backend as soon as one
@@ -31,7 +34,7 @@ log = logging.getLogger(__name__)
 
 
 class OutlierDetector:
-    """Eject backends after consecutive failures, for a growing interval."""
+    """Eject backends after consecutive failures, for an interval that grows and is forgiven."""
 
     def __init__(
         self,
@@ -40,6 +43,7 @@ class OutlierDetector:
         threshold: int = 3,
         base_ejection_s: float = 2.0,
         max_ejection_s: float = 30.0,
+        forgive_after_s: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
         on_eject: Callable[[BackendState, float], None] | None = None,
     ):
@@ -48,6 +52,7 @@ class OutlierDetector:
         self.threshold = threshold
         self.base_ejection_s = base_ejection_s
         self.max_ejection_s = max_ejection_s
+        self.forgive_after_s = forgive_after_s
         self.clock = clock
 
     def success(self, backend: BackendState) -> None:
@@ -58,6 +63,7 @@ class OutlierDetector:
         backend.consecutive_failures += 1
         if backend.ejected or backend.consecutive_failures < self.threshold:
             return
+        self._forgive(backend)
         interval = min(self.base_ejection_s * 2**backend.ejections, self.max_ejection_s)
         self.eject(backend, interval)
         self.metrics.ejections.labels(backend.pool).inc()
@@ -74,15 +80,27 @@ class OutlierDetector:
     def eject(self, backend: BackendState, interval_s: float) -> None:
         """Take a backend out of rotation for interval_s (here, or because a replica said so)."""
         if not backend.ejected:
+            self._forgive(backend)
             backend.ejections += 1
         backend.ejected = True
         backend.ejected_until = max(backend.ejected_until, self.clock() + interval_s)
         backend.consecutive_failures = 0
 
+    def _forgive(self, backend: BackendState) -> None:
+        """Take one doubling off per forgive_after_s the backend has served since it returned."""
+        if backend.ejected or not backend.ejections:
+            return
+        forgiven = int((self.clock() - backend.returned_at) // self.forgive_after_s)
+        if forgiven > 0:
+            backend.ejections = max(0, backend.ejections - forgiven)
+            backend.returned_at += forgiven * self.forgive_after_s
+
     def restore(self, backend: BackendState) -> bool:
         """Bring an ejected backend back if its interval has passed; return whether it did."""
-        if backend.ejected and self.clock() >= backend.ejected_until:
+        now = self.clock()
+        if backend.ejected and now >= backend.ejected_until:
             backend.ejected = False
+            backend.returned_at = now
             backend.consecutive_failures = 0
             log.info(
                 "backend %s of pool %s is back after passing its health check",

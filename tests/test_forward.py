@@ -12,6 +12,8 @@ import pytest
 from gatewayserver import run_gateway
 
 from gateway.forward import error_detail
+from gateway.health import OutlierDetector
+from gateway.metrics import GatewayMetrics
 from gateway.routing.fleet import BackendState
 from policies import BIG, MODEL, fleet_policy
 
@@ -140,6 +142,29 @@ def test_ejected_backend_returns_after_passing_health_checks(sims, tmp_path: Pat
             model=MODEL, messages=PROMPT, max_tokens=2
         )
         assert raw.headers["x-gateway-pool"] == "asic"
+
+
+def test_ejection_doubling_is_forgiven_while_a_returned_backend_serves() -> None:
+    # Envoy's rule: one doubling off per 10 s served after returning, so a backend with a fault
+    # now and then is not ejected for ever longer spans.
+    now = [0.0]
+    outliers = OutlierDetector(GatewayMetrics(), threshold=1, clock=lambda: now[0])
+    backend = BackendState("asic-0", "http://asic", "asic", 4)
+
+    def fail_after(serving_s: float) -> float:
+        """Serve for serving_s, fail, and return the ejection's interval; then come back."""
+        now[0] += serving_s
+        outliers.failure(backend)
+        interval = backend.ejected_until - now[0]
+        now[0] = backend.ejected_until
+        assert outliers.restore(backend)
+        return interval
+
+    assert [fail_after(0.0) for _ in range(3)] == [2.0, 4.0, 8.0]  # failing again at once
+    assert fail_after(9.0) == 16.0  # less than 10 s served: nothing forgiven
+    assert fail_after(10.0) == 16.0  # one doubling forgiven, one added
+    assert fail_after(45.0) == 2.0  # four forgiven: back to the base interval
+    assert fail_after(25.0) == 2.0
 
 
 def one_slot_policy(sims, **interactive: object):

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import pytest
@@ -38,13 +39,18 @@ class Replica:
 
 @contextlib.asynccontextmanager
 async def replica(
-    url: str, prefix: str, *, lease_s: float = 10.0, refresh_s: float = 0.25
+    url: str,
+    prefix: str,
+    *,
+    lease_s: float = 10.0,
+    refresh_s: float = 0.25,
+    clock: Callable[[], float] = time.monotonic,
 ) -> AsyncIterator[Replica]:
     metrics = GatewayMetrics()
     shared = SharedState(url, metrics, prefix=prefix, lease_s=lease_s, timeout_s=0.5)
     fleet = Fleet(fleet_policy(asic_extra={"slots_per_backend": SLOTS}))
     admission = Admission(fleet, Leases(shared), refresh_s=refresh_s)
-    outliers = OutlierDetector(metrics, threshold=1)
+    outliers = OutlierDetector(metrics, threshold=1, clock=clock)
     SharedEjections(shared, lambda: fleet, outliers)
     await shared.start()
     admission.start()
@@ -257,6 +263,43 @@ def test_an_ejection_on_one_replica_takes_the_backend_out_on_the_others(
             return heard, learned
 
     assert asyncio.run(scenario()) == (True, True)
+
+
+def test_ejections_other_replicas_announce_are_forgiven_like_its_own(
+    redis_url: str, redis_prefix: str
+) -> None:
+    # A backend with a fault now and then, seen failing by replica a: b hears each ejection.
+    # Serving 10 s after each return forgives the doubling, so b's own ejection is the base one.
+    now = [1000.0]
+
+    def clock() -> float:
+        return now[0]
+
+    async def heard(r: Replica) -> None:
+        for _ in range(200):
+            if r.asic.ejected:
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError("the ejection notice never arrived")
+
+    async def scenario() -> list[float]:
+        async with (
+            replica(redis_url, redis_prefix, clock=clock) as a,
+            replica(redis_url, redis_prefix, clock=clock) as b,
+        ):
+            intervals = []
+            for _ in range(3):
+                a.outliers.failure(a.asic)
+                await heard(b)
+                intervals.append(b.asic.ejected_until - now[0])
+                now[0] = max(a.asic.ejected_until, b.asic.ejected_until)
+                assert a.outliers.restore(a.asic) and b.outliers.restore(b.asic)
+                now[0] += 10.0  # both serve for 10 s after the backend returns
+            b.outliers.failure(b.asic)
+            intervals.append(b.asic.ejected_until - now[0])
+            return intervals
+
+    assert asyncio.run(scenario()) == [2.0, 2.0, 2.0, 2.0]
 
 
 def test_slot_place_weighs_kv_memory_only_when_the_backend_has_a_limit() -> None:

@@ -54,7 +54,8 @@ class BackendState:
     ejected: bool = False
     ejected_until: float = 0.0
     consecutive_failures: int = 0
-    ejections: int = 0
+    ejections: int = 0  # the doublings of the next ejection interval
+    returned_at: float = 0.0  # when it last came back from an ejection (the detector's clock)
 
     @property
     def free_slots(self) -> int:
