@@ -1,8 +1,8 @@
 """Every Prometheus metric the gateway exports, declared in one place.
 
-Labels are bounded: route, pool, model, slo_class and tenant names (from the policy), status
-(HTTP code), error codes and other small fixed sets; never tenant keys or request ids. Fleet
-gauges are read from the live state at scrape time, so the request path never updates them.
+Labels are bounded: route, pool, backend, model, slo_class and tenant names (from the policy),
+status (HTTP code), error codes and other small fixed sets; never tenant keys or request ids.
+Fleet gauges are read from the live state at scrape time, so the request path never updates them.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ SIMILARITY_BUCKETS = (0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 1.0)
 
 
 class FleetCollector(Collector):
-    """Report slots, waiters and health per pool from the fleet state when scraped."""
+    """Report slots, waiters and health per pool (slots per backend too) when scraped."""
 
     def __init__(self, fleet: Callable[[], Fleet]):
         self.fleet = fleet
@@ -43,12 +43,19 @@ class FleetCollector(Collector):
         healthy = GaugeMetricFamily(
             f"{NAMESPACE}_pool_healthy_backends", "Backends not ejected.", labels=["pool"]
         )
+        backend_in_flight = GaugeMetricFamily(
+            f"{NAMESPACE}_backend_in_flight_requests",
+            "Requests and shadow copies holding a slot of the backend, this replica's.",
+            labels=["pool", "backend"],
+        )
         for pool in self.fleet().pools.values():
             in_flight.add_metric([pool.name], sum(b.in_flight for b in pool.backends))
             free.add_metric([pool.name], sum(max(b.free_slots, 0) for b in pool.healthy()))
             queued.add_metric([pool.name], len(pool.waiters))
             healthy.add_metric([pool.name], len(pool.healthy()))
-        yield from (in_flight, free, queued, healthy)
+            for backend in pool.backends:
+                backend_in_flight.add_metric([pool.name, backend.name], backend.in_flight)
+        yield from (in_flight, free, queued, healthy, backend_in_flight)
 
 
 class GatewayMetrics:

@@ -147,6 +147,7 @@ def test_health_readiness_and_metrics(gw: GatewayServer) -> None:
         "gateway_overhead_seconds_bucket",
         "gateway_pool_free_slots",
         "gateway_pool_in_flight_requests",
+        'gateway_backend_in_flight_requests{backend="asic-0",pool="asic"} 0.0',
         "gateway_prompt_tokens_total",
         "gateway_completion_tokens_total",
     ):
