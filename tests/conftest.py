@@ -144,6 +144,12 @@ def postgres_url() -> str:
     return url
 
 
+@pytest.fixture
+def postgres_server() -> str:
+    """Return the test PostgreSQL URL, for a test that makes its own schema; skip without it."""
+    return postgres_url()
+
+
 def _unreachable(service: str, url: str, exc: Exception) -> None:
     """Skip a test whose server is missing, except in CI, where that fails it."""
     if os.environ.get("GATEWAY_TEST_REQUIRE_SERVICES"):
