@@ -358,7 +358,7 @@ def _model_train(args: argparse.Namespace, settings: Settings) -> int:
         ).mappings()
         observations = observations_from_rows(reversed([dict(r) for r in rows]))
     model, scores = train(policy, observations, store.next_version(engine))
-    store.save(engine, model, scores, len(observations))
+    model = store.save(engine, model, scores, len(observations))
     print(f"cost model version {model.version} trained on {len(observations)} requests")
     print(f"{'pool':8} {'model':28} {'target':7} {'n':>6} {'MAPE':>7} {'prior':>7}")
     for pool, models in scores.items():

@@ -89,7 +89,7 @@ class Learner:
         try:
             version = await asyncio.to_thread(store.next_version, self._engine)
             model, scores = await asyncio.to_thread(train, policy, snapshot, version)
-            await asyncio.to_thread(store.save, self._engine, model, scores, len(snapshot))
+            model = await asyncio.to_thread(store.save, self._engine, model, scores, len(snapshot))
         except Exception as exc:
             log.exception("cost-model training failed; the previous version keeps serving")
             try:

@@ -1,4 +1,8 @@
-"""Cost-model versions in the database: each training run with its error, the newest served."""
+"""Cost-model versions in the database: each training run with its error, the newest served.
+
+Replicas sharing a database train on their own observations and number their versions from
+the same table: a version another replica stored first is stored as the next free number.
+"""
 
 from __future__ import annotations
 
@@ -28,6 +32,9 @@ cost_models = sa.Table(
 
 Scores = dict[str, dict[str, dict[str, Score]]]
 
+# Replicas that store a version at the same moment take turns for the next number.
+VERSION_ATTEMPTS = 5
+
 
 def scores_json(scores: Scores) -> dict[str, Any]:
     return {
@@ -42,37 +49,47 @@ def next_version(engine: sa.Engine) -> int:
     return int(latest or 0) + 1
 
 
-def save(engine: sa.Engine, model: CostModel, scores: Scores, observations: int) -> None:
-    """Store a trained version with its held-out error."""
+def _insert(engine: sa.Engine, version: int, row: dict[str, Any]) -> int:
+    """Insert a version's row, under the next free number if `version` is taken; return it."""
+    attempts = 1
+    while True:
+        try:
+            with engine.begin() as conn:
+                conn.execute(cost_models.insert().values(version=version, **row))
+            return version
+        except sa.exc.IntegrityError:
+            if attempts == VERSION_ATTEMPTS:
+                raise
+            attempts += 1
+            version = next_version(engine)
+
+
+def save(engine: sa.Engine, model: CostModel, scores: Scores, observations: int) -> CostModel:
+    """Store a trained version with its held-out error; return it with the number it got."""
     residuals = {
         f"{pool}|{name}": {t: [list(r.weights), r.log_bound] for t, r in targets.items()}
         for (pool, name), targets in model.trained.items()
     }
-    with engine.begin() as conn:
-        conn.execute(
-            cost_models.insert().values(
-                version=model.version,
-                created=time.time(),
-                observations=observations,
-                status="ok",
-                scores=json.dumps(scores_json(scores)),
-                residuals=json.dumps(residuals),
-            )
-        )
+    row = {
+        "created": time.time(),
+        "observations": observations,
+        "status": "ok",
+        "scores": json.dumps(scores_json(scores)),
+        "residuals": json.dumps(residuals),
+    }
+    version = _insert(engine, model.version, row)
+    return model if version == model.version else CostModel(model.policy, version, model.trained)
 
 
-def save_failure(engine: sa.Engine, version: int, observations: int, error: str) -> None:
-    """Record a training run that failed; the previous version keeps serving."""
-    with engine.begin() as conn:
-        conn.execute(
-            cost_models.insert().values(
-                version=version,
-                created=time.time(),
-                observations=observations,
-                status="failed",
-                error=error[:2000],
-            )
-        )
+def save_failure(engine: sa.Engine, version: int, observations: int, error: str) -> int:
+    """Record a training run that failed (the previous version keeps serving); return its number."""
+    row = {
+        "created": time.time(),
+        "observations": observations,
+        "status": "failed",
+        "error": error[:2000],
+    }
+    return _insert(engine, version, row)
 
 
 def load_latest(engine: sa.Engine, policy: Policy) -> CostModel | None:
