@@ -804,6 +804,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.replicas > 1:
+        client = redis.Redis.from_url(args.redis_url, socket_connect_timeout=2)
+        try:
+            client.ping()
+        except redis.RedisError as exc:
+            print(
+                f"two replicas share state through Redis, unreachable at {args.redis_url}: {exc}",
+                file=sys.stderr,
+            )
+            return 2
+        finally:
+            client.close()
     soak = Soak(
         seconds=args.seconds,
         rate=args.rate,
