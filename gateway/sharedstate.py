@@ -18,7 +18,7 @@ Keys, under the prefix (GATEWAY_REDIS_PREFIX):
     PREFIX:boot              a token that changes when Redis has lost its data
     PREFIX:lease:NAME        sorted set: lease id -> expiry; a slot or shadow-budget place
     PREFIX:waiting:POOL      set while some replica has requests waiting for POOL
-    PREFIX:ejections         hash: backend url -> ejected until (Redis time, ms)
+    PREFIX:ejected:URL       set while the backend at URL is ejected; expires with the ejection
     PREFIX:bucket:NAME       hash: tokens, updated (a token bucket)
     PREFIX:events            the pub/sub channel
 """
@@ -131,7 +131,8 @@ class SharedState:
         self.periodic = Periodic("shared-state", max(lease_s / 4, 0.05), self.beat)
         self._listener: asyncio.Task[None] | None = None
         self._background = Tasks()
-        self._batch: list[Call] = []
+        self._batch: list[Call] = []  # scripts waiting for the next pipeline
+        self._sending = False
 
     def key(self, *parts: str) -> str:
         return ":".join((self.prefix, *parts))
@@ -169,23 +170,32 @@ class SharedState:
             ) from exc
 
     async def run(self, script: AsyncScript, keys: Sequence[Any], args: Sequence[Any]) -> Any:
-        """Run a Lua script; the scripts called in one turn of the event loop share a round trip.
+        """Run a Lua script; the scripts called while a pipeline is out go in the next one.
 
-        Under load many requests take and give back slots in the same turn: one pipeline for
-        all of them costs a fraction of a call each (docs/performance.md).
+        One pipeline at a time keeps the scripts in the order they were called (a give-back
+        never overtakes its take), and under load many takes and give-backs share a round trip:
+        a fraction of a call's cost each (docs/performance.md).
         """
         if not (self.up or self._joining):
             raise SharedStateUnavailable(f"Redis at {self.address} is unreachable")
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Any] = loop.create_future()
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._batch.append((script, keys, args, future))
-        if len(self._batch) == 1:
-            loop.call_soon(self._flush)
+        if not self._sending:
+            self._sending = True
+            self._background.spawn(self._send_batches())
         return await future
 
-    def _flush(self) -> None:
-        batch, self._batch = self._batch, []
-        self._background.spawn(self._send(batch))
+    async def _send_batches(self) -> None:
+        try:
+            while self._batch:
+                batch, self._batch = self._batch, []
+                await self._send(batch)
+        finally:
+            self._sending = False
+            for *_, future in self._batch:  # cancelled on shutdown with calls still queued
+                if not future.done():
+                    future.set_exception(SharedStateUnavailable("the replica is stopping"))
+            self._batch = []
 
     async def _send(self, batch: list[Call]) -> None:
         failure: Exception = SharedStateUnavailable("the replica stopped before Redis answered")
