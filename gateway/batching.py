@@ -22,8 +22,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import operator
 import os
 from collections import deque
+from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
@@ -49,9 +51,17 @@ class Row(Protocol):
 T = TypeVar("T", bound=Row)
 
 
+_READERS: dict[type, tuple[tuple[str, ...], Callable[[Any], tuple[Any, ...]]]] = {}
+
+
 def row_of(record: Any) -> dict[str, Any]:
     """Return a dataclass record as a table row (shallow; asdict's deep copy costs more)."""
-    return {f.name: getattr(record, f.name) for f in fields(record)}
+    reader = _READERS.get(type(record))
+    if reader is None:
+        names = tuple(f.name for f in fields(record))
+        reader = _READERS[type(record)] = (names, operator.attrgetter(names[0], *names[1:]))
+    names, values = reader
+    return dict(zip(names, values(record), strict=True))
 
 
 class InsertStatement:
@@ -68,9 +78,15 @@ class InsertStatement:
         self.sql = str(compiled)
         # Set for a positional paramstyle (SQLite's ?), empty for a named one (psycopg's).
         self.positions = tuple(compiled.positiontup or ())
+        self._values = operator.itemgetter(*self.positions) if len(self.positions) > 1 else None
 
     def params(self, rows: list[dict[str, Any]]) -> list[Any]:
         """Return the rows as the driver takes them, a missing column as NULL."""
+        if self._values is not None:
+            try:
+                return [self._values(row) for row in rows]
+            except KeyError:  # a row spilled by an older version, without a newer column
+                pass
         if self.positions:
             return [tuple(row.get(k) for k in self.positions) for row in rows]
         return [{k: row.get(k) for k in self.columns} for row in rows]
@@ -143,6 +159,8 @@ class BatchWriter(Generic[T]):
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
         await self.flush()
+        while not self._queue.empty():  # added while the last round wrote
+            await self.flush()
         if self._held:
             rows = list(self._held)
             self._held.clear()
@@ -150,16 +168,24 @@ class BatchWriter(Generic[T]):
             await self._spill_or_drop(rows)
 
     async def flush(self) -> None:
-        """Write what is held, spilled and queued, oldest first; keep what cannot be written."""
+        """Write what is held, spilled and queued, oldest first; keep what cannot be written.
+
+        Records queued while it writes wait for the next round: chasing them under load would
+        write them a few at a time, at several times the CPU per row of a full batch.
+        """
         if await self._write_backlog():
-            while not self._queue.empty():
-                rows = self._take(self._batch_size)
-                if not await self._write(rows):
-                    await self._keep(rows)
+            queued = self._queue.qsize()
+            while queued > 0:
+                records = self._take(min(queued, self._batch_size))
+                queued -= len(records)
+                if not await self._write(records, self._insert_records):
+                    await self._keep([record.row() for record in records])
                     break
+            else:
+                return
         if not self._queue.empty():
             # The database is down: move the queue out of the way so that adding keeps room.
-            await self._keep(self._take(self._queue.qsize()))
+            await self._keep([record.row() for record in self._take(self._queue.qsize())])
 
     async def tick(self) -> None:
         """Do one round of the worker's periodic work (subclasses add to it)."""
@@ -184,16 +210,23 @@ class BatchWriter(Generic[T]):
             except Exception:
                 log.exception("%s writer round failed", self._table.name)
 
-    def _take(self, n: int) -> list[dict[str, Any]]:
-        batch: list[dict[str, Any]] = []
+    def _take(self, n: int) -> list[T]:
+        batch: list[T] = []
         while len(batch) < n and not self._queue.empty():
-            batch.append(self._queue.get_nowait().row())
+            batch.append(self._queue.get_nowait())
         return batch
 
-    async def _write(self, rows: list[dict[str, Any]]) -> bool:
-        """Insert rows; return False, keeping nothing, when the database is unreachable."""
+    def _insert_records(self, records: list[T]) -> None:
+        # In the worker thread: turning records into rows is CPU the event loop need not spend.
+        self._insert_rows([record.row() for record in records])
+
+    async def _write(
+        self, rows: list[Any], insert: Callable[[list[Any]], None] | None = None
+    ) -> bool:
+        """Insert rows (or records, with `insert` taking them); return False, keeping nothing,
+        when the database is unreachable."""
         try:
-            await asyncio.to_thread(self._insert_rows, rows)
+            await asyncio.to_thread(insert or self._insert_rows, rows)
         except DatabaseUnavailable as exc:
             self._failures.inc()
             if not self._outage:
