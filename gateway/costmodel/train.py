@@ -20,7 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from gateway.costmodel.model import TARGETS, CostModel, Residual, features
+from gateway.costmodel.model import TARGETS, CostModel, Residual
+from gateway.costmodel.prior import POWER_EXPONENT, Physics
 from gateway.policy import Policy
 
 MIN_OBSERVATIONS = 30
@@ -56,22 +57,50 @@ class Score:
     prior_mape: float | None
 
 
-def _priors(cost: CostModel, o: Observation) -> dict[str, float | None]:
-    phys = cost.pool_model(o.pool, o.model).physics
-    service = phys.ttft_s(o.prompt_tokens) + max(o.completion_tokens - 1, 0) * phys.tpot_s(
-        o.concurrent
+def _columns(group: Sequence[Observation], slots: int, phys: Physics) -> dict[str, np.ndarray]:
+    """Return a group's features φ, its measured targets and their priors, as arrays.
+
+    The same formulas as `features` and `Physics` evaluate one request with, over the whole
+    group at once: retraining runs beside the event loop, and Python loops over thousands of
+    observations held the interpreter for most of a retraining.
+    """
+    prompt = np.array([o.prompt_tokens for o in group], dtype=float)
+    output = np.array([o.completion_tokens for o in group], dtype=float)
+    concurrent = np.array([o.concurrent for o in group], dtype=float)
+    ttft = phys.prefill_fixed_s + phys.prefill_per_token_s * prompt
+    tpot = phys.step_fixed_s + phys.step_per_seq_s * np.maximum(concurrent - 1, 0)
+    service = ttft + np.maximum(output - 1, 0) * tpot
+    share = np.minimum(concurrent / phys.slots, 1.0)
+    watts = np.where(
+        concurrent <= 0,
+        phys.idle_w,
+        phys.idle_w + (phys.max_w - phys.idle_w) * np.maximum(share, 0.0) ** POWER_EXPONENT,
+    )
+    phi = np.column_stack(
+        (
+            np.ones(len(group)),
+            np.log1p(prompt),
+            np.log1p(output),
+            np.log(np.maximum(concurrent, 1)),
+            concurrent / slots,
+        )
     )
     return {
-        "ttft": phys.ttft_s(o.prompt_tokens),
-        "tpot": phys.tpot_s(o.concurrent),
-        "e2e": service,
-        "energy": service * phys.watts(o.concurrent) / max(o.concurrent, 1),
+        "phi": phi,
+        "ttft": _measured([o.ttft_s for o in group]),
+        "tpot": _measured([o.tpot_s for o in group]),
+        "e2e": _measured([o.e2e_s for o in group]),
+        "energy": _measured([o.energy_j for o in group]),
+        "prior_ttft": ttft,
+        "prior_tpot": tpot,
+        "prior_e2e": service,
+        "prior_energy": service * watts / np.maximum(concurrent, 1),
     }
 
 
-def _observed(o: Observation, target: str) -> float | None:
-    value = {"ttft": o.ttft_s, "tpot": o.tpot_s, "e2e": o.e2e_s, "energy": o.energy_j}[target]
-    return value if value is not None and value > 0 else None
+def _measured(values: list[float | None]) -> np.ndarray:
+    """Return measurements as floats, NaN where none was taken."""
+    return np.array([np.nan if v is None else v for v in values], dtype=float)
 
 
 def _mape(predicted: np.ndarray, observed: np.ndarray) -> float:
@@ -91,17 +120,12 @@ def train(
     scores: dict[str, dict[str, dict[str, Score]]] = {}
     for (pool, model), group in groups.items():
         slots = policy.pools[pool].slots_per_backend
+        columns = _columns(group, slots, prior.pool_model(pool, model).physics)
         residuals: dict[str, Residual] = {}
-        # Once per observation, not once per target: these loops are most of a retraining.
-        priors = [_priors(prior, o) for o in group]
-        phis = [features(o.prompt_tokens, o.completion_tokens, o.concurrent, slots) for o in group]
         for target in TARGETS:
-            rows = []
-            for o, base, phi in zip(group, priors, phis, strict=True):
-                y, b = _observed(o, target), base[target]
-                if y is not None and b:
-                    rows.append((phi, y, b))
-            score, residual = _fit(rows)
+            observed, base = columns[target], columns[f"prior_{target}"]
+            usable = (observed > 0) & (base != 0)  # NaN, a missing measurement, compares False
+            score, residual = _fit(columns["phi"][usable], observed[usable], base[usable])
             scores.setdefault(pool, {}).setdefault(model, {})[target] = score
             if residual is not None:
                 residuals[target] = residual
@@ -109,16 +133,12 @@ def train(
     return CostModel(policy, version=version, trained=trained), scores
 
 
-def _fit(
-    rows: list[tuple[tuple[float, ...], float, float]],
-) -> tuple[Score, Residual | None]:
-    if len(rows) < MIN_OBSERVATIONS:
-        return Score(len(rows), None, None), None
-    phi = np.array([r[0] for r in rows])
-    observed = np.array([r[1] for r in rows])
-    base = np.array([r[2] for r in rows])
+def _fit(phi: np.ndarray, observed: np.ndarray, base: np.ndarray) -> tuple[Score, Residual | None]:
+    n = len(observed)
+    if n < MIN_OBSERVATIONS:
+        return Score(n, None, None), None
     target = np.log(observed / base)
-    split = int(len(rows) * (1 - HOLDOUT_SHARE))
+    split = int(n * (1 - HOLDOUT_SHARE))
     # Age counts back from the newest row the fit sees: the held-out rows must not make the
     # training rows look old, or the scored fit would be the prior.
     coef = ridge(phi[:split], target[:split], _recency(split))
@@ -130,12 +150,12 @@ def _fit(
     level = min(math.ceil((len(residuals) + 1) * BOUND_QUANTILE) / len(residuals), 1.0)
     bound = float(np.quantile(residuals, level))
     score = Score(
-        len(rows),
+        n,
         _mape(predicted, observed[split:]),
         _mape(base[split:], observed[split:]),
     )
     # Refit on everything for serving; the held-out error stays the honest estimate.
-    weights = ridge(phi, target, _recency(len(rows)))
+    weights = ridge(phi, target, _recency(n))
     return score, Residual(tuple(float(w) for w in weights), max(bound, 0.0))
 
 

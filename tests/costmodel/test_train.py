@@ -98,3 +98,28 @@ def test_the_closed_form_ridge_is_scikit_learns_ridge() -> None:
     weights = rng.uniform(0.1, 1.0, size=300)
     expected = linear_model.Ridge(alpha=RIDGE_ALPHA, fit_intercept=False).fit(x, y, weights)
     assert ridge(x, y, weights) == pytest.approx(expected.coef_, rel=1e-9, abs=1e-12)
+
+
+def test_retraining_computes_the_priors_and_features_the_request_path_predicts_with() -> None:
+    from gateway.costmodel.model import features
+    from gateway.costmodel.train import _columns
+
+    slots = POLICY.pools["gpu"].slots_per_backend
+    phys = CostModel(POLICY).pool_model("gpu", MODEL).physics
+    group = [
+        Observation("gpu", MODEL, prompt, output, n, 0.1, None, 0.5, None)
+        for prompt, output, n in [(0, 1, 0), (1, 0, 1), (37, 5, 2), (4000, 900, slots + 9)]
+    ]
+    columns = _columns(group, slots, phys)
+    for i, o in enumerate(group):
+        service = phys.ttft_s(o.prompt_tokens) + max(o.completion_tokens - 1, 0) * phys.tpot_s(
+            o.concurrent
+        )
+        energy = service * phys.watts(o.concurrent) / max(o.concurrent, 1)
+        assert columns["prior_ttft"][i] == pytest.approx(phys.ttft_s(o.prompt_tokens))
+        assert columns["prior_tpot"][i] == pytest.approx(phys.tpot_s(o.concurrent))
+        assert columns["prior_e2e"][i] == pytest.approx(service)
+        assert columns["prior_energy"][i] == pytest.approx(energy)
+        phi = features(o.prompt_tokens, o.completion_tokens, o.concurrent, slots)
+        assert list(columns["phi"][i]) == pytest.approx(list(phi))
+    assert columns["ttft"][0] == 0.1 and all(v != v for v in columns["tpot"])  # NaN: not measured
