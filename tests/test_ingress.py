@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
 import pytest
 from gatewayserver import GatewayServer, run_gateway
 
+from gateway.errors import RequestTimeout
+from gateway.ingress import BodyDeadlines
 from policies import BIG, EMBED, MODEL, fleet_policy
 
 PROMPT = [{"role": "user", "content": "Explain what a compute-in-memory device is."}]
@@ -202,3 +207,44 @@ def test_plain_http_clients_get_the_openai_error_shape(gw: GatewayServer) -> Non
         response = http.post("/v1/embeddings", json={"model": EMBED, "input": 5})
     assert response.status_code == 400
     assert response.json()["error"]["param"] == "input"
+
+
+def _reading_forever() -> tuple[dict[str, Any], Callable[[], Awaitable[dict[str, Any]]]]:
+    scope: dict[str, Any] = {"headers": [(b"content-length", b"10")]}
+
+    async def receive() -> dict[str, Any]:
+        await asyncio.Event().wait()
+        raise AssertionError("never set")
+
+    return scope, receive
+
+
+def test_a_body_that_stops_arriving_is_cut_after_its_timeout_and_a_prompt_one_is_not() -> None:
+    async def scenario() -> float:
+        deadlines = BodyDeadlines()
+        scope, stalled = _reading_forever()
+
+        async def prompt() -> dict[str, Any]:
+            return {"type": "http.request", "body": b"0123456789", "more_body": False}
+
+        started = time.monotonic()
+        late = asyncio.create_task(deadlines.read(scope, stalled, 100, 0.2))
+        assert await deadlines.read(scope, prompt, 100, 0.2) == b"0123456789"
+        with pytest.raises(RequestTimeout, match=r"did not arrive within 0\.2 s"):
+            await late
+        return time.monotonic() - started
+
+    assert 0.2 <= asyncio.run(scenario()) < 2
+
+
+def test_a_body_read_cancelled_from_elsewhere_stays_cancelled() -> None:
+    async def scenario() -> None:
+        deadlines = BodyDeadlines()
+        scope, stalled = _reading_forever()
+        read = asyncio.create_task(deadlines.read(scope, stalled, 100, 0.05))
+        await asyncio.sleep(0.01)
+        read.cancel()  # the server shutting down, not the deadline
+        with pytest.raises(asyncio.CancelledError):
+            await read
+
+    asyncio.run(scenario())
