@@ -8,7 +8,6 @@ is stored and the last good version keeps serving.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import time
 from collections import deque
@@ -57,7 +56,7 @@ class Learner:
 
     def observe(self, record: RequestRecord) -> None:
         """Learn from a finished request's record."""
-        seen = observation(functools.partial(getattr, record))
+        seen = observation(record)
         if seen is None:
             return
         self._observations.append(seen)

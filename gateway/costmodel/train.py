@@ -14,7 +14,7 @@ scikit-learn (~120 MiB resident) out of the serving process.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,9 +33,13 @@ RIDGE_ALPHA = 1.0
 HALF_LIFE = 150
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Observation:
-    """One measured request: its shape, its load and what it took."""
+    """One measured request: its shape, its load and what it took.
+
+    Not frozen, though nothing changes one: a frozen dataclass takes five times as long to
+    build, and the learner builds one for every request served.
+    """
 
     pool: str
     model: str
@@ -174,24 +178,30 @@ def _recency(n: int) -> np.ndarray:
 
 def observations_from_rows(rows: Iterable[Mapping[str, Any]]) -> list[Observation]:
     """Turn request-record rows into observations (successful, measured requests only)."""
-    return [o for o in (observation(r.get) for r in rows) if o is not None]
+    return [o for o in (observation(_Fields(r)) for r in rows) if o is not None]
 
 
-def observation(field: Callable[[str], Any]) -> Observation | None:
-    """Read one request record, a field at a time; None unless it is a measured success."""
-    if field("status") != 200 or not field("pool") or not field("e2e_ms"):
+class _Fields(dict[str, Any]):
+    """A stored row read like a RequestRecord: a column it lacks reads as None."""
+
+    __getattr__ = dict.get
+
+
+def observation(record: Any) -> Observation | None:
+    """Read a request record (or a row of one); None unless it is a measured success."""
+    if record.status != 200 or not record.pool or not record.e2e_ms:
         return None
-    queue_s = float(field("queue_ms") or 0.0) / 1e3
-    ttft, tpot = field("ttft_ms"), field("tpot_ms")
-    energy = None if field("energy_estimated") else field("energy_j")
+    queue_s = float(record.queue_ms or 0.0) / 1e3
+    ttft, tpot = record.ttft_ms, record.tpot_ms
+    energy = None if record.energy_estimated else record.energy_j
     return Observation(
-        pool=str(field("pool")),
-        model=str(field("model")),
-        prompt_tokens=int(field("prompt_tokens") or 0),
-        completion_tokens=int(field("completion_tokens") or 0),
-        concurrent=int(field("concurrent") or 1),
-        ttft_s=None if ttft is None else float(ttft) / 1e3 - queue_s,
-        tpot_s=None if tpot is None else float(tpot) / 1e3,
-        e2e_s=float(field("e2e_ms")) / 1e3 - queue_s,
-        energy_j=None if energy is None else float(energy),
+        str(record.pool),
+        str(record.model),
+        int(record.prompt_tokens or 0),
+        int(record.completion_tokens or 0),
+        int(record.concurrent or 1),
+        None if ttft is None else float(ttft) / 1e3 - queue_s,
+        None if tpot is None else float(tpot) / 1e3,
+        float(record.e2e_ms) / 1e3 - queue_s,
+        None if energy is None else float(energy),
     )
