@@ -34,6 +34,8 @@ class RequestProfile:
     e2e_ms: float | None
     tenant: str
     stream: bool
+    # The calibration factor prompt_tokens was estimated with (TokenEstimator.observe).
+    calibration: float = 1.0
 
 
 class TokenEstimator:
@@ -52,12 +54,18 @@ class TokenEstimator:
         raw = chars / CHARS_PER_TOKEN + messages * MESSAGE_OVERHEAD_TOKENS
         return math.ceil(raw * self._ratio.get(model, 1.0))
 
-    def observe(self, model: str, estimated: int, actual: int) -> None:
-        """Move the model's ratio toward what the backend counted for an estimated prompt."""
-        if estimated <= 0 or actual <= 0:
+    def observe(self, model: str, estimated: int, actual: int, calibration: float) -> None:
+        """Move the model's ratio toward what the backend counted for an estimated prompt.
+
+        `calibration` is the ratio the estimate was made with. With many requests in flight
+        the ratio moves between a request's estimate and its usage; judging the estimate by
+        the moved ratio fed each error back into the ratio, which diverged from about 40
+        requests in flight.
+        """
+        if estimated <= 0 or actual <= 0 or calibration <= 0:
             return
         ratio = self._ratio.get(model, 1.0)
-        raw = estimated / ratio
+        raw = estimated / calibration
         observed = actual / raw
         self._ratio[model] = ratio + self._smoothing * (observed - ratio)
 
@@ -204,6 +212,7 @@ def classify(
         endpoint=endpoint,
         model=model,
         prompt_tokens=estimator.estimate(model, chars, messages),
+        calibration=estimator.ratio(model),
         max_tokens=None if endpoint == "embeddings" else _max_tokens(payload),
         slo_class=slo_name,
         ttft_ms=ttft if ttft is not None else slo.ttft_ms,

@@ -115,7 +115,9 @@ class Telemetry:
             if ex.completion_tokens:
                 series.completion_tokens.inc(ex.completion_tokens)
         if profile is not None and ex.prompt_tokens:
-            self.estimator.observe(ex.model, profile.prompt_tokens, ex.prompt_tokens)
+            self.estimator.observe(
+                ex.model, profile.prompt_tokens, ex.prompt_tokens, profile.calibration
+            )
         if route and ex.status == 200 and ex.completion_tokens is not None:
             self.outputs.observe(route, ex.completion_tokens)
         predicted = ex.prediction

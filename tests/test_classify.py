@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import hashlib
+import random
+from collections import deque
 
 import pytest
 
@@ -75,10 +77,22 @@ def test_estimator_calibrates_toward_reported_usage() -> None:
     est = TokenEstimator(smoothing=0.2)
     first = est.estimate(MODEL, 4000)
     for _ in range(60):
-        est.observe(MODEL, est.estimate(MODEL, 4000), 1500)
+        est.observe(MODEL, est.estimate(MODEL, 4000), 1500, est.ratio(MODEL))
     assert first == 1000
     assert est.estimate(MODEL, 4000) == pytest.approx(1500, rel=0.02)
     assert est.estimate("other-model", 4000) == 1000
+
+
+def test_estimator_stays_calibrated_with_many_requests_in_flight() -> None:
+    # Each answer's usage arrives 200 estimates after its own: the ratio moves in between.
+    est, in_flight = TokenEstimator(), deque[tuple[int, float, int]]()
+    rng = random.Random(1)
+    for _ in range(20_000):
+        chars = rng.randint(1000, 3000)
+        in_flight.append((est.estimate(MODEL, chars), est.ratio(MODEL), int(chars / 4 * 1.3)))
+        if len(in_flight) > 200:
+            est.observe(MODEL, *in_flight.popleft())
+    assert est.ratio(MODEL) == pytest.approx(1.3, rel=0.01)
 
 
 def test_tenant_from_key_and_required_keys() -> None:
