@@ -119,7 +119,9 @@ class BatchWriter(Generic[T]):
         self._dropped = dropped
         self._interval = flush_interval_s
         self._batch_size = batch_size
-        self._queue: asyncio.Queue[T] = asyncio.Queue(max_pending)
+        # A deque, not an asyncio.Queue: nothing waits on it, and adding is on every request.
+        self._queue: deque[T] = deque()
+        self._max_pending = max_pending
         self._task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
         self._held: deque[dict[str, Any]] = deque()
@@ -143,10 +145,10 @@ class BatchWriter(Generic[T]):
 
     def add(self, record: T) -> None:
         """Queue a record for writing."""
-        try:
-            self._queue.put_nowait(record)
-        except asyncio.QueueFull:
+        if len(self._queue) >= self._max_pending:
             self._dropped.inc()
+        else:
+            self._queue.append(record)
 
     def start(self) -> None:
         self._stopping = asyncio.Event()
@@ -159,7 +161,7 @@ class BatchWriter(Generic[T]):
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
         await self.flush()
-        while not self._queue.empty():  # added while the last round wrote
+        while self._queue:  # added while the last round wrote
             await self.flush()
         if self._held:
             rows = list(self._held)
@@ -174,7 +176,7 @@ class BatchWriter(Generic[T]):
         write them a few at a time, at several times the CPU per row of a full batch.
         """
         if await self._write_backlog():
-            queued = self._queue.qsize()
+            queued = len(self._queue)
             while queued > 0:
                 records = self._take(min(queued, self._batch_size))
                 queued -= len(records)
@@ -183,9 +185,9 @@ class BatchWriter(Generic[T]):
                     break
             else:
                 return
-        if not self._queue.empty():
+        if self._queue:
             # The database is down: move the queue out of the way so that adding keeps room.
-            await self._keep([record.row() for record in self._take(self._queue.qsize())])
+            await self._keep([record.row() for record in self._take(len(self._queue))])
 
     async def tick(self) -> None:
         """Do one round of the worker's periodic work (subclasses add to it)."""
@@ -212,8 +214,9 @@ class BatchWriter(Generic[T]):
 
     def _take(self, n: int) -> list[T]:
         batch: list[T] = []
-        while len(batch) < n and not self._queue.empty():
-            batch.append(self._queue.get_nowait())
+        take = self._queue.popleft
+        while len(batch) < n and self._queue:
+            batch.append(take())
         return batch
 
     def _insert_records(self, records: list[T]) -> None:
