@@ -54,6 +54,10 @@ class Upstream:
             connector=connector,
             auto_decompress=False,
             skip_auto_headers=("User-Agent", "Accept-Encoding"),
+            # The session serves every client: a cookie one backend answer sets must not ride
+            # along with other clients' requests.
+            cookie_jar=aiohttp.DummyCookieJar(),
+            trust_env=False,
         )
 
     async def close(self) -> None:
