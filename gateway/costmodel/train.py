@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -33,13 +33,8 @@ RIDGE_ALPHA = 1.0
 HALF_LIFE = 150
 
 
-@dataclass(slots=True)
-class Observation:
-    """One measured request: its shape, its load and what it took.
-
-    Not frozen, though nothing changes one: a frozen dataclass takes five times as long to
-    build, and the learner builds one for every request served.
-    """
+class Observation(NamedTuple):
+    """One measured request: its shape, its load and what it took."""
 
     pool: str
     model: str
