@@ -80,6 +80,20 @@ class InsertStatement:
         self.positions = tuple(compiled.positiontup or ())
         self._values = operator.itemgetter(*self.positions) if len(self.positions) > 1 else None
 
+    def values(self, records: list[Any]) -> list[Any]:
+        """Return records as the driver takes them, read from the attributes named as columns.
+
+        A dataclass record whose fields are its table's columns goes to the driver without a
+        row dict in between; a record without one of them takes the row path.
+        """
+        if self._values is not None:
+            read = operator.attrgetter(*self.positions)
+            try:
+                return [read(record) for record in records]
+            except AttributeError:
+                pass
+        return self.params([record.row() for record in records])
+
     def params(self, rows: list[dict[str, Any]]) -> list[Any]:
         """Return the rows as the driver takes them, a missing column as NULL."""
         if self._values is not None:
@@ -195,11 +209,15 @@ class BatchWriter(Generic[T]):
 
     def insert(self, table: sa.Table, rows: list[dict[str, Any]]) -> None:
         """Insert rows into a table in one transaction."""
+        statement = self._statement(table)
+        with self._engine.begin() as conn:
+            conn.exec_driver_sql(statement.sql, statement.params(rows))
+
+    def _statement(self, table: sa.Table) -> InsertStatement:
         statement = self._statements.get(table.name)
         if statement is None:
             statement = self._statements[table.name] = InsertStatement(table, self._engine)
-        with self._engine.begin() as conn:
-            conn.exec_driver_sql(statement.sql, statement.params(rows))
+        return statement
 
     async def _run(self) -> None:
         while not self._stopping.is_set():
@@ -220,8 +238,21 @@ class BatchWriter(Generic[T]):
         return batch
 
     def _insert_records(self, records: list[T]) -> None:
-        # In the worker thread: turning records into rows is CPU the event loop need not spend.
-        self._insert_rows([record.row() for record in records])
+        """Insert records in one transaction; one by one if the database refuses the batch.
+
+        In the worker thread: reading records into the driver's rows is CPU the event loop
+        need not spend.
+        """
+        statement = self._statement(self._table)
+        try:
+            with self._engine.begin() as conn:
+                conn.exec_driver_sql(statement.sql, statement.values(records))
+        except (sa.exc.IntegrityError, sa.exc.DataError):
+            self._insert_one_by_one([record.row() for record in records])
+        except sa.exc.SQLAlchemyError as exc:
+            raise DatabaseUnavailable(f"cannot write to {self._table.name}") from exc
+        else:
+            self._written.inc(len(records))
 
     async def _write(
         self, rows: list[Any], insert: Callable[[list[Any]], None] | None = None
@@ -246,20 +277,24 @@ class BatchWriter(Generic[T]):
         try:
             self.insert(self._table, rows)
         except (sa.exc.IntegrityError, sa.exc.DataError):
-            for row in rows:
-                try:
-                    self.insert(self._table, [row])
-                except (sa.exc.IntegrityError, sa.exc.DataError) as exc:
-                    log.error("the database refused a %s row: %s", self._table.name, exc.orig)
-                    self._rejected.inc()
-                except sa.exc.SQLAlchemyError as exc:
-                    raise DatabaseUnavailable(f"cannot write to {self._table.name}") from exc
-                else:
-                    self._written.inc()
+            self._insert_one_by_one(rows)
         except sa.exc.SQLAlchemyError as exc:
             raise DatabaseUnavailable(f"cannot write to {self._table.name}") from exc
         else:
             self._written.inc(len(rows))
+
+    def _insert_one_by_one(self, rows: list[dict[str, Any]]) -> None:
+        """Insert rows one per transaction: those the database refuses are counted, not kept."""
+        for row in rows:
+            try:
+                self.insert(self._table, [row])
+            except (sa.exc.IntegrityError, sa.exc.DataError) as exc:
+                log.error("the database refused a %s row: %s", self._table.name, exc.orig)
+                self._rejected.inc()
+            except sa.exc.SQLAlchemyError as exc:
+                raise DatabaseUnavailable(f"cannot write to {self._table.name}") from exc
+            else:
+                self._written.inc()
 
     async def _write_backlog(self) -> bool:
         """Write held rows, then replay the spill file; return whether all of it is written."""
