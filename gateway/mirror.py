@@ -103,7 +103,7 @@ def sample(
             or not _admits(target.match, profile)
         ):
             continue
-        if draw(key, target.pool) < target.sample_rate:
+        if target.sample_rate > 0 and draw(key, target.pool) < target.sample_rate:
             plans.append(ShadowPlan(CANDIDATE, target.pool, target.budget, target.compare))
     noise = route.noise_floor
     if plans and noise is not None and draw(key, NOISE) < noise.share:
