@@ -122,7 +122,7 @@ class FaultWindow:
     backend: str
     on_s: float
     off_s: float = 0.0
-    hits: float = 0.0  # what the simulator counted injecting it (slowness is not counted)
+    hits: float = 0.0  # what the simulator counted injecting it
 
 
 @dataclass

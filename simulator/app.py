@@ -154,6 +154,8 @@ class SimulatorApp:
         if faults.added_latency_ms > 0:
             self.metrics.faults["latency"] += 1
             await asyncio.sleep(faults.added_latency_ms / 1000.0)
+        if faults.slow_factor != 1.0:
+            self.metrics.faults["slow"] += 1  # the devices slow it down; counted as it arrives
         return True
 
     async def _health(self, exchange: Exchange) -> None:

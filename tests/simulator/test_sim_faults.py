@@ -133,9 +133,11 @@ def test_slow_factor_makes_the_device_slower(sick):
             client.post("/v1/chat/completions", json=_chat_body(150)).raise_for_status()
 
         normal = _elapsed(answer)
+        before = sick.metric("sim_faults_injected_total", kind="slow")
         sick.set_faults(slow_factor=4.0)
         slow = _elapsed(answer)
     assert slow > 2 * normal
+    assert sick.metric("sim_faults_injected_total", kind="slow") == before + 1
 
 
 def test_get_faults_shows_what_is_set_and_reset_clears_it(sick):
