@@ -14,6 +14,7 @@ scikit-learn (~120 MiB resident) out of the serving process.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -190,8 +191,10 @@ def observation(record: Any) -> Observation | None:
     ttft, tpot = record.ttft_ms, record.tpot_ms
     energy = None if record.energy_estimated else record.energy_j
     return Observation(
-        str(record.pool),
-        str(record.model),
+        sys.intern(str(record.pool)),
+        # A served model is one of the policy's: one string for the whole window, not one per
+        # request (each request's was parsed from its own body).
+        sys.intern(str(record.model)),
         int(record.prompt_tokens or 0),
         int(record.completion_tokens or 0),
         int(record.concurrent or 1),

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from gateway.costmodel.model import CostModel
-from gateway.costmodel.train import MIN_OBSERVATIONS, Observation, train
+from gateway.costmodel.train import MIN_OBSERVATIONS, Observation, observations_from_rows, train
 from gateway.policy import load_policy
 
 POLICY = load_policy(Path(__file__).resolve().parents[2] / "policies/default.yaml")
@@ -123,3 +123,13 @@ def test_retraining_computes_the_priors_and_features_the_request_path_predicts_w
         phi = features(o.prompt_tokens, o.completion_tokens, o.concurrent, slots)
         assert list(columns["phi"][i]) == pytest.approx(list(phi))
     assert columns["ttft"][0] == 0.1 and all(v != v for v in columns["tpot"])  # NaN: not measured
+
+
+def test_observations_of_one_model_share_one_name() -> None:
+    rows = [
+        {"status": 200, "pool": "gpu", "model": "".join(["llama-3.1-", "8b"]), "e2e_ms": 100.0}
+        for _ in range(2)
+    ]
+    first, second = observations_from_rows(rows)
+    assert first.model == "llama-3.1-8b"
+    assert first.model is second.model
