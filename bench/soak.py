@@ -55,10 +55,10 @@ import redis
 import sqlalchemy as sa
 import yaml
 
-from gateway.db import upgrade
 from gateway.records import request_records
 from gateway.shadow import shadow_records
 from tests.gatewayserver import GatewayProcess, gateway_process
+from tests.scratchdb import scratch_database
 from tests.simproc import SimulatorProcess, metric_value, parse_metrics, start_simulator
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -367,32 +367,6 @@ def soak_policy(urls: dict[str, str], shadow_rate: float) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def database(url: str | None, workdir: Path) -> Iterator[str]:
-    """Yield a migrated database: a SQLite file, or a schema of its own on `url`, dropped after."""
-    if url is None:
-        sqlite = f"sqlite:///{workdir / 'gateway.db'}"
-        upgrade(sqlite)
-        yield sqlite
-        return
-    schema = f"soak_{uuid.uuid4().hex[:12]}"
-    admin = sa.create_engine(url)
-    with admin.begin() as conn:
-        conn.execute(sa.text(f"CREATE SCHEMA {schema}"))
-    scoped = (
-        sa.make_url(url)
-        .update_query_dict({"options": f"-csearch_path={schema}"})
-        .render_as_string(hide_password=False)
-    )
-    try:
-        upgrade(scoped)
-        yield scoped
-    finally:
-        with admin.begin() as conn:
-            conn.execute(sa.text(f"DROP SCHEMA {schema} CASCADE"))
-        admin.dispose()
-
-
-@contextlib.contextmanager
 def deployment(soak: Soak, workdir: Path) -> Iterator[Deployment]:
     """Start the simulators and the gateway replicas; stop them all after."""
     prefix = f"soak-{uuid.uuid4().hex[:12]}" if soak.replicas > 1 else None
@@ -404,7 +378,7 @@ def deployment(soak: Soak, workdir: Path) -> Iterator[Deployment]:
         policy = workdir / "policy.yaml"
         urls = {name: sim.url for name, sim in sims.items()}
         policy.write_text(yaml.safe_dump(soak_policy(urls, soak.shadow_rate), sort_keys=False))
-        url = stack.enter_context(database(soak.database_url, workdir))
+        url = stack.enter_context(scratch_database(soak.database_url, workdir, "soak"))
         env = {
             "DATABASE_URL": url,
             "GATEWAY_POLICY": str(policy),

@@ -206,31 +206,8 @@ def private_redis(tmp_path: Path) -> Iterator[object]:
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
 def database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """A fresh database of each engine, migrated to the newest schema."""
-    import uuid
+    from scratchdb import scratch_database
 
-    import sqlalchemy as sa
-
-    from gateway.db import upgrade
-
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'gateway.db'}"
-        upgrade(url)
+    base = postgres_url() if request.param == "postgresql" else None
+    with scratch_database(base, tmp_path) as url:
         yield url
-        return
-    base = postgres_url()
-    schema = f"t_{uuid.uuid4().hex[:12]}"
-    admin = sa.create_engine(base)
-    with admin.begin() as conn:
-        conn.execute(sa.text(f"CREATE SCHEMA {schema}"))
-    rendered = (
-        sa.make_url(base)
-        .update_query_dict({"options": f"-csearch_path={schema}"})
-        .render_as_string(hide_password=False)
-    )
-    try:
-        upgrade(rendered)
-        yield rendered
-    finally:
-        with admin.begin() as conn:
-            conn.execute(sa.text(f"DROP SCHEMA {schema} CASCADE"))
-        admin.dispose()
