@@ -78,7 +78,11 @@ class InsertStatement:
         self.sql = str(compiled)
         # Set for a positional paramstyle (SQLite's ?), empty for a named one (psycopg's).
         self.positions = tuple(compiled.positiontup or ())
-        self._values = operator.itemgetter(*self.positions) if len(self.positions) > 1 else None
+        # Readers of a row's (a record's) values in the driver's order; a single column, and
+        # named paramstyles, take the general path.
+        several = len(self.positions) > 1
+        self._from_row = operator.itemgetter(*self.positions) if several else None
+        self._from_record = operator.attrgetter(*self.positions) if several else None
 
     def values(self, records: list[Any]) -> list[Any]:
         """Return records as the driver takes them, read from the attributes named as columns.
@@ -86,8 +90,8 @@ class InsertStatement:
         A dataclass record whose fields are its table's columns goes to the driver without a
         row dict in between; a record without one of them takes the row path.
         """
-        if self._values is not None:
-            read = operator.attrgetter(*self.positions)
+        read = self._from_record
+        if read is not None:
             try:
                 return [read(record) for record in records]
             except AttributeError:
@@ -96,9 +100,10 @@ class InsertStatement:
 
     def params(self, rows: list[dict[str, Any]]) -> list[Any]:
         """Return the rows as the driver takes them, a missing column as NULL."""
-        if self._values is not None:
+        read = self._from_row
+        if read is not None:
             try:
-                return [self._values(row) for row in rows]
+                return [read(row) for row in rows]
             except KeyError:  # a row spilled by an older version, without a newer column
                 pass
         if self.positions:
