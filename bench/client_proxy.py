@@ -1,4 +1,7 @@
-"""A minimal FastAPI proxy using one upstream HTTP client, to compare clients in isolation."""
+"""A minimal FastAPI proxy using one upstream HTTP client, to compare clients in isolation.
+
+Clients: httpx, aiohttp, and the gateway's own (gateway/http1.py).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +11,8 @@ from contextlib import asynccontextmanager
 
 import uvicorn
 from fastapi import FastAPI, Request, Response
+
+CLIENTS = ("httpx", "aiohttp", "gateway")
 
 
 def build(client_name: str, upstream: str) -> FastAPI:
@@ -21,12 +26,16 @@ def build(client_name: str, upstream: str) -> FastAPI:
             state["client"] = httpx.AsyncClient(
                 base_url=upstream, limits=httpx.Limits(max_connections=1000)
             )
-        else:
+        elif client_name == "aiohttp":
             import aiohttp
 
             state["client"] = aiohttp.ClientSession(
                 upstream, connector=aiohttp.TCPConnector(limit=0)
             )
+        else:
+            from gateway.http1 import Client
+
+            state["client"] = Client()
         yield
 
     app = FastAPI(lifespan=lifespan)
@@ -39,6 +48,9 @@ def build(client_name: str, upstream: str) -> FastAPI:
         if client_name == "httpx":
             r = await client.post("/v1/chat/completions", content=body, headers=headers)  # type: ignore[attr-defined]
             return Response(r.content, r.status_code, media_type="application/json")
+        if client_name == "gateway":
+            answer = await client.request("POST", upstream, "/v1/chat/completions", headers, body)  # type: ignore[attr-defined]
+            return Response(await answer.read(), answer.status, media_type="application/json")
         async with client.post("/v1/chat/completions", data=body, headers=headers) as r:  # type: ignore[attr-defined]
             return Response(await r.read(), r.status, media_type="application/json")
 
@@ -47,7 +59,7 @@ def build(client_name: str, upstream: str) -> FastAPI:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--client", choices=["httpx", "aiohttp"], required=True)
+    parser.add_argument("--client", choices=CLIENTS, required=True)
     parser.add_argument("--upstream", required=True)
     parser.add_argument("--port", type=int, required=True)
     args = parser.parse_args()

@@ -1,4 +1,4 @@
-"""Measure FastAPI proxies built on httpx and on aiohttp against an instant upstream.
+"""Measure FastAPI proxies built on httpx, aiohttp and the gateway's client, instant upstream.
 
     python -m bench.upstream_client [--seconds 5] [--out bench/results/upstream_client.json]
 
@@ -20,6 +20,8 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+
+from bench.client_proxy import CLIENTS
 
 BODY = json.dumps(
     {"model": "llama-3.1-8b-instruct", "messages": [{"role": "user", "content": "hi"}]}
@@ -102,7 +104,7 @@ def main() -> int:
     )
     results: dict[str, dict[str, dict[str, float]]] = {}
     try:
-        for client in ("httpx", "aiohttp"):
+        for client in CLIENTS:
             port = free_port()
             proxy = start(
                 [
@@ -139,8 +141,9 @@ def main() -> int:
                 f"{row['p99_ms']:>8.2f}"
             )
     for conns in ("1", "8", "32"):
-        ratio = results["aiohttp"][conns]["rps"] / results["httpx"][conns]["rps"]
-        print(f"aiohttp / httpx throughput at {conns} connections: {ratio:.2f}x")
+        for client, against in (("aiohttp", "httpx"), ("gateway", "aiohttp")):
+            ratio = results[client][conns]["rps"] / results[against][conns]["rps"]
+            print(f"{client} / {against} throughput at {conns} connections: {ratio:.2f}x")
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=2))
     return 0

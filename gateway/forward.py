@@ -12,7 +12,6 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import aiohttp
 import orjson
 
 from gateway.admission import Admission, Slot
@@ -20,6 +19,7 @@ from gateway.costmodel.model import Prediction
 from gateway.errors import NoCapacity, UpstreamError
 from gateway.exchange import Exchange
 from gateway.health import OutlierDetector
+from gateway.http1 import Response
 from gateway.metering import EnergyMeter
 from gateway.metrics import GatewayMetrics
 from gateway.policy import Policy
@@ -197,7 +197,7 @@ class Forwarder:
 
     async def _open(
         self, ex: Exchange, slot: Slot, body: bytes, policy: Policy, fleet: Fleet
-    ) -> tuple[Slot, aiohttp.ClientResponse, bytes, AsyncIterator[bytes] | None]:
+    ) -> tuple[Slot, Response, bytes, AsyncIterator[bytes] | None]:
         """Send until a backend answers; return its slot, response, first bytes and the rest."""
         profile, decision = ex.profile, ex.decision
         assert profile is not None and decision is not None
@@ -211,7 +211,7 @@ class Forwarder:
             ex.backend = backend
             # The span opens before the first reading that may include this request's prefill.
             self.meter.open(backend, ex.decision_id, ex.attempt_started)
-            response: aiohttp.ClientResponse | None = None
+            response: Response | None = None
             try:
                 response = await self.upstream.send(backend, path, body, backend.headers, timeout_s)
                 if response.status >= 500:
@@ -281,9 +281,7 @@ class Forwarder:
             headers.append((b"x-gateway-cost-usd", f"{ex.prediction.cost_usd:.4g}".encode()))
         return headers
 
-    async def _relay_whole(
-        self, ex: Exchange, response: aiohttp.ClientResponse, body: bytes, send: Send
-    ) -> None:
+    async def _relay_whole(self, ex: Exchange, response: Response, body: bytes, send: Send) -> None:
         content_type = response.headers.get("content-type", "application/json").encode()
         headers = self._headers(ex, content_type)
         headers.append((b"content-length", str(len(body)).encode()))

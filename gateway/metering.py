@@ -15,8 +15,6 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-import aiohttp
-
 from gateway.energy import BackendLedger, Span, read_counter_j
 from gateway.metrics import GatewayMetrics
 from gateway.policy import Pool
@@ -198,16 +196,11 @@ class EnergyMeter:
     async def _fetch(self, url: str, headers: Mapping[str, str]) -> tuple[float, str | None]:
         """Return (when the reading was taken, the metrics text or None)."""
         sent = self._clock()
-        try:
-            async with self._upstream.session.get(
-                url,
-                headers=headers,
-                timeout=aiohttp.ClientTimeout(total=SCRAPE_TIMEOUT_S),
-                allow_redirects=False,
-            ) as response:
-                text = await response.text() if response.status == 200 else None
-        except (aiohttp.ClientError, OSError, TimeoutError):
+        answer = await self._upstream.get(url, headers, SCRAPE_TIMEOUT_S)
+        if answer is None:
             return sent, None
+        status, body = answer
+        text = body.decode("utf-8", errors="replace") if status == 200 else None
         # The exporter read its counter somewhere in the round trip: take the middle.
         return (sent + self._clock()) / 2, text
 

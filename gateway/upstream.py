@@ -1,7 +1,7 @@
-"""The upstream client: one pooled aiohttp session to every backend, errors mapped to ours.
+"""The upstream client: requests to backends over gateway/http1.py, errors mapped to ours.
 
-aiohttp's compiled HTTP parser keeps the proxy path cheap (see docs/performance.md for the
-measurement against httpx); nothing outside this module sees an aiohttp exception.
+Nothing outside this module sees the client's errors: a refused or broken connection is an
+UpstreamError naming the backend, a backend too slow an UpstreamTimeout.
 
 Redirects are never followed: the gateway connects only to the backends of its policy, and a
 backend's key must never go where a backend points. A backend that redirects, or refuses the
@@ -11,27 +11,25 @@ elsewhere, and the client never mistakes the refusal for one of its own key.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Mapping
 
-import aiohttp
-
 from gateway.errors import UpstreamError, UpstreamTimeout
+from gateway.http1 import Client, Response
 from gateway.routing.fleet import BackendState
 
 log = logging.getLogger(__name__)
 
-CONNECT_TIMEOUT_S = 2.0
 PROBE_TIMEOUT_S = 1.0
 CREDENTIALS_REFUSED = frozenset({401, 403})
 
-
-# What aiohttp and the socket layer raise; a TimeoutError is the backend being too slow.
-CLIENT_ERRORS = (TimeoutError, aiohttp.ClientError, OSError)
+# What the client and the socket layer raise; a TimeoutError is the backend being too slow.
+CLIENT_ERRORS = (TimeoutError, OSError, ValueError)
 
 
 def mapped(backend: BackendState, exc: BaseException) -> UpstreamError:
-    """Return the UpstreamError (UpstreamTimeout) naming the backend for an aiohttp error.
+    """Return the UpstreamError (UpstreamTimeout) naming the backend for a client error.
 
     Callers catch CLIENT_ERRORS and raise what this returns `from exc`: a try block costs
     nothing until something fails, where a context manager costs a microsecond on every call.
@@ -45,38 +43,21 @@ class Upstream:
     """Send requests to backends over pooled keep-alive connections."""
 
     def __init__(self) -> None:
-        self._session: aiohttp.ClientSession | None = None
-        self._timeouts: dict[float, aiohttp.ClientTimeout] = {}
+        self._client: Client | None = None
 
     async def start(self) -> None:
-        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=30)
-        self._session = aiohttp.ClientSession(
-            connector=connector,
-            auto_decompress=False,
-            skip_auto_headers=("User-Agent", "Accept-Encoding"),
-            # The session serves every client: a cookie one backend answer sets must not ride
-            # along with other clients' requests.
-            cookie_jar=aiohttp.DummyCookieJar(),
-            trust_env=False,
-        )
+        self._client = Client()
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
 
     @property
-    def session(self) -> aiohttp.ClientSession:
-        if self._session is None:
+    def client(self) -> Client:
+        if self._client is None:
             raise RuntimeError("the upstream client is not started")
-        return self._session
-
-    def _timeout(self, read_s: float) -> aiohttp.ClientTimeout:
-        timeout = self._timeouts.get(read_s)
-        if timeout is None:
-            timeout = aiohttp.ClientTimeout(sock_connect=CONNECT_TIMEOUT_S, sock_read=read_s)
-            self._timeouts[read_s] = timeout
-        return timeout
+        return self._client
 
     async def send(
         self,
@@ -85,15 +66,11 @@ class Upstream:
         body: bytes,
         headers: Mapping[str, str],
         read_timeout_s: float,
-    ) -> aiohttp.ClientResponse:
+    ) -> Response:
         """POST body to the backend and return once its status line and headers arrived."""
         try:
-            response = await self.session.post(
-                backend.url + path,
-                data=body,
-                headers=headers,
-                timeout=self._timeout(read_timeout_s),
-                allow_redirects=False,
+            response = await self.client.request(
+                "POST", backend.url, path, headers, body, read_timeout_s
             )
         except CLIENT_ERRORS as exc:
             raise mapped(backend, exc) from exc
@@ -102,35 +79,40 @@ class Upstream:
             raise _unusable(backend, response.status, response.headers.get("location", ""))
         return response
 
-    async def read(self, backend: BackendState, response: aiohttp.ClientResponse) -> bytes:
+    async def read(self, backend: BackendState, response: Response) -> bytes:
         """Read a whole response body."""
         try:
             return await response.read()
         except CLIENT_ERRORS as exc:
             raise mapped(backend, exc) from exc
 
-    async def chunks(
-        self, backend: BackendState, response: aiohttp.ClientResponse
-    ) -> AsyncIterator[bytes]:
+    async def chunks(self, backend: BackendState, response: Response) -> AsyncIterator[bytes]:
         """Yield a response body as it arrives, chunk by chunk."""
         try:
-            async for chunk in response.content.iter_any():
+            async for chunk in response.chunks():
                 yield chunk
         except CLIENT_ERRORS as exc:
             raise mapped(backend, exc) from exc
 
+    async def get(
+        self, url: str, headers: Mapping[str, str], timeout_s: float
+    ) -> tuple[int, bytes] | None:
+        """GET a whole URL within timeout_s; return (status, body), or None if it failed."""
+        response: Response | None = None
+        try:
+            async with asyncio.timeout(timeout_s):
+                response = await self.client.request("GET", url, "", headers, read_s=timeout_s)
+                return response.status, await response.read()
+        except CLIENT_ERRORS:
+            return None
+        finally:
+            if response is not None:
+                response.release()
+
     async def probe(self, backend: BackendState) -> bool:
         """Return whether the backend's /health answers 200."""
-        try:
-            async with self.session.get(
-                backend.url + "/health",
-                headers=backend.auth,
-                timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S),
-                allow_redirects=False,
-            ) as response:
-                return response.status == 200
-        except (aiohttp.ClientError, OSError, TimeoutError):
-            return False
+        answer = await self.get(backend.url + "/health", backend.auth, PROBE_TIMEOUT_S)
+        return answer is not None and answer[0] == 200
 
 
 def _unusable(backend: BackendState, status: int, location: str) -> UpstreamError:

@@ -1,0 +1,423 @@
+"""The backends' HTTP/1.1 client against raw servers on loopback that misbehave on purpose."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import ssl
+import subprocess
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import pytest
+
+from gateway import http1
+from gateway.http1 import Client
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]]
+
+
+def ok(body: bytes, extra: bytes = b"") -> bytes:
+    return b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n%s\r\n%s" % (len(body), extra, body)
+
+
+async def read_request(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
+    """Read one request; return its head and body."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            length = int(line.split(b":", 1)[1])
+    return head, await reader.readexactly(length)
+
+
+class Backend:
+    """A raw TCP server: `handler(reader, writer, n)` serves its n-th connection."""
+
+    def __init__(self, handler: Handler, tls: ssl.SSLContext | None = None):
+        self.handler = handler
+        self.connections = 0
+        self._tls = tls
+        self._server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> Backend:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0, ssl=self._tls)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+
+    @property
+    def url(self) -> str:
+        assert self._server is not None
+        port = self._server.sockets[0].getsockname()[1]
+        if self._tls is not None:
+            return f"https://localhost:{port}"  # the name the certificate is for
+        return f"http://127.0.0.1:{port}"
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            await self.handler(reader, writer, self.connections)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+
+async def keep_answering(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int
+) -> None:
+    """Answer every request on the connection with its head and body echoed back."""
+    while True:
+        head, body = await read_request(reader)
+        writer.write(ok(head + body))
+        await writer.drain()
+
+
+def test_one_keep_alive_connection_serves_one_request_after_another() -> None:
+    async def scenario() -> tuple[list[bytes], int]:
+        async with Backend(keep_answering) as backend:
+            client = Client()
+            answers = []
+            for i in range(3):
+                response = await client.request(
+                    "POST",
+                    backend.url + "/base",
+                    "/v1/chat",
+                    {"authorization": "Bearer k"},
+                    b"%d" % i,
+                )
+                answers.append(await response.read())
+                response.release()
+            await client.close()
+            return answers, backend.connections
+
+    answers, connections = asyncio.run(scenario())
+    assert connections == 1
+    for i, answer in enumerate(answers):
+        lines = answer.split(b"\r\n")
+        assert lines[0] == b"POST /base/v1/chat HTTP/1.1"
+        assert any(line.startswith(b"host: 127.0.0.1:") for line in lines)
+        assert b"authorization: Bearer k" in lines
+        assert answer.endswith(b"\r\n\r\n%d" % i)
+
+
+def test_a_chunked_answer_arrives_chunk_by_chunk() -> None:
+    first_read = asyncio.Event()
+
+    async def stream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nfirst\r\n")
+        await writer.drain()
+        await first_read.wait()  # the client has the first chunk before the second is written
+        writer.write(b"6\r\nsecond\r\n0\r\n\r\n")
+        await writer.drain()
+        await reader.read()
+
+    async def scenario() -> list[bytes]:
+        async with Backend(stream) as backend:
+            client = Client()
+            response = await client.request("POST", backend.url, "/v1/chat", {}, b"{}", 2.0)
+            chunks = []
+            async for chunk in response.chunks():
+                chunks.append(chunk)
+                first_read.set()
+            response.release()
+            await client.close()
+            return chunks
+
+    assert asyncio.run(scenario()) == [b"first", b"second"]
+
+
+def test_an_answer_that_ends_with_its_connection_is_read_whole() -> None:
+    async def close_delimited(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int
+    ) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\npart one, ")
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        writer.write(b"part two")
+        await writer.drain()
+
+    async def scenario() -> bytes:
+        async with Backend(close_delimited) as backend:
+            client = Client()
+            response = await client.request("POST", backend.url, "/", {}, b"")
+            body = await response.read()
+            await client.close()
+            return body
+
+    assert asyncio.run(scenario()) == b"part one, part two"
+
+
+def test_a_request_the_backend_drops_on_a_reused_connection_is_sent_once_more() -> None:
+    """The backend's idle timeout and the next request cross: it closes as the request goes."""
+
+    async def answer_once(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int
+    ) -> None:
+        if n == 1:
+            await read_request(reader)
+            writer.write(ok(b"first"))
+            await writer.drain()
+            await read_request(reader)  # and close without answering
+            return
+        await keep_answering(reader, writer, n)
+
+    async def scenario() -> tuple[bytes, int]:
+        async with Backend(answer_once) as backend:
+            client = Client()
+            for body in (b"1", b"2"):
+                response = await client.request("POST", backend.url, "/", {}, body)
+                answer = await response.read()
+            await client.close()
+            return answer, backend.connections
+
+    answer, connections = asyncio.run(scenario())
+    assert answer.endswith(b"2") and connections == 2
+
+
+def test_a_new_connection_closed_before_the_answer_fails_without_a_second_try() -> None:
+    async def hang_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        await read_request(reader)
+
+    async def scenario() -> int:
+        async with Backend(hang_up) as backend:
+            client = Client()
+            with pytest.raises(ConnectionError, match="before answering"):
+                await client.request("POST", backend.url, "/", {}, b"{}")
+            await client.close()
+            return backend.connections
+
+    assert asyncio.run(scenario()) == 1
+
+
+def test_silence_past_the_read_timeout_is_a_timeout_and_a_slow_steady_stream_is_not() -> None:
+    async def slow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        while True:
+            _, body = await read_request(reader)
+            if body == b"silent":
+                await asyncio.sleep(5)
+            writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+            for _ in range(6):  # 0.6 s in all, never 0.3 s without a byte
+                await asyncio.sleep(0.1)
+                writer.write(b"1\r\n.\r\n")
+                await writer.drain()
+            if body == b"stalls":
+                await asyncio.sleep(5)
+            writer.write(b"0\r\n\r\n")
+            await writer.drain()
+
+    async def scenario() -> tuple[float, bytes, float]:
+        async with Backend(slow) as backend:
+            client = Client()
+            started = time.monotonic()
+            with pytest.raises(TimeoutError):
+                await client.request("POST", backend.url, "/", {}, b"silent", read_s=0.3)
+            silent_s = time.monotonic() - started
+            response = await client.request("POST", backend.url, "/", {}, b"steady", read_s=0.3)
+            steady = await response.read()
+            response = await client.request("POST", backend.url, "/", {}, b"stalls", read_s=0.3)
+            started = time.monotonic()
+            with pytest.raises(TimeoutError):
+                await response.read()
+            stalled_s = time.monotonic() - started
+            await client.close()
+            return silent_s, steady, stalled_s
+
+    silent_s, steady, stalled_s = asyncio.run(scenario())
+    assert 0.3 <= silent_s < 1.0
+    assert steady == b"......"
+    assert 0.8 <= stalled_s < 1.6  # the 0.6 s of bytes, then the 0.3 s without
+
+
+def test_a_malformed_answer_is_a_connection_error_and_the_next_request_gets_a_new_connection() -> (
+    None
+):
+    async def garbage_first(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int
+    ) -> None:
+        if n == 1:
+            await read_request(reader)
+            writer.write(b"NOT HTTP AT ALL\r\n\r\n")
+            await writer.drain()
+            await reader.read()
+            return
+        await keep_answering(reader, writer, n)
+
+    async def scenario() -> tuple[int, int]:
+        async with Backend(garbage_first) as backend:
+            client = Client()
+            with pytest.raises(ConnectionError, match="malformed"):
+                await client.request("POST", backend.url, "/", {}, b"{}")
+            response = await client.request("POST", backend.url, "/", {}, b"{}")
+            await response.read()
+            await client.close()
+            return response.status, backend.connections
+
+    assert asyncio.run(scenario()) == (200, 2)
+
+
+def test_a_cancelled_request_never_hands_its_late_answer_to_the_next() -> None:
+    async def late_first(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int
+    ) -> None:
+        while True:
+            _, body = await read_request(reader)
+            if body == b"late":
+                await asyncio.sleep(0.2)
+            writer.write(ok(b"answer to " + body))
+            await writer.drain()
+
+    async def scenario() -> bytes:
+        async with Backend(late_first) as backend:
+            client = Client()
+            with pytest.raises(TimeoutError):
+                async with asyncio.timeout(0.05):
+                    await client.request("POST", backend.url, "/", {}, b"late")
+            response = await client.request("POST", backend.url, "/", {}, b"next")
+            body = await response.read()
+            await client.close()
+            return body
+
+    assert asyncio.run(scenario()) == b"answer to next"
+
+
+def test_an_answer_released_unread_closes_its_connection() -> None:
+    async def in_two_parts(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int
+    ) -> None:
+        while True:
+            _, body = await read_request(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % (2 * len(body)))
+            writer.write(body)
+            await writer.drain()
+            await asyncio.sleep(0.1)
+            writer.write(body)
+            await writer.drain()
+
+    async def scenario() -> tuple[bytes, int]:
+        async with Backend(in_two_parts) as backend:
+            client = Client()
+            response = await client.request("POST", backend.url, "/", {}, b"first")
+            response.release()  # half of it came
+            response = await client.request("POST", backend.url, "/", {}, b"second")
+            body = await response.read()
+            await client.close()
+            return body, backend.connections
+
+    assert asyncio.run(scenario()) == (b"secondsecond", 2)
+
+
+def test_a_stream_read_slower_than_it_arrives_stops_being_read_from_the_backend() -> None:
+    total = 8 * 1024 * 1024
+    piece = b"x" * 65536
+
+    async def flood(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % total)
+        for _ in range(total // len(piece)):
+            writer.write(piece)
+            await writer.drain()
+        await reader.read()
+
+    async def scenario() -> tuple[int, int]:
+        async with Backend(flood) as backend:
+            client = Client()
+            response = await client.request("POST", backend.url, "/", {}, b"", read_s=0.2)
+            chunks = response.chunks()
+            received = len(await anext(chunks))
+            await asyncio.sleep(0.5)  # a slow client, not a silent backend: no timeout
+            held = response.buffered
+            async for chunk in chunks:
+                received += len(chunk)
+            await client.close()
+            return held, received
+
+    held, received = asyncio.run(scenario())
+    assert held <= 2 * http1.HIGH_WATER
+    assert received == total
+
+
+def test_an_interim_answer_is_passed_over() -> None:
+    async def interim(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 100 Continue\r\n\r\n" + ok(b"final"))
+        await writer.drain()
+        await reader.read()
+
+    async def scenario() -> tuple[int, bytes]:
+        async with Backend(interim) as backend:
+            client = Client()
+            response = await client.request("POST", backend.url, "/", {}, b"")
+            body = await response.read()
+            await client.close()
+            return response.status, body
+
+    assert asyncio.run(scenario()) == (200, b"final")
+
+
+def test_a_header_with_a_line_break_is_refused_before_anything_is_sent() -> None:
+    async def scenario() -> int:
+        async with Backend(keep_answering) as backend:
+            client = Client()
+            with pytest.raises(ValueError, match="line break"):
+                await client.request("POST", backend.url, "/", {"x-key": "k\r\nx-evil: 1"}, b"")
+            await client.close()
+            return backend.connections
+
+    assert asyncio.run(scenario()) == 0
+
+
+def test_an_idle_connection_past_its_keepalive_is_not_reused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(http1, "KEEPALIVE_S", 0.05)
+
+    async def scenario() -> int:
+        async with Backend(keep_answering) as backend:
+            client = Client()
+            for _ in range(2):
+                response = await client.request("POST", backend.url, "/", {}, b"")
+                await response.read()
+                await asyncio.sleep(0.1)
+            await client.close()
+            return backend.connections
+
+    assert asyncio.run(scenario()) == 2
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+def test_an_https_backend_with_a_private_ca_named_in_ssl_cert_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        [
+            "openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+            "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost",
+            "-keyout", str(key), "-out", str(cert),
+        ],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    server_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_tls.load_cert_chain(cert, key)
+
+    async def scenario() -> bytes:
+        async with Backend(keep_answering, tls=server_tls) as backend:
+            client = Client()
+            try:
+                response = await client.request("POST", backend.url, "/v1", {}, b"secret")
+                return await response.read()
+            finally:
+                await client.close()
+
+    with pytest.raises(ssl.SSLCertVerificationError):
+        asyncio.run(scenario())
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+    assert asyncio.run(scenario()).endswith(b"secret")
