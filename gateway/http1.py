@@ -145,7 +145,7 @@ class Connection(asyncio.Protocol):
         self._head: asyncio.Future[Response] | None = None
         self._response: Response | None = None
         self._header_list: list[tuple[bytes, bytes]] = []
-        self._header_bytes = 0
+        self._head_bytes = 0  # of the answer's head so far
         self.received = False  # any byte of the current answer
         self._timer: asyncio.TimerHandle | None = None
         self._read_s = 0.0
@@ -158,6 +158,7 @@ class Connection(asyncio.Protocol):
         """Write one whole request; the future resolves once the answer's head arrived."""
         assert self.transport is not None
         self._head = self._loop.create_future()
+        self._head_bytes = 0
         self.received = False
         self._read_s = read_s
         self._deadline = self._loop.time() + read_s
@@ -181,14 +182,25 @@ class Connection(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
+        if self._head is None and self._response is None:
+            # An answer no request asked for (a 408 while idle, a backend answering twice):
+            # the connection cannot be trusted to pair the next answer with its request.
+            self.close()
+            return
         self.received = True
         self._deadline = self._loop.time() + self._read_s
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
             self._fail(ConnectionError("the backend switched protocols"))
+            return
         except httptools.HttpParserError as exc:
-            self._fail(ConnectionError(f"malformed answer: {exc}"))
+            self._fail(ConnectionError(f"malformed answer: {exc.__context__ or exc}"))
+            return
+        if self._head is not None:  # the head is still arriving: httptools holds it meanwhile
+            self._head_bytes += len(data)
+            if self._head_bytes > MAX_HEADER_BYTES:
+                self._fail(ConnectionError(f"an answer's head over {MAX_HEADER_BYTES} bytes"))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._pool.forget(self)
@@ -196,8 +208,8 @@ class Connection(asyncio.Protocol):
         if self._head is None and self._response is None:
             return
         response = self._response
-        if response is not None and self._delimited_by_close():
-            self._finish()
+        if response is not None and exc is None and self._delimited_by_close():
+            self._finish()  # the backend closed the connection cleanly: the body has ended
             return
         reason = f": {exc}" if exc else ""
         error = ConnectionError(
@@ -210,15 +222,14 @@ class Connection(asyncio.Protocol):
     # httptools callbacks
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._header_bytes += len(name) + len(value)
-        if self._header_bytes > MAX_HEADER_BYTES:
-            raise httptools.HttpParserError(f"headers over {MAX_HEADER_BYTES} bytes")
         self._header_list.append((name, value))
 
     def on_headers_complete(self) -> None:
         headers = {n.decode("latin-1").lower(): v.decode("latin-1") for n, v in self._header_list}
         self._header_list = []
-        self._header_bytes = 0
+        if self._head is None:
+            # More bytes after the answer, in the same read: a second answer to one request.
+            raise httptools.HttpParserError("an answer no request asked for")
         status = self._parser.get_status_code()
         if status < 200:
             return  # an interim answer (100 Continue): the real one follows
@@ -242,6 +253,9 @@ class Connection(asyncio.Protocol):
         keep = self._parser.should_keep_alive()
         self._finish()
         if keep and self.transport is not None and not self.transport.is_closing():
+            if self._paused:  # paused for this answer's reader, which has its bytes now
+                self._paused = False
+                self.transport.resume_reading()
             self._pool.give_back(self)
         else:
             self.close()
@@ -256,7 +270,7 @@ class Connection(asyncio.Protocol):
         headers = response.headers
         return "content-length" not in headers and "chunked" not in headers.get(
             "transfer-encoding", ""
-        )
+        ).lower()
 
     def _check_deadline(self) -> None:
         # The deadline moves with every byte received; the timer is moved only when it fires.
@@ -303,6 +317,7 @@ class Pool:
         self._tls = tls
         self._idle: deque[Connection] = deque()
         self._open: set[Connection] = set()
+        self.closed = False
 
     async def connection(self) -> Connection:
         """Return an idle connection, or a new one."""
@@ -319,6 +334,8 @@ class Pool:
         return await self.connect()
 
     async def connect(self) -> Connection:
+        if self.closed:
+            raise ConnectionError("the upstream client is closed")
         origin = self.origin
         async with asyncio.timeout(CONNECT_TIMEOUT_S):
             _, conn = await self.loop.create_connection(
@@ -332,8 +349,10 @@ class Pool:
         return conn
 
     def give_back(self, conn: Connection) -> None:
-        conn.idle_since = self.loop.time()
+        now = conn.idle_since = self.loop.time()
         self._idle.append(conn)
+        while now - self._idle[0].idle_since > KEEPALIVE_S:  # the oldest, unused since
+            self._idle.popleft().close()
 
     def forget(self, conn: Connection) -> None:
         self._open.discard(conn)
@@ -341,6 +360,7 @@ class Pool:
             self._idle.remove(conn)
 
     def close(self) -> None:
+        self.closed = True
         for conn in list(self._open):
             conn.close()
         self._idle.clear()
@@ -366,9 +386,10 @@ class Client:
     ) -> Response:
         """Send a request to base_url + path; return once the answer's status and headers came.
 
-        A request on a reused connection that the backend closed before answering (its idle
-        timeout and our reuse crossing) is sent once more on a new connection: the backend
-        never saw it.
+        A request on a reused connection that the backend closed, or answered 408, before any
+        other byte of an answer is sent once more on a new connection: that is the backend's
+        idle timeout crossing the request, which it then never read. (A backend that read it
+        and died before answering gets it twice; the forwarder would retry it elsewhere.)
         """
         origin, pool = self._pool(base_url)
         head = self._head(method, base_url, path, headers, origin)
@@ -377,14 +398,21 @@ class Client:
         while True:
             answer = conn.send(data, read_s)
             try:
-                return await answer
+                response = await answer
             except ConnectionError:
-                if not conn.reused or conn.received:
+                if not conn.reused or conn.received or pool.closed:
                     raise
                 conn = await pool.connect()
+                continue
             except BaseException:
                 conn.close()  # cancelled mid-request: the late answer must not meet the next
                 raise
+            if response.status == 408 and conn.reused and not pool.closed:
+                response.release()
+                conn.close()
+                conn = await pool.connect()
+                continue
+            return response
 
     async def close(self) -> None:
         for pool in self._pools.values():

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import socket
 import ssl
+import struct
 import subprocess
 import time
 from collections.abc import Awaitable, Callable
@@ -421,3 +423,187 @@ def test_an_https_backend_with_a_private_ca_named_in_ssl_cert_file(
         asyncio.run(scenario())
     monkeypatch.setenv("SSL_CERT_FILE", str(cert))
     assert asyncio.run(scenario()).endswith(b"secret")
+
+
+def test_an_answer_that_ended_while_its_reading_was_paused_leaves_its_connection_reading() -> None:
+    """The whole answer arrives while the reader sleeps: the connection goes back un-paused."""
+    big = b"x" * (http1.HIGH_WATER + http1.HIGH_WATER // 2)  # ends in the read that pauses
+
+    async def big_then_small(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int
+    ) -> None:
+        for body in (big, b"second"):
+            await read_request(reader)
+            writer.write(ok(body))
+            await writer.drain()
+        await reader.read()
+
+    async def scenario() -> tuple[int, bytes, int]:
+        async with Backend(big_then_small) as backend:
+            client = Client()
+            response = await client.request("POST", backend.url, "/", {}, b"", read_s=1.0)
+            await asyncio.sleep(0.3)  # a slow reader: the rest of the answer arrives meanwhile
+            first = len(await response.read())
+            async with asyncio.timeout(3):
+                response = await client.request("POST", backend.url, "/", {}, b"", read_s=1.0)
+                second = await response.read()
+            await client.close()
+            return first, second, backend.connections
+
+    assert asyncio.run(scenario()) == (len(big), b"second", 1)
+
+
+def test_an_answer_no_request_asked_for_never_reaches_the_next_request() -> None:
+    async def answers_twice(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int
+    ) -> None:
+        if n == 1:
+            await read_request(reader)
+            writer.write(ok(b"one") + ok(b"STALE"))  # two answers to one request
+            await writer.drain()
+            await reader.read()
+            return
+        if n == 2:
+            await read_request(reader)
+            writer.write(ok(b"two"))
+            await writer.drain()
+            await asyncio.sleep(0.05)
+            writer.write(ok(b"STALE, while idle"))
+            await writer.drain()
+            await reader.read()
+            return
+        await keep_answering(reader, writer, n)
+
+    async def scenario() -> tuple[list[bytes], int]:
+        async with Backend(answers_twice) as backend:
+            client = Client()
+            bodies = []
+            for body in (b"1", b"2", b"3"):
+                response = await client.request("POST", backend.url, "/", {}, body)
+                bodies.append(await response.read())
+                await asyncio.sleep(0.1)
+            await client.close()
+            return bodies, backend.connections
+
+    bodies, connections = asyncio.run(scenario())
+    assert bodies[:2] == [b"one", b"two"]
+    assert bodies[2].endswith(b"3") and connections == 3
+
+
+def test_a_408_on_a_reused_connection_is_the_backends_idle_timeout_and_is_sent_again() -> None:
+    async def times_out_idle(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int
+    ) -> None:
+        if n == 1:
+            await read_request(reader)
+            writer.write(ok(b"first"))
+            await writer.drain()
+            await read_request(reader)
+            writer.write(b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\n\r\n")
+            await writer.drain()
+            return
+        await keep_answering(reader, writer, n)
+
+    async def scenario() -> tuple[int, bytes, int]:
+        async with Backend(times_out_idle) as backend:
+            client = Client()
+            for body in (b"1", b"2"):
+                response = await client.request("POST", backend.url, "/", {}, body)
+                answer = await response.read()
+            await client.close()
+            return response.status, answer, backend.connections
+
+    status, answer, connections = asyncio.run(scenario())
+    assert status == 200 and answer.endswith(b"2") and connections == 2
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: Chunked\r\n\r\n5\r\nhello\r\n10\r\npart",
+        b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\npart",
+    ],
+    ids=["chunked, any case", "content-length"],
+)
+def test_a_body_cut_short_is_an_error_not_a_short_answer(answer: bytes) -> None:
+    async def cut(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        await read_request(reader)
+        writer.write(answer)
+        await writer.drain()
+
+    async def scenario() -> None:
+        async with Backend(cut) as backend:
+            client = Client()
+            response = await client.request("POST", backend.url, "/", {}, b"")
+            with pytest.raises(ConnectionError, match="mid-answer"):
+                await response.read()
+            await client.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_body_that_ends_with_its_connection_reset_is_an_error() -> None:
+    async def reset(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\n\r\npartial")
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        sock = writer.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+
+    async def scenario() -> None:
+        async with Backend(reset) as backend:
+            client = Client()
+            response = await client.request("POST", backend.url, "/", {}, b"")
+            with pytest.raises(ConnectionError, match="reset"):
+                await response.read()
+            await client.close()
+
+    asyncio.run(scenario())
+
+
+def test_an_answer_head_past_its_limit_is_refused_without_waiting_for_its_end() -> None:
+    async def endless_header(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int
+    ) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nx-big: ")
+        for _ in range(64):
+            writer.write(b"y" * 65536)
+            await writer.drain()
+        await reader.read()
+
+    async def scenario() -> None:
+        async with Backend(endless_header) as backend:
+            client = Client()
+            with pytest.raises(ConnectionError, match="head over"):
+                await client.request("POST", backend.url, "/", {}, b"")
+            await client.close()
+
+    asyncio.run(scenario())
+
+
+def test_closing_the_client_fails_requests_in_flight_without_sending_them_again() -> None:
+    async def slow_second(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int
+    ) -> None:
+        await read_request(reader)
+        writer.write(ok(b"first"))
+        await writer.drain()
+        await read_request(reader)
+        await asyncio.sleep(5)
+
+    async def scenario() -> int:
+        async with Backend(slow_second) as backend:
+            client = Client()
+            response = await client.request("POST", backend.url, "/", {}, b"")
+            await response.read()
+            pending = asyncio.ensure_future(client.request("POST", backend.url, "/", {}, b""))
+            await asyncio.sleep(0.05)
+            await client.close()
+            with pytest.raises(ConnectionError):
+                await pending
+            await asyncio.sleep(0.05)
+            return backend.connections
+
+    assert asyncio.run(scenario()) == 1
