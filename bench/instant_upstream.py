@@ -1,12 +1,17 @@
 """An upstream that answers every chat completion at once: the floor for proxy benchmarks.
 
 A request whose body asks for `"stream": true` is answered with `--chunks` server-sent events
-(OpenAI's `chat.completion.chunk` shape, usage in the last one) and `data: [DONE]`, all at once.
+(OpenAI's `chat.completion.chunk` shape, usage in the last one) and `data: [DONE]`, all at once,
+or `--gap-ms` apart with each event's id stamped with the monotonic clock when it was sent
+(`t<nanoseconds>`), so that a client on the same machine can time each chunk's way to it
+(bench/chunk_latency.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import time
 from typing import Any
 
 import orjson
@@ -65,6 +70,8 @@ def stream_events(chunks: int) -> list[bytes]:
 
 
 EVENTS = stream_events(16)
+GAP_S = 0.0
+STAMP = b'"id":"chatcmpl-bench"'
 
 
 async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -78,6 +85,9 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     if STREAM_FLAGS[0] in body or STREAM_FLAGS[1] in body:
         await send({"type": "http.response.start", "status": 200, "headers": STREAM_HEADERS})
         for event in EVENTS:
+            if GAP_S:
+                await asyncio.sleep(GAP_S)
+                event = event.replace(STAMP, b'"id":"t%d"' % time.monotonic_ns())
             await send({"type": "http.response.body", "body": event, "more_body": True})
         await send({"type": "http.response.body", "body": b""})
         return
@@ -89,9 +99,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--chunks", type=int, default=16, help="content events per streamed answer")
+    parser.add_argument("--gap-ms", type=float, default=0.0, help="between streamed events")
     args = parser.parse_args()
-    global EVENTS
+    global EVENTS, GAP_S
     EVENTS = stream_events(args.chunks)
+    GAP_S = args.gap_ms / 1000
     uvicorn.run(
         app,
         host="127.0.0.1",
