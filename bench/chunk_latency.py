@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import re
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +68,18 @@ async def load(url: str, streams: int, seconds: float) -> tuple[list[float], int
     return delays, failures
 
 
+@contextlib.contextmanager
+def on_core(core: int) -> Iterator[None]:
+    """Run this process on `core` until the block ends, then where it ran before."""
+    before = os.sched_getaffinity(0)
+    with contextlib.suppress(OSError):  # fewer cores than expected: run unpinned
+        os.sched_setaffinity(0, {core})
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
@@ -90,8 +104,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gap-ms", type=float, default=2.0, help="between the upstream's events")
     parser.add_argument("--out", default="bench/results/chunk_latency.json")
     args = parser.parse_args(argv)
-    # The client runs in this process, next to the upstream on the load core.
-    os.sched_setaffinity(0, {LOAD_CORE})
     port = free_port()
     upstream = f"http://127.0.0.1:{port}"
     command = [
@@ -99,7 +111,11 @@ def main(argv: list[str] | None = None) -> int:
         "--gap-ms", str(args.gap_ms),
     ]  # fmt: skip
     results: dict[str, Any] = {"gap_ms": args.gap_ms, "seconds": args.seconds, "points": {}}
-    with server(command, LOAD_CORE, upstream + "/"), gateway(upstream, 0.0) as (_, base):
+    with (
+        server(command, LOAD_CORE, upstream + "/"),
+        gateway(upstream, 0.0) as (_, base),
+        on_core(LOAD_CORE),  # the client, next to the upstream
+    ):
         for streams in (int(s) for s in args.streams.split(",")):
             direct = measure(upstream + "/v1/chat/completions", streams, args.seconds)
             through = measure(base + "/v1/chat/completions", streams, args.seconds)

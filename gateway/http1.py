@@ -268,9 +268,10 @@ class Connection(asyncio.Protocol):
         if response is None:
             return False
         headers = response.headers
-        return "content-length" not in headers and "chunked" not in headers.get(
-            "transfer-encoding", ""
-        ).lower()
+        return (
+            "content-length" not in headers
+            and "chunked" not in headers.get("transfer-encoding", "").lower()
+        )
 
     def _check_deadline(self) -> None:
         # The deadline moves with every byte received; the timer is moved only when it fires.
