@@ -282,7 +282,12 @@ def test_a_tenants_rate_limit_holds_across_replicas(
             json={"yaml": yaml.safe_dump(doc), "message": "acme gets a limit"},
         )
         assert put.status_code == 200, put.text
-        time.sleep(0.5)
+        version = put.json()["version"]
+        started = time.monotonic()
+        for gw in gateways:  # how fast a change spreads is another test's: wait until it has
+            while httpx.get(gw.url + "/admin/policy", headers=admin).json()["version"] != version:
+                assert time.monotonic() - started < 10, "a replica never took the tenant's limit"
+                time.sleep(0.05)
         outcomes = []
         for i in range(10):
             gw = gateways[i % 2]
