@@ -450,16 +450,6 @@ def targets(results: dict[str, Any]) -> list[tuple[str, str, bool]]:
     if "added_p99_ms" in gw.get("8", {}):
         added = gw["8"]["added_p99_ms"]
         checks.append(("added p99 <= 1.5 ms @8", f"{added:.3f} ms", added <= 1.5))
-    stream = paths.get("gateway", {}).get("stream", {})
-    if "added_p99_ms" in stream.get("8", {}):
-        added = stream["8"]["added_p99_ms"]
-        checks.append(
-            (
-                f"whole {results['chunks']}-chunk stream added p99 <= 1 ms @8",
-                f"{added:.3f} ms",
-                added <= 1.0,
-            )
-        )
     for name in ("gateway", "gateway-shadow10"):
         if name in paths:
             peak = paths[name]["peak_rss_mib"]
@@ -497,6 +487,8 @@ def print_report(results: dict[str, Any]) -> None:
         print("\nissue #10 targets:")
         for target, measured, met in checks:
             print(f"  {'met    ' if met else 'NOT met'}  {target:44} {measured}")
+        # wrk times whole streams; the per-chunk target is measured chunk by chunk there.
+        print("  (each streamed chunk <= 1 ms added at p99: python -m bench.chunk_latency)")
 
 
 def summarise_profile(raw: Path, top: int) -> dict[str, Any]:
