@@ -100,6 +100,11 @@ def _db_prune(args: argparse.Namespace, settings: Settings) -> int:
         print(
             f"{table.name}: deleted {deleted[table.name]} rows from before {since} ({days:g} days)"
         )
+    if "cost_models" in deleted:
+        print(
+            f"cost_models: deleted {deleted['cost_models']} from before the request window, "
+            "all but the one in force at its edge"
+        )
     return 0
 
 

@@ -16,6 +16,11 @@ window, so the outcome does not depend on which replica deletes them; a row anot
 deleted first is simply not found, and on PostgreSQL a batch skips the rows another replica's
 batch holds (SKIP LOCKED), so replicas share the work instead of waiting for each other.
 
+Cost models (one stored per retraining, every 10 s at most under heavy traffic) are kept as long
+as request records: a model older than the request window explains no request kept. Of those
+older, the newest good one stays too, as the model in force at the window's edge, which the
+weekly report of a week starting there reads.
+
 Stored shadow texts are not handled here: the shadow writer erases them every minute once their
 `text_expires_at` has passed (gateway/shadow.py).
 """
@@ -23,6 +28,7 @@ Stored shadow texts are not handled here: the shadow writer erases them every mi
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
 import time
@@ -31,6 +37,7 @@ from dataclasses import dataclass
 
 import sqlalchemy as sa
 
+from gateway.costmodel.store import cost_models
 from gateway.errors import DatabaseUnavailable
 from gateway.periodic import Periodic
 from gateway.records import request_records
@@ -87,6 +94,24 @@ def delete_batch(engine: sa.Engine, table: sa.Table, cutoff: float, rows: int) -
         ) from exc
 
 
+def delete_cost_models(engine: sa.Engine, cutoff: float, rows: int) -> int:
+    """Delete up to `rows` cost models created before `cutoff`, all but the newest good one."""
+    m = cost_models.c
+    in_force = (
+        sa.select(sa.func.max(m.version)).where(m.status == "ok", m.created < cutoff)
+    ).scalar_subquery()
+    oldest = (
+        sa.select(m.version)
+        .where(m.created < cutoff, m.version != sa.func.coalesce(in_force, -1))
+        .limit(rows)
+    )
+    try:
+        with engine.begin() as conn:
+            return int(conn.execute(cost_models.delete().where(m.version.in_(oldest))).rowcount)
+    except sa.exc.SQLAlchemyError as exc:
+        raise DatabaseUnavailable(f"cannot delete old cost models ({type(exc).__name__})") from exc
+
+
 def prune(
     engine: sa.Engine,
     windows: Windows,
@@ -100,12 +125,20 @@ def prune(
 
     Pauses `pause_s` between batches, and returns early once `stopping` is set.
     """
-    deleted: dict[str, int] = {}
+    batches: dict[str, Callable[[], int]] = {}
     for table, cutoff in windows.cutoffs(now).items():
-        deleted[table.name] = 0
+        batches[table.name] = functools.partial(delete_batch, engine, table, cutoff, batch_rows)
+    if windows.request_days > 0:
+        cutoff = now - windows.request_days * DAY_S
+        batches[cost_models.name] = functools.partial(
+            delete_cost_models, engine, cutoff, batch_rows
+        )
+    deleted: dict[str, int] = {}
+    for name, batch in batches.items():
+        deleted[name] = 0
         while stopping is None or not stopping.is_set():
-            n = delete_batch(engine, table, cutoff, batch_rows)
-            deleted[table.name] += n
+            n = batch()
+            deleted[name] += n
             if n < batch_rows:
                 break
             time.sleep(pause_s)

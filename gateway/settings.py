@@ -129,7 +129,7 @@ class Settings(BaseSettings):
         default=30.0,
         ge=0,
         validation_alias=AliasChoices("GATEWAY_RETENTION_DAYS"),
-        description="Days request records are kept; 0 keeps them forever.",
+        description="Days request records and cost models are kept; 0 keeps them forever.",
     )
     shadow_retention_days: float = Field(
         default=30.0,

@@ -73,6 +73,7 @@ def test_db_prune_deletes_records_past_retention_and_says_how_many(database: str
     assert result.returncode == 0, result.stderr
     assert "request_records: deleted 2 rows from before" in result.stdout
     assert "shadow_records: kept forever" in result.stdout
+    assert "cost_models: deleted 0 from before the request window" in result.stdout
     with engine.connect() as conn:
         assert conn.execute(sa.select(sa.func.count()).select_from(request_records)).scalar() == 1
         assert conn.execute(sa.select(sa.func.count()).select_from(shadow_records)).scalar() == 2

@@ -16,6 +16,7 @@ from gatewayserver import run_gateway
 from test_records import record as request_record
 from test_shadow import record as shadow_record
 
+from gateway.costmodel.store import cost_models
 from gateway.db import make_engine
 from gateway.records import request_records
 from gateway.retention import Pruner, Windows, prune
@@ -89,7 +90,12 @@ def test_deletes_exactly_the_rows_past_each_tables_window(engine: sa.Engine) -> 
     assert kept(engine, request_records) == routes(30, 29.9, 10.5, 9.5, 1, 0)
     for table in (shadow_records, shadow_drops):
         assert kept(engine, table) == routes(9.5, 1, 0)
-    assert deleted == {"request_records": 2, "shadow_records": 5, "shadow_drops": 5}
+    assert deleted == {
+        "request_records": 2,
+        "shadow_records": 5,
+        "shadow_drops": 5,
+        "cost_models": 0,
+    }
 
 
 def test_deletes_in_batches_of_at_most_batch_rows(engine: sa.Engine) -> None:
@@ -98,8 +104,8 @@ def test_deletes_in_batches_of_at_most_batch_rows(engine: sa.Engine) -> None:
 
     deleted = prune(engine, Windows(request_days=30, shadow_days=0), NOW, batch_rows=10)
 
-    assert batches == [10, 10, 5]
-    assert deleted == {"request_records": 25}
+    assert batches == [10, 10, 5, 0]  # and one for cost models, none stored
+    assert deleted == {"request_records": 25, "cost_models": 0}
     assert kept(engine, request_records) == ["age-1"] * 3
 
 
@@ -113,6 +119,37 @@ def test_zero_keeps_a_table_forever(engine: sa.Engine) -> None:
         "shadow_drops": 1,
     }
     assert kept(engine, request_records) == ["age-1", "age-400"]
+
+
+def test_old_cost_models_go_but_the_one_in_force_at_the_windows_edge_stays(
+    engine: sa.Engine,
+) -> None:
+    ages = {1: (45, "ok"), 2: (40, "failed"), 3: (35, "ok"), 4: (31, "failed"), 5: (10, "ok")}
+    ages[6] = (1, "ok")
+    with engine.begin() as conn:
+        conn.execute(
+            cost_models.insert(),
+            [
+                {
+                    "version": version,
+                    "created": NOW - age * DAY,
+                    "observations": 100,
+                    "status": status,
+                    "scores": "{}",
+                    "residuals": "{}" if status == "ok" else None,
+                }
+                for version, (age, status) in ages.items()
+            ],
+        )
+
+    assert "cost_models" not in prune(engine, Windows(request_days=0, shadow_days=30), NOW)
+    deleted = prune(engine, Windows(request_days=30, shadow_days=30), NOW, batch_rows=2)
+
+    with engine.connect() as conn:
+        versions = sorted(conn.execute(sa.select(cost_models.c.version)).scalars())
+    # 3 was in force 30 days ago: a report of the week that began then reads it.
+    assert versions == [3, 5, 6]
+    assert deleted["cost_models"] == 3
 
 
 def test_the_job_is_off_when_its_interval_or_every_window_is_zero(engine: sa.Engine) -> None:
@@ -133,7 +170,7 @@ def test_a_stopped_round_ends_after_the_batch_it_is_on(engine: sa.Engine) -> Non
 
     deleted = prune(engine, Windows(30, 0), NOW, batch_rows=10, stopping=stopping)
 
-    assert deleted == {"request_records": 10}
+    assert deleted == {"request_records": 10, "cost_models": 0}  # cost models not begun
     assert len(kept(engine, request_records)) == 15
 
 
