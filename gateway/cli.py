@@ -19,6 +19,7 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
     import uvicorn
 
     from gateway.app import create_app
+    from gateway.httpserver import HttpProtocol
 
     host = args.host or settings.host
     port = args.port or settings.port
@@ -40,7 +41,7 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
         host=host,
         port=port,
         loop="uvloop",
-        http="httptools",
+        http=HttpProtocol,
         log_level=settings.log_level,
         access_log=False,
         # The gateway reads no client address, so X-Forwarded-* rewriting is a layer of

@@ -19,6 +19,7 @@ import uvicorn
 
 from gateway.app import Gateway, GatewayApp
 from gateway.db import upgrade
+from gateway.httpserver import HttpProtocol
 from gateway.policy import Policy
 from gateway.records import request_records
 from gateway.settings import Settings
@@ -85,7 +86,11 @@ def run_gateway(policy: Policy, tmp_path: Path, **settings: object) -> Iterator[
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     config = uvicorn.Config(
-        GatewayApp(gateway), lifespan="on", log_level="warning", access_log=False
+        GatewayApp(gateway),
+        http=HttpProtocol,
+        lifespan="on",
+        log_level="warning",
+        access_log=False,
     )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)

@@ -14,6 +14,7 @@ import openai
 import sqlalchemy as sa
 import yaml
 from gatewayserver import free_port, wait_ready
+from test_hostile_requests import NOT_HTTP, not_http_error
 from test_retention import store
 
 from gateway.records import request_records
@@ -126,6 +127,8 @@ def test_serve_answers_then_stops_on_sigterm_with_records_flushed(sims, tmp_path
             assert client.chat.completions.create(
                 model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=3
             ).choices
+        error = not_http_error(f"http://127.0.0.1:{port}", NOT_HTTP[0])
+        assert error["code"] == "invalid_http_request"
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=20) == 0
     finally:

@@ -173,6 +173,43 @@ def test_a_body_that_never_finishes_is_cut_with_408_while_others_are_served(
         assert_still_serving(http)
 
 
+# Bytes the HTTP parser refuses before any route sees them: framing a request cannot be read by.
+NOT_HTTP = [
+    b"GET /admin/policy HTTP/1.1\r\nhost: gw\r\ntransfer-encoding: z\r\n\r\n",
+    b"POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\ncontent-length: zz\r\n\r\n",
+    b"POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\ncontent-length: 5\r\n"
+    b"transfer-encoding: chunked\r\n\r\n0\r\n\r\n",
+    b"NOT AN HTTP REQUEST\r\n\r\n",
+]
+
+
+def not_http_error(url: str, request: bytes) -> dict:
+    """Send raw bytes to the gateway at url; return the error of its 400, read until it closes."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=20) as raw:
+        raw.sendall(request)
+        answer = b""
+        while data := raw.recv(65536):  # the gateway closes the connection after it
+            answer += data
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400"), (request, answer)
+    assert b"content-type: application/json" in head.lower(), answer
+    error: dict = orjson.loads(body)["error"]
+    assert set(error) == {"message", "type", "param", "code"}, error
+    return error
+
+
+def test_bytes_that_are_not_http_get_an_openai_shaped_400_and_the_connection_closes(
+    gw_small: GatewayServer,
+) -> None:
+    with gw_small.http() as http:
+        for request in NOT_HTTP:
+            error = not_http_error(gw_small.url, request)
+            assert error["type"] == "invalid_request_error", error
+            assert error["code"] == "invalid_http_request" and "HTTP/1.1" in error["message"]
+            assert_still_serving(http)
+
+
 ADMIN_TOKEN = "hostile-admin-token"
 # Found by fuzzing the admin API from its OpenAPI description (tests/test_openapi.py): each was
 # a 500 or an answer in FastAPI's own shape. method, path, body, expected status, phrase.
