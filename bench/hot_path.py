@@ -5,8 +5,9 @@
     python -m bench.hot_path --profile            # py-spy on the gateway under load, no table
 
 An instant upstream (bench/instant_upstream.py: a chat answer, or `--chunks` streamed events)
-and wrk share core 1; each server under test runs alone on core 0. Every path is loaded with
-non-streaming and streaming chat at 1, 8 and 64 connections. Paths:
+and wrk share core 1; each server under test runs on core 0. Every path is loaded with
+non-streaming and streaming chat at 1, 8 and 64 connections; the paths other than LiteLLM's
+are loaded in turn at each point, so drift in the machine's speed falls on them alike. Paths:
 
 - direct: wrk straight to the upstream, the floor.
 - gateway: `python -m gateway serve` with its full feature set: learned routing
@@ -14,6 +15,8 @@ non-streaming and streaming chat at 1, 8 and 64 connections. Paths:
   metering (the upstream's /metrics is not Prometheus text, so energy falls back to estimates)
   and a shadow-only pool sampled at 0%.
 - gateway-shadow10: the same with 10% of requests copied to the shadow pool.
+- relay (only when named in --paths): bench/relay.py, a bare ASGI app relaying through the
+  gateway's upstream client; the floor of a proxy on this stack.
 - gateway-redis (only when named in --paths): the gateway with REDIS_URL set (Redis on
   127.0.0.1:6379, or GATEWAY_BENCH_REDIS_URL), so slots, ejections and budgets are shared.
 - litellm: LiteLLM's proxy (`litellm[proxy]==1.93.0` in its own virtual environment, created
@@ -32,6 +35,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -55,7 +59,10 @@ PATHS = ("direct", "gateway", "gateway-shadow10", "litellm")
 # Run only when asked: the gateway with its slots, ejections and budgets shared through Redis.
 REDIS_PATH = "gateway-redis"
 REDIS_URL = os.environ.get("GATEWAY_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
+# Run only when asked: a bare relay (bench/relay.py), the floor of a proxy on this stack.
+RELAY_PATH = "relay"
 MODES = ("chat", "stream")
+CHAT = "/v1/chat/completions"
 CONNECTIONS = (1, 8, 64)
 
 
@@ -233,6 +240,15 @@ def gateway(
         shutil.rmtree(work, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def relay(upstream: str) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    command = [sys.executable, "-m", "bench.relay", "--upstream", upstream, "--port", str(port)]
+    with server(command, SERVER_CORE, base + "/healthz") as proc:
+        yield proc, base
+
+
 def litellm_binary(venv: Path) -> Path:
     """Return LiteLLM's CLI in `venv`, creating the environment with the pinned proxy first."""
     binary = venv / "bin" / "litellm"
@@ -303,11 +319,6 @@ def litellm(upstream: str, venv: Path) -> Iterator[tuple[subprocess.Popen[bytes]
         shutil.rmtree(work, ignore_errors=True)
 
 
-@contextlib.contextmanager
-def direct(upstream: str, upstream_pid: int) -> Iterator[tuple[int, str]]:
-    yield upstream_pid, upstream
-
-
 def shadow_copies(base: str) -> dict[str, float]:
     with urllib.request.urlopen(base + "/metrics", timeout=5) as response:
         text = response.read().decode()
@@ -319,44 +330,77 @@ def shadow_copies(base: str) -> dict[str, float]:
     return found
 
 
-def measure_path(
-    name: str,
-    url: str,
-    pid: int,
-    args: argparse.Namespace,
-    scripts: dict[str, str],
-) -> dict[str, Any]:
-    row: dict[str, Any] = {}
+@contextlib.contextmanager
+def paused(pids: list[int]) -> Iterator[None]:
+    """Stop these servers for the block, then let them go on.
+
+    A server idling beside the one being measured still runs its timers (health checks,
+    scrapes, writer rounds) on the same core, which shows in the measured server's p99.
+    """
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
+        if pids:
+            time.sleep(0.3)  # their overdue timers run now, not during the next point
+
+
+def measure_paths(
+    targets: dict[str, tuple[int, str]], args: argparse.Namespace, scripts: dict[str, str]
+) -> dict[str, dict[str, Any]]:
+    """Load each path (name: server pid, base URL) at every point, the paths in turn per point.
+
+    Taking the paths point by point, rather than one after the other, puts any drift in the
+    machine's speed on all of them alike, so their ratios are measured side by side; the
+    servers not being measured are stopped meanwhile (paused).
+    """
+    rows: dict[str, dict[str, Any]] = {name: {} for name in targets}
+    for name, (pid, base) in targets.items():
+        for mode in args.modes:
+            # Warm caches, pools and the learned model; a proxy may answer its health check
+            # before it serves requests, so wait until it does.
+            for _ in range(15):
+                if wrk(base + CHAT, 8, args.warmup, scripts[mode])["rps"] > 0:
+                    break
+        rows[name]["rss_start_mib"] = memory_mib(pid, "VmRSS")
     for mode in args.modes:
-        # Warm caches, pools and the learned model; a proxy may answer its health check
-        # before it serves requests, so wait until it does.
-        for _ in range(15):
-            if wrk(url, 8, args.warmup, scripts[mode])["rps"] > 0:
-                break
-    row["rss_start_mib"] = memory_mib(pid, "VmRSS")
-    for mode in args.modes:
-        row[mode] = {}
         for connections in args.connections:
-            used = cpu_s(pid)
-            point = wrk(url, connections, args.seconds, scripts[mode])
-            # CPU per request moves far less than throughput when the machine is not quiet.
-            served = point["rps"] * args.seconds
-            point["cpu_us_per_req"] = round((cpu_s(pid) - used) * 1e6 / served) if served else 0
-            row[mode][str(connections)] = point
-            print(
-                f"  {name:17} {mode:6} {connections:>3} conns: {point['rps']:>9.0f} req/s  "
-                f"p50 {point['p50_ms']:.3f} ms  p99 {point['p99_ms']:.3f} ms",
-                flush=True,
-            )
-            if point["non_2xx"] or point["socket_errors"]:
-                print(f"  {name} failed some requests: {point}", flush=True)
-    row["rss_end_mib"] = memory_mib(pid, "VmRSS")
-    row["peak_rss_mib"] = memory_mib(pid, "VmHWM")
-    return row
+            for name, (pid, base) in targets.items():
+                # direct's server is the upstream, which every path needs.
+                idle = [p for other, (p, _) in targets.items() if other not in (name, "direct")]
+                with paused(idle):
+                    used = cpu_s(pid)
+                    point = wrk(base + CHAT, connections, args.seconds, scripts[mode])
+                    used = cpu_s(pid) - used
+                # CPU per request moves far less than throughput when the machine is not quiet.
+                served = point["rps"] * args.seconds
+                cpu = used * 1e6 / served if served else 0
+                point["cpu_us_per_req"] = round(cpu)
+                rows[name].setdefault(mode, {})[str(connections)] = point
+                print(
+                    f"  {name:17} {mode:6} {connections:>3} conns: {point['rps']:>9.0f} req/s  "
+                    f"p50 {point['p50_ms']:.3f} ms  p99 {point['p99_ms']:.3f} ms",
+                    flush=True,
+                )
+                if point["non_2xx"] or point["socket_errors"]:
+                    print(f"  {name} failed some requests: {point}", flush=True)
+    for name, (pid, base) in targets.items():
+        rows[name]["rss_end_mib"] = memory_mib(pid, "VmRSS")
+        rows[name]["peak_rss_mib"] = memory_mib(pid, "VmHWM")
+        if name.startswith("gateway"):
+            rows[name]["shadow_copies"] = shadow_copies(base)
+    return rows
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    """Measure every path in `args.paths` against one instant upstream; return the results."""
+    """Measure every path in `args.paths` against one instant upstream; return the results.
+
+    Every path but LiteLLM's runs at once and is measured side by side (measure_paths);
+    LiteLLM's proxy, whose background work would load the server core, runs alone after them.
+    """
     work = Path(tempfile.mkdtemp(prefix="hot-path-wrk-"))
     scripts = {}
     for mode in MODES:
@@ -377,22 +421,25 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
     try:
         with server(up_cmd, LOAD_CORE, upstream + "/", dict(os.environ)) as up:
-            for name in args.paths:
-                if name == "direct":
-                    target: Any = direct(upstream, up.pid)
-                elif name == "litellm":
-                    target = litellm(upstream, Path(args.litellm_venv))
-                elif name == REDIS_PATH:
-                    target = gateway(upstream, 0.0, REDIS_URL)
-                else:
-                    target = gateway(upstream, 0.1 if name == "gateway-shadow10" else 0.0)
-                with target as (proc, base):
-                    pid = proc if isinstance(proc, int) else proc.pid
-                    url = base + "/v1/chat/completions"
-                    row = measure_path(name, url, pid, args, scripts)
-                    if name.startswith("gateway"):
-                        row["shadow_copies"] = shadow_copies(base)
-                    results["paths"][name] = row
+            with contextlib.ExitStack() as stack:
+                together: dict[str, tuple[int, str]] = {}
+                for name in args.paths:
+                    if name == "direct":
+                        together[name] = (up.pid, upstream)
+                    elif name == RELAY_PATH:
+                        proc, base = stack.enter_context(relay(upstream))
+                        together[name] = (proc.pid, base)
+                    elif name != "litellm":
+                        shadow = 0.1 if name == "gateway-shadow10" else 0.0
+                        redis = REDIS_URL if name == REDIS_PATH else None
+                        proc, base = stack.enter_context(gateway(upstream, shadow, redis))
+                        together[name] = (proc.pid, base)
+                results["paths"].update(measure_paths(together, args, scripts))
+            if "litellm" in args.paths:
+                with litellm(upstream, Path(args.litellm_venv)) as (proc, base):
+                    results["paths"].update(
+                        measure_paths({"litellm": (proc.pid, base)}, args, scripts)
+                    )
     finally:
         shutil.rmtree(work, ignore_errors=True)
     add_comparisons(results)
@@ -425,6 +472,7 @@ def add_comparisons(results: dict[str, Any]) -> None:
                 f"gateway/direct {mode} @{conns}": ("gateway", "direct"),
                 f"shadow10/shadow0 {mode} @{conns}": ("gateway-shadow10", "gateway"),
                 f"redis/local {mode} @{conns}": (REDIS_PATH, "gateway"),
+                f"gateway/relay {mode} @{conns}": ("gateway", RELAY_PATH),
             }
             for label, (a, b) in pairs.items():
                 num, den = rps(a, mode, conns), rps(b, mode, conns)
@@ -584,9 +632,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rate", type=int, default=500, help="py-spy samples per second")
     args = parser.parse_args(argv)
     args.paths = [p for p in args.paths.split(",") if p]
-    unknown = sorted(set(args.paths) - {*PATHS, REDIS_PATH})
+    known = (*PATHS, REDIS_PATH, RELAY_PATH)
+    unknown = sorted(set(args.paths) - set(known))
     if unknown:
-        parser.error(f"unknown paths {unknown} (paths: {', '.join((*PATHS, REDIS_PATH))})")
+        parser.error(f"unknown paths {unknown} (paths: {', '.join(known)})")
     args.modes = [m for m in args.modes.split(",") if m]
     args.connections = [int(c) for c in args.connections.split(",")]
     return args

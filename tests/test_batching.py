@@ -13,6 +13,7 @@ from dbswitch import switchable
 from gatewayserver import run_gateway
 from test_records import record
 
+import gateway.batching as batching
 from gateway.db import make_engine
 from gateway.metrics import GatewayMetrics
 from gateway.records import RecordWriter, request_records
@@ -180,6 +181,44 @@ def test_a_row_the_database_refuses_is_rejected_without_holding_back_the_others(
     assert sample(metrics, "gateway_records_rejected_total", table=TABLE) == 1
     assert sample(metrics, "gateway_records_dropped_total") == 0
     assert sample(metrics, "gateway_records_buffered", table=TABLE, where="memory") == 0
+
+
+def test_a_batch_is_one_transaction_of_short_statements_with_the_cpu_yielded_between(
+    database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    metrics = GatewayMetrics()
+    engine = make_engine(database)
+    statements: list[int] = []
+    yields: list[int] = []
+
+    @sa.event.listens_for(engine, "before_cursor_execute", named=True)
+    def count(statement: str, parameters: list, executemany: bool, **_: object) -> None:
+        if statement.startswith("INSERT INTO request_records"):
+            statements.append(len(parameters) if executemany else 1)
+
+    real_yield = batching.yield_cpu
+
+    def counted_yield() -> None:
+        yields.append(len(statements))
+        real_yield()
+
+    monkeypatch.setattr(batching, "yield_cpu", counted_yield)
+    writer = RecordWriter(engine, metrics, batch_size=500)
+
+    async def scenario() -> None:
+        for n in range(520):
+            writer.add(record(n))
+        writer.add(record(520, decision_id="d" * 32))
+        writer.add(record(521, decision_id="d" * 32))  # refused: the batch goes row by row
+        await writer.flush()
+
+    asyncio.run(scenario())
+    engine.dispose()
+    # The first batch of 500 rows: ten statements of 50 rows, the CPU yielded between each.
+    assert statements[:10] == [50] * 10
+    assert yields[:9] == list(range(1, 10))
+    assert stored(database) == list(range(521))
+    assert sample(metrics, "gateway_records_rejected_total", table=TABLE) == 1
 
 
 def test_gateway_serves_while_its_database_is_unreachable_and_records_every_request(
