@@ -9,8 +9,9 @@ import argparse
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-import uvicorn
 from fastapi import FastAPI, Request, Response
+
+from bench.loopback import serve
 
 CLIENTS = ("httpx", "aiohttp", "gateway")
 
@@ -63,15 +64,7 @@ def main() -> None:
     parser.add_argument("--upstream", required=True)
     parser.add_argument("--port", type=int, required=True)
     args = parser.parse_args()
-    uvicorn.run(
-        build(args.client, args.upstream),
-        host="127.0.0.1",
-        port=args.port,
-        loop="uvloop",
-        http="httptools",
-        log_level="warning",
-        access_log=False,
-    )
+    serve(build(args.client, args.upstream), args.port)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,8 @@ import time
 from typing import Any
 
 import orjson
-import uvicorn
+
+from bench.loopback import serve
 
 ANSWER = orjson.dumps(
     {
@@ -104,15 +105,7 @@ def main() -> None:
     global EVENTS, GAP_S
     EVENTS = stream_events(args.chunks)
     GAP_S = args.gap_ms / 1000
-    uvicorn.run(
-        app,
-        host="127.0.0.1",
-        port=args.port,
-        loop="uvloop",
-        http="httptools",
-        log_level="warning",
-        access_log=False,
-    )
+    serve(app, args.port)
 
 
 if __name__ == "__main__":

@@ -13,8 +13,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-import uvicorn
-
+from bench.loopback import serve
 from gateway.http1 import Client
 
 HEALTH = "/healthz"
@@ -76,16 +75,7 @@ def main() -> None:
     parser.add_argument("--upstream", required=True)
     parser.add_argument("--port", type=int, required=True)
     args = parser.parse_args()
-    uvicorn.run(
-        build(args.upstream),
-        host="127.0.0.1",
-        port=args.port,
-        loop="uvloop",
-        http="httptools",
-        log_level="warning",
-        access_log=False,
-        lifespan="on",
-    )
+    serve(build(args.upstream), args.port)
 
 
 if __name__ == "__main__":
