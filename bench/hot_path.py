@@ -337,13 +337,14 @@ def paused(pids: list[int]) -> Iterator[None]:
     A server idling beside the one being measured still runs its timers (health checks,
     scrapes, writer rounds) on the same core, which shows in the measured server's p99.
     """
-    for pid in pids:
-        os.kill(pid, signal.SIGSTOP)
     try:
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
         yield
     finally:
         for pid in pids:
-            os.kill(pid, signal.SIGCONT)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
         if pids:
             time.sleep(0.3)  # their overdue timers run now, not during the next point
 
@@ -642,6 +643,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # SIGTERM unwinds like an exception: paused servers go on and every server is stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     args = parse_args(argv)
     if shutil.which("wrk") is None:
         print("wrk is not installed (apt-get install wrk)", file=sys.stderr)

@@ -45,8 +45,9 @@ DEFAULT_MAX_SPILL_BYTES = 256 * 1024 * 1024
 # A batch goes to the database in statements of this many rows, and the writer thread yields
 # the CPU between them. On a core it shares with the event loop, the scheduler otherwise lets
 # the thread run out its time slice, milliseconds of SQLite work, while a request that has just
-# arrived waits; 50 rows are about 0.4 ms of it. Measured on one core at 1 connection: p99
-# 2.8-3.3 ms with whole batches, 1.4-1.8 ms with this (docs/performance.md).
+# arrived waits; 50 rows are about 0.4 ms of it. Measured on one core: p99 2.7-3.0 ms with
+# whole batches, 1.4-1.9 ms with this at 1 connection; 6.3-6.6 against 4.5-4.8 ms at 8
+# (docs/performance.md). On PostgreSQL a batch is then several round trips, in this thread.
 ROWS_PER_STATEMENT = 50
 yield_cpu = getattr(os, "sched_yield", lambda: None)
 
@@ -102,7 +103,7 @@ class InsertStatement:
             try:
                 return [read(record) for record in records]
             except AttributeError:
-                yield_cpu()
+                pass
         return self.params([record.row() for record in records])
 
     def params(self, rows: list[dict[str, Any]]) -> list[Any]:
@@ -112,7 +113,7 @@ class InsertStatement:
             try:
                 return [read(row) for row in rows]
             except KeyError:  # a row spilled by an older version, without a newer column
-                yield_cpu()
+                pass
         if self.positions:
             return [tuple(row.get(k) for k in self.positions) for row in rows]
         return [{k: row.get(k) for k in self.columns} for row in rows]
@@ -304,7 +305,9 @@ class BatchWriter(Generic[T]):
 
     def _insert_one_by_one(self, rows: list[dict[str, Any]]) -> None:
         """Insert rows one per transaction: those the database refuses are counted, not kept."""
-        for row in rows:
+        for n, row in enumerate(rows):
+            if n:
+                yield_cpu()
             try:
                 self.insert(self._table, [row])
             except (sa.exc.IntegrityError, sa.exc.DataError) as exc:

@@ -42,6 +42,7 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
         port=port,
         loop="uvloop",
         http=HttpProtocol,
+        ws="none",  # the gateway serves no WebSockets: an Upgrade header is ignored
         log_level=settings.log_level,
         access_log=False,
         # The gateway reads no client address, so X-Forwarded-* rewriting is a layer of

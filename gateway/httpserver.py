@@ -4,7 +4,9 @@ OpenAI-shaped answer to bytes that are not a valid HTTP request.
 A malformed request (an unknown transfer coding, a non-numeric Content-Length, a broken request
 line) is refused by the parser before any route sees it. uvicorn answers it in plain text; a
 client of an OpenAI-compatible API reads error bodies as JSON, so the gateway answers in the
-same shape as every other 400.
+same shape as every other 400. This overrides uvicorn's `send_400_response`, which its
+httptools protocol calls for exactly that case (uvicorn 0.30 to 0.54 at least);
+tests/test_hostile_requests.py fails if a uvicorn release stops calling it.
 """
 
 from __future__ import annotations

@@ -88,6 +88,7 @@ def run_gateway(policy: Policy, tmp_path: Path, **settings: object) -> Iterator[
     config = uvicorn.Config(
         GatewayApp(gateway),
         http=HttpProtocol,
+        ws="none",
         lifespan="on",
         log_level="warning",
         access_log=False,

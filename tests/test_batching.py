@@ -206,19 +206,23 @@ def test_a_batch_is_one_transaction_of_short_statements_with_the_cpu_yielded_bet
     writer = RecordWriter(engine, metrics, batch_size=500)
 
     async def scenario() -> None:
-        for n in range(520):
+        for n in range(500):
             writer.add(record(n))
-        writer.add(record(520, decision_id="d" * 32))
-        writer.add(record(521, decision_id="d" * 32))  # refused: the batch goes row by row
+        await writer.flush()
+        # Ten statements of 50 rows, the CPU yielded between each.
+        assert statements == [50] * 10 and yields == list(range(1, 10))
+        # A row refused in the batch's second statement: the first statement's 50 rows are
+        # rolled back with it, and the batch goes again row by row, so none is stored twice.
+        for n in range(500, 600):
+            writer.add(record(n, decision_id="d" * 32 if n in (500, 560) else None))
         await writer.flush()
 
     asyncio.run(scenario())
     engine.dispose()
-    # The first batch of 500 rows: ten statements of 50 rows, the CPU yielded between each.
-    assert statements[:10] == [50] * 10
-    assert yields[:9] == list(range(1, 10))
-    assert stored(database) == list(range(521))
+    assert statements[10:12] == [50, 50]
+    assert stored(database) == [n for n in range(600) if n != 560]
     assert sample(metrics, "gateway_records_rejected_total", table=TABLE) == 1
+    assert sample(metrics, "gateway_records_written_total") == 599
 
 
 def test_gateway_serves_while_its_database_is_unreachable_and_records_every_request(

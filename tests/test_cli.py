@@ -10,11 +10,12 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import openai
 import sqlalchemy as sa
 import yaml
 from gatewayserver import free_port, wait_ready
-from test_hostile_requests import NOT_HTTP, not_http_error
+from test_hostile_requests import NOT_HTTP, UPGRADE, not_http_error
 from test_retention import store
 
 from gateway.records import request_records
@@ -129,6 +130,8 @@ def test_serve_answers_then_stops_on_sigterm_with_records_flushed(sims, tmp_path
             ).choices
         error = not_http_error(f"http://127.0.0.1:{port}", NOT_HTTP[0])
         assert error["code"] == "invalid_http_request"
+        models = httpx.get(f"http://127.0.0.1:{port}/v1/models", headers=UPGRADE, timeout=10)
+        assert models.status_code == 200, models.text
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=20) == 0
     finally:

@@ -210,6 +210,24 @@ def test_bytes_that_are_not_http_get_an_openai_shaped_400_and_the_connection_clo
             assert_still_serving(http)
 
 
+# A WebSocket handshake: the gateway serves no WebSockets, so it answers as plain HTTP.
+UPGRADE = {
+    "connection": "Upgrade",
+    "upgrade": "websocket",
+    "sec-websocket-key": "dGhlIHNhbXBsZSBub25jZQ==",
+    "sec-websocket-version": "13",
+}
+
+
+def test_an_upgrade_header_is_ignored_and_the_request_served_as_http(
+    gw_small: GatewayServer,
+) -> None:
+    with gw_small.http() as http:
+        response = http.get("/v1/models", headers=UPGRADE)
+    assert response.status_code == 200, response.text
+    assert response.json()["object"] == "list"
+
+
 ADMIN_TOKEN = "hostile-admin-token"
 # Found by fuzzing the admin API from its OpenAPI description (tests/test_openapi.py): each was
 # a 500 or an answer in FastAPI's own shape. method, path, body, expected status, phrase.
