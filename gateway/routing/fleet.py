@@ -56,6 +56,10 @@ class BackendState:
     consecutive_failures: int = 0
     ejections: int = 0  # the doublings of the next ejection interval
     returned_at: float = 0.0  # when it last came back from an ejection (the detector's clock)
+    # Outcomes in the detector's current window, for its failure-share rule.
+    window_started: float = 0.0
+    window_requests: int = 0
+    window_failures: int = 0
 
     @property
     def free_slots(self) -> int:
