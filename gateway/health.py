@@ -6,10 +6,10 @@ The share catches what a run cannot: a backend failing every other request, as o
 round-robin balancer with one broken replica does, never fails three times in a row. As in
 Envoy, the doubling is forgiven: every `forgive_after_s` (10 s) a backend serves after
 returning takes one doubling off, so a backend with a fault now and then is ejected again for
-the base interval, not for ever longer ones. This holds for
-ejections other replicas announce too. The health checker probes every backend; an ejected one
-comes back once its interval has passed and a probe succeeds, and a healthy one whose probes
-keep failing is ejected without waiting for traffic to find out.
+the base interval, not for ever longer ones. This holds for ejections other replicas announce
+too. The health checker probes every backend; an ejected one comes back once its interval has
+passed and a probe succeeds, and a healthy one whose probes keep failing is ejected without
+waiting for traffic to find out.
 
 With shared state, an ejection is also a notice to the other replicas and a key in Redis that
 expires with the interval, so every replica stops sending to a failing backend as soon as one
