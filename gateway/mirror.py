@@ -281,10 +281,23 @@ class Mirror:
             return
         job = _job(ex, body, policy)
         now = self._clock()
+        # Sampling checked the candidates' context against the prompt's estimate; the primary's
+        # backend has since counted it, and a copy that would overflow is refused, not evidence.
+        counted = ex.prompt_tokens if isinstance(ex.prompt_tokens, int) else None
         for plan in ex.shadows:
             candidate = plan.pool or primary
             if plan.kind == CANDIDATE and candidate == primary:
                 self._drop(route, candidate, plan.kind, "served_by_candidate")
+                continue
+            pool = policy.pools.get(candidate)
+            if (
+                plan.kind == CANDIDATE
+                and counted is not None
+                and pool is not None
+                and ex.profile is not None
+                and tokens_needed(ex.profile, policy, counted) > pool.max_context
+            ):
+                self._drop(route, candidate, plan.kind, "context")
                 continue
             key = (route, candidate, plan.kind)
             per_second = plan.budget.max_per_second

@@ -154,6 +154,28 @@ def test_the_queue_also_holds_at_most_its_byte_budget(tmp_path: Path) -> None:
     assert mirror.pending == 3
 
 
+def test_a_copy_the_primary_counted_too_long_for_the_candidate_is_dropped(tmp_path: Path) -> None:
+    # Sampling saw the estimate (3,900 + 64 output tokens, within CIM's 4,096); the primary's
+    # backend then counted 4,100 prompt tokens, which no copy to CIM could hold.
+    policy = shadow_policy(["http://g:1"], ["http://a:2"], ["http://c:3"])
+    fleet, metrics = Fleet(policy), GatewayMetrics()
+    writer = ShadowWriter(make_engine(f"sqlite:///{tmp_path / 'x.db'}"), metrics)
+    mirror = Mirror(None, None, metrics, writer, lambda: fleet, None)  # type: ignore[arg-type]
+    for counted, queued in ((4_100, 0), (3_000, 1), (None, 2)):
+        ex = served_exchange(policy, fleet)
+        ex.profile = profile(prompt_tokens=3_900)
+        ex.shadows = sample(ex.profile, policy.routes[0], policy, ex.decision_id)
+        assert ex.shadows, "the estimate fits: the copy is planned"
+        ex.prompt_tokens = counted
+        mirror.submit(ex, b"{}", policy)
+        assert mirror.pending == queued
+    dropped = metrics.registry.get_sample_value(
+        "gateway_shadow_dropped_total",
+        {"route": "chat", "candidate": "cim", "kind": "candidate", "reason": "context"},
+    )
+    assert dropped == 1
+
+
 def test_drops_are_written_as_counts_per_minute(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'x.db'}"
     upgrade(url)

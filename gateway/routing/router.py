@@ -70,11 +70,15 @@ def match_route(profile: RequestProfile, policy: Policy) -> Route:
     )
 
 
-def tokens_needed(profile: RequestProfile, policy: Policy) -> int:
-    """Return the context a request needs: its prompt plus the output it may generate."""
+def tokens_needed(profile: RequestProfile, policy: Policy, prompt_tokens: int | None = None) -> int:
+    """Return the context a request needs: its prompt plus the output it may generate.
+
+    The prompt is the profile's estimate unless `prompt_tokens` (a backend's count) is given.
+    """
+    prompt = profile.prompt_tokens if prompt_tokens is None else prompt_tokens
     if profile.endpoint == "embeddings":
-        return profile.prompt_tokens
-    return profile.prompt_tokens + (profile.max_tokens or policy.assumed_max_tokens)
+        return prompt
+    return prompt + (profile.max_tokens or policy.assumed_max_tokens)
 
 
 def _unfit_reason(
