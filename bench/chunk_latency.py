@@ -28,8 +28,7 @@ from typing import Any
 
 import aiohttp
 
-from bench.hot_path import LOAD_CORE, MODEL, gateway, server
-from bench.upstream_client import free_port
+from bench.hot_path import LOAD_CORE, MODEL, gateway, instant_upstream
 
 TARGET_ADDED_P99_MS = 1.0  # issue #10
 STAMP = re.compile(rb'"id":"t(\d+)"')
@@ -105,15 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gap-ms", type=float, default=2.0, help="between the upstream's events")
     parser.add_argument("--out", default="bench/results/chunk_latency.json")
     args = parser.parse_args(argv)
-    port = free_port()
-    upstream = f"http://127.0.0.1:{port}"
-    command = [
-        sys.executable, "-m", "bench.instant_upstream", "--port", str(port),
-        "--gap-ms", str(args.gap_ms),
-    ]  # fmt: skip
     results: dict[str, Any] = {"gap_ms": args.gap_ms, "seconds": args.seconds, "points": {}}
     with (
-        server(command, LOAD_CORE, upstream + "/"),
+        instant_upstream("--gap-ms", str(args.gap_ms)) as (_, upstream),
         gateway(upstream, 0.0) as (_, base),
         on_core(LOAD_CORE),  # the client, next to the upstream
     ):

@@ -241,6 +241,16 @@ def gateway(
 
 
 @contextlib.contextmanager
+def instant_upstream(*flags: str) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """Run bench/instant_upstream.py with `flags` on the load core; yield it and its URL."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    command = [sys.executable, "-m", "bench.instant_upstream", "--port", str(port), *flags]
+    with server(command, LOAD_CORE, url + "/") as proc:
+        yield proc, url
+
+
+@contextlib.contextmanager
 def relay(upstream: str) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
     port = free_port()
     base = f"http://127.0.0.1:{port}"
@@ -407,12 +417,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for mode in MODES:
         scripts[mode] = str(work / f"{mode}.lua")
         Path(scripts[mode]).write_text(wrk_script(mode == "stream"))
-    up_port = free_port()
-    upstream = f"http://127.0.0.1:{up_port}"
-    up_cmd = [
-        sys.executable, "-m", "bench.instant_upstream", "--port", str(up_port),
-        "--chunks", str(args.chunks),
-    ]  # fmt: skip
     results: dict[str, Any] = {
         "seconds": args.seconds,
         "chunks": args.chunks,
@@ -421,7 +425,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "paths": {},
     }
     try:
-        with server(up_cmd, LOAD_CORE, upstream + "/", dict(os.environ)) as up:
+        with instant_upstream("--chunks", str(args.chunks)) as (up, upstream):
             with contextlib.ExitStack() as stack:
                 together: dict[str, tuple[int, str]] = {}
                 for name in args.paths:
@@ -589,11 +593,8 @@ def profile(args: argparse.Namespace) -> int:
     out = Path(args.out).with_suffix(".pyspy.txt")
     script = Path(tempfile.mkdtemp(prefix="hot-path-wrk-")) / "chat.lua"
     script.write_text(wrk_script(args.profile_mode == "stream"))
-    up_port = free_port()
-    upstream = f"http://127.0.0.1:{up_port}"
-    up_cmd = [sys.executable, "-m", "bench.instant_upstream", "--port", str(up_port)]
     with (
-        server(up_cmd, LOAD_CORE, upstream + "/", dict(os.environ)),
+        instant_upstream() as (_, upstream),
         gateway(upstream, 0.1) as (proc, base),
     ):
         url = base + "/v1/chat/completions"

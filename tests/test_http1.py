@@ -34,6 +34,12 @@ async def read_request(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
     return head, await reader.readexactly(length)
 
 
+async def post(client: Client, url: str, body: bytes = b"", read_s: float = 30.0) -> bytes:
+    """POST body to the root of url and return the whole answer."""
+    response = await client.request("POST", url, "/", {}, body, read_s=read_s)
+    return await response.read()
+
+
 class Backend:
     """A raw TCP server: `handler(reader, writer, n)` serves its n-th connection."""
 
@@ -148,8 +154,7 @@ def test_an_answer_that_ends_with_its_connection_is_read_whole() -> None:
     async def scenario() -> bytes:
         async with Backend(close_delimited) as backend:
             client = Client()
-            response = await client.request("POST", backend.url, "/", {}, b"")
-            body = await response.read()
+            body = await post(client, backend.url)
             await client.close()
             return body
 
@@ -174,8 +179,7 @@ def test_a_request_the_backend_drops_on_a_reused_connection_is_sent_once_more() 
         async with Backend(answer_once) as backend:
             client = Client()
             for body in (b"1", b"2"):
-                response = await client.request("POST", backend.url, "/", {}, body)
-                answer = await response.read()
+                answer = await post(client, backend.url, body)
             await client.close()
             return answer, backend.connections
 
@@ -281,8 +285,7 @@ def test_a_cancelled_request_never_hands_its_late_answer_to_the_next() -> None:
             with pytest.raises(TimeoutError):
                 async with asyncio.timeout(0.05):
                     await client.request("POST", backend.url, "/", {}, b"late")
-            response = await client.request("POST", backend.url, "/", {}, b"next")
-            body = await response.read()
+            body = await post(client, backend.url, b"next")
             await client.close()
             return body
 
@@ -307,8 +310,7 @@ def test_an_answer_released_unread_closes_its_connection() -> None:
             client = Client()
             response = await client.request("POST", backend.url, "/", {}, b"first")
             response.release()  # half of it came
-            response = await client.request("POST", backend.url, "/", {}, b"second")
-            body = await response.read()
+            body = await post(client, backend.url, b"second")
             await client.close()
             return body, backend.connections
 
@@ -384,8 +386,7 @@ def test_an_idle_connection_past_its_keepalive_is_not_reused(
         async with Backend(keep_answering) as backend:
             client = Client()
             for _ in range(2):
-                response = await client.request("POST", backend.url, "/", {}, b"")
-                await response.read()
+                await post(client, backend.url)
                 await asyncio.sleep(0.1)
             await client.close()
             return backend.connections
@@ -445,8 +446,7 @@ def test_an_answer_that_ended_while_its_reading_was_paused_leaves_its_connection
             await asyncio.sleep(0.3)  # a slow reader: the rest of the answer arrives meanwhile
             first = len(await response.read())
             async with asyncio.timeout(3):
-                response = await client.request("POST", backend.url, "/", {}, b"", read_s=1.0)
-                second = await response.read()
+                second = await post(client, backend.url, read_s=1.0)
             await client.close()
             return first, second, backend.connections
 
