@@ -1,6 +1,6 @@
 """A minimal FastAPI proxy using one upstream HTTP client, to compare clients in isolation.
 
-Clients: httpx, aiohttp, and the gateway's own (gateway/http1.py).
+Clients: httpx, aiohttp, and the gateway's own (gateway/upstream/http1.py).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def build(client_name: str, upstream: str) -> FastAPI:
                 upstream, connector=aiohttp.TCPConnector(limit=0)
             )
         else:
-            from gateway.http1 import Client
+            from gateway.upstream.http1 import Client
 
             state["client"] = Client()
         yield

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import yaml
 
-from gateway.classify import RequestProfile
 from gateway.costmodel.model import CostModel, OutputLengths
-from gateway.policy import Policy, parse_policy
-from gateway.routing.fleet import Fleet
+from gateway.fleet.state import Fleet
+from gateway.policy.model import Policy, parse_policy
+from gateway.routing.classify import RequestProfile
 from gateway.routing.ranking import CostRanker
 from gateway.routing.router import decide
 

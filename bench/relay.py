@@ -1,8 +1,8 @@
 """A bare relay: the floor for a Python proxy built on what the gateway is built on.
 
 A raw ASGI app on uvicorn (httptools, uvloop) that reads each request body and relays it to
-one upstream through the gateway's own client (gateway/http1.py), then the answer back, whole
-or as it streams: no routing, metrics, records or shadowing. `bench.hot_path --paths relay`
+one upstream through the gateway's own client (gateway/upstream/http1.py), then the answer back,
+whole or as it streams: no routing, metrics, records or shadowing. `bench.hot_path --paths relay`
 measures it beside the gateway, so the difference is the gateway's own work.
 
     python -m bench.relay --upstream http://127.0.0.1:9000 --port 9001
@@ -14,7 +14,7 @@ import argparse
 from typing import Any
 
 from bench.loopback import serve
-from gateway.http1 import Client
+from gateway.upstream.http1 import Client
 
 HEALTH = "/healthz"
 

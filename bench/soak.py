@@ -55,8 +55,8 @@ import redis
 import sqlalchemy as sa
 import yaml
 
-from gateway.records import request_records
-from gateway.shadow import shadow_records
+from gateway.records.requests import request_records
+from gateway.shadow.records import shadow_records
 from tests.gatewayserver import GatewayProcess, gateway_process
 from tests.scratchdb import scratch_database
 from tests.simproc import SimulatorProcess, metric_value, parse_metrics, start_simulator

@@ -21,36 +21,37 @@ from fastapi import FastAPI, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from gateway import admin, openapi, policystore
-from gateway.admission import Admission
-from gateway.classify import TokenEstimator
 from gateway.costmodel import store
 from gateway.costmodel.learner import Learner
 from gateway.costmodel.model import CostModel, OutputLengths
-from gateway.db import make_engine
+from gateway.db.engine import make_engine
+from gateway.db.retention import Pruner, Windows
 from gateway.errors import PolicyError, PolicyStoreUnavailable
-from gateway.forward import Forwarder
-from gateway.health import HealthChecker, OutlierDetector, SharedEjections
-from gateway.ingress import Ingress
-from gateway.leases import Leases
-from gateway.metering import EnergyMeter
+from gateway.fleet.admission import Admission
+from gateway.fleet.leases import Leases
+from gateway.fleet.ratelimit import TokenBuckets
+from gateway.fleet.sharedstate import SharedState
+from gateway.fleet.state import BackendState, Fleet
+from gateway.ingress.api import Ingress
+from gateway.ingress.telemetry import Telemetry
 from gateway.metrics import GatewayMetrics
-from gateway.mirror import Mirror
-from gateway.policy import Policy, content_hash, parse_policy, render_policy
-from gateway.policystore import PolicyVersion
-from gateway.policysync import FileWatcher, PolicyWatcher
-from gateway.ratelimit import TokenBuckets
-from gateway.records import RecordWriter, RequestRecord, request_records
+from gateway.ops import admin, openapi
+from gateway.policy import versions
+from gateway.policy.model import Policy, content_hash, parse_policy, render_policy
+from gateway.policy.sync import FileWatcher, PolicyWatcher
+from gateway.policy.versions import PolicyVersion
+from gateway.promotion.rollout import RolloutDriver
+from gateway.records.requests import RecordWriter, RequestRecord, request_records
 from gateway.report.schedule import ReportScheduler, parse_schedule
-from gateway.retention import Pruner, Windows
-from gateway.rollout import RolloutDriver
-from gateway.routing.fleet import BackendState, Fleet
+from gateway.routing.classify import TokenEstimator
 from gateway.routing.ranking import CostRanker
 from gateway.settings import Settings
-from gateway.shadow import ShadowWriter
-from gateway.sharedstate import SharedState
-from gateway.telemetry import Telemetry
-from gateway.upstream import Upstream
+from gateway.shadow.mirror import Mirror
+from gateway.shadow.records import ShadowWriter
+from gateway.upstream.client import Upstream
+from gateway.upstream.forward import Forwarder
+from gateway.upstream.health import HealthChecker, OutlierDetector, SharedEjections
+from gateway.upstream.metering import EnergyMeter
 
 log = logging.getLogger(__name__)
 
@@ -216,7 +217,7 @@ class Gateway:
         source = f"initial policy from {self.settings.policy_path}"
         try:
             stored = await asyncio.to_thread(
-                policystore.record,
+                versions.record,
                 self.engine,
                 self.policy_text,
                 f"gateway@{socket.gethostname()}",

@@ -5,13 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from gateway.classify import RequestProfile
 from gateway.costmodel.model import Prediction
-from gateway.routing.fleet import BackendState
+from gateway.fleet.state import BackendState
+from gateway.routing.classify import RequestProfile
 from gateway.routing.router import RouteDecision
 
 if TYPE_CHECKING:
-    from gateway.mirror import ShadowPlan
+    from gateway.shadow.mirror import ShadowPlan
 
 
 @dataclass(slots=True, eq=False)

@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from gateway.routing.fleet import Fleet
+from gateway.fleet.state import Fleet
 
 NAMESPACE = "gateway"
 

@@ -14,7 +14,7 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(extra="ignore", frozen=True, populate_by_name=True)
 
     database_url: str = Field(
-        default="sqlite:///gateway.db", validation_alias=AliasChoices("DATABASE_URL")
+        default="sqlite:///gateway.db.engine", validation_alias=AliasChoices("DATABASE_URL")
     )
     redis_url: str | None = Field(
         default=None,

@@ -5,12 +5,12 @@ from __future__ import annotations
 from alembic import context
 
 import gateway.costmodel.store
-import gateway.policystore
-import gateway.promotion
-import gateway.records
-import gateway.rollout
-import gateway.shadow  # noqa: F401
-from gateway.db import make_engine, metadata
+import gateway.policy.versions
+import gateway.promotion.evidence
+import gateway.promotion.rollout
+import gateway.records.requests
+import gateway.shadow.records  # noqa: F401
+from gateway.db.engine import make_engine, metadata
 from gateway.settings import Settings
 
 url = context.config.get_main_option("sqlalchemy.url") or Settings().database_url

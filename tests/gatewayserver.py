@@ -18,10 +18,10 @@ import sqlalchemy as sa
 import uvicorn
 
 from gateway.app import Gateway, GatewayApp
-from gateway.db import upgrade
-from gateway.httpserver import HttpProtocol
-from gateway.policy import Policy
-from gateway.records import request_records
+from gateway.db.engine import upgrade
+from gateway.ingress.protocol import HttpProtocol
+from gateway.policy.model import Policy
+from gateway.records.requests import request_records
 from gateway.settings import Settings
 
 
@@ -72,7 +72,7 @@ def wait_ready(port: int) -> None:
 @contextlib.contextmanager
 def run_gateway(policy: Policy, tmp_path: Path, **settings: object) -> Iterator[GatewayServer]:
     """Migrate a fresh SQLite database, start the gateway on a free port, stop it after."""
-    url = f"sqlite:///{tmp_path / 'gateway.db'}"
+    url = f"sqlite:///{tmp_path / 'gateway.db.engine'}"
     upgrade(url)
     fields: dict[str, object] = {
         "database_url": url,

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import yaml
 
-from gateway.policy import Policy, parse_policy
+from gateway.policy.model import Policy, parse_policy
 
 MODEL = "llama-3.1-8b-instruct"
 BIG = "llama-3.1-70b-instruct"

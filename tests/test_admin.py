@@ -8,7 +8,7 @@ import pytest
 from gatewayserver import run_gateway
 from shadowworld import PROMPT, settle, shadow_policy, shadow_rows
 
-from gateway.admin import parse_since
+from gateway.ops.admin import parse_since
 from policies import MODEL, fleet_policy
 
 TOKEN = "s3cret-admin-token"

@@ -4,9 +4,9 @@ import asyncio
 
 import pytest
 
-from gateway.admission import Admission
 from gateway.errors import NoCapacity
-from gateway.routing.fleet import Fleet
+from gateway.fleet.admission import Admission
+from gateway.fleet.state import Fleet
 from policies import fleet_policy
 
 

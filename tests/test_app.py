@@ -7,7 +7,7 @@ from pathlib import Path
 
 from gatewayserver import run_gateway
 
-from gateway.db import upgrade
+from gateway.db.engine import upgrade
 from policies import MODEL, fleet_policy
 
 

@@ -13,10 +13,10 @@ from dbswitch import switchable
 from gatewayserver import run_gateway
 from test_records import record
 
-import gateway.batching as batching
-from gateway.db import make_engine
+import gateway.records.batching as batching
+from gateway.db.engine import make_engine
 from gateway.metrics import GatewayMetrics
-from gateway.records import RecordWriter, request_records
+from gateway.records.requests import RecordWriter, request_records
 from policies import MODEL, fleet_policy
 
 TABLE = "request_records"
@@ -126,9 +126,9 @@ def test_records_survive_postgresql_cutting_the_connections_the_writer_holds(
 
 
 def test_records_past_memory_and_spill_limits_are_dropped_and_counted(tmp_path: Path) -> None:
-    from gateway.db import upgrade
+    from gateway.db.engine import upgrade
 
-    url = f"sqlite:///{tmp_path / 'gateway.db'}"
+    url = f"sqlite:///{tmp_path / 'gateway.db.engine'}"
     upgrade(url)
     metrics = GatewayMetrics()
     one_row = len(orjson.dumps(record(10).row())) + 1

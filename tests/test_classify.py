@@ -6,8 +6,8 @@ from collections import deque
 
 import pytest
 
-from gateway.classify import TokenEstimator, classify
 from gateway.errors import InvalidRequest, SloNotAllowed, Unauthorized
+from gateway.routing.classify import TokenEstimator, classify
 from policies import MODEL, fleet_policy
 
 

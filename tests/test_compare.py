@@ -9,7 +9,7 @@ from array import array
 import orjson
 import pytest
 
-from gateway.compare import (
+from gateway.compare.measures import (
     COMPARATORS,
     Answer,
     ToolCall,

@@ -13,11 +13,11 @@ from gatewayserver import run_gateway
 from shadowworld import shadow_rows
 from simproc import metric_value
 
-from gateway import policystore
 from gateway.app import Gateway
 from gateway.errors import PolicyError
-from gateway.policy import parse_policy, render_policy
-from gateway.routing.fleet import Fleet
+from gateway.fleet.state import Fleet
+from gateway.policy import versions
+from gateway.policy.model import parse_policy, render_policy
 from gateway.settings import Settings
 from policies import EMBED, MODEL, UPSTREAM_KEYS, fleet_policy, keyed
 
@@ -77,7 +77,7 @@ def test_a_policy_naming_an_unset_variable_is_refused_before_anything_changes() 
 
 
 def test_a_gateway_does_not_start_on_a_policy_naming_an_unset_variable(tmp_path: Path) -> None:
-    settings = Settings(database_url=f"sqlite:///{tmp_path / 'gateway.db'}")
+    settings = Settings(database_url=f"sqlite:///{tmp_path / 'gateway.db.engine'}")
     with pytest.raises(PolicyError, match="MISSING_KEY"):
         Gateway(settings, keyed(fleet_policy(), {"asic": "MISSING_KEY"}), environ={})
 
@@ -102,7 +102,7 @@ def test_the_admin_api_refuses_an_unset_key_and_a_replica_without_it_keeps_servi
         assert put.status_code == 422 and put.json()["errors"] == [error]
 
         # A replica that has the key applied it; this one must not serve it half-keyed.
-        policystore.record(gw.gateway.engine, lacking, "elsewhere", "asic needs a key")
+        versions.record(gw.gateway.engine, lacking, "elsewhere", "asic needs a key")
         deadline = time.monotonic() + 10
         reloads = "gateway_policy_reloads_total"
         while metric_value(http.get("/metrics").text, reloads, result="invalid") < 1:
@@ -196,7 +196,7 @@ def test_a_refused_key_is_an_upstream_failure_not_the_clients(
     )
     asic = keyed_sims.asic[0]
     before = asic.metrics()
-    caplog.set_level(logging.WARNING, logger="gateway.upstream")
+    caplog.set_level(logging.WARNING, logger="gateway.upstream.client")
     with run_gateway(policy, tmp_path) as gw, gw.http() as http:
         # The client's own key, even the one the ASIC wants, is never passed upstream.
         asic_key = {"authorization": f"Bearer {UPSTREAM_KEYS['UPSTREAM_ASIC_KEY']}"}

@@ -18,12 +18,12 @@ from test_records import record as request_record
 from test_shadow import record as shadow_record
 
 import gateway.app  # noqa: F401  (imports every module that defines a table)
-from gateway import promotion, rollout, shadow
-from gateway.db import alembic_config, make_engine, metadata, upgrade
-from gateway.records import request_records
+from gateway.db.engine import alembic_config, make_engine, metadata, upgrade
+from gateway.promotion import evidence, rollout
+from gateway.records.requests import request_records
+from gateway.replay.whatif import recorded_requests
 from gateway.report import data
-from gateway.shadow import shadow_drops, shadow_records
-from gateway.whatif import recorded_requests
+from gateway.shadow.records import shadow_drops, shadow_records, summarize
 from policies import fleet_policy
 
 
@@ -158,7 +158,7 @@ def filled(database: str) -> Iterator[sa.Engine]:
 
 
 def test_judge_of_one_route_reads_its_time_range_by_index(filled: sa.Engine) -> None:
-    (used,) = plans(filled, lambda: promotion.load_evidence(filled, NOW - 14 * DAY, SMALL))
+    (used,) = plans(filled, lambda: evidence.load_evidence(filled, NOW - 14 * DAY, SMALL))
     assert "ix_shadow_records_route_ts" in used
 
 
@@ -172,7 +172,7 @@ def test_rollout_guards_read_the_canary_by_index(filled: sa.Engine) -> None:
 
 
 def test_shadow_summary_of_one_route_reads_records_and_drops_by_index(filled: sa.Engine) -> None:
-    records, drops = plans(filled, lambda: shadow.summarize(filled, SMALL, None, NOW - 7 * DAY))
+    records, drops = plans(filled, lambda: summarize(filled, SMALL, None, NOW - 7 * DAY))
     assert "ix_shadow_records_route_ts" in records
     assert "ix_shadow_drops_route_ts" in drops
 

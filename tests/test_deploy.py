@@ -15,7 +15,7 @@ from shadowworld import ROOMY, shadow_rows
 from simproc import parse_metrics
 
 from gateway.metrics import GatewayMetrics
-from gateway.policy import Policy, load_policy, parse_policy
+from gateway.policy.model import Policy, load_policy, parse_policy
 from policies import BIG, EMBED, MODEL
 
 

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.energy import BackendLedger, read_counter_j
+from gateway.records.energy import BackendLedger, read_counter_j
 
 
 def ledger_with_idle(idle_w: float = 100.0) -> BackendLedger:

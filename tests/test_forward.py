@@ -11,10 +11,10 @@ import openai
 import pytest
 from gatewayserver import run_gateway
 
-from gateway.forward import error_detail
-from gateway.health import OutlierDetector
+from gateway.fleet.state import BackendState
 from gateway.metrics import GatewayMetrics
-from gateway.routing.fleet import BackendState
+from gateway.upstream.forward import error_detail
+from gateway.upstream.health import OutlierDetector
 from policies import BIG, MODEL, fleet_policy
 
 PROMPT = [{"role": "user", "content": "Tell me about analog noise in memory arrays."}]

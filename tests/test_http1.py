@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway import http1
-from gateway.http1 import Client
+from gateway.upstream import http1
+from gateway.upstream.http1 import Client
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]]
 

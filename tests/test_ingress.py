@@ -14,7 +14,7 @@ import pytest
 from gatewayserver import GatewayServer, run_gateway
 
 from gateway.errors import RequestTimeout
-from gateway.ingress import BodyDeadlines
+from gateway.ingress.api import BodyDeadlines
 from policies import BIG, EMBED, MODEL, fleet_policy
 
 PROMPT = [{"role": "user", "content": "Explain what a compute-in-memory device is."}]

@@ -4,8 +4,8 @@ import random
 
 import pytest
 
-from gateway.calibration import calibrate
-from gateway.judge import (
+from gateway.promotion.calibration import calibrate
+from gateway.promotion.judge import (
     FAIL,
     HOLD,
     PASS,

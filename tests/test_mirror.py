@@ -18,15 +18,15 @@ from gatewayserver import run_gateway
 from shadowworld import PROMPT, drop_counts, settle, shadow_policy, shadow_rows
 from simproc import metric_value, parse_metrics, start_simulator
 
-from gateway.classify import RequestProfile
-from gateway.compare import Answer, compare, tokens
-from gateway.db import make_engine, upgrade
+from gateway.compare.measures import Answer, compare, tokens
+from gateway.db.engine import make_engine, upgrade
 from gateway.exchange import Exchange
+from gateway.fleet.state import Fleet
 from gateway.metrics import GatewayMetrics
-from gateway.mirror import Mirror, sample, stable_fraction
-from gateway.routing.fleet import Fleet
+from gateway.routing.classify import RequestProfile
 from gateway.routing.router import RouteDecision
-from gateway.shadow import ShadowWriter
+from gateway.shadow.mirror import Mirror, sample, stable_fraction
+from gateway.shadow.records import ShadowWriter
 from policies import MODEL, fleet_policy
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gateway.policy import json_schema, render_policy
-from gateway.policycheck import validate
+from gateway.policy.check import validate
+from gateway.policy.model import json_schema, render_policy
 from policies import BIG, MODEL, fleet_policy
 
 Edit = Callable[[dict], None]

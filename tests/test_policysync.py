@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from gatewayserver import GatewayServer, run_gateway
 
-from gateway import policystore
-from gateway.policy import Policy, parse_policy, render_policy
+from gateway.policy import versions
+from gateway.policy.model import Policy, parse_policy, render_policy
 from policies import MODEL, fleet_policy, pool
 
 TOKEN = "reload-token"
@@ -102,7 +102,7 @@ def test_applies_and_rollbacks_under_load_fail_no_request_and_move_traffic(
             assert traffic.pools_since(applied) == expected
 
         # Another replica (or the CLI) rolls back through the database: polling picks it up.
-        stored = policystore.rollback(gw.gateway.engine, "ops", 2, "back to the GPU")
+        stored = versions.rollback(gw.gateway.engine, "ops", 2, "back to the GPU")
         deadline = time.monotonic() + 5
         while gw.gateway.policy_version != stored.version and time.monotonic() < deadline:
             time.sleep(0.02)
@@ -126,7 +126,7 @@ def test_a_stored_version_this_gateway_cannot_load_is_refused_and_counted(
     with run_gateway(policy, tmp_path, policy_poll_interval_s=0.05) as gw:
         before = gw.gateway.policy_version
         # Written past validation, as a replica running newer code might.
-        policystore.record(gw.gateway.engine, "pools: {}\n", "future", "newer schema")
+        versions.record(gw.gateway.engine, "pools: {}\n", "future", "newer schema")
         deadline = time.monotonic() + 5
         metrics = gw.gateway.metrics.registry
         while time.monotonic() < deadline:
@@ -150,21 +150,21 @@ def test_a_stored_version_this_gateway_cannot_load_is_refused_and_counted(
 def test_starts_from_the_active_version_else_stores_its_policy_as_version_1(
     sims, tmp_path: Path, stored_first: bool
 ) -> None:
-    from gateway.db import make_engine, upgrade
+    from gateway.db.engine import make_engine, upgrade
 
     on_gpu = chat_on(["gpu"], fleet_policy(gpu=sims.urls("gpu"), asic=sims.urls("asic")))
     on_asic = chat_on(["asic"], fleet_policy(gpu=sims.urls("gpu"), asic=sims.urls("asic")))
     if stored_first:
-        url = f"sqlite:///{tmp_path / 'gateway.db'}"
+        url = f"sqlite:///{tmp_path / 'gateway.db.engine'}"
         upgrade(url)
-        policystore.record(make_engine(url), render_policy(on_asic), "ops", "asic first")
+        versions.record(make_engine(url), render_policy(on_asic), "ops", "asic first")
     with run_gateway(on_gpu, tmp_path) as gw:
         reply = gw.client().chat.completions.with_raw_response.create(
             model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4
         )
         assert reply.headers["x-gateway-pool"] == ("asic" if stored_first else "gpu")
         assert gw.gateway.policy_version == 1
-        assert [v.version for v in policystore.history(gw.gateway.engine)] == [1]
+        assert [v.version for v in versions.history(gw.gateway.engine)] == [1]
         value = gw.gateway.metrics.registry.get_sample_value("gateway_policy_version")
         assert value == 1
 

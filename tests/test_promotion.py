@@ -13,11 +13,11 @@ import sqlalchemy as sa
 from gatewayserver import run_gateway
 from test_shadow import record
 
-from gateway.db import make_engine
-from gateway.judge import HOLD, PROMOTE, REJECT
-from gateway.policy import load_policy
-from gateway.promotion import evaluate, latest, promotion_evaluations
-from gateway.shadow import shadow_records
+from gateway.db.engine import make_engine
+from gateway.policy.model import load_policy
+from gateway.promotion.evidence import evaluate, latest, promotion_evaluations
+from gateway.promotion.judge import HOLD, PROMOTE, REJECT
+from gateway.shadow.records import shadow_records
 from policies import fleet_policy
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -82,7 +82,7 @@ def test_a_candidate_that_costs_more_is_not_promoted(database: str) -> None:
 
 
 def test_cli_and_admin_api_show_the_verdicts(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'gateway.db'}"
+    url = f"sqlite:///{tmp_path / 'gateway.db.engine'}"
     env = {**os.environ, "DATABASE_URL": url}
     subprocess.run(
         [sys.executable, "-m", "gateway", "db", "upgrade"], env=env, check=True, capture_output=True

@@ -10,10 +10,10 @@ import openai
 import pytest
 from gatewayserver import run_gateway
 
+from gateway.fleet.ratelimit import Bucket, Draw, TokenBuckets, tenant_draws
+from gateway.fleet.sharedstate import SharedState
 from gateway.metrics import GatewayMetrics
-from gateway.policy import RateLimit
-from gateway.ratelimit import Bucket, Draw, TokenBuckets, tenant_draws
-from gateway.sharedstate import SharedState
+from gateway.policy.model import RateLimit
 from policies import MODEL, fleet_policy
 
 

@@ -11,9 +11,9 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 
 import gateway.app  # noqa: F401  (imports every module that defines a table)
-from gateway.db import make_engine, metadata, upgrade
+from gateway.db.engine import make_engine, metadata, upgrade
 from gateway.metrics import GatewayMetrics
-from gateway.records import RecordWriter, RequestRecord, request_records
+from gateway.records.requests import RecordWriter, RequestRecord, request_records
 
 
 def record(n: int, decision_id: str | None = None) -> RequestRecord:

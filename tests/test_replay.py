@@ -13,7 +13,7 @@ from gatewayserver import run_gateway
 from simproc import start_simulator
 
 from gateway.cli import main
-from gateway.policy import Policy, load_policy, parse_policy
+from gateway.policy.model import Policy, load_policy, parse_policy
 from gateway.replay.bench import benchmark, run_live_comparison
 from gateway.replay.strategies import ROUTED, STRATEGIES
 from gateway.replay.trace import TraceRequest, read_trace

@@ -17,10 +17,10 @@ from test_records import record as request_record
 from test_shadow import record as shadow_record
 
 from gateway.costmodel.store import cost_models
-from gateway.db import make_engine
-from gateway.records import request_records
-from gateway.retention import Pruner, Windows, prune
-from gateway.shadow import shadow_drops, shadow_records
+from gateway.db.engine import make_engine
+from gateway.db.retention import Pruner, Windows, prune
+from gateway.records.requests import request_records
+from gateway.shadow.records import shadow_drops, shadow_records
 from policies import fleet_policy
 
 DAY = 86400.0

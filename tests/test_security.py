@@ -20,7 +20,7 @@ import yaml
 from gatewayserver import run_gateway
 from shadowworld import shadow_rows
 
-from gateway.policy import Policy
+from gateway.policy.model import Policy
 from gateway.report import generate, period
 from policies import EMBED, MODEL, UPSTREAM_KEYS, fleet_policy, keyed
 

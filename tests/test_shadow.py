@@ -8,9 +8,9 @@ import pytest
 import sqlalchemy as sa
 from alembic import command
 
-from gateway.db import alembic_config, make_engine, upgrade
+from gateway.db.engine import alembic_config, make_engine, upgrade
 from gateway.metrics import GatewayMetrics
-from gateway.shadow import (
+from gateway.shadow.records import (
     ShadowRecord,
     ShadowWriter,
     percentile,

@@ -11,12 +11,12 @@ from dataclasses import dataclass
 import pytest
 import redis
 
-from gateway.admission import Admission, Slot, slot_place
-from gateway.health import OutlierDetector, SharedEjections
-from gateway.leases import Leases
+from gateway.fleet.admission import Admission, Slot, slot_place
+from gateway.fleet.leases import Leases
+from gateway.fleet.sharedstate import SharedState
+from gateway.fleet.state import Fleet
 from gateway.metrics import GatewayMetrics
-from gateway.routing.fleet import Fleet
-from gateway.sharedstate import SharedState
+from gateway.upstream.health import OutlierDetector, SharedEjections
 from policies import fleet_policy
 
 pytestmark = pytest.mark.redis
@@ -313,7 +313,7 @@ def test_slot_place_weighs_kv_memory_only_when_the_backend_has_a_limit() -> None
 
 def test_a_shadow_budgets_places_are_fleet_wide(redis_url: str, redis_prefix: str) -> None:
     # A shadow target's max_concurrent of 1 holds across replicas: the place goes with the slot.
-    from gateway.leases import Place
+    from gateway.fleet.leases import Place
 
     async def scenario() -> tuple[int, int]:
         async with (

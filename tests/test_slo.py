@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from gateway.policy import SloClass
-from gateway.slo import meets_slo
+from gateway.policy.model import SloClass
+from gateway.records.slo import meets_slo
 
 INTERACTIVE = SloClass(ttft_ms=500, tpot_ms=50)
 BATCH = SloClass(e2e_ms=60_000)

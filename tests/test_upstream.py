@@ -6,8 +6,8 @@ import asyncio
 
 from aiohttp import web
 
-from gateway.routing.fleet import BackendState
-from gateway.upstream import Upstream
+from gateway.fleet.state import BackendState
+from gateway.upstream.client import Upstream
 
 
 def test_a_cookie_one_answer_sets_is_not_sent_with_later_requests() -> None:

@@ -21,8 +21,8 @@ from gateway.costmodel.model import CostModel
 from gateway.costmodel.train import Observation, Score, observation, train
 from gateway.metrics import GatewayMetrics
 from gateway.periodic import Periodic
-from gateway.policy import Policy
-from gateway.records import RequestRecord
+from gateway.policy.model import Policy
+from gateway.records.requests import RequestRecord
 
 log = logging.getLogger(__name__)
 

@@ -14,8 +14,8 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from gateway.costmodel.prior import Physics, physics
-from gateway.policy import Policy, Pool
+from gateway.policy.model import Policy, Pool
+from gateway.policy.physics import Physics, physics
 
 TARGETS = ("ttft", "tpot", "e2e", "energy")
 FEATURES = ("bias", "log_prompt", "log_output", "log_concurrent", "load")

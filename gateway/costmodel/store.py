@@ -15,8 +15,8 @@ import sqlalchemy as sa
 
 from gateway.costmodel.model import FEATURES, CostModel, Residual
 from gateway.costmodel.train import Score
-from gateway.db import metadata
-from gateway.policy import Policy
+from gateway.db.engine import metadata
+from gateway.policy.model import Policy
 
 cost_models = sa.Table(
     "cost_models",

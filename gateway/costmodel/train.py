@@ -22,8 +22,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from gateway.costmodel.model import TARGETS, CostModel, Residual
-from gateway.costmodel.prior import POWER_EXPONENT, Physics
-from gateway.policy import Policy
+from gateway.policy.model import Policy
+from gateway.policy.physics import POWER_EXPONENT, Physics
 
 MIN_OBSERVATIONS = 30
 HOLDOUT_SHARE = 0.2

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from gateway.policy import Policy, load_policy
+from gateway.policy.model import Policy, load_policy
 from gateway.replay.engine import START_S, Replay
 from gateway.replay.learner import WARM_OBSERVATIONS
 from gateway.replay.oracle import oracle

@@ -6,15 +6,16 @@ and the devices' own events (prefills, decode steps, completions), which the sim
 processes. Events at the same instant run in this order: devices first, so a slot freed at t is
 free for a request arriving at t, then the meter, deadlines and arrivals.
 
-Admission follows the live gateway (`gateway/forward.py`, `gateway/admission.py`): a decision
-with a backend takes one of its slots at once; a decision to queue waits in the pool's queue,
-oldest first, for a slot, within the budget; when the budget runs out `pick_backend` may still
-find a free slot on the route (the fallback), and otherwise the request is refused.
+Admission follows the live gateway (`gateway/upstream/forward.py`, `gateway/fleet/admission.py`): a
+decision with a backend takes one of its slots at once; a decision to queue waits in the pool's
+queue, oldest first, for a slot, within the budget; when the budget runs out `pick_backend` may
+still find a free slot on the route (the fallback), and otherwise the request is refused.
 
 The learned strategy meters energy as the live gateway does: each device's energy counter is read
-every `meter_interval_s` and fed, with the request spans, to a `gateway.energy.BackendLedger`;
-a request's observation (its TTFT, TPOT and end-to-end time from the device's timestamps, and
-its attributed energy) reaches the learner when its energy is settled.
+every `meter_interval_s` and fed, with the request spans, to a
+`gateway.records.energy.BackendLedger`; a request's observation (its TTFT, TPOT and end-to-end time
+from the device's timestamps, and its attributed energy) reaches the learner when its energy is
+settled.
 """
 
 from __future__ import annotations
@@ -27,14 +28,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-from gateway.classify import RequestProfile
 from gateway.costmodel.train import Observation
 from gateway.errors import GatewayError
-from gateway.policy import Policy, Route
+from gateway.fleet.state import Fleet, PoolState
+from gateway.policy.model import Policy, Route
 from gateway.replay.strategies import Router
 from gateway.replay.trace import TraceRequest
 from gateway.replay.world import SimulatedBackend, build_world, model_spec
-from gateway.routing.fleet import Fleet, PoolState
+from gateway.routing.classify import RequestProfile
 from gateway.routing.router import decide, pick_backend
 from simulator.device import Job, JobState
 

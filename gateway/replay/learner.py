@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from gateway.costmodel.model import TARGETS, CostModel, Prediction
 from gateway.costmodel.train import Observation, Score, train
-from gateway.policy import Policy
+from gateway.policy.model import Policy
 
 # After this many observations of a pool its error counts toward the target.
 WARM_OBSERVATIONS = 500

@@ -21,7 +21,7 @@ import aiohttp
 import numpy as np
 import orjson
 
-from gateway.policy import Policy
+from gateway.policy.model import Policy
 from gateway.replay.engine import MODEL, request_profile
 from gateway.replay.trace import TraceRequest
 

@@ -33,12 +33,12 @@ from typing import Any
 
 import numpy as np
 
-from gateway.classify import RequestProfile
 from gateway.errors import GatewayError
-from gateway.policy import Policy, Pool
+from gateway.policy.model import Policy, Pool
 from gateway.replay.engine import MODEL, request_profile
 from gateway.replay.trace import TraceRequest
 from gateway.replay.world import model_spec, profile_for
+from gateway.routing.classify import RequestProfile
 from gateway.routing.router import match_route
 from simulator.power import PowerCurve
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gateway.classify import RequestProfile
 from gateway.costmodel.model import OutputLengths
-from gateway.policy import Policy, Route
+from gateway.fleet.state import PoolState
+from gateway.policy.model import Policy, Route
 from gateway.replay.learner import OnlineLearner
-from gateway.routing.fleet import PoolState
+from gateway.routing.classify import RequestProfile
 from gateway.routing.ranking import CostRanker, Ranking, preference_order
 from gateway.routing.router import RankPools
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gateway.energy import BackendLedger
-from gateway.policy import Policy
-from gateway.routing.fleet import BackendState, Fleet
+from gateway.fleet.state import BackendState, Fleet
+from gateway.policy.model import Policy
+from gateway.records.energy import BackendLedger
 from simulator.device import Device
 from simulator.power import PowerCurve
 from simulator.profile import ModelSpec, Profile, load_profile

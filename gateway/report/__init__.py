@@ -15,7 +15,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from gateway.costmodel.model import CostModel
-from gateway.policy import Policy
+from gateway.policy.model import Policy
 from gateway.report import data, render
 from gateway.report.period import Period
 

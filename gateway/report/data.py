@@ -17,15 +17,15 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from gateway import promotion
 from gateway.costmodel.model import CostModel, Prediction
 from gateway.costmodel.store import cost_models
-from gateway.judge import FAIL, PASS, Criteria, judge
-from gateway.policy import Policy
-from gateway.records import request_records
+from gateway.policy.model import Policy
+from gateway.promotion import evidence
+from gateway.promotion.judge import FAIL, PASS, Criteria, judge
+from gateway.records.requests import request_records
+from gateway.records.slo import meets_slo
 from gateway.report.period import Period
-from gateway.shadow import CANDIDATE, NOISE, percentile, shadow_drops, shadow_records
-from gateway.slo import meets_slo
+from gateway.shadow.records import CANDIDATE, NOISE, percentile, shadow_drops, shadow_records
 
 Row = Mapping[str, Any]
 Predict = Callable[[str, str, int, int, int], Prediction]
@@ -45,13 +45,13 @@ def collect(
 ) -> dict[str, Any]:
     """Read everything the report needs for `period` and return its numbers."""
     previous = period.previous()
-    window = judge_window(promotion.criteria(policy))
+    window = judge_window(evidence.criteria(policy))
     start = min(previous.since, period.until - window)
     requests = _read_requests(engine, start, period.until)
     shadows = _read_shadows(engine, start, period.until)
     drops = _read_drops(engine, start, period.until)
     cost_model = _read_cost_model(engine, period.until)
-    stored = promotion.latest(engine)
+    stored = evidence.latest(engine)
     predict = (model or CostModel(policy)).predict
     return build(
         policy,
@@ -67,7 +67,7 @@ def collect(
 
 
 def judge_window(c: Criteria) -> float:
-    """Return how much history the judge looks at, as `promotion.evaluate` does."""
+    """Return how much history the judge looks at, as `evidence.evaluate` does."""
     return max(2 * c.min_window_s, 86400.0)
 
 
@@ -171,7 +171,7 @@ def build(
     this_shadows = _within(shadows, period)
     before_shadows = _within(shadows, previous)
     stored = {(v["route"], v["candidate"]): v for v in stored_verdicts}
-    rules = promotion.criteria(policy)
+    rules = evidence.criteria(policy)
     verdicts = judge_rows(shadows, rules, period.until)
     verdicts_before = judge_rows(_before(shadows, previous.until), rules, previous.until)
 
@@ -617,8 +617,8 @@ def judge_rows(shadows: Sequence[Row], rules: Criteria, at: float) -> dict[tuple
     """Judge every route and candidate as of `at` from the shadow rows of its window."""
     since = at - judge_window(rules)
     rows = [dict(r) for r in shadows if since <= r["ts"] < at]
-    evidence = promotion.gather(rows)
-    for (route, pool), e in evidence.items():
+    gathered = evidence.gather(rows)
+    for (route, pool), e in gathered.items():
         answered = [
             r
             for r in rows
@@ -629,7 +629,7 @@ def judge_rows(shadows: Sequence[Row], rules: Criteria, at: float) -> dict[tuple
         e.primary_energy_j, e.candidate_energy_j = _paired_means(answered, "energy_j")
         e.primary_cost_usd, e.candidate_cost_usd = _paired_means(answered, "cost_usd")
     verdicts = {}
-    for key, e in evidence.items():
+    for key, e in gathered.items():
         verdict = judge(e, rules, at).as_dict()
         verdict["evaluated_at"] = datetime.fromtimestamp(at, UTC).isoformat().replace("+00:00", "Z")
         verdict["why"] = why_sentence(verdict)

@@ -20,7 +20,7 @@ import sqlalchemy as sa
 
 from gateway.costmodel.model import CostModel
 from gateway.periodic import Periodic
-from gateway.policy import Policy
+from gateway.policy.model import Policy
 from gateway.report import generate
 from gateway.report.period import ISO_WEEK, last_complete_week
 

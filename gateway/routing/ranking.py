@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from gateway.classify import RequestProfile
 from gateway.costmodel.model import CostModel, OutputLengths, Prediction
-from gateway.policy import Route
-from gateway.routing.fleet import PoolState
+from gateway.fleet.state import PoolState
+from gateway.policy.model import Route
+from gateway.routing.classify import RequestProfile
 
 OBJECTIVES: dict[str, Callable[[Prediction], float]] = {
     "min_cost": lambda p: p.marginal_cost_usd,

@@ -14,11 +14,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from gateway.classify import RequestProfile
 from gateway.costmodel.model import Prediction
 from gateway.errors import ContextTooLong, ModelNotFound, NoCapacity, NoHealthyBackend, RouteDenied
-from gateway.policy import Policy, Route
-from gateway.routing.fleet import BackendState, Fleet, PoolState
+from gateway.fleet.state import BackendState, Fleet, PoolState
+from gateway.policy.model import Policy, Route
+from gateway.routing.classify import RequestProfile
 from gateway.routing.ranking import Ranking, preference_order
 
 RankPools = Callable[[RequestProfile, Route, Sequence[PoolState], list[tuple[str, str]]], Ranking]

@@ -22,16 +22,17 @@ depends_on = None
 
 def upgrade() -> None:
     with op.batch_alter_table("request_records") as batch_op:
-        # Rollout guards (gateway.rollout.guards) read the canary's requests every check:
+        # Rollout guards (gateway.promotion.rollout.guards) read the canary's requests every check:
         # route = ? AND first_pool = ? AND ts >= step start. The canary gets a small share of
         # the route, so without first_pool in the key most of the range would be read for nothing.
         batch_op.create_index(
             "ix_request_records_route_first_pool_ts", ["route", "first_pool", "ts"], unique=False
         )
     with op.batch_alter_table("shadow_records") as batch_op:
-        # The judge for one route (gateway.promotion.load_evidence: route = ? AND ts >= ?), the
-        # shadow summary for a route (gateway.shadow.summarize) and the rollout guards' reverse
-        # shadow sample (route = ? AND ts >= step start, the rest filtered on the few rows left).
+        # The judge for one route (gateway.promotion.evidence.load_evidence: route = ? AND ts >= ?),
+        # the shadow summary for a route (gateway.shadow.records.summarize) and the rollout guards'
+        # reverse shadow sample (route = ? AND ts >= step start, the rest filtered on the few rows
+        # left).
         batch_op.create_index("ix_shadow_records_route_ts", ["route", "ts"], unique=False)
         # (route, candidate_pool) served no query better than (route, ts) now does: none filters
         # on the candidate alone, and the summary's "candidate = ? OR kind = noise" cannot use it

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.costmodel.prior import bytes_per_param, physics
-from gateway.policy import load_policy
+from gateway.policy.model import load_policy
+from gateway.policy.physics import bytes_per_param, physics
 
 POLICY = load_policy(Path(__file__).resolve().parents[2] / "policies/default.yaml")
 

@@ -6,7 +6,7 @@ import sqlalchemy as sa
 
 from gateway.costmodel import store
 from gateway.costmodel.model import CostModel
-from gateway.db import make_engine
+from gateway.db.engine import make_engine
 from policies import fleet_policy
 
 

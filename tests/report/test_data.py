@@ -10,8 +10,8 @@ import pytest
 from reportworld import MODEL, build
 
 from gateway.costmodel.model import CostModel
-from gateway.db import make_engine
-from gateway.promotion import evaluate
+from gateway.db.engine import make_engine
+from gateway.promotion.evidence import evaluate
 from gateway.report import generate
 
 

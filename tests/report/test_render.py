@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from reportworld import ROOT, WEEK, build
 
-from gateway.db import make_engine, upgrade
+from gateway.db.engine import make_engine, upgrade
 from gateway.report import generate
 from gateway.report.period import week
 
@@ -25,7 +25,7 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 def written(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
     """One week written once for the module: rendering is what these tests look at."""
     base = tmp_path_factory.mktemp("report")
-    url = f"sqlite:///{base / 'gateway.db'}"
+    url = f"sqlite:///{base / 'gateway.db.engine'}"
     upgrade(url)
     engine = make_engine(url)
     world = build(engine)
@@ -113,10 +113,10 @@ def test_chromium_renders_the_page_without_console_messages(
 
 
 def test_a_week_without_traffic_still_makes_a_report(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'gateway.db'}"
+    url = f"sqlite:///{tmp_path / 'gateway.db.engine'}"
     upgrade(url)
     engine = make_engine(url)
-    from gateway.policy import load_policy
+    from gateway.policy.model import load_policy
 
     policy = load_policy(ROOT / "policies/default.yaml")
     report = generate(engine, policy, week(WEEK), tmp_path / "out", now=0.0)
@@ -127,7 +127,7 @@ def test_a_week_without_traffic_still_makes_a_report(tmp_path: Path) -> None:
 
 
 def test_cli_writes_a_named_week_and_refuses_a_malformed_one(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'gateway.db'}"
+    url = f"sqlite:///{tmp_path / 'gateway.db.engine'}"
     upgrade(url)
     engine = make_engine(url)
     build(engine)

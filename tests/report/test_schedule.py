@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from gatewayserver import run_gateway
 
-from gateway.db import make_engine, upgrade
+from gateway.db.engine import make_engine, upgrade
 from gateway.report.schedule import ReportScheduler, due, parse_schedule
 from policies import fleet_policy
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from gateway.admission import Admission
-from gateway.routing.fleet import Fleet
+from gateway.fleet.admission import Admission
+from gateway.fleet.state import Fleet
 from policies import fleet_policy
 
 GPU = ("http://127.0.0.1:1", "http://127.0.0.1:4")

@@ -1,8 +1,8 @@
 from __future__ import annotations
 
-from gateway.classify import RequestProfile
 from gateway.costmodel.model import CostModel, OutputLengths
-from gateway.routing.fleet import Fleet
+from gateway.fleet.state import Fleet
+from gateway.routing.classify import RequestProfile
 from gateway.routing.ranking import CostRanker
 from gateway.routing.router import decide
 from policies import MODEL, fleet_policy

@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.classify import RequestProfile
 from gateway.errors import ContextTooLong, ModelNotFound, NoCapacity, NoHealthyBackend, RouteDenied
-from gateway.routing.fleet import Fleet
+from gateway.fleet.state import Fleet
+from gateway.routing.classify import RequestProfile
 from gateway.routing.router import decide, pick_backend
 from policies import BIG, EMBED, MODEL, fleet_policy
 

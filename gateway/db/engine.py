@@ -1,0 +1,50 @@
+"""The database: table metadata shared by every record module, engines, and migrations."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import sqlalchemy as sa
+
+if TYPE_CHECKING:
+    from alembic.config import Config
+
+metadata = sa.MetaData()
+
+MIGRATIONS = Path(__file__).resolve().parents[2] / "migrations"
+
+
+def make_engine(url: str) -> sa.Engine:
+    """Create an engine; SQLite gets a busy timeout and write-ahead logging."""
+    if not url.startswith("sqlite"):
+        return sa.create_engine(url, pool_pre_ping=True)
+    engine = sa.create_engine(url, connect_args={"timeout": 30})
+
+    @sa.event.listens_for(engine, "connect")
+    def _pragmas(connection: Any, _: Any) -> None:
+        # WAL lets readers (reports, the admin API) run beside the record writer, and
+        # synchronous=NORMAL makes a batch commit cheap while staying safe against crashes.
+        cursor = connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.close()
+
+    return engine
+
+
+def alembic_config(url: str) -> Config:
+    """Return an Alembic configuration for this project's migrations against url."""
+    from alembic.config import Config
+
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    return config
+
+
+def upgrade(url: str, revision: str = "head") -> None:
+    """Apply migrations up to revision."""
+    from alembic import command
+
+    command.upgrade(alembic_config(url), revision)

@@ -1,0 +1,211 @@
+"""Retention: delete records past their window, a small batch at a time, on an interval.
+
+Request records are kept GATEWAY_RETENTION_DAYS (30), shadow records and shadow drop counts
+GATEWAY_SHADOW_RETENTION_DAYS (30); 0 keeps a table forever. The shadow window defaults to the
+request window for two reasons. The weekly report of the last full week, written on any day of
+the week after it, reads back to the start of its comparison week: 21 days, which also covers
+the judge's window at the default `min_window_days` (twice 7 days, from the end of the week);
+30 days leaves more than a week to spare for a late or repeated report. And the report and the
+judge take the primary's measured energy and cost from its request record, so a shadow record
+kept longer than its request would lose them.
+
+Each batch deletes at most `batch_rows` rows in its own transaction, so no lock is held long on
+PostgreSQL and SQLite's record writer gets the database between two batches. Every replica of
+`gateway serve` runs the job, and that is harmless: a batch deletes only rows already past the
+window, so the outcome does not depend on which replica deletes them; a row another replica
+deleted first is simply not found, and on PostgreSQL a batch skips the rows another replica's
+batch holds (SKIP LOCKED), so replicas share the work instead of waiting for each other.
+
+Cost models (one stored per retraining, every 10 s at most under heavy traffic) are kept as long
+as request records: a model older than the request window explains no request kept. Of those
+older, the newest good one stays too, as the model in force at the window's edge, which the
+weekly report of a week starting there reads.
+
+Stored shadow texts are not handled here: the shadow writer erases them every minute once their
+`text_expires_at` has passed (gateway/shadow/records.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import sqlalchemy as sa
+
+from gateway.costmodel.store import cost_models
+from gateway.errors import DatabaseUnavailable
+from gateway.periodic import Periodic
+from gateway.records.requests import request_records
+from gateway.settings import Settings
+from gateway.shadow.records import shadow_drops, shadow_records
+
+log = logging.getLogger(__name__)
+
+DAY_S = 86400.0
+BATCH_ROWS = 1000
+# How far back the weekly report of the last full week reads (see the module docstring).
+REPORT_REACH_DAYS = 21
+
+
+@dataclass(frozen=True, slots=True)
+class Windows:
+    """How many days each kind of record is kept; 0 keeps it forever."""
+
+    request_days: float = 30.0
+    shadow_days: float = 30.0
+
+    @classmethod
+    def of(cls, settings: Settings) -> Windows:
+        """Return the windows the settings ask for."""
+        return cls(settings.retention_days, settings.shadow_retention_days)
+
+    def days(self) -> dict[sa.Table, float]:
+        """Return the window of every table retention looks after."""
+        return {
+            request_records: self.request_days,
+            shadow_records: self.shadow_days,
+            shadow_drops: self.shadow_days,
+        }
+
+    def cutoffs(self, now: float) -> dict[sa.Table, float]:
+        """Return, per table with a window, the time before which its rows are deleted."""
+        return {table: now - days * DAY_S for table, days in self.days().items() if days > 0}
+
+
+def delete_batch(engine: sa.Engine, table: sa.Table, cutoff: float, rows: int) -> int:
+    """Delete up to `rows` rows of `table` older than `cutoff`; return how many went."""
+    oldest = (
+        sa.select(table.c.id)
+        .where(table.c.ts < cutoff)
+        .limit(rows)
+        .with_for_update(skip_locked=True)  # PostgreSQL only; SQLite has one writer anyway
+    )
+    try:
+        with engine.begin() as conn:
+            return int(conn.execute(table.delete().where(table.c.id.in_(oldest))).rowcount or 0)
+    except sa.exc.SQLAlchemyError as exc:
+        raise DatabaseUnavailable(
+            f"cannot delete old rows of {table.name} ({type(exc).__name__})"
+        ) from exc
+
+
+def delete_cost_models(engine: sa.Engine, cutoff: float, rows: int) -> int:
+    """Delete up to `rows` cost models created before `cutoff`, all but the newest good one."""
+    m = cost_models.c
+    in_force = (
+        sa.select(sa.func.max(m.version)).where(m.status == "ok", m.created < cutoff)
+    ).scalar_subquery()
+    oldest = (
+        sa.select(m.version)
+        .where(m.created < cutoff, m.version != sa.func.coalesce(in_force, -1))
+        .limit(rows)
+    )
+    try:
+        with engine.begin() as conn:
+            return int(conn.execute(cost_models.delete().where(m.version.in_(oldest))).rowcount)
+    except sa.exc.SQLAlchemyError as exc:
+        raise DatabaseUnavailable(f"cannot delete old cost models ({type(exc).__name__})") from exc
+
+
+def prune(
+    engine: sa.Engine,
+    windows: Windows,
+    now: float,
+    *,
+    batch_rows: int = BATCH_ROWS,
+    pause_s: float = 0.0,
+    stopping: threading.Event | None = None,
+) -> dict[str, int]:
+    """Delete every record older than its window, batch by batch; return the count per table.
+
+    Pauses `pause_s` between batches, and returns early once `stopping` is set.
+    """
+    batches: dict[str, Callable[[], int]] = {}
+    for table, cutoff in windows.cutoffs(now).items():
+        batches[table.name] = functools.partial(delete_batch, engine, table, cutoff, batch_rows)
+    if windows.request_days > 0:
+        cutoff = now - windows.request_days * DAY_S
+        batches[cost_models.name] = functools.partial(
+            delete_cost_models, engine, cutoff, batch_rows
+        )
+    deleted: dict[str, int] = {}
+    for name, batch in batches.items():
+        deleted[name] = 0
+        while stopping is None or not stopping.is_set():
+            n = batch()
+            deleted[name] += n
+            if n < batch_rows:
+                break
+            time.sleep(pause_s)
+    return deleted
+
+
+class Pruner:
+    """Prune on an interval in `gateway serve`; off when the interval or every window is 0.
+
+    The first round runs one interval after start; `gateway db prune` runs one at once.
+    """
+
+    def __init__(
+        self,
+        engine: sa.Engine,
+        windows: Windows,
+        interval_s: float,
+        *,
+        batch_rows: int = BATCH_ROWS,
+        pause_s: float = 0.05,
+        wall: Callable[[], float] = time.time,
+    ):
+        self._engine = engine
+        self.windows = windows
+        self._batch_rows = batch_rows
+        self._pause_s = pause_s
+        self._wall = wall
+        self._stopping = threading.Event()
+        self.enabled = interval_s > 0 and bool(windows.cutoffs(0.0))
+        self.periodic = Periodic("retention", interval_s, self.prune)
+
+    async def prune(self) -> dict[str, int]:
+        """Run one round in a worker thread; return how many rows each table lost."""
+        deleted = await asyncio.to_thread(
+            prune,
+            self._engine,
+            self.windows,
+            self._wall(),
+            batch_rows=self._batch_rows,
+            pause_s=self._pause_s,
+            stopping=self._stopping,
+        )
+        if any(deleted.values()):
+            log.info(
+                "retention: deleted %s",
+                ", ".join(f"{n} {table}" for table, n in deleted.items()),
+            )
+        return deleted
+
+    def start(self) -> None:
+        if not self.enabled:
+            return
+        for name, days in (
+            ("GATEWAY_RETENTION_DAYS", self.windows.request_days),
+            ("GATEWAY_SHADOW_RETENTION_DAYS", self.windows.shadow_days),
+        ):
+            if 0 < days < REPORT_REACH_DAYS:
+                log.warning(
+                    "%s=%g deletes records the weekly report still reads (up to %d days back)",
+                    name,
+                    days,
+                    REPORT_REACH_DAYS,
+                )
+        self._stopping.clear()
+        self.periodic.start()
+
+    async def stop(self) -> None:
+        # A round in its thread finishes the batch it is on instead of the whole backlog.
+        self._stopping.set()
+        await self.periodic.stop()

@@ -1,0 +1,160 @@
+"""Rate limits: token buckets, kept in memory or in Redis where every replica spends from them.
+
+A bucket holds up to `capacity` tokens and refills at `rate` tokens a second. Tenants' limits
+(requests and tokens per minute, from the policy) and shadow targets' copies per second are
+buckets. With shared state a bucket lives in Redis, so N replicas together allow what one
+would; while Redis is unreachable each replica keeps a local bucket with its share of the rate.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from gateway.errors import RateLimited, SharedStateUnavailable
+from gateway.fleet.sharedstate import SharedState
+from gateway.policy.model import Policy, RateLimit
+from gateway.routing.classify import RequestProfile
+from gateway.routing.router import tokens_needed
+
+# KEYS: buckets; ARGV: (rate per second, capacity, cost) per bucket. All or nothing: spend
+# every cost if every bucket has it, else spend nothing. Return 0, or the ms until they would.
+SPEND = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
+local wait, levels = 0, {}
+for i, key in ipairs(KEYS) do
+  local rate, cap, cost = tonumber(ARGV[3*i - 2]), tonumber(ARGV[3*i - 1]), tonumber(ARGV[3*i])
+  local v = redis.call('HMGET', key, 'tokens', 'ts')
+  local tokens = tonumber(v[1]) or cap
+  local ts = tonumber(v[2]) or now
+  tokens = math.min(cap, tokens + math.max(0, now - ts) / 1000 * rate)
+  levels[i] = tokens
+  if tokens < cost then wait = math.max(wait, (cost - tokens) / rate * 1000) end
+end
+if wait > 0 then return math.ceil(wait) end
+for i, key in ipairs(KEYS) do
+  local rate, cap, cost = tonumber(ARGV[3*i - 2]), tonumber(ARGV[3*i - 1]), tonumber(ARGV[3*i])
+  redis.call('HSET', key, 'tokens', levels[i] - cost, 'ts', now)
+  redis.call('PEXPIRE', key, math.ceil(cap / rate * 1000) + 1000)
+end
+return 0
+"""
+
+
+class Bucket:
+    """One token bucket in memory."""
+
+    __slots__ = ("capacity", "rate", "tokens", "updated")
+
+    def __init__(self, rate: float, capacity: float, now: float):
+        self.rate = rate
+        self.capacity = capacity
+        self.tokens = capacity
+        self.updated = now
+
+    def refill(self, now: float) -> float:
+        """Add what the time since the last look earned; return the tokens now."""
+        self.tokens = min(self.capacity, self.tokens + max(0.0, now - self.updated) * self.rate)
+        self.updated = now
+        return self.tokens
+
+    def wait_s(self, cost: float, now: float) -> float:
+        """Return how long until the bucket holds cost tokens (0: now)."""
+        missing = min(cost, self.capacity) - self.refill(now)
+        return max(0.0, missing / self.rate)
+
+    def take(self, cost: float, now: float) -> bool:
+        """Spend cost tokens if the bucket has them; return whether it did."""
+        if self.wait_s(cost, now) > 0:
+            return False
+        self.tokens -= min(cost, self.capacity)
+        return True
+
+
+@dataclass(frozen=True, slots=True)
+class Draw:
+    """Tokens to spend from a named bucket, and the bucket's rate and capacity."""
+
+    bucket: str
+    rate: float
+    capacity: float
+    cost: float = 1.0
+
+
+class TokenBuckets:
+    """Named token buckets: in Redis when state is shared, in memory otherwise.
+
+    `take` spends from several buckets at once, all or none, so a request over one limit
+    spends nothing from the others.
+    """
+
+    def __init__(
+        self, shared: SharedState | None = None, clock: Callable[[], float] = time.monotonic
+    ):
+        self.shared = shared
+        self.clock = clock
+        self._local: dict[tuple[str, float, float], Bucket] = {}
+        self._spend = shared.redis.register_script(SPEND) if shared is not None else None
+
+    async def take(self, draws: Sequence[Draw]) -> float:
+        """Spend every draw if all its buckets can; return 0, or the seconds until they could."""
+        shared, spend = self.shared, self._spend
+        if shared is not None and spend is not None and shared.up:
+            keys = [shared.key("bucket", d.bucket) for d in draws]
+            args: list[float] = []
+            for d in draws:
+                args += [d.rate, d.capacity, min(d.cost, d.capacity)]
+            try:
+                waited_ms = await shared.run(spend, keys, args)
+                return int(waited_ms) / 1000
+            except SharedStateUnavailable:
+                pass  # spend from this replica's share instead
+        return self.take_local(draws)
+
+    def take_local(self, draws: Sequence[Draw]) -> float:
+        """Spend from this replica's own buckets (its share of each rate while Redis is out)."""
+        share = self.shared.share(1.0) if self.shared is not None else 1.0
+        now = self.clock()
+        buckets = []
+        for d in draws:
+            key = (d.bucket, d.rate * share, d.capacity * share)
+            bucket = self._local.get(key)
+            if bucket is None:
+                bucket = self._local[key] = Bucket(key[1], max(key[2], 1.0), now)
+            buckets.append(bucket)
+        wait = max((b.wait_s(d.cost, now) for b, d in zip(buckets, draws, strict=True)), default=0)
+        if wait > 0:
+            return wait
+        for bucket, d in zip(buckets, draws, strict=True):
+            bucket.take(d.cost, now)
+        return 0.0
+
+
+def tenant_draws(name: str, limit: RateLimit, tokens: int) -> list[Draw]:
+    """Return what one request of a tenant spends from its buckets."""
+    draws = []
+    if limit.requests_per_minute is not None:
+        rpm = limit.requests_per_minute
+        draws.append(Draw(f"tenant:{name}:requests", rpm / 60, rpm))
+    if limit.tokens_per_minute is not None:
+        tpm = limit.tokens_per_minute
+        draws.append(Draw(f"tenant:{name}:tokens", tpm / 60, tpm, tokens))
+    return draws
+
+
+async def admit_tenant(buckets: TokenBuckets, profile: RequestProfile, policy: Policy) -> None:
+    """Raise RateLimited when the request's tenant is over its rate limit; else spend it."""
+    tenant = policy.tenant_named(profile.tenant)
+    if tenant is None or tenant.rate_limit is None:
+        return
+    draws = tenant_draws(tenant.name, tenant.rate_limit, tokens_needed(profile, policy))
+    wait_s = await buckets.take(draws)
+    if wait_s > 0:
+        raise RateLimited(
+            f"tenant {tenant.name!r} is over its rate limit "
+            f"({tenant.rate_limit.describe()}); retry in {math.ceil(wait_s)} s",
+            retry_after_s=wait_s,
+        )

@@ -1,0 +1,200 @@
+"""The live state of the fleet: slots and KV memory in use and health of every backend, waiters.
+
+The ingress, forwarder and health checker mutate it; the router only reads it. Everything here
+runs on the event loop, so reads and writes between two awaits are consistent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from gateway.policy import credentials
+from gateway.policy.model import Backend, Policy, Pool
+
+REQUEST_HEADERS = {"content-type": "application/json"}
+SHADOW_HEADER = {"x-gateway-shadow": "1"}
+
+if TYPE_CHECKING:
+    from gateway.fleet.admission import Slot
+
+
+@dataclass(eq=False, slots=True)
+class BackendState:
+    """One upstream server: its slots and KV-cache memory in use, and its outlier state.
+
+    `in_flight` and `kv_reserved` are this replica's; `elsewhere` and `kv_elsewhere` what the
+    other replicas hold, as last seen through shared state (always 0 for a single process).
+
+    It also carries the headers every call to it sends (its credential among them), built once
+    with the fleet, so the request path only picks the right set. They stay out of repr, so a
+    backend in a log line or a traceback never shows its key.
+    """
+
+    name: str
+    url: str
+    pool: str
+    slots: int
+    kv_capacity: float = float("inf")
+    metrics_url: str = ""
+    api_key_env: str | None = None
+    auth: dict[str, str] = field(default_factory=dict, repr=False)
+    headers: dict[str, str] = field(default_factory=lambda: dict(REQUEST_HEADERS), repr=False)
+    shadow_headers: dict[str, str] = field(
+        default_factory=lambda: REQUEST_HEADERS | SHADOW_HEADER, repr=False
+    )
+    metrics_auth: dict[str, str] = field(default_factory=dict, repr=False)
+    in_flight: int = 0
+    kv_reserved: float = 0.0
+    elsewhere: int = 0
+    kv_elsewhere: float = 0.0
+    ejected: bool = False
+    ejected_until: float = 0.0
+    consecutive_failures: int = 0
+    ejections: int = 0  # the doublings of the next ejection interval
+    returned_at: float = 0.0  # when it last came back from an ejection (the detector's clock)
+    # Outcomes in the detector's current window, for its failure-share rule.
+    window_started: float = 0.0
+    window_requests: int = 0
+    window_failures: int = 0
+
+    @property
+    def free_slots(self) -> int:
+        return self.slots - self.in_flight - self.elsewhere
+
+    @property
+    def load(self) -> int:
+        """Requests the backend serves now, every replica's included."""
+        return self.in_flight + self.elsewhere
+
+    def fits(self, kv_bytes: float) -> bool:
+        """Return whether a request needing kv_bytes of KV cache fits in the free memory."""
+        return self.kv_reserved + self.kv_elsewhere + kv_bytes <= self.kv_capacity
+
+    def overcommitted(self) -> bool:
+        """Return whether more slots or KV memory are held than the backend has."""
+        return self.free_slots < 0 or not self.fits(0.0)
+
+    def configure(self, fresh: BackendState) -> None:
+        """Take a new policy version's name, pool, capacity and credentials; keep live state."""
+        for name in CONFIGURED:
+            setattr(self, name, getattr(fresh, name))
+
+
+# What a policy version sets on a backend; the rest is live state that survives a reload.
+CONFIGURED = (
+    "name",
+    "pool",
+    "slots",
+    "kv_capacity",
+    "metrics_url",
+    "api_key_env",
+    "auth",
+    "headers",
+    "shadow_headers",
+    "metrics_auth",
+)
+
+
+def backend_state(
+    backend: Backend, pool_name: str, pool: Pool, environ: Mapping[str, str] | None
+) -> BackendState:
+    """Build the state of one backend of a policy, with its credential from `environ`."""
+    auth = credentials.authorization(backend, environ)
+    metrics_url = backend.metrics_url or backend.url + "/metrics"
+    return BackendState(
+        backend.name,
+        backend.url,
+        pool_name,
+        pool.slots_per_backend,
+        pool.kv_capacity_bytes(),
+        metrics_url=metrics_url,
+        api_key_env=backend.api_key_env,
+        auth=auth,
+        headers=REQUEST_HEADERS | auth,
+        shadow_headers=REQUEST_HEADERS | SHADOW_HEADER | auth,
+        metrics_auth=auth if credentials.same_origin(backend.url, metrics_url) else {},
+    )
+
+
+@dataclass(eq=False, slots=True)
+class Waiter:
+    """A request waiting in a pool's queue, and the KV memory the slot it gets must have."""
+
+    future: asyncio.Future[Slot]
+    kv_bytes: float = 0.0
+
+
+@dataclass(eq=False, slots=True)
+class PoolState:
+    """A pool's backends and the requests waiting, in arrival order, for one of its slots."""
+
+    name: str
+    spec: Pool
+    backends: list[BackendState]
+    waiters: deque[Waiter] = field(default_factory=deque)
+
+    def healthy(self) -> list[BackendState]:
+        return [b for b in self.backends if not b.ejected]
+
+    def most_free(
+        self, exclude: frozenset[str] = frozenset(), kv_bytes: float = 0.0
+    ) -> BackendState | None:
+        """Return the healthy backend with the most free slots and room for kv_bytes, or None."""
+        best = None
+        for backend in self.backends:
+            if backend.ejected or backend.free_slots <= 0 or backend.name in exclude:
+                continue
+            if not backend.fits(kv_bytes):
+                continue
+            if best is None or backend.free_slots > best.free_slots:
+                best = backend
+        return best
+
+
+class Fleet:
+    """Every pool of the active policy with its live backend state.
+
+    `environ` is where upstream keys are read: a serving gateway passes its environment and is
+    refused (PolicyError) a policy naming a key variable it lacks; without it (routing
+    simulations, tests) backends carry no credentials.
+    """
+
+    def __init__(self, policy: Policy, environ: Mapping[str, str] | None = None):
+        if environ is not None:
+            credentials.require(policy, environ)
+        self.environ = environ
+        self.pools: dict[str, PoolState] = {
+            name: PoolState(
+                name, spec, [backend_state(b, name, spec, environ) for b in spec.backends]
+            )
+            for name, spec in policy.pools.items()
+        }
+
+    def backends(self) -> list[BackendState]:
+        return [b for p in self.pools.values() for b in p.backends]
+
+    def reconfigure(self, policy: Policy) -> Fleet:
+        """Return the fleet of a new policy that keeps this one's live state.
+
+        A backend whose URL is unchanged keeps its BackendState object (slots and KV memory
+        held, outlier state), updated to its new name, pool, capacity and credentials, so the
+        requests in flight give their slots back to the state the new fleet uses. A pool that
+        keeps its name keeps its queue of waiters. A policy this fleet's environment cannot
+        serve raises PolicyError before anything changes.
+        """
+        known = {b.url: b for b in self.backends()}
+        fleet = Fleet(policy, self.environ)
+        for name, pool in fleet.pools.items():
+            for i, fresh in enumerate(pool.backends):
+                kept = known.pop(fresh.url, None)
+                if kept is not None:
+                    kept.configure(fresh)
+                    pool.backends[i] = kept
+            previous = self.pools.get(name)
+            if previous is not None:
+                pool.waiters = previous.waiters
+        return fleet

@@ -1,0 +1,181 @@
+"""Telemetry: when an exchange ends, update the metrics, calibrate, and hand on its record."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.costmodel.model import OutputLengths
+from gateway.exchange import Exchange
+from gateway.metrics import GatewayMetrics
+from gateway.records.requests import RequestRecord
+from gateway.records.slo import meets_slo
+from gateway.routing.classify import TokenEstimator
+from gateway.upstream.metering import EnergyMeter
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000, 3)
+
+
+@dataclass(frozen=True, slots=True)
+class _Served:
+    """The labelled series one (route, pool, model) updates for every answered request."""
+
+    duration: Any
+    ttft: Any
+    tpot: Any
+    prompt_tokens: Any
+    completion_tokens: Any
+
+
+class Telemetry:
+    """Turn finished exchanges into metrics, token calibration and request records."""
+
+    def __init__(
+        self,
+        metrics: GatewayMetrics,
+        sink: Callable[[RequestRecord], None],
+        meter: EnergyMeter,
+        estimator: TokenEstimator,
+        outputs: OutputLengths,
+    ):
+        self.metrics = metrics
+        self.sink = sink
+        self.meter = meter
+        self.estimator = estimator
+        self.outputs = outputs
+        # The series every answered request updates, grouped so that one lookup finds them.
+        self._served_series: dict[tuple[str, str, str], _Served] = {}
+        # Both of a label set's SLO series at once: "missed" reads 0, not no data, until one is.
+        self._slo_series: dict[tuple[str, str, str], tuple[Any, Any]] = {}
+
+    def _served(self, route: str, pool: str, model: str) -> _Served:
+        key = (route, pool, model)
+        series = self._served_series.get(key)
+        if series is None:
+            m = self.metrics
+            series = self._served_series[key] = _Served(
+                m.duration.labels(*key),
+                m.ttft.labels(*key),
+                m.tpot.labels(*key),
+                m.prompt_tokens.labels(*key),
+                m.completion_tokens.labels(*key),
+            )
+        return series
+
+    def _slo(self, route: str, pool: str, slo_class: str) -> tuple[Any, Any]:
+        """Return the (met, missed) counters of a route, pool and SLO class."""
+        key = (route, pool, slo_class)
+        series = self._slo_series.get(key)
+        if series is None:
+            counter = self.metrics.slo_requests
+            series = self._slo_series[key] = (
+                counter.labels(*key, "met"),
+                counter.labels(*key, "missed"),
+            )
+        return series
+
+    def finish(self, ex: Exchange, ended: float) -> None:
+        """Account for an exchange that ended at `ended` (same clock as ex.started)."""
+        m = self.metrics
+        profile = ex.profile
+        route, pool = ex.route_name, ex.pool_name
+        # Only routed models become label values: a client cannot mint new series.
+        model = ex.model if ex.decision is not None else ""
+        e2e = ended - ex.started
+        tpot = None
+        if (
+            ex.ttft_s is not None
+            and ex.last_token_s is not None
+            and ex.completion_tokens is not None
+            and ex.completion_tokens > 1
+        ):
+            tpot = (ex.last_token_s - ex.started - ex.ttft_s) / (ex.completion_tokens - 1)
+        overhead = max(e2e - ex.queue_s - ex.upstream_s, 0.0)
+        m.child(m.requests, route, pool, model, str(ex.status)).inc()
+        if ex.error is not None:
+            m.child(m.errors, route, pool, model, ex.error).inc()
+        if ex.decision is not None and ex.decision.slo_unmeetable:
+            m.child(m.slo_unmeetable, route).inc()
+        if ex.fallback_reason is not None and pool:
+            m.child(m.fallbacks, route, ex.first_pool or "", pool, ex.fallback_reason).inc()
+        if profile is not None:
+            m.child(m.overhead, route).observe(overhead)
+        if pool and ex.status == 200:
+            series = self._served(route, pool, model)
+            series.duration.observe(e2e)
+            if ex.ttft_s is not None:
+                series.ttft.observe(ex.ttft_s)
+            if tpot is not None:
+                series.tpot.observe(tpot)
+            if ex.prompt_tokens:
+                series.prompt_tokens.inc(ex.prompt_tokens)
+            if ex.completion_tokens:
+                series.completion_tokens.inc(ex.completion_tokens)
+        if profile is not None and ex.prompt_tokens:
+            self.estimator.observe(
+                ex.model, profile.prompt_tokens, ex.prompt_tokens, profile.calibration
+            )
+        if route and ex.status == 200 and ex.completion_tokens is not None:
+            self.outputs.observe(route, ex.completion_tokens)
+        predicted = ex.prediction
+        record = RequestRecord(
+            decision_id=ex.decision_id,
+            ts=ex.ts,
+            endpoint=ex.endpoint,
+            route=route or None,
+            pool=pool or None,
+            backend=ex.backend.name if ex.backend is not None else None,
+            model=ex.model[:128],
+            tenant=profile.tenant if profile else None,
+            slo_class=profile.slo_class if profile else None,
+            stream=profile.stream if profile else False,
+            prompt_tokens=ex.prompt_tokens,
+            prompt_tokens_estimated=profile.prompt_tokens if profile else None,
+            max_tokens=profile.max_tokens if profile else None,
+            completion_tokens=ex.completion_tokens,
+            queue_ms=_ms(ex.queue_s),
+            ttft_ms=_ms(ex.ttft_s),
+            tpot_ms=_ms(tpot),
+            e2e_ms=_ms(e2e),
+            gateway_ms=_ms(overhead),
+            attempts=ex.attempts,
+            fallback=ex.fallback_reason is not None,
+            status=ex.status,
+            error=ex.error,
+            concurrent=ex.concurrent or None,
+            predicted_ttft_ms=_ms(predicted.ttft_s) if predicted else None,
+            predicted_e2e_ms=_ms(predicted.e2e_s) if predicted else None,
+            predicted_energy_j=predicted.energy_j if predicted else None,
+            first_pool=ex.first_pool,
+        )
+        if profile is not None:
+            # The record's numbers, as the weekly report reads them. The targets are the
+            # profile's, so a client's x-slo-ttft-ms counts here; records do not keep it, so the
+            # report judges by the class alone.
+            met, missed = self._slo(route, pool, profile.slo_class)
+            ok = meets_slo(profile, ex.status, record.ttft_ms, record.tpot_ms, record.e2e_ms)
+            (met if ok else missed).inc()
+        if ex.backend is None or not ex.attempt_started:
+            self.sink(record)
+            return
+        # Energy is measured upstream, so the record waits for its share of the readings.
+        sink = self.sink
+
+        def deliver(energy_j: float | None, cost: float | None, estimated: bool) -> None:
+            record.energy_j = None if energy_j is None else round(energy_j, 6)
+            record.cost_usd, record.energy_estimated = cost, estimated
+            sink(record)
+
+        self.meter.settle(
+            ex.backend,
+            ex.decision_id,
+            start=ex.attempt_started,
+            end=ended,
+            first_token=None if ex.ttft_s is None else ex.started + ex.ttft_s,
+            prompt_tokens=ex.prompt_tokens or 0,
+            completion_tokens=ex.completion_tokens or 0,
+            deliver=deliver,
+        )

@@ -1,0 +1,321 @@
+"""The admin API under /admin: what operators read and do, behind the admin bearer token.
+
+Every route here needs `Authorization: Bearer <GATEWAY_ADMIN_TOKEN>`. Without a configured token
+the API is off (403 `admin_disabled`) rather than open; a missing or wrong token is 401.
+Errors have OpenAI's shape, as on /v1, the framework's own included: a body that is not JSON or
+a field of the wrong type is a 400 naming the field, an unknown path a 404.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import re
+import time
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, FastAPI, Query, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, JSONResponse
+from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException
+
+from gateway.errors import (
+    AdminDisabled,
+    GatewayError,
+    InvalidRequest,
+    Problem,
+    ReportNotFound,
+    Unauthorized,
+    error_body,
+)
+from gateway.ops.openapi import ADMIN_ERRORS, ErrorBody
+from gateway.policy import check, versions
+from gateway.policy.model import content_hash
+from gateway.promotion import evidence, rollout
+from gateway.report.period import ISO_WEEK
+from gateway.report.schedule import FILES, listing
+from gateway.routing.explain import explain
+from gateway.shadow.records import summarize
+
+if TYPE_CHECKING:
+    from gateway.app import Gateway
+
+MAX_LISTED = 1000  # policy versions one listing returns; a bigger limit is a 400, not a crash
+MAX_VERSION = 2**63 - 1  # the widest integer the databases store
+DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
+UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_since(value: str | None, now: float) -> float | None:
+    """Read `since` as Unix seconds, an ISO 8601 time (UTC unless it says), or an age like 24h."""
+    if value is None or value == "":
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    age = DURATION.match(value)
+    if age is not None:
+        return now - float(age.group(1)) * UNIT_S[age.group(2)]
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise InvalidRequest(
+            f"'since' must be Unix seconds, an ISO 8601 time or an age such as 24h or 7d, "
+            f"got {value!r}",
+            param="since",
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.timestamp()
+
+
+def admin_router(gateway: Gateway) -> APIRouter:
+    """Build the /admin routes for a gateway, each behind the token guard."""
+
+    async def require_admin(request: Request) -> None:
+        token = gateway.settings.admin_token
+        if token is None or not token.get_secret_value():
+            raise AdminDisabled("the admin API is disabled: set GATEWAY_ADMIN_TOKEN to enable it")
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        expected = token.get_secret_value().encode()
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), expected):
+            raise Unauthorized(
+                "the admin API needs Authorization: Bearer <GATEWAY_ADMIN_TOKEN>",
+                code="invalid_admin_token",
+            )
+
+    router = APIRouter(
+        prefix="/admin", dependencies=[Depends(require_admin)], responses=ADMIN_ERRORS
+    )
+
+    @router.get("/shadow/summary")
+    async def shadow_summary(
+        route: str | None = None, candidate: str | None = None, since: str | None = None
+    ) -> list[dict[str, Any]]:
+        """Summarise shadow evidence per route and candidate pool."""
+        start = parse_since(since, time.time())
+        return await asyncio.to_thread(
+            summarize, gateway.engine, route or None, candidate or None, start
+        )
+
+    @router.get("/promotions")
+    async def promotions(evaluate: bool = False) -> list[dict[str, Any]]:
+        """Return the newest verdict per route and candidate; judge afresh with ?evaluate=1."""
+        if evaluate:
+            await asyncio.to_thread(evidence.evaluate, gateway.engine, gateway.policy)
+        return await asyncio.to_thread(evidence.latest, gateway.engine)
+
+    @router.get("/reports")
+    async def reports() -> list[dict[str, Any]]:
+        """List the kept weekly reports, newest first."""
+        return listing(gateway.settings.reports_dir)
+
+    @router.get("/reports/{week}/{name}", responses={404: {"model": ErrorBody}})
+    async def report_file(week: str, name: str) -> Response:
+        """Download one file of a kept report."""
+        if not ISO_WEEK.match(week) or name not in FILES:
+            raise ReportNotFound(f"no report file {week}/{name} (files: {', '.join(FILES)})")
+        path = gateway.settings.reports_dir / week / name
+        if not path.is_file():
+            raise ReportNotFound(f"no report for week {week}")
+        return FileResponse(path)
+
+    @router.get("/rollouts")
+    async def rollouts() -> list[dict[str, Any]]:
+        """Return every rollout with its steps."""
+        return await asyncio.to_thread(rollout.status, gateway.engine)
+
+    @router.post("/promotions/apply")
+    async def promotion_apply(request: RolloutRequest) -> dict[str, Any]:
+        """Start rolling a candidate out on a route; served at once by this replica."""
+        started = await asyncio.to_thread(
+            rollout.start,
+            gateway.engine,
+            gateway.policy,
+            request.route,
+            request.candidate or "",
+            author="admin-api",
+            force=request.force,
+        )
+        await gateway.policy_watcher.sync()
+        return started
+
+    @router.post("/promotions/rollback")
+    async def promotion_rollback(request: RolloutRequest) -> dict[str, Any]:
+        """Take a route's rollout all the way back."""
+        stopped = await asyncio.to_thread(
+            rollout.stop, gateway.engine, request.route, author="admin-api"
+        )
+        await gateway.policy_watcher.sync()
+        return stopped
+
+    @router.post("/explain")
+    async def explain_request(request: ExplainRequest) -> dict[str, Any]:
+        """Route a request as the gateway would now, without sending it; return the reasons."""
+        return explain(
+            request.endpoint,
+            request.body,
+            request.headers,
+            gateway.policy,
+            gateway.fleet,
+            gateway.ranker,
+            gateway.estimator,
+        )
+
+    @router.get("/policy")
+    async def active_policy() -> dict[str, Any]:
+        """Return the policy serving on this replica: its version, hash and YAML."""
+        text = gateway.policy_text
+        return {"version": gateway.policy_version, "hash": content_hash(text), "yaml": text}
+
+    @router.put("/policy", responses={422: {"model": PolicyErrors}, **STORE_ERRORS})
+    async def apply_policy(change: PolicyChange) -> Response:
+        """Store a valid policy as the new active version and serve it; reject an invalid one."""
+        checked = check.validate(change.yaml, "<request>", gateway.environ)
+        if not checked.valid:
+            return JSONResponse({"errors": [_problem(p) for p in checked.errors]}, 422)
+        stored = await asyncio.to_thread(
+            versions.record, gateway.engine, change.yaml, change.author, change.message
+        )
+        await gateway.policy_watcher.sync()
+        warnings = [_problem(p) for p in checked.warnings]
+        return JSONResponse({"version": stored.version, "warnings": warnings})
+
+    @router.post("/policy/validate")
+    async def validate_policy(candidate: PolicyCandidate) -> dict[str, Any]:
+        """Check a policy without applying it: its errors and warnings."""
+        checked = check.validate(candidate.yaml, "<request>", gateway.environ)
+        return {
+            "valid": checked.valid,
+            "errors": [_problem(p) for p in checked.errors],
+            "warnings": [_problem(p) for p in checked.warnings],
+        }
+
+    @router.get("/policy/versions", responses=STORE_ERRORS)
+    async def policy_versions(
+        limit: Annotated[int, Query(ge=1, le=MAX_LISTED)] = 50,
+    ) -> dict[str, Any]:
+        """List stored policy versions, newest first, without their content."""
+        stored = await asyncio.to_thread(versions.history, gateway.engine, limit)
+        active = await asyncio.to_thread(versions.active_version, gateway.engine)
+        return {"active": active, "versions": [v.summary() for v in stored]}
+
+    @router.post("/policy/rollback", responses={404: {"model": ErrorBody}, **STORE_ERRORS})
+    async def rollback_policy(request: RollbackRequest) -> dict[str, Any]:
+        """Serve a previous version's content again, stored as a new version."""
+        stored = await asyncio.to_thread(
+            versions.rollback, gateway.engine, request.author, request.version, request.message
+        )
+        await gateway.policy_watcher.sync()
+        return {"version": stored.version, "restores": stored.restores}
+
+    return router
+
+
+STORE_ERRORS: dict[int | str, dict[str, Any]] = {
+    503: {"model": ErrorBody, "description": "The policy versions cannot be read or written."}
+}
+
+
+def _problem(problem: Problem) -> dict[str, str]:
+    return {"path": problem.path, "message": problem.message, "location": problem.location}
+
+
+class PolicyProblem(BaseModel):
+    """One error or warning in a policy: its field path, what is wrong, and where."""
+
+    path: str
+    message: str
+    location: str
+
+
+class PolicyErrors(BaseModel):
+    """Why a policy was not applied."""
+
+    errors: list[PolicyProblem]
+
+
+class PolicyCandidate(BaseModel):
+    """A policy to check: its YAML text."""
+
+    yaml: str
+
+
+class PolicyChange(PolicyCandidate):
+    """A policy to apply, with why and by whom."""
+
+    message: str = Field(min_length=1)
+    author: str = "admin-api"
+
+
+class RollbackRequest(BaseModel):
+    """Which version to serve again (default: the one before the active version), and why."""
+
+    version: int | None = Field(default=None, ge=1, le=MAX_VERSION)
+    message: str = ""
+    author: str = "admin-api"
+
+
+class RolloutRequest(BaseModel):
+    """A rollout to start (route and candidate) or to take back (route)."""
+
+    route: str
+    candidate: str | None = None
+    force: bool = False
+
+
+class ExplainRequest(BaseModel):
+    """A request to explain: its endpoint, JSON body and headers."""
+
+    endpoint: Literal["chat", "completions", "embeddings"] = "chat"
+    body: Any
+    headers: dict[str, str] = {}
+
+
+async def _error_response(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, GatewayError)
+    headers = {"www-authenticate": "Bearer"} if exc.status == 401 else None
+    return Response(exc.body(), exc.status, headers, media_type="application/json")
+
+
+async def _invalid_request(request: Request, exc: Exception) -> Response:
+    """Answer a query or body FastAPI could not validate as /v1 would: 400, OpenAI-shaped."""
+    assert isinstance(exc, RequestValidationError)
+    errors = exc.errors()
+    if errors[0]["type"] == "json_invalid":
+        reason = errors[0].get("ctx", {}).get("error", "")
+        invalid = InvalidRequest(f"the request body is not valid JSON: {reason}".rstrip(": "))
+        return await _error_response(request, invalid)
+    where = [".".join(str(p) for p in e["loc"]) for e in errors]
+    problems = "; ".join(f"{w}: {e['msg']}" for w, e in list(zip(where, errors, strict=True))[:5])
+    invalid = InvalidRequest(f"the request is not valid: {problems}", param=where[0] or None)
+    return await _error_response(request, invalid)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    """Answer what the framework refuses by itself (an unparsable body, an unknown path) alike."""
+    assert isinstance(exc, HTTPException)
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "invalid_request")
+    kind = "invalid_request_error" if exc.status_code < 500 else "api_error"
+    body = error_body(str(exc.detail), kind, None, code)
+    return Response(body, exc.status_code, exc.headers, media_type="application/json")
+
+
+async def _internal_error(request: Request, exc: Exception) -> Response:
+    """Answer a failure of the gateway's own in the OpenAI shape; the traceback is logged."""
+    body = error_body(
+        "the gateway failed to serve this request", "api_error", None, "internal_error"
+    )
+    return Response(body, 500, media_type="application/json")
+
+
+def install(app: FastAPI, gateway: Gateway) -> None:
+    """Mount the admin API on the ops app, with errors turned into OpenAI-shaped responses."""
+    app.include_router(admin_router(gateway))
+    app.add_exception_handler(GatewayError, _error_response)
+    app.add_exception_handler(RequestValidationError, _invalid_request)
+    app.add_exception_handler(HTTPException, _http_error)
+    app.add_exception_handler(Exception, _internal_error)

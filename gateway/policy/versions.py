@@ -1,0 +1,204 @@
+"""Policy versions in the database: each apply and rollback is a version; one row says which serves.
+
+`policy_versions` is append-only history (content, hash, author, time, message). `active_policy`
+holds exactly one row pointing at the version every replica should serve: switching is one UPDATE
+in the same transaction as the new version's INSERT, so there is never a moment with no active
+version or two, and replicas poll that one small row. SQLAlchemy errors become
+PolicyStoreUnavailable here.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import sqlalchemy as sa
+
+from gateway.db.engine import metadata
+from gateway.errors import InvalidRequest, PolicyStoreUnavailable, PolicyVersionNotFound
+from gateway.policy.model import content_hash
+
+policy_versions = sa.Table(
+    "policy_versions",
+    metadata,
+    sa.Column("version", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("content", sa.Text, nullable=False, comment="The policy YAML, as applied."),
+    sa.Column("hash", sa.String(64), nullable=False, comment="SHA-256 of content."),
+    sa.Column("author", sa.String(128), nullable=False),
+    sa.Column("created", sa.Float, nullable=False, comment="Unix seconds."),
+    sa.Column("message", sa.Text, nullable=False),
+    sa.Column("restores", sa.Integer, comment="For a rollback: the version whose content it is."),
+)
+
+active_policy = sa.Table(
+    "active_policy",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=False, comment="Always 1."),
+    sa.Column("version", sa.Integer, sa.ForeignKey("policy_versions.version"), nullable=False),
+    sa.Column("updated", sa.Float, nullable=False, comment="Unix seconds."),
+    sa.CheckConstraint("id = 1", name="ck_active_policy_one_row"),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyVersion:
+    """One stored policy version."""
+
+    version: int
+    content: str
+    hash: str
+    author: str
+    created: float
+    message: str
+    restores: int | None = None
+
+    def summary(self) -> dict[str, object]:
+        """Return the version's metadata, without its content."""
+        return {
+            "version": self.version,
+            "hash": self.hash,
+            "author": self.author,
+            "created": self.created,
+            "message": self.message,
+            "restores": self.restores,
+        }
+
+
+@contextmanager
+def _converted() -> Iterator[None]:
+    try:
+        yield
+    except sa.exc.SQLAlchemyError as exc:
+        raise PolicyStoreUnavailable(
+            f"the policy versions cannot be read or written ({type(exc).__name__}); "
+            "run `gateway db upgrade` if the table is missing"
+        ) from exc
+
+
+def _row(row: sa.Row[tuple[object, ...]]) -> PolicyVersion:
+    m = row._mapping
+    return PolicyVersion(
+        m["version"],
+        m["content"],
+        m["hash"],
+        m["author"],
+        m["created"],
+        m["message"],
+        m["restores"],
+    )
+
+
+def active_version(engine: sa.Engine) -> int | None:
+    """Return the number of the active version, or None before the first apply."""
+    with _converted(), engine.connect() as conn:
+        return conn.execute(
+            sa.select(active_policy.c.version).where(active_policy.c.id == 1)
+        ).scalar()
+
+
+def get(engine: sa.Engine, version: int) -> PolicyVersion:
+    """Return a stored version, or raise PolicyVersionNotFound."""
+    with _converted(), engine.connect() as conn:
+        row = conn.execute(
+            sa.select(policy_versions).where(policy_versions.c.version == version)
+        ).first()
+    if row is None:
+        raise PolicyVersionNotFound(f"policy version {version} does not exist")
+    return _row(row)
+
+
+def active(engine: sa.Engine) -> PolicyVersion | None:
+    """Return the active version, or None before the first apply."""
+    version = active_version(engine)
+    return None if version is None else get(engine, version)
+
+
+def history(engine: sa.Engine, limit: int = 50) -> list[PolicyVersion]:
+    """Return the newest versions first."""
+    with _converted(), engine.connect() as conn:
+        rows = conn.execute(
+            sa.select(policy_versions).order_by(policy_versions.c.version.desc()).limit(limit)
+        ).all()
+    return [_row(r) for r in rows]
+
+
+def record(
+    engine: sa.Engine,
+    content: str,
+    author: str,
+    message: str,
+    *,
+    restores: int | None = None,
+    only_if_none: bool = False,
+) -> PolicyVersion:
+    """Store content as the next version and make it active, in one transaction.
+
+    The caller validates the content first. With only_if_none, store it only when no version is
+    active yet, and otherwise return the active one (how a starting gateway seeds the history).
+    """
+    with _converted():
+        try:
+            with engine.begin() as conn:
+                current = conn.execute(
+                    sa.select(active_policy.c.version).where(active_policy.c.id == 1)
+                ).scalar()
+                if only_if_none and current is not None:
+                    return get(engine, current)
+                latest = conn.execute(sa.select(sa.func.max(policy_versions.c.version))).scalar()
+                row = PolicyVersion(
+                    int(latest or 0) + 1,
+                    content,
+                    content_hash(content),
+                    author[:128],
+                    time.time(),
+                    message,
+                    restores,
+                )
+                conn.execute(policy_versions.insert().values(**row.summary(), content=content))
+                pointer = {"version": row.version, "updated": row.created}
+                if current is None:
+                    conn.execute(active_policy.insert().values(id=1, **pointer))
+                else:
+                    conn.execute(active_policy.update().where(active_policy.c.id == 1), pointer)
+                return row
+        except sa.exc.IntegrityError:
+            # Another apply took the same version number first; what it stored is active now.
+            if only_if_none:
+                found = active(engine)
+                if found is not None:
+                    return found
+            raise PolicyStoreUnavailable(
+                "another policy was applied at the same moment; check `gateway policy history` "
+                "and apply again"
+            ) from None
+
+
+def rollback(
+    engine: sa.Engine, author: str, version: int | None = None, message: str = ""
+) -> PolicyVersion:
+    """Make a previous version's content active again, as a new version.
+
+    Without a version, go back to the one stored just before the active version.
+    """
+    current = active_version(engine)
+    if current is None:
+        raise InvalidRequest("there is no policy version to roll back from")
+    if version is None:
+        with _converted(), engine.connect() as conn:
+            version = conn.execute(
+                sa.select(sa.func.max(policy_versions.c.version)).where(
+                    policy_versions.c.version < current
+                )
+            ).scalar()
+        if version is None:
+            raise InvalidRequest(f"version {current} is the first; there is none to roll back to")
+    target = get(engine, version)
+    return record(
+        engine,
+        target.content,
+        author,
+        message or f"roll back to version {target.version}",
+        restores=target.version,
+    )

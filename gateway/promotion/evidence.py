@@ -1,0 +1,188 @@
+"""Promotion evaluations: gather each candidate's shadow evidence, judge it, keep the verdict.
+
+The edge around gateway/promotion/judge.py: it reads shadow records (and the primaries' measured
+costs from their request records), hands the evidence to the judge, and stores every verdict with
+its evidence so the decision can be audited and shown in the weekly report.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import sqlalchemy as sa
+
+from gateway.db.engine import metadata
+from gateway.policy.model import Policy
+from gateway.promotion.judge import Criteria, Evidence, Verdict, judge
+from gateway.records.requests import request_records
+from gateway.shadow.records import CANDIDATE, NOISE, shadow_records
+
+promotion_evaluations = sa.Table(
+    "promotion_evaluations",
+    metadata,
+    sa.Column("id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), primary_key=True),
+    sa.Column("ts", sa.Float, nullable=False, index=True, comment="Unix seconds."),
+    sa.Column("route", sa.String(64), nullable=False),
+    sa.Column("candidate", sa.String(64), nullable=False),
+    sa.Column("outcome", sa.String(16), nullable=False, comment="promote, hold or reject"),
+    sa.Column("reason", sa.Text, nullable=False),
+    sa.Column("evidence", sa.Text, nullable=False, comment="JSON: every check with its numbers."),
+)
+
+
+def criteria(policy: Policy) -> Criteria:
+    """Return the judge's criteria from the policy's promotion settings."""
+    p = policy.promotion
+    return Criteria(
+        quality_margin=p.quality_margin,
+        latency_margin=p.latency_margin,
+        max_error_rate=p.max_error_rate,
+        alpha=p.alpha,
+        min_samples=p.min_samples,
+        min_window_s=p.min_window_days * 86400,
+    )
+
+
+def gather(rows: Iterable[dict[str, Any]]) -> dict[tuple[str, str], Evidence]:
+    """Fold shadow rows into evidence per (route, candidate pool); noise rows go to every
+    candidate of their route as its floor."""
+    evidence: dict[tuple[str, str], Evidence] = {}
+    noise: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        if r["kind"] == NOISE:
+            noise.setdefault(r["route"], []).append(r)
+            continue
+        e = evidence.setdefault(
+            (r["route"], r["candidate_pool"]), Evidence(r["route"], r["candidate_pool"])
+        )
+        e.sent += 1
+        ts = r["ts"]
+        e.first_ts = ts if e.first_ts is None else min(e.first_ts, ts)
+        e.last_ts = ts if e.last_ts is None else max(e.last_ts, ts)
+        if r["candidate_error"] is not None:
+            e.errors += 1
+            continue
+        if not r["sampled"] and r["exact_match"] is not None:
+            e.compared += 1
+            e.agree += bool(r["exact_match"])
+        for name, value in (
+            ("primary_ttft_ms", r["primary_ttft_ms"]),
+            ("candidate_ttft_ms", r["candidate_ttft_ms"]),
+            ("primary_e2e_ms", r["primary_e2e_ms"]),
+            ("candidate_e2e_ms", r["candidate_e2e_ms"]),
+        ):
+            if value is not None:
+                getattr(e, name).add(value)
+        primary_cost, candidate_cost = r["primary_cost_usd"], r["candidate_cost_usd"]
+        if primary_cost is not None and candidate_cost is not None:
+            e.priced += 1
+            e.cheaper += candidate_cost < primary_cost
+    for e in evidence.values():
+        for r in noise.get(e.route, ()):
+            if not r["sampled"] and r["exact_match"] is not None and r["candidate_error"] is None:
+                e.noise_compared += 1
+                e.noise_agree += bool(r["exact_match"])
+    return evidence
+
+
+def _means(rows: list[dict[str, Any]], evidence: dict[tuple[str, str], Evidence]) -> None:
+    sums: dict[tuple[str, str], list[float]] = {}
+    for r in rows:
+        if r["kind"] != CANDIDATE or r["candidate_error"] is not None:
+            continue
+        s = sums.setdefault((r["route"], r["candidate_pool"]), [0.0, 0.0, 0.0, 0.0, 0, 0])
+        if r["primary_energy_j"] is not None and r["candidate_energy_j"] is not None:
+            s[0] += r["primary_energy_j"]
+            s[1] += r["candidate_energy_j"]
+            s[4] += 1
+        if r["primary_cost_usd"] is not None and r["candidate_cost_usd"] is not None:
+            s[2] += r["primary_cost_usd"]
+            s[3] += r["candidate_cost_usd"]
+            s[5] += 1
+    for key, s in sums.items():
+        e = evidence.get(key)
+        if e is None:
+            continue
+        if s[4]:
+            e.primary_energy_j, e.candidate_energy_j = s[0] / s[4], s[1] / s[4]
+        if s[5]:
+            e.primary_cost_usd, e.candidate_cost_usd = s[2] / s[5], s[3] / s[5]
+
+
+def load_evidence(
+    engine: sa.Engine, since: float, route: str | None = None
+) -> dict[tuple[str, str], Evidence]:
+    """Read the shadow records since `since` into evidence per route and candidate."""
+    c, r = shadow_records.c, request_records.c
+    query = (
+        sa.select(
+            c.ts,
+            c.route,
+            c.kind,
+            c.candidate_pool,
+            c.sampled,
+            c.exact_match,
+            c.candidate_error,
+            c.primary_ttft_ms,
+            c.candidate_ttft_ms,
+            c.primary_e2e_ms,
+            c.candidate_e2e_ms,
+            c.candidate_energy_j,
+            c.candidate_cost_usd,
+            sa.func.coalesce(c.primary_energy_j, r.energy_j).label("primary_energy_j"),
+            sa.func.coalesce(c.primary_cost_usd, r.cost_usd).label("primary_cost_usd"),
+        )
+        .select_from(shadow_records.outerjoin(request_records, r.decision_id == c.decision_id))
+        .where(c.ts >= since)
+    )
+    if route is not None:
+        query = query.where(c.route == route)
+    with engine.connect() as conn:
+        rows = [dict(row._mapping) for row in conn.execute(query)]
+    evidence = gather(rows)
+    _means(rows, evidence)
+    return evidence
+
+
+def evaluate(
+    engine: sa.Engine, policy: Policy, *, route: str | None = None, now: float | None = None
+) -> list[Verdict]:
+    """Judge every route and candidate with evidence in the promotion window; store verdicts."""
+    now = time.time() if now is None else now
+    rules = criteria(policy)
+    # Twice the minimum window: enough history to see it, bounded so old behaviour fades.
+    since = now - max(2 * rules.min_window_s, 86400.0)
+    verdicts = [judge(e, rules, now) for e in load_evidence(engine, since, route).values()]
+    if verdicts:
+        with engine.begin() as conn:
+            conn.execute(
+                promotion_evaluations.insert(),
+                [
+                    {
+                        "ts": now,
+                        "route": v.route,
+                        "candidate": v.candidate,
+                        "outcome": v.outcome,
+                        "reason": v.reason,
+                        "evidence": json.dumps(v.as_dict()),
+                    }
+                    for v in verdicts
+                ],
+            )
+    return verdicts
+
+
+def latest(engine: sa.Engine) -> list[dict[str, Any]]:
+    """Return the newest stored verdict of every route and candidate."""
+    p = promotion_evaluations.c
+    newest = (
+        sa.select(p.route, p.candidate, sa.func.max(p.id).label("id"))
+        .group_by(p.route, p.candidate)
+        .subquery()
+    )
+    query = sa.select(p.ts, p.evidence).join(newest, newest.c.id == p.id).order_by(p.route)
+    with engine.connect() as conn:
+        return [{"evaluated_at": row.ts, **json.loads(row.evidence)} for row in conn.execute(query)]

@@ -1,0 +1,392 @@
+"""Progressive rollout: a promoted candidate takes a route's traffic step by step, guarded.
+
+An operator starts a rollout (`gateway promote apply ROUTE CANDIDATE`); the candidate becomes the
+route's canary at the first weight of `promotion.rollout_steps`. After each `step_minutes` the
+guards are checked on what the canary served in that step: its error rate, its SLO attainment,
+and its agreement with the former primary on a reverse shadow sample (the former primary answers
+copies of the canary's requests). Passing guards move to the next weight; at the last, the
+candidate becomes the route's first pool. A breach goes back to the previous weight at once,
+stops the rollout and records why. Every change is a new policy version, so the policy history is
+the audit trail; the `rollouts` table keeps each rollout's steps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+import yaml
+
+from gateway.db.engine import metadata
+from gateway.errors import InvalidRequest
+from gateway.periodic import Periodic
+from gateway.policy import versions
+from gateway.policy.model import Policy, parse_policy
+from gateway.promotion.evidence import latest
+from gateway.records.requests import request_records
+from gateway.records.slo import meets_slo
+from gateway.shadow.records import CANDIDATE, shadow_records
+
+ROLLING, COMPLETE, ROLLED_BACK = "rolling", "complete", "rolled_back"
+# The reverse shadow sample's share of the canary's requests.
+REVERSE_SHADOW_RATE = 0.1
+
+rollouts = sa.Table(
+    "rollouts",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True),
+    sa.Column("route", sa.String(64), nullable=False),
+    sa.Column("candidate", sa.String(64), nullable=False),
+    sa.Column("former_primary", sa.String(64), nullable=False),
+    sa.Column("state", sa.String(16), nullable=False, comment="rolling, complete, rolled_back"),
+    sa.Column("step", sa.Integer, nullable=False, comment="Index into rollout_steps; -1: none."),
+    sa.Column("weight", sa.Float, nullable=False),
+    sa.Column("started", sa.Float, nullable=False),
+    sa.Column("step_started", sa.Float, nullable=False),
+    sa.Column("history", sa.Text, nullable=False, comment="JSON list of {ts, event, weight}."),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Guards:
+    """What the canary did during the current step."""
+
+    requests: int
+    errors: int
+    slo_met: int
+    compared: int
+    agreed: int
+
+    @property
+    def error_rate(self) -> float:
+        return self.errors / self.requests if self.requests else 0.0
+
+    @property
+    def slo_attainment(self) -> float:
+        return self.slo_met / self.requests if self.requests else 1.0
+
+    @property
+    def agreement(self) -> float | None:
+        return self.agreed / self.compared if self.compared else None
+
+
+def next_move(guards: Guards, policy: Policy, elapsed_s: float) -> tuple[str, str]:
+    """Decide 'advance', 'rollback' or 'wait' for a step that has run elapsed_s."""
+    p = policy.promotion
+    if guards.requests and guards.error_rate > p.max_error_rate:
+        return "rollback", f"error rate {guards.error_rate:.3f} > {p.max_error_rate}"
+    if guards.requests >= p.guard_min_requests and guards.slo_attainment < (
+        p.guard_min_slo_attainment
+    ):
+        return "rollback", (
+            f"SLO attainment {guards.slo_attainment:.3f} < {p.guard_min_slo_attainment}"
+        )
+    agreement = guards.agreement
+    if agreement is not None and guards.compared >= 10 and agreement < p.guard_min_agreement:
+        return "rollback", f"agreement {agreement:.3f} < {p.guard_min_agreement}"
+    if elapsed_s < p.step_minutes * 60:
+        return "wait", "the step has not run its time"
+    if guards.requests < p.guard_min_requests:
+        return "wait", f"{guards.requests} canary requests, {p.guard_min_requests} needed"
+    return "advance", "guards pass"
+
+
+def with_canary(doc: dict[str, Any], route: str, pool: str, weight: float) -> dict[str, Any]:
+    """Return the policy document with `pool` as the route's canary at `weight` (0 removes it)."""
+    for r in doc["routes"]:
+        if r["name"] != route:
+            continue
+        if weight <= 0:
+            r.pop("canary", None)
+            # Without a canary the reverse sample would copy the primary to itself.
+            r["shadow"] = [s for s in r.get("shadow", []) if s["pool"] != r["pools"][0]]
+            return doc
+        r["canary"] = {"pool": pool, "weight": weight}
+        former = r["pools"][0]
+        shadows = r.setdefault("shadow", [])
+        if not any(s["pool"] == former for s in shadows):
+            # The reverse sample: the former primary answers copies of the canary's requests.
+            shadows.append({"pool": former, "sample_rate": REVERSE_SHADOW_RATE})
+        return doc
+    raise InvalidRequest(f"the active policy has no route {route!r}", param="route")
+
+
+def promoted(doc: dict[str, Any], route: str, pool: str) -> dict[str, Any]:
+    """Return the document with `pool` first among the route's pools, live, canary done."""
+    doc["pools"][pool]["live"] = True
+    for r in doc["routes"]:
+        if r["name"] == route:
+            r.pop("canary", None)
+            r["pools"] = [pool, *(p for p in r["pools"] if p != pool)]
+            r["shadow"] = [s for s in r.get("shadow", []) if s["pool"] != pool]
+            if r.get("noise_floor") and not r["shadow"]:
+                r.pop("noise_floor")
+    return doc
+
+
+def _checked(doc: dict[str, Any]) -> str:
+    """Return the document as YAML, refusing what the loader would refuse."""
+    content = yaml.safe_dump(doc, sort_keys=False)
+    parse_policy(content, "rollout")
+    return content
+
+
+def _store(engine: sa.Engine, doc: dict[str, Any], author: str, message: str) -> int:
+    return versions.record(engine, _checked(doc), author, message).version
+
+
+def _active_doc(engine: sa.Engine) -> dict[str, Any]:
+    active = versions.active(engine)
+    if active is None:
+        raise InvalidRequest("no policy version is active yet: start the gateway or apply one")
+    loaded: dict[str, Any] = yaml.safe_load(active.content)
+    return loaded
+
+
+def start(
+    engine: sa.Engine,
+    policy: Policy,
+    route: str,
+    candidate: str,
+    *,
+    author: str,
+    force: bool = False,
+    now: float | None = None,
+) -> dict[str, Any]:
+    """Begin rolling `candidate` out on `route` at the first step's weight."""
+    now = time.time() if now is None else now
+    if not force:
+        verdicts = {(v["route"], v["candidate"]): v["outcome"] for v in latest(engine)}
+        outcome = verdicts.get((route, candidate))
+        if outcome != "promote":
+            raise InvalidRequest(
+                f"the judge's newest verdict for {candidate!r} on {route!r} is {outcome!r}, not "
+                "'promote' (run `gateway promote evaluate`, or pass --force)"
+            )
+    with engine.connect() as conn:
+        running = conn.execute(
+            sa.select(rollouts.c.id).where(rollouts.c.route == route, rollouts.c.state == ROLLING)
+        ).first()
+    if running is not None:
+        raise InvalidRequest(f"route {route!r} already has a rollout in progress")
+    doc = _active_doc(engine)
+    route_doc = next((r for r in doc["routes"] if r["name"] == route), None)
+    if route_doc is None:
+        raise InvalidRequest(f"the active policy has no route {route!r}", param="route")
+    former = route_doc["pools"][0]
+    if candidate == former:
+        raise InvalidRequest(f"{candidate!r} already serves route {route!r} first")
+    weight = policy.promotion.rollout_steps[0]
+    version = _store(
+        engine,
+        with_canary(doc, route, candidate, weight),
+        author,
+        f"rollout of {candidate} on {route}: {weight:.0%}",
+    )
+    history = [{"ts": now, "event": "started", "weight": weight, "policy_version": version}]
+    with engine.begin() as conn:
+        conn.execute(
+            rollouts.insert().values(
+                route=route,
+                candidate=candidate,
+                former_primary=former,
+                state=ROLLING,
+                step=0,
+                weight=weight,
+                started=now,
+                step_started=now,
+                history=json.dumps(history),
+            )
+        )
+    return status(engine)[-1]
+
+
+def guards(engine: sa.Engine, policy: Policy, route: str, candidate: str, since: float) -> Guards:
+    """Measure the canary's requests and reverse shadow sample since the step began."""
+    r, s = request_records.c, shadow_records.c
+    with engine.connect() as conn:
+        # Requests the canary was given: a fallback that saved the client is still its failure.
+        served = conn.execute(
+            sa.select(r.status, r.slo_class, r.ttft_ms, r.tpot_ms, r.e2e_ms, r.fallback).where(
+                r.route == route, r.first_pool == candidate, r.ts >= since
+            )
+        ).all()
+        copies = conn.execute(
+            sa.select(s.exact_match).where(
+                s.route == route,
+                s.primary_pool == candidate,
+                s.kind == CANDIDATE,
+                s.sampled.is_(False),
+                s.exact_match.is_not(None),
+                s.ts >= since,
+            )
+        ).all()
+    met = errors = 0
+    for status_code, slo_class, ttft, tpot, e2e, fallback in served:
+        cls = policy.slo_classes.get(slo_class or policy.default_slo_class)
+        ok = status_code == 200 and not fallback
+        errors += not ok
+        met += ok and meets_slo(cls, status_code, ttft, tpot, e2e)
+    return Guards(
+        requests=len(served),
+        errors=errors,
+        slo_met=met,
+        compared=len(copies),
+        agreed=sum(bool(m) for (m,) in copies),
+    )
+
+
+def advance(
+    engine: sa.Engine, policy: Policy, *, author: str = "rollout", now: float | None = None
+) -> list[dict[str, Any]]:
+    """Check every running rollout's step; move, finish or roll back those that are due."""
+    now = time.time() if now is None else now
+    steps = policy.promotion.rollout_steps
+    with engine.connect() as conn:
+        running = conn.execute(sa.select(rollouts).where(rollouts.c.state == ROLLING)).all()
+    moved = []
+    for row in running:
+        g = guards(engine, policy, row.route, row.candidate, row.step_started)
+        move, reason = next_move(g, policy, now - row.step_started)
+        if move == "wait":
+            continue
+        if move == "rollback":
+            step = row.step - 1
+            state = ROLLED_BACK
+        elif row.step + 1 < len(steps):
+            step, state = row.step + 1, ROLLING
+        else:
+            step, state = row.step, COMPLETE
+        weight = steps[step] if step >= 0 else 0.0
+        doc = _active_doc(engine)
+        if state == COMPLETE:
+            message = f"rollout of {row.candidate} on {row.route}: promoted"
+            content = _checked(promoted(doc, row.route, row.candidate))
+        else:
+            verb = "rolled back" if state == ROLLED_BACK else "stepped"
+            message = f"rollout of {row.candidate} on {row.route}: {verb} to {weight:.0%}"
+            content = _checked(with_canary(doc, row.route, row.candidate, weight))
+        # Claim the transition, so two replicas never both step one rollout; the new policy
+        # was checked above, so storing it cannot fail on its content.
+        with engine.begin() as conn:
+            claimed = conn.execute(
+                rollouts.update()
+                .where(
+                    rollouts.c.id == row.id,
+                    rollouts.c.step == row.step,
+                    rollouts.c.state == ROLLING,
+                )
+                .values(step=step, state=state, weight=weight, step_started=now)
+            ).rowcount
+        if not claimed:
+            continue
+        version = versions.record(engine, content, author, f"{message} ({reason})").version
+        history = json.loads(row.history)
+        history.append(
+            {
+                "ts": now,
+                "event": move if state != COMPLETE else "promoted",
+                "weight": weight,
+                "reason": reason,
+                "policy_version": version,
+                "requests": g.requests,
+                "error_rate": g.error_rate,
+                "slo_attainment": g.slo_attainment,
+                "agreement": g.agreement,
+            }
+        )
+        with engine.begin() as conn:
+            conn.execute(
+                rollouts.update().where(rollouts.c.id == row.id).values(history=json.dumps(history))
+            )
+        moved.append(
+            {
+                "route": row.route,
+                "candidate": row.candidate,
+                "state": state,
+                "weight": weight,
+                "reason": reason,
+            }
+        )
+    return moved
+
+
+def stop(engine: sa.Engine, route: str, *, author: str, now: float | None = None) -> dict[str, Any]:
+    """Roll a route's running rollout all the way back: the candidate serves nothing live."""
+    now = time.time() if now is None else now
+    with engine.connect() as conn:
+        row = conn.execute(
+            sa.select(rollouts).where(rollouts.c.route == route, rollouts.c.state == ROLLING)
+        ).first()
+    if row is None:
+        raise InvalidRequest(f"route {route!r} has no rollout in progress", param="route")
+    version = _store(
+        engine,
+        with_canary(_active_doc(engine), route, row.candidate, 0.0),
+        author,
+        f"rollout of {row.candidate} on {route}: rolled back by {author}",
+    )
+    history = [
+        *json.loads(row.history),
+        {"ts": now, "event": "stopped", "weight": 0.0, "policy_version": version},
+    ]
+    with engine.begin() as conn:
+        conn.execute(
+            rollouts.update()
+            .where(rollouts.c.id == row.id)
+            .values(state=ROLLED_BACK, step=-1, weight=0.0, history=json.dumps(history))
+        )
+    return status(engine)[-1]
+
+
+def status(engine: sa.Engine) -> list[dict[str, Any]]:
+    """Return every rollout, oldest first, with its history."""
+    with engine.connect() as conn:
+        rows = conn.execute(sa.select(rollouts).order_by(rollouts.c.id)).all()
+    return [
+        {
+            "id": row.id,
+            "route": row.route,
+            "candidate": row.candidate,
+            "former_primary": row.former_primary,
+            "state": row.state,
+            "weight": row.weight,
+            "started": row.started,
+            "history": json.loads(row.history),
+        }
+        for row in rows
+    ]
+
+
+class RolloutDriver:
+    """Check running rollouts on an interval in `gateway serve`, and apply what they change."""
+
+    def __init__(
+        self,
+        engine: sa.Engine,
+        policy: Callable[[], Policy],
+        synced: Callable[[], Awaitable[int]],
+        interval_s: float,
+    ):
+        self._engine = engine
+        self._policy = policy
+        self._synced = synced
+        self.periodic = Periodic("rollout-driver", interval_s, self.check)
+
+    def start(self) -> None:
+        self.periodic.start()
+
+    async def stop(self) -> None:
+        await self.periodic.stop()
+
+    async def check(self) -> list[dict[str, Any]]:
+        """Advance what is due now; serve the resulting policy version at once."""
+        moved = await asyncio.to_thread(advance, self._engine, self._policy())
+        if moved:
+            await self._synced()
+        return moved

@@ -1,0 +1,59 @@
+"""Explain a routing decision: what the gateway would do with a request, without sending it."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from gateway.errors import GatewayError
+from gateway.fleet.state import Fleet
+from gateway.policy.model import Policy
+from gateway.routing.classify import TokenEstimator, classify
+from gateway.routing.ranking import CostRanker
+from gateway.routing.router import decide
+
+
+def explain(
+    endpoint: str,
+    body: Any,
+    headers: dict[str, str],
+    policy: Policy,
+    fleet: Fleet,
+    ranker: CostRanker,
+    estimator: TokenEstimator,
+) -> dict[str, Any]:
+    """Classify and route a request as the gateway would; return the decision and its reasons."""
+    headers = {k.lower(): v for k, v in headers.items()}
+    try:
+        profile = classify(endpoint, body, headers, policy, estimator)
+        decision = decide(profile, policy, fleet, ranker)
+    except GatewayError as exc:
+        return {
+            "decision": None,
+            "status": exc.status,
+            "error": {
+                "message": exc.message,
+                "type": exc.type,
+                "param": exc.param,
+                "code": exc.code,
+            },
+        }
+    backend = decision.backend
+    return {
+        "decision": {
+            "route": decision.route.name,
+            "objective": decision.route.objective,
+            "pool": backend.pool if backend else decision.queue_pool.name,  # type: ignore[union-attr]
+            "backend": backend.name if backend else None,
+            "queued_ms": None if backend else round(decision.queue_budget_s * 1000, 1),
+            "slo_unmeetable": decision.slo_unmeetable,
+        },
+        "status": 200,
+        "profile": asdict(profile),
+        "predictions": {
+            pool: {k: v for k, v in asdict(p).items() if k != "pool"}
+            for pool, p in decision.predictions.items()
+        },
+        "trace": decision.explain(),
+        "cost_model_version": ranker.model_version(),
+    }

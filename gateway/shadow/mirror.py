@@ -1,0 +1,549 @@
+"""Mirror: copy sampled requests to candidate pools off the request path, and compare the answers.
+
+On the request path nothing waits:
+
+- `sample` (pure) decides, once the route is known, which shadow targets get a copy: a hash of
+  the decision id per target, so a request's fate is reproducible and independent per target.
+  Only sampled requests have their primary answer kept as it is relayed.
+- `submit`, once the client has its answer, checks each copy's rate budget and puts it on a
+  bounded queue; when the rate, the queue or its byte budget is full, the copy is dropped and
+  counted.
+
+A fixed number of worker tasks then send the copies. Each copy takes a slot of the candidate
+backend from the same admission that primaries use, so slot accounting stays true, but it never
+waits for one: past the target's concurrency or slot share, or with no free slot, it is dropped.
+With shared state (REDIS_URL) a target's budget is the fleet's, not each replica's: the rate
+is a token bucket in Redis, and `max_concurrent` and `max_slot_share` are places taken in Redis
+with the copy's slot (`gateway/fleet/leases.py`); while Redis is out, each replica keeps its share.
+Copies carry `x-gateway-shadow: 1`, run under their SLO class's timeout, are never retried and
+never fall back; they are compared with the primary's answer here, in the worker, and become
+shadow records. A hanging candidate can hold at most its `max_concurrent` workers and slots,
+each until the timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from collections import Counter as Tally
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import orjson
+
+from gateway.compare.measures import Answer, Diff, compare, read_body, read_stream
+from gateway.errors import UpstreamError, UpstreamTimeout
+from gateway.exchange import Exchange
+from gateway.fleet.admission import Admission
+from gateway.fleet.leases import Place
+from gateway.fleet.ratelimit import Bucket, Draw, TokenBuckets
+from gateway.fleet.state import BackendState, Fleet
+from gateway.metrics import GatewayMetrics
+from gateway.policy.model import Comparison, Policy, Route, ShadowBudget, ShadowMatch
+from gateway.routing.classify import RequestProfile
+from gateway.routing.router import tokens_needed
+from gateway.shadow.records import CANDIDATE, NOISE, ShadowRecord, ShadowWriter
+from gateway.upstream.client import Upstream
+from gateway.upstream.forward import PATHS, StreamTally
+from gateway.upstream.metering import EnergyMeter
+
+log = logging.getLogger(__name__)
+
+MAX_TEXT_CHARS = 32_768
+
+Sampler = Callable[[str, str], float]
+
+
+def stable_fraction(key: str, salt: str) -> float:
+    """Map (key, salt) to a number in [0, 1) that is the same in every process."""
+    digest = hashlib.blake2b(f"{key}\x00{salt}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2**64
+
+
+@dataclass(frozen=True, slots=True)
+class ShadowPlan:
+    """One copy a request should get: to a candidate pool, or (noise) to its own pool."""
+
+    kind: str
+    pool: str | None  # None for noise: the primary's pool, known once the request is served
+    budget: ShadowBudget
+    compare: Comparison
+
+
+def _admits(match: ShadowMatch, profile: RequestProfile) -> bool:
+    return (
+        (not match.models or profile.model in match.models)
+        and match.prompt_tokens.contains(profile.prompt_tokens)
+        and (not match.tenants or profile.tenant in match.tenants)
+    )
+
+
+def sample(
+    profile: RequestProfile,
+    route: Route,
+    policy: Policy,
+    key: str,
+    draw: Sampler = stable_fraction,
+) -> tuple[ShadowPlan, ...]:
+    """Decide which copies a routed request gets; `key` (the decision id) makes it reproducible.
+
+    A target is considered only when its filters admit the request and its pool serves the
+    model with enough context. A noise (A/A) copy is added to `share` of the sampled requests.
+    """
+    need = tokens_needed(profile, policy)
+    plans = []
+    for target in route.shadow:
+        pool = policy.pools.get(target.pool)
+        if (
+            pool is None
+            or profile.model not in pool.models
+            or pool.max_context < need
+            or not _admits(target.match, profile)
+        ):
+            continue
+        if target.sample_rate > 0 and draw(key, target.pool) < target.sample_rate:
+            plans.append(ShadowPlan(CANDIDATE, target.pool, target.budget, target.compare))
+    noise = route.noise_floor
+    if plans and noise is not None and draw(key, NOISE) < noise.share:
+        plans.append(ShadowPlan(NOISE, None, noise.budget, noise.compare))
+    return tuple(plans)
+
+
+@dataclass(slots=True, eq=False)
+class ShadowJob:
+    """A served request and its primary's answer, ready to be copied."""
+
+    decision_id: str
+    ts: float
+    route: str
+    model: str
+    tenant: str | None
+    endpoint: str
+    stream: bool
+    timeout_s: float
+    body: bytes
+    primary_pool: str
+    primary_backend: str
+    primary_status: int
+    primary_ttft_ms: float | None
+    primary_tpot_ms: float | None
+    primary_e2e_ms: float | None
+    primary_prompt_tokens: int | None
+    primary_completion_tokens: int | None
+    captured: bytes
+    kv_bytes: float = 0.0
+
+    @property
+    def size(self) -> int:
+        return len(self.body) + len(self.captured)
+
+
+@dataclass(slots=True)
+class CandidateOutcome:
+    """What the candidate did with its copy."""
+
+    status: int | None
+    error: str | None
+    data: bytes
+    ttft_s: float | None
+    last_token_s: float | None
+    tokens: int
+    e2e_s: float
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000, 3)
+
+
+def _tpot_s(ttft_s: float | None, last_s: float | None, completion: int | None) -> float | None:
+    """Time per output token after the first, from times measured on one clock origin."""
+    if ttft_s is None or last_s is None or completion is None or completion < 2:
+        return None
+    return (last_s - ttft_s) / (completion - 1)
+
+
+def _job(ex: Exchange, body: bytes, policy: Policy) -> ShadowJob:
+    profile, backend = ex.profile, ex.backend
+    assert profile is not None and backend is not None and ex.captured is not None
+    # Upstream latencies: from sending to the backend, the queue wait left out, as for copies.
+    ttft_s = None if ex.ttft_s is None else ex.ttft_s - ex.queue_s
+    last_s = None if ex.last_token_s is None else ex.last_token_s - ex.started - ex.queue_s
+    return ShadowJob(
+        decision_id=ex.decision_id,
+        ts=ex.ts,
+        route=ex.route_name,
+        model=ex.model[:128],
+        tenant=profile.tenant,
+        endpoint=profile.endpoint,
+        stream=profile.stream,
+        timeout_s=policy.slo_classes[profile.slo_class].timeout_s,
+        body=body,
+        primary_pool=backend.pool,
+        primary_backend=backend.name,
+        primary_status=ex.status,
+        primary_ttft_ms=_ms(ttft_s),
+        primary_tpot_ms=_ms(_tpot_s(ttft_s, last_s, ex.completion_tokens)),
+        primary_e2e_ms=_ms(ex.upstream_s),
+        primary_prompt_tokens=ex.prompt_tokens,
+        primary_completion_tokens=ex.completion_tokens,
+        captured=b"".join(ex.captured),
+        kv_bytes=ex.decision.kv_bytes if ex.decision is not None else 0.0,
+    )
+
+
+def _sampling(endpoint: str, body: bytes) -> tuple[float | None, float | None, bool, bool]:
+    """Return (temperature, top_p, seeded, sampled) of a request body."""
+    try:
+        payload = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        payload = {}
+    if not isinstance(payload, dict):
+        payload = {}
+    temperature, top_p = payload.get("temperature"), payload.get("top_p")
+    temperature = float(temperature) if isinstance(temperature, int | float) else None
+    top_p = float(top_p) if isinstance(top_p, int | float) else None
+    # OpenAI's default temperature is 1: a request that names none is sampled.
+    sampled = endpoint != "embeddings" and (temperature is None or temperature > 0)
+    return temperature, top_p, payload.get("seed") is not None, sampled
+
+
+class Mirror:
+    """Send sampled copies to candidate pools within their budgets, and record the diffs."""
+
+    def __init__(
+        self,
+        upstream: Upstream,
+        admission: Admission,
+        metrics: GatewayMetrics,
+        writer: ShadowWriter,
+        fleet: Callable[[], Fleet],
+        meter: EnergyMeter,
+        buckets: TokenBuckets | None = None,
+        *,
+        workers: int = 16,
+        max_pending: int = 256,
+        max_pending_bytes: int = 64 * 1024 * 1024,
+        draw: Sampler = stable_fraction,
+        clock: Callable[[], float] = time.perf_counter,
+        wall: Callable[[], float] = time.time,
+    ):
+        self.upstream = upstream
+        self.admission = admission
+        self.metrics = metrics
+        self.writer = writer
+        self._fleet = fleet
+        self.meter = meter
+        self.buckets = buckets if buckets is not None else TokenBuckets()
+        self._workers = workers
+        self._max_pending_bytes = max_pending_bytes
+        self._draw = draw
+        self._clock = clock
+        self._wall = wall
+        self._queue: asyncio.Queue[tuple[ShadowJob, ShadowPlan]] = asyncio.Queue(max_pending)
+        self._pending_bytes = 0
+        self._rates: dict[tuple[str, str, str], Bucket] = {}
+        self._in_flight: Tally[tuple[str, str, str]] = Tally()
+        self._pool_in_flight: Tally[str] = Tally()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    @property
+    def in_flight(self) -> int:
+        """Copies being sent now."""
+        return sum(self._pool_in_flight.values())
+
+    @property
+    def pending(self) -> int:
+        """Copies waiting for a worker."""
+        return self._queue.qsize()
+
+    def sample(
+        self, profile: RequestProfile, route: Route, policy: Policy, key: str
+    ) -> tuple[ShadowPlan, ...]:
+        """Decide which copies a routed request gets (nothing for a route without shadows)."""
+        return sample(profile, route, policy, key, self._draw) if route.shadow else ()
+
+    def submit(self, ex: Exchange, body: bytes, policy: Policy) -> None:
+        """Queue the copies planned for a served exchange; never wait, never raise."""
+        try:
+            self._submit(ex, body, policy)
+        except Exception:
+            log.exception("could not mirror request %s", ex.decision_id)
+
+    def _submit(self, ex: Exchange, body: bytes, policy: Policy) -> None:
+        route = ex.route_name
+        primary = ex.pool_name
+        if ex.status != 200 or ex.error is not None or ex.backend is None or ex.captured is None:
+            # Nothing to compare against: a failed primary is not evidence about a candidate.
+            for plan in ex.shadows:
+                self._drop(route, plan.pool or primary or "", plan.kind, "primary_failed")
+            return
+        job = _job(ex, body, policy)
+        now = self._clock()
+        # Sampling checked the candidates' context against the prompt's estimate; the primary's
+        # backend has since counted it, and a copy that would overflow is refused, not evidence.
+        counted = ex.prompt_tokens if isinstance(ex.prompt_tokens, int) else None
+        for plan in ex.shadows:
+            candidate = plan.pool or primary
+            if plan.kind == CANDIDATE and candidate == primary:
+                self._drop(route, candidate, plan.kind, "served_by_candidate")
+                continue
+            pool = policy.pools.get(candidate)
+            if (
+                plan.kind == CANDIDATE
+                and counted is not None
+                and pool is not None
+                and ex.profile is not None
+                and tokens_needed(ex.profile, policy, counted) > pool.max_context
+            ):
+                self._drop(route, candidate, plan.kind, "context")
+                continue
+            key = (route, candidate, plan.kind)
+            per_second = plan.budget.max_per_second
+            rate = self._rates.get(key)
+            if rate is None or rate.rate != per_second:
+                rate = self._rates[key] = Bucket(per_second, max(1.0, per_second), now)
+            # This replica alone never exceeds the budget; with shared state the worker then
+            # spends from the fleet-wide bucket too.
+            if not rate.take(1.0, now):
+                self._drop(route, candidate, plan.kind, "rate")
+                continue
+            if self._pending_bytes + job.size > self._max_pending_bytes or self._queue.full():
+                self._drop(route, candidate, plan.kind, "queue_full")
+                continue
+            self._queue.put_nowait((job, plan))
+            self._pending_bytes += job.size
+
+    def _drop(self, route: str, candidate: str, kind: str, reason: str) -> None:
+        self.metrics.child(self.metrics.shadow_dropped, route, candidate, kind, reason).inc()
+        self.writer.count_drop(route, candidate, kind, reason)
+
+    def start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(self._work(), name=f"shadow-worker-{i}")
+            for i in range(self._workers)
+        ]
+
+    async def stop(self) -> None:
+        """Stop the workers; copies in flight are abandoned and their slots given back."""
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+        while not self._queue.empty():
+            self._queue.get_nowait()
+        self._pending_bytes = 0
+
+    async def _work(self) -> None:
+        while True:
+            job, plan = await self._queue.get()
+            self._pending_bytes -= job.size
+            try:
+                await self._mirror(job, plan)
+            except Exception:
+                log.exception("shadow copy of request %s failed", job.decision_id)
+
+    def _share(self, limit: int) -> int:
+        shared = self.buckets.shared
+        return limit if shared is None else int(shared.share(limit))
+
+    def _pick(self, job: ShadowJob, plan: ShadowPlan) -> tuple[BackendState, int] | str:
+        """Return the backend for the copy and the pool's allowance for copies, or why not."""
+        candidate = plan.pool or job.primary_pool
+        limit = self._share(plan.budget.max_concurrent)
+        if self._in_flight[(job.route, candidate, plan.kind)] >= limit:
+            return "concurrency"
+        pool = self._fleet().pools.get(candidate)
+        if pool is None:
+            return "no_slot"
+        if plan.kind == NOISE and len(pool.backends) < 2:
+            return "no_second_backend"
+        allowed = int(plan.budget.max_slot_share * sum(b.slots for b in pool.backends))
+        if self._pool_in_flight[candidate] >= self._share(allowed):
+            return "no_slot"
+        exclude = frozenset({job.primary_backend}) if plan.kind == NOISE else frozenset()
+        backend = pool.most_free(exclude, job.kv_bytes)
+        return "no_slot" if backend is None else (backend, allowed)
+
+    async def _mirror(self, job: ShadowJob, plan: ShadowPlan) -> None:
+        candidate = plan.pool or job.primary_pool
+        picked = self._pick(job, plan)
+        if isinstance(picked, str):
+            self._drop(job.route, candidate, plan.kind, picked)
+            return
+        backend, allowed = picked
+        key = (job.route, candidate, plan.kind)
+        name = ":".join(key)
+        if self.buckets.shared is not None:
+            per_second = plan.budget.max_per_second
+            draw = Draw(f"shadow:{name}", per_second, max(1.0, per_second))
+            if await self.buckets.take([draw]) > 0:
+                self._drop(job.route, candidate, plan.kind, "rate")
+                return
+        # With shared state the budget's places are fleet-wide, taken with the slot.
+        places = (
+            Place(f"shadow:{name}", plan.budget.max_concurrent),
+            Place(f"shadow-share:{candidate}", allowed),
+        )
+        slot = await self.admission.take(backend, job.kv_bytes, places)
+        if slot is None:
+            self._drop(job.route, candidate, plan.kind, "no_slot")
+            return
+        self._in_flight[key] += 1
+        self._pool_in_flight[candidate] += 1
+        self.metrics.child(self.metrics.shadow_sent, *key).inc()
+        # Copies draw power too: they get their own span, so primaries are not charged for them.
+        span = f"{job.decision_id}:{plan.kind}:{backend.name}"
+        started = self._clock()
+        self.meter.open(backend, span, started)
+        try:
+            outcome = await self._send(job, backend)
+        except BaseException:
+            self.meter.abandon(backend, span)
+            raise
+        finally:
+            self._in_flight[key] -= 1
+            self._pool_in_flight[candidate] -= 1
+            self.admission.release(slot)
+        record = self._account(job, plan, backend, outcome)
+
+        def deliver(energy_j: float | None, cost: float | None, estimated: bool) -> None:
+            record.candidate_energy_j, record.candidate_cost_usd = energy_j, cost
+            self.writer.add(record)
+
+        self.meter.settle(
+            backend,
+            span,
+            start=started,
+            end=started + outcome.e2e_s,
+            first_token=None if outcome.ttft_s is None else started + outcome.ttft_s,
+            prompt_tokens=record.candidate_prompt_tokens or 0,
+            completion_tokens=record.candidate_completion_tokens or 0,
+            deliver=deliver,
+        )
+
+    async def _send(self, job: ShadowJob, backend: BackendState) -> CandidateOutcome:
+        """Send the copy once and read the whole answer, timing it as the forwarder does."""
+        clock = self._clock
+        started = clock()
+        status: int | None = None
+        error: str | None = None
+        parts: list[bytes] = []
+        tally = StreamTally()
+        try:
+            response = await self.upstream.send(
+                backend, PATHS[job.endpoint], job.body, backend.shadow_headers, job.timeout_s
+            )
+            try:
+                status = response.status
+                if job.stream and status == 200:
+                    chunks = self.upstream.chunks(backend, response)
+                    try:
+                        async for chunk in chunks:
+                            tally.feed(chunk, clock())
+                            parts.append(chunk)
+                    finally:
+                        await chunks.aclose()  # type: ignore[attr-defined]
+                    if not tally.done:
+                        error = "stream_broken"
+                else:
+                    parts.append(await self.upstream.read(backend, response))
+                    if status >= 500:
+                        error = "upstream_error"
+                    elif status >= 400:
+                        error = "upstream_client_error"
+            finally:
+                response.release()
+        except UpstreamTimeout:
+            error = "upstream_timeout"
+        except UpstreamError:
+            error = "stream_broken" if status == 200 else "upstream_error"
+        first = None if tally.first_token_at is None else tally.first_token_at - started
+        last = None if tally.last_token_at is None else tally.last_token_at - started
+        return CandidateOutcome(
+            status, error, b"".join(parts), first, last, tally.tokens, clock() - started
+        )
+
+    def _account(
+        self, job: ShadowJob, plan: ShadowPlan, backend: BackendState, outcome: CandidateOutcome
+    ) -> ShadowRecord:
+        """Compare the two answers, update the metrics and return the shadow record."""
+        read = read_stream if job.stream else read_body
+        labels = (job.route, backend.pool, plan.kind)
+        primary = read(job.captured)
+        candidate = Answer() if outcome.error is not None else read(outcome.data)
+        diff = (
+            compare(primary, candidate, plan.compare.comparators)
+            if outcome.error is None
+            else Diff()
+        )
+        temperature, top_p, seeded, sampled = _sampling(job.endpoint, job.body)
+        completion = candidate.completion_tokens
+        if completion is None and job.stream and outcome.error is None:
+            completion = outcome.tokens
+        record = ShadowRecord(
+            decision_id=job.decision_id,
+            ts=job.ts,
+            route=job.route,
+            model=job.model,
+            tenant=job.tenant,
+            kind=plan.kind,
+            endpoint=job.endpoint,
+            stream=job.stream,
+            temperature=temperature,
+            top_p=top_p,
+            seeded=seeded,
+            sampled=sampled,
+            primary_pool=job.primary_pool,
+            primary_backend=job.primary_backend,
+            candidate_pool=backend.pool,
+            candidate_backend=backend.name,
+            primary_status=job.primary_status,
+            candidate_status=outcome.status,
+            candidate_error=outcome.error,
+            primary_ttft_ms=job.primary_ttft_ms,
+            primary_tpot_ms=job.primary_tpot_ms,
+            primary_e2e_ms=job.primary_e2e_ms,
+            candidate_ttft_ms=_ms(outcome.ttft_s),
+            candidate_tpot_ms=_ms(_tpot_s(outcome.ttft_s, outcome.last_token_s, completion)),
+            candidate_e2e_ms=_ms(outcome.e2e_s),
+            primary_prompt_tokens=job.primary_prompt_tokens,
+            primary_completion_tokens=job.primary_completion_tokens,
+            candidate_prompt_tokens=candidate.prompt_tokens,
+            candidate_completion_tokens=completion,
+            exact_match=diff.exact_match,
+            normalized_match=diff.normalized_match,
+            similarity=diff.similarity,
+            similarity_method=diff.similarity_method,
+            first_divergence=diff.first_divergence,
+            length_ratio=diff.length_ratio,
+            json_diff=None if diff.json_diff is None else orjson.dumps(diff.json_diff).decode(),
+            embedding_cosine=diff.embedding_cosine,
+            measures=orjson.dumps(diff.measures).decode() if diff.measures else None,
+        )
+        if plan.compare.store_text and (primary.text is not None or candidate.text is not None):
+            record.primary_text = _clip(primary.text)
+            record.candidate_text = _clip(candidate.text)
+            record.text_expires_at = self._wall() + plan.compare.text_retention_h * 3600
+        self._observe(labels, outcome, diff)
+        return record
+
+    def _observe(self, labels: tuple[str, str, str], outcome: CandidateOutcome, diff: Diff) -> None:
+        m = self.metrics
+        if outcome.error is not None:
+            m.child(m.shadow_failed, *labels, outcome.error).inc()
+            return
+        m.child(m.shadow_duration, *labels).observe(outcome.e2e_s)
+        if diff.exact_match is None:
+            return
+        m.child(m.shadow_compared, *labels).inc()
+        # Added even when zero: a match rate with no numerator series shows no data, not 0 %.
+        m.child(m.shadow_exact_matches, *labels).inc(1 if diff.exact_match else 0)
+        m.child(m.shadow_normalized_matches, *labels).inc(1 if diff.normalized_match else 0)
+        if diff.similarity is not None:
+            m.child(m.shadow_similarity, *labels).observe(diff.similarity)
+
+
+def _clip(text: str | None) -> str | None:
+    return None if text is None else text[:MAX_TEXT_CHARS]

@@ -1,0 +1,355 @@
+"""Forward: send a routed request upstream and relay the answer downstream.
+
+Failures before the first byte reaches the client are retried once on another backend or the
+route's fallback pool. After that the response is committed: a broken stream ends with an
+OpenAI-style error event, never as a silently truncated answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import orjson
+
+from gateway.costmodel.model import Prediction
+from gateway.errors import NoCapacity, UpstreamError
+from gateway.exchange import Exchange
+from gateway.fleet.admission import Admission, Slot
+from gateway.fleet.state import BackendState, Fleet
+from gateway.metrics import GatewayMetrics
+from gateway.policy.model import Policy
+from gateway.routing.ranking import CostRanker
+from gateway.routing.router import pick_backend
+from gateway.upstream.health import OutlierDetector
+from gateway.upstream.http1 import Response
+from gateway.upstream.metering import EnergyMeter
+
+Send = Callable[[dict[str, Any]], Any]
+Receive = Callable[[], Any]
+
+MAX_ATTEMPTS = 2
+PATHS = {
+    "chat": "/v1/chat/completions",
+    "completions": "/v1/completions",
+    "embeddings": "/v1/embeddings",
+}
+
+
+class StreamTally:
+    """Watch an SSE stream go by: count token events, find usage and the final [DONE]."""
+
+    __slots__ = ("_buffer", "done", "first_token_at", "last_token_at", "tokens", "usage")
+
+    def __init__(self) -> None:
+        self._buffer = b""
+        self.tokens = 0
+        self.usage: dict[str, Any] | None = None
+        self.done = False
+        self.first_token_at: float | None = None
+        self.last_token_at: float | None = None
+
+    def feed(self, chunk: bytes, now: float) -> None:
+        """Account for a chunk as it is relayed."""
+        events = (self._buffer + chunk).split(b"\n\n")
+        self._buffer = events.pop()
+        for event in events:
+            self._event(event, now)
+
+    def _event(self, event: bytes, now: float) -> None:
+        data = event.partition(b"data:")[2].strip()
+        if not data:
+            return
+        if data == b"[DONE]":
+            self.done = True
+            return
+        if _has_text(data):
+            self.tokens += 1
+            if self.first_token_at is None:
+                self.first_token_at = now
+            self.last_token_at = now
+        if b'"usage":{' in data or b'"usage": {' in data:
+            try:
+                usage = orjson.loads(data).get("usage")
+            except (orjson.JSONDecodeError, AttributeError):
+                return
+            if isinstance(usage, dict):
+                self.usage = usage
+
+
+def _has_text(data: bytes) -> bool:
+    for marker in (b'"content":"', b'"text":"'):
+        i = data.find(marker)
+        if i >= 0 and data[i + len(marker) : i + len(marker) + 1] != b'"':
+            return True
+    return False
+
+
+def error_detail(body: bytes, backend: BackendState, limit: int = 200) -> str:
+    """Return the start of a backend's error body for the client, its key blanked out."""
+    text = body.decode(errors="replace")
+    _, _, key = backend.headers.get("authorization", "").partition(" ")
+    if key:
+        text = text.replace(key, "[redacted]")  # before clipping: no prefix of it survives
+    return text[:limit]
+
+
+def _usage(body: bytes) -> dict[str, Any] | None:
+    try:
+        usage = orjson.loads(body).get("usage")
+    except (orjson.JSONDecodeError, AttributeError):
+        return None
+    return usage if isinstance(usage, dict) else None
+
+
+class Forwarder:
+    """Admit, send, retry before the first byte, and relay; always give the slot back."""
+
+    def __init__(
+        self,
+        upstream: Any,
+        admission: Admission,
+        outliers: OutlierDetector,
+        metrics: GatewayMetrics,
+        meter: EnergyMeter,
+        ranker: CostRanker,
+        clock: Callable[[], float] = time.perf_counter,
+    ):
+        self.upstream = upstream
+        self.admission = admission
+        self.outliers = outliers
+        self.metrics = metrics
+        self.meter = meter
+        self.ranker = ranker
+        self.clock = clock
+
+    async def forward(
+        self,
+        ex: Exchange,
+        body: bytes,
+        receive: Receive,
+        send: Send,
+        policy: Policy,
+        fleet: Fleet,
+    ) -> None:
+        """Serve the exchange's decision; raise GatewayError if nothing was sent downstream."""
+        slot = await self._admit(ex, policy, fleet)
+        started = self.clock()
+        slot, response, head, chunks = await self._open(ex, slot, body, policy, fleet)
+        backend = slot.backend
+        ex.concurrent = backend.load
+        ex.prediction = self._prediction(ex, backend, fleet)
+        try:
+            if chunks is not None:
+                await self._relay_stream(ex, backend, head, chunks, receive, send)
+            else:
+                await self._relay_whole(ex, response, head, send)
+        finally:
+            ex.upstream_s = self.clock() - started
+            if chunks is not None:
+                await chunks.aclose()  # type: ignore[attr-defined]
+            response.release()
+            self.admission.release(slot)
+
+    async def _admit(self, ex: Exchange, policy: Policy, fleet: Fleet) -> Slot:
+        decision = ex.decision
+        assert decision is not None and ex.profile is not None
+        kv = decision.kv_bytes
+        if decision.backend is not None:
+            ex.first_pool = decision.backend.pool
+            slot = await self.admission.take(decision.backend, kv)
+            if slot is not None:
+                return slot
+            # Another replica took the last slot first: wait for the pool as if it were full.
+            pool = fleet.pools[decision.backend.pool]
+        else:
+            assert decision.queue_pool is not None
+            pool = decision.queue_pool
+            ex.first_pool = pool.name
+        waited = self.clock()
+        try:
+            return await self.admission.wait(pool, decision.queue_budget_s, kv)
+        except NoCapacity:
+            slot = await self._take_any(ex, policy, fleet, frozenset())
+            if slot is None:
+                raise
+            ex.fallback_reason = "queue_timeout"
+            return slot
+        finally:
+            ex.queue_s = self.clock() - waited
+            self.metrics.child(self.metrics.queue_wait, pool.name).observe(ex.queue_s)
+
+    async def _take_any(
+        self, ex: Exchange, policy: Policy, fleet: Fleet, exclude: frozenset[str]
+    ) -> Slot | None:
+        """Take a free slot on any backend of the route (its fallback included), or None."""
+        assert ex.profile is not None and ex.decision is not None
+        while True:
+            backend = pick_backend(ex.profile, ex.decision.route, policy, fleet, exclude)
+            if backend is None:
+                return None
+            slot = await self.admission.take(backend, ex.decision.kv_bytes)
+            if slot is not None:
+                return slot
+            exclude = exclude | {backend.name}
+
+    async def _open(
+        self, ex: Exchange, slot: Slot, body: bytes, policy: Policy, fleet: Fleet
+    ) -> tuple[Slot, Response, bytes, AsyncIterator[bytes] | None]:
+        """Send until a backend answers; return its slot, response, first bytes and the rest."""
+        profile, decision = ex.profile, ex.decision
+        assert profile is not None and decision is not None
+        timeout_s = policy.slo_classes[profile.slo_class].timeout_s
+        path = PATHS[profile.endpoint]
+        failed: set[str] = set()
+        while True:
+            backend = slot.backend
+            ex.attempts += 1
+            ex.attempt_started = self.clock()
+            ex.backend = backend
+            # The span opens before the first reading that may include this request's prefill.
+            self.meter.open(backend, ex.decision_id, ex.attempt_started)
+            response: Response | None = None
+            try:
+                response = await self.upstream.send(backend, path, body, backend.headers, timeout_s)
+                if response.status >= 500:
+                    detail = error_detail(await self.upstream.read(backend, response), backend)
+                    raise UpstreamError(
+                        f"backend {backend.name} answered {response.status}: {detail}"
+                    )
+                chunks: AsyncIterator[bytes] | None = None
+                if profile.stream and response.status == 200:
+                    chunks = self.upstream.chunks(backend, response)
+                    head = await anext(chunks, b"")
+                    if not head:
+                        raise UpstreamError(f"backend {backend.name} ended the stream at once")
+                else:
+                    head = await self.upstream.read(backend, response)
+                    self.outliers.success(backend)
+                # A stream counts as a success only once it ends with [DONE] (_relay_stream):
+                # a backend that cuts its streams mid-answer must reach the ejection threshold.
+                return slot, response, head, chunks
+            except UpstreamError:
+                if response is not None:
+                    response.release()
+                self.meter.abandon(backend, ex.decision_id)
+                self.outliers.failure(backend)
+                self.admission.release(slot)
+                failed.add(backend.name)
+                retry = (
+                    await self._take_any(ex, policy, fleet, frozenset(failed))
+                    if ex.attempts < MAX_ATTEMPTS
+                    else None
+                )
+                if retry is None:
+                    ex.backend = None
+                    raise
+                self.metrics.child(self.metrics.retries, backend.pool).inc()
+                ex.fallback_reason = "upstream_failure"
+                slot = retry
+            except BaseException:
+                # Cancelled (shutdown) or a bug: the slot must still come back.
+                if response is not None:
+                    response.release()
+                self.meter.abandon(backend, ex.decision_id)
+                self.admission.release(slot)
+                ex.backend = None
+                raise
+
+    def _prediction(self, ex: Exchange, backend: BackendState, fleet: Fleet) -> Prediction:
+        """Return the cost model's estimate for the pool that finally serves the request."""
+        assert ex.decision is not None and ex.profile is not None
+        known = ex.decision.predictions.get(backend.pool)
+        if known is not None:
+            return known
+        return self.ranker.predict(ex.profile, ex.route_name, fleet.pools[backend.pool])
+
+    def _headers(self, ex: Exchange, content_type: bytes) -> list[tuple[bytes, bytes]]:
+        backend = ex.backend
+        assert backend is not None
+        headers = [
+            (b"content-type", content_type),
+            (b"x-gateway-route", ex.route_name.encode()),
+            (b"x-gateway-pool", backend.pool.encode()),
+            (b"x-gateway-backend", backend.name.encode()),
+            (b"x-gateway-decision-id", ex.decision_id.encode()),
+        ]
+        if ex.prediction is not None:
+            headers.append((b"x-gateway-energy-j", f"{ex.prediction.energy_j:.4g}".encode()))
+            headers.append((b"x-gateway-cost-usd", f"{ex.prediction.cost_usd:.4g}".encode()))
+        return headers
+
+    async def _relay_whole(self, ex: Exchange, response: Response, body: bytes, send: Send) -> None:
+        content_type = response.headers.get("content-type", "application/json").encode()
+        headers = self._headers(ex, content_type)
+        headers.append((b"content-length", str(len(body)).encode()))
+        ex.status = response.status
+        if response.status == 200:
+            if ex.captured is not None:
+                ex.captured.append(body)
+            usage = _usage(body)
+            if usage is not None:
+                ex.prompt_tokens = usage.get("prompt_tokens")
+                ex.completion_tokens = usage.get("completion_tokens")
+        else:
+            ex.error = "upstream_client_error"
+        ex.response_started = True
+        await send({"type": "http.response.start", "status": response.status, "headers": headers})
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+
+    async def _relay_stream(
+        self,
+        ex: Exchange,
+        backend: BackendState,
+        head: bytes,
+        chunks: AsyncIterator[bytes],
+        receive: Receive,
+        send: Send,
+    ) -> None:
+        tally = StreamTally()
+        captured = ex.captured  # only sampled requests keep their answer for the mirror
+        headers = self._headers(ex, b"text/event-stream")
+        headers.append((b"cache-control", b"no-cache"))
+        ex.status = 200
+        ex.response_started = True
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        tally.feed(head, self.clock())
+        if captured is not None:
+            captured.append(head)
+        await send({"type": "http.response.body", "body": head, "more_body": True})
+        disconnected = asyncio.ensure_future(receive())
+        try:
+            async for chunk in chunks:
+                if disconnected.done():
+                    ex.status, ex.error = 499, "client_closed"
+                    return
+                tally.feed(chunk, self.clock())
+                if captured is not None:
+                    captured.append(chunk)
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            if not tally.done:
+                raise UpstreamError(f"backend {backend.name} ended the stream without [DONE]")
+            self.outliers.success(backend)
+        except UpstreamError as exc:
+            self.outliers.failure(backend)
+            ex.status, ex.error = exc.status, "stream_broken"
+            event = b"data: " + exc.body() + b"\n\n"
+            await send({"type": "http.response.body", "body": event, "more_body": False})
+            return
+        finally:
+            disconnected.cancel()
+            self._account_stream(ex, tally)
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    def _account_stream(self, ex: Exchange, tally: StreamTally) -> None:
+        if tally.first_token_at is not None:
+            ex.ttft_s = tally.first_token_at - ex.started
+            ex.last_token_s = tally.last_token_at
+        ex.tokens_seen = tally.tokens
+        if tally.usage is not None:
+            ex.prompt_tokens = tally.usage.get("prompt_tokens")
+            ex.completion_tokens = tally.usage.get("completion_tokens")
+        else:
+            ex.completion_tokens = tally.tokens

@@ -1,0 +1,235 @@
+"""Metering: scrape each backend's energy counter and put energy and cost on request records.
+
+The edge around gateway/records/energy.py. Every interval it reads each metered backend's Prometheus
+endpoint, feeds the readings and the spans of requests (and of shadow copies, which are counted
+in pool energy too) to that backend's ledger, and delivers each one's energy and cost once known.
+Pools that report no power (or whose scrapes keep failing) get an estimate from the capability
+matrix's nominal figures, and their records say so (`energy_estimated`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from gateway.fleet.state import BackendState, Fleet
+from gateway.metrics import GatewayMetrics
+from gateway.policy.model import Pool
+from gateway.records.energy import BackendLedger, Span, read_counter_j
+from gateway.upstream.client import Upstream
+
+log = logging.getLogger(__name__)
+
+FAILED_SCRAPES_BEFORE_ESTIMATING = 3
+SCRAPE_TIMEOUT_S = 1.0
+BASELINE_S = 0.1
+
+
+def cost_usd(pool: Pool, energy_j: float, device_s: float) -> float:
+    """Price energy at the pool's electricity rate and device time at its hourly rate."""
+    return energy_j * pool.price.usd_per_kwh / 3.6e6 + device_s * pool.price.usd_per_hour / 3600
+
+
+def nominal_energy(pool: Pool, seconds: float, concurrent: int) -> tuple[float, float]:
+    """Estimate (energy_j, device_s) of one of `concurrent` requests that ran `seconds`."""
+    k = max(concurrent, 1)
+    utilisation = min(k / pool.slots_per_backend, 1.0)
+    # Power rises sub-linearly with batch (see docs/simulator.md): a square root is the shape.
+    watts = pool.power.idle_w + (pool.power.max_w - pool.power.idle_w) * utilisation**0.5
+    return watts * seconds / k, seconds / k
+
+
+# Called with (energy_j, cost_usd, estimated) once a request's energy is known.
+Deliver = Callable[[float | None, float | None, bool], None]
+
+
+@dataclass(slots=True, eq=False)
+class _Pending:
+    deliver: Deliver
+    backend: BackendState
+    concurrent: int
+
+
+class EnergyMeter:
+    """Attribute measured energy to requests and shadow copies, per backend."""
+
+    def __init__(
+        self,
+        fleet: Callable[[], Fleet],
+        upstream: Upstream,
+        metrics: GatewayMetrics,
+        *,
+        interval_s: float = 1.0,
+        clock: Callable[[], float] = time.perf_counter,
+        load_share: Callable[[str], float] = lambda url: 1.0,
+    ):
+        self._fleet = fleet
+        self._load_share = load_share
+        self._upstream = upstream
+        self._metrics = metrics
+        self._interval_s = interval_s
+        self._clock = clock
+        self._ledgers: dict[str, BackendLedger] = {}
+        self._failures: dict[str, int] = {}
+        self._pending: dict[str, _Pending] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    def _pool(self, backend: BackendState) -> Pool | None:
+        pool = self._fleet().pools.get(backend.pool)
+        return pool.spec if pool is not None else None
+
+    def _metered(self, backend: BackendState) -> bool:
+        pool = self._pool(backend)
+        return (
+            pool is not None
+            and pool.power_metrics is not None
+            and self._failures.get(backend.url, 0) < FAILED_SCRAPES_BEFORE_ESTIMATING
+        )
+
+    def _ledger(self, backend: BackendState) -> BackendLedger:
+        ledger = self._ledgers.get(backend.url)
+        if ledger is None:
+            pool = self._pool(backend)
+            ledger = BackendLedger(idle_w=pool.power.idle_w if pool else 0.0)
+            self._ledgers[backend.url] = ledger
+        return ledger
+
+    def open(self, backend: BackendState, key: str, start: float) -> None:
+        """Begin attributing energy to a request that started upstream at `start`."""
+        if self._metered(backend):
+            self._ledger(backend).open(key, start)
+
+    def abandon(self, backend: BackendState, key: str) -> None:
+        """Stop attributing energy to an attempt that failed; its time counts as idle."""
+        ledger = self._ledgers.get(backend.url)
+        if ledger is not None:
+            ledger.forget(key)
+
+    def settle(
+        self,
+        backend: BackendState,
+        key: str,
+        *,
+        start: float,
+        end: float,
+        first_token: float | None,
+        prompt_tokens: int,
+        completion_tokens: int,
+        deliver: Deliver,
+    ) -> None:
+        """Close a request's span; call `deliver` once its energy is known (or estimated)."""
+        concurrent = backend.load + 1
+        ledger = self._ledgers.get(backend.url)
+        if ledger is not None and key in ledger and self._metered(backend):
+            ledger.close(key, end, prompt_tokens, completion_tokens, first_token)
+            self._pending[key] = _Pending(deliver, backend, concurrent)
+            return
+        self._estimate(_Pending(deliver, backend, concurrent), end - start)
+
+    def _estimate(self, pending: _Pending, seconds: float) -> None:
+        pool = self._pool(pending.backend)
+        if pool is None:
+            pending.deliver(None, None, True)
+            return
+        energy_j, device_s = nominal_energy(pool, seconds, pending.concurrent)
+        pending.deliver(energy_j, cost_usd(pool, energy_j, device_s), True)
+
+    def _release(self, span: Span) -> None:
+        pending = self._pending.pop(span.key, None)
+        if pending is None:
+            return
+        pool = self._pool(pending.backend)
+        cost = cost_usd(pool, span.energy_j, span.device_s) if pool else None
+        m, pool_name = self._metrics, pending.backend.pool
+        m.child(m.energy, pool_name).inc(span.energy_j)
+        if cost is not None:
+            m.child(m.cost, pool_name).inc(cost)
+        pending.deliver(span.energy_j, cost, False)
+
+    async def scrape_once(self) -> None:
+        """Read every metered backend's energy counter and release the records now known."""
+        targets = [
+            (backend, pool.spec)
+            for pool in self._fleet().pools.values()
+            if pool.spec.power_metrics is not None
+            for backend in pool.backends
+        ]
+        readings = await asyncio.gather(
+            *(self._fetch(b.metrics_url, b.metrics_auth) for b, _ in targets)
+        )
+        for (backend, pool), (now, text) in zip(targets, readings, strict=True):
+            assert pool.power_metrics is not None
+            counter = (
+                None if text is None else read_counter_j(text, pool.power_metrics.energy_counter)
+            )
+            if counter is None:
+                self._scrape_failed(backend.url)
+                continue
+            self._failures[backend.url] = 0
+            ledger = self._ledgers.setdefault(backend.url, BackendLedger(pool.power.idle_w))
+            ledger.reading(now, counter, self._load_share(backend.url))
+            for span in ledger.settle():
+                self._release(span)
+
+    def _scrape_failed(self, url: str) -> None:
+        failures = self._failures.get(url, 0) + 1
+        self._failures[url] = failures
+        self._metrics.power_scrape_failures.inc()
+        if failures == FAILED_SCRAPES_BEFORE_ESTIMATING:
+            log.warning(
+                "no power readings from %s; estimating its energy from nominal figures", url
+            )
+            self._estimate_all(url)
+
+    def _estimate_all(self, url: str) -> None:
+        ledger = self._ledgers.pop(url, None)
+        if ledger is None:
+            return
+        for span in ledger.pending():
+            pending = self._pending.pop(span.key, None)
+            if pending is not None and span.end is not None:
+                self._estimate(pending, span.end - span.start)
+
+    async def _fetch(self, url: str, headers: Mapping[str, str]) -> tuple[float, str | None]:
+        """Return (when the reading was taken, the metrics text or None)."""
+        sent = self._clock()
+        answer = await self._upstream.get(url, headers, SCRAPE_TIMEOUT_S)
+        if answer is None:
+            return sent, None
+        status, body = answer
+        text = body.decode("utf-8", errors="replace") if status == 200 else None
+        # The exporter read its counter somewhere in the round trip: take the middle.
+        return (sent + self._clock()) / 2, text
+
+    async def start(self) -> None:
+        """Take a baseline (two readings of the idle fleet, to learn idle draw), then run."""
+        await self.scrape_once()
+        await asyncio.sleep(min(self._interval_s, BASELINE_S))
+        await self.scrape_once()
+        self._task = asyncio.create_task(self._run(), name="energy-meter")
+
+    async def stop(self) -> None:
+        """Take a last reading, then write every held record, estimated if still unknown."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        try:
+            await self.scrape_once()
+        except Exception:
+            log.exception("final energy reading failed")
+        for url in list(self._ledgers):
+            self._estimate_all(url)
+        for key in list(self._pending):
+            self._estimate(self._pending.pop(key), 0.0)
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self._interval_s)
+            try:
+                await self.scrape_once()
+            except Exception:
+                log.exception("energy scrape round failed")
