@@ -29,6 +29,7 @@ from typing import Any
 import aiohttp
 
 from bench.hot_path import LOAD_CORE, MODEL, gateway, instant_upstream
+from gateway.stats import percentile
 
 TARGET_ADDED_P99_MS = 1.0  # issue #10
 STAMP = re.compile(rb'"id":"t(\d+)"')
@@ -80,19 +81,14 @@ def on_core(core: int) -> Iterator[None]:
         os.sched_setaffinity(0, before)
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
-
-
 def measure(url: str, streams: int, seconds: float) -> dict[str, Any]:
     asyncio.run(load(url, streams, 1.0))  # warm up
     delays, failures = asyncio.run(load(url, streams, seconds))
     return {
         "events": len(delays),
         "failures": failures,
-        "p50_ms": round(percentile(delays, 0.50), 3),
-        "p99_ms": round(percentile(delays, 0.99), 3),
+        "p50_ms": round(percentile(delays, 50) or 0.0, 3),
+        "p99_ms": round(percentile(delays, 99) or 0.0, 3),
         "max_ms": round(max(delays, default=0.0), 3),
     }
 

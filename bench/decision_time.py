@@ -18,7 +18,8 @@ import yaml
 
 from gateway.costmodel.model import CostModel, OutputLengths
 from gateway.fleet.state import Fleet
-from gateway.policy.model import Policy, parse_policy
+from gateway.policy.load import parse_policy
+from gateway.policy.model import Policy
 from gateway.routing.classify import RequestProfile
 from gateway.routing.ranking import CostRanker
 from gateway.routing.router import decide

@@ -32,6 +32,8 @@ from typing import Any
 import aiohttp
 import yaml
 
+from gateway.stats import percentile
+
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = "llama-3.1-8b-instruct"
 GATEWAY_CORE, OTHER_CORE = {0}, {1}
@@ -156,14 +158,6 @@ async def load(url: str, rate: float, seconds: float, seed: int) -> list[float]:
     return latencies
 
 
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * q / 100
-    low = int(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
-
-
 def shadow_counters(metrics: str) -> dict[str, float]:
     found: dict[str, float] = {}
     for line in metrics.splitlines():
@@ -211,8 +205,8 @@ def run_mode(
     return {
         "shadow": shadow,
         "requests": len(latencies),
-        "p50_ms": round(pct(latencies, 50), 2),
-        "p99_ms": round(pct(latencies, 99), 2),
+        "p50_ms": round(percentile(latencies, 50), 2),
+        "p99_ms": round(percentile(latencies, 99), 2),
         "rss_start_mib": round(rss_start / 1024, 1),
         "rss_end_mib": round(rss_end / 1024, 1),
         "shadow_counters": counters,
@@ -268,10 +262,16 @@ def main() -> int:
         "seconds_per_run": args.seconds,
         "rounds": args.rounds,
         "speed": args.speed,
-        "no_shadow": {"p50_ms": round(pct(plain, 50), 2), "p99_ms": round(pct(plain, 99), 2)},
-        "shadow": {"p50_ms": round(pct(shadowed, 50), 2), "p99_ms": round(pct(shadowed, 99), 2)},
-        "p50_ratio": round(pct(shadowed, 50) / pct(plain, 50), 3),
-        "p99_ratio": round(pct(shadowed, 99) / pct(plain, 99), 3),
+        "no_shadow": {
+            "p50_ms": round(percentile(plain, 50), 2),
+            "p99_ms": round(percentile(plain, 99), 2),
+        },
+        "shadow": {
+            "p50_ms": round(percentile(shadowed, 50), 2),
+            "p99_ms": round(percentile(shadowed, 99), 2),
+        },
+        "p50_ratio": round(percentile(shadowed, 50) / percentile(plain, 50), 3),
+        "p99_ratio": round(percentile(shadowed, 99) / percentile(plain, 99), 3),
         "rss_growth_ratio": {
             mode: round(
                 max(r["rss_end_mib"] / r["rss_start_mib"] for r in runs if r["shadow"] is shadow), 3

@@ -55,8 +55,8 @@ import redis
 import sqlalchemy as sa
 import yaml
 
-from gateway.records.requests import request_records
-from gateway.shadow.records import shadow_records
+from gateway.db.schema import request_records, shadow_records
+from gateway.stats import percentile
 from tests.gatewayserver import GatewayProcess, gateway_process
 from tests.scratchdb import scratch_database
 from tests.simproc import SimulatorProcess, metric_value, parse_metrics, start_simulator
@@ -260,14 +260,8 @@ def rss_summary(samples: Sequence[tuple[float, float]], seconds: float, window_s
     }
 
 
-def percentile(values: Sequence[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * q / 100
-    low = int(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return round(ordered[low] + (ordered[high] - ordered[low]) * (rank - low), 1)
+def _rounded(ms: float | None) -> float | None:
+    return None if ms is None else round(ms, 1)
 
 
 def checks(result: dict[str, Any], soak: Soak) -> list[Check]:
@@ -693,8 +687,8 @@ def run(soak: Soak, workdir: Path) -> dict[str, Any]:
             "by_backend": dict(Counter(o.backend or "none" for o in outcomes)),
             "e2e_ms": {
                 kind: {
-                    "p50": percentile(values, 50),
-                    "p99": percentile(values, 99),
+                    "p50": _rounded(percentile(values, 50)),
+                    "p99": _rounded(percentile(values, 99)),
                 }
                 for kind, values in (
                     ("plain", [(o.ended_s - o.sent_s) * 1000 for o in whole if not o.stream]),

@@ -2,20 +2,24 @@
 
 GatewayError                  anything the gateway refuses or fails to do for a request
 ├── InvalidRequest            400: the body or a header is malformed or out of range
-│   └── ContextTooLong        400: prompt plus max tokens exceed every pool's context
+│   ├── ContextTooLong        400: prompt plus max tokens exceed every pool's context
+│   └── InvalidHttp           400: the bytes are not a valid HTTP/1.1 request
 ├── Unauthorized              401: a required tenant key or the admin token is missing or wrong
 ├── RouteDenied               403: no route of the policy admits this request
 ├── SloNotAllowed             403: the tenant may not ask for this SLO class or these targets
 ├── AdminDisabled             403: no admin token is configured, so /admin is off
-├── ModelNotFound             404: no pool serves the requested model
+├── NotFound                  404: no such path
+│   ├── ModelNotFound         404: no pool serves the requested model
+│   ├── PolicyVersionNotFound 404: the admin asked for a policy version that was never stored
+│   └── ReportNotFound        404: the admin asked for a report file that was never written
+├── MethodNotAllowed          405: the path exists, not with this method
 ├── RequestTimeout            408: the client did not send the whole body in time
-├── PolicyVersionNotFound     404: the admin asked for a policy version that was never stored
-├── ReportNotFound            404: the admin asked for a report file that was never written
 ├── BodyTooLarge              413: the request body is over the configured limit
 ├── NoCapacity                429: every eligible pool is full and its queue budget ran out
 ├── RateLimited               429: the tenant is over its requests or tokens a minute
 ├── NoHealthyBackend          503: every eligible backend is ejected or unhealthy
 ├── PolicyStoreUnavailable    503: the policy versions in the database cannot be read or written
+├── InternalError             500: the gateway itself failed (a bug; the traceback is logged)
 └── UpstreamError             502: the backend failed (connection, 5xx, broken answer)
     └── UpstreamTimeout       504: the backend did not answer within the SLO's timeout
 
@@ -47,9 +51,20 @@ class GatewayError(Exception):
         if code is not None:
             self.code = code
 
-    def body(self) -> bytes:
+    def document(self) -> dict[str, dict[str, str | None]]:
         """Return the OpenAI error document for this error."""
-        return error_body(self.message, self.type, self.param, self.code)
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+    def body(self) -> bytes:
+        """Return the OpenAI error document for this error, serialised."""
+        return orjson.dumps(self.document())
 
     def headers(self) -> list[tuple[bytes, bytes]]:
         """Return the response headers this error adds (e.g. Retry-After)."""
@@ -70,12 +85,21 @@ class ContextTooLong(InvalidRequest):
     code = "context_length_exceeded"
 
 
+class InvalidHttp(InvalidRequest):
+    """The HTTP parser refused the bytes: a broken request line or framing header."""
+
+    code = "invalid_http_request"
+
+
 class Unauthorized(GatewayError):
     """A tenant key is required and the request has none, or an unknown one."""
 
     status = 401
     type = "authentication_error"
     code = "invalid_api_key"
+
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        return [(b"www-authenticate", b"Bearer")]
 
 
 class SloNotAllowed(GatewayError):
@@ -102,12 +126,33 @@ class AdminDisabled(GatewayError):
     code = "admin_disabled"
 
 
-class ModelNotFound(GatewayError):
-    """No pool of the active policy serves the requested model."""
+class NotFound(GatewayError):
+    """No such path."""
 
     status = 404
     type = "invalid_request_error"
+    code = "not_found"
+
+
+class ModelNotFound(NotFound):
+    """No pool of the active policy serves the requested model."""
+
     code = "model_not_found"
+
+
+class MethodNotAllowed(GatewayError):
+    """The path exists, but not with this method; the answer says which ones it takes."""
+
+    status = 405
+    type = "invalid_request_error"
+    code = "method_not_allowed"
+
+    def __init__(self, message: str, *, allow: str):
+        super().__init__(message)
+        self.allow = allow
+
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        return [(b"allow", self.allow.encode())]
 
 
 class RequestTimeout(GatewayError):
@@ -157,19 +202,15 @@ class NoHealthyBackend(GatewayError):
     code = "no_healthy_backend"
 
 
-class PolicyVersionNotFound(GatewayError):
+class PolicyVersionNotFound(NotFound):
     """The admin asked for a policy version that was never stored."""
 
-    status = 404
-    type = "invalid_request_error"
     code = "policy_version_not_found"
 
 
-class ReportNotFound(GatewayError):
+class ReportNotFound(NotFound):
     """The admin asked for a report file that was never written."""
 
-    status = 404
-    type = "invalid_request_error"
     code = "report_not_found"
 
 
@@ -178,6 +219,15 @@ class PolicyStoreUnavailable(GatewayError):
 
     status = 503
     code = "policy_store_unavailable"
+
+
+class InternalError(GatewayError):
+    """The gateway itself failed to serve the request: a bug, whose traceback is logged."""
+
+    code = "internal_error"
+
+    def __init__(self, message: str = "the gateway failed to serve this request"):
+        super().__init__(message)
 
 
 class UpstreamError(GatewayError):
@@ -227,12 +277,3 @@ def shown(value: object, limit: int = 60) -> str:
     """Return a client-supplied value for an error message: its repr, cut short if long."""
     text = repr(value)
     return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} characters)"
-
-
-def error_body(
-    message: str, type_: str, param: str | None = None, code: str | None = None
-) -> bytes:
-    """Serialise an error in OpenAI's shape."""
-    return orjson.dumps(
-        {"error": {"message": message, "type": type_, "param": param, "code": code}}
-    )

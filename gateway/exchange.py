@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from gateway.costmodel.model import Prediction
 from gateway.fleet.state import BackendState
 from gateway.routing.classify import RequestProfile
 from gateway.routing.router import RouteDecision
-
-if TYPE_CHECKING:
-    from gateway.shadow.mirror import ShadowPlan
 
 
 @dataclass(slots=True, eq=False)
@@ -42,8 +38,7 @@ class Exchange:
     response_started: bool = False
     status: int = 0
     error: str | None = None
-    # Shadow copies planned for this request; only then is the primary's answer kept.
-    shadows: tuple[ShadowPlan, ...] = ()
+    # The primary's answer as relayed, kept only when shadow copies are planned for the request.
     captured: list[bytes] | None = None
 
     @property

@@ -2,19 +2,15 @@
 
 Labels are bounded: route, pool, backend, model, slo_class and tenant names (from the policy),
 status (HTTP code), error codes and other small fixed sets; never tenant keys or request ids.
-Fleet gauges are read from the live state at scrape time, so the request path never updates them.
+Fleet gauges are read from the live state at scrape time (gateway/fleet/collector.py), so the
+request path never updates them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.registry import Collector
-
-from gateway.fleet.state import Fleet
 
 NAMESPACE = "gateway"
 
@@ -22,40 +18,6 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 
 TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1)
 OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1)
 SIMILARITY_BUCKETS = (0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 1.0)
-
-
-class FleetCollector(Collector):
-    """Report slots, waiters and health per pool (slots per backend too) when scraped."""
-
-    def __init__(self, fleet: Callable[[], Fleet]):
-        self.fleet = fleet
-
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        in_flight = GaugeMetricFamily(
-            f"{NAMESPACE}_pool_in_flight_requests", "Requests holding a slot.", labels=["pool"]
-        )
-        free = GaugeMetricFamily(
-            f"{NAMESPACE}_pool_free_slots", "Free slots on healthy backends.", labels=["pool"]
-        )
-        queued = GaugeMetricFamily(
-            f"{NAMESPACE}_pool_queued_requests", "Requests waiting for a slot.", labels=["pool"]
-        )
-        healthy = GaugeMetricFamily(
-            f"{NAMESPACE}_pool_healthy_backends", "Backends not ejected.", labels=["pool"]
-        )
-        backend_in_flight = GaugeMetricFamily(
-            f"{NAMESPACE}_backend_in_flight_requests",
-            "Requests and shadow copies holding a slot of the backend, this replica's.",
-            labels=["pool", "backend"],
-        )
-        for pool in self.fleet().pools.values():
-            in_flight.add_metric([pool.name], sum(b.in_flight for b in pool.backends))
-            free.add_metric([pool.name], sum(max(b.free_slots, 0) for b in pool.healthy()))
-            queued.add_metric([pool.name], len(pool.waiters))
-            healthy.add_metric([pool.name], len(pool.healthy()))
-            for backend in pool.backends:
-                backend_in_flight.add_metric([pool.name, backend.name], backend.in_flight)
-        yield from (in_flight, free, queued, healthy, backend_in_flight)
 
 
 class GatewayMetrics:
@@ -389,7 +351,3 @@ class GatewayMetrics:
         if series is None:
             series = self._children[key] = metric.labels(*labels)
         return series
-
-    def watch(self, fleet: Callable[[], Fleet]) -> None:
-        """Export the fleet's slot and health gauges."""
-        self.registry.register(FleetCollector(fleet))

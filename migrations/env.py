@@ -4,13 +4,8 @@ from __future__ import annotations
 
 from alembic import context
 
-import gateway.costmodel.store
-import gateway.policy.versions
-import gateway.promotion.evidence
-import gateway.promotion.rollout
-import gateway.records.requests
-import gateway.shadow.records  # noqa: F401
-from gateway.db.engine import make_engine, metadata
+from gateway.db.engine import make_engine
+from gateway.db.schema import metadata
 from gateway.settings import Settings
 
 url = context.config.get_main_option("sqlalchemy.url") or Settings().database_url

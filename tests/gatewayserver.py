@@ -17,11 +17,12 @@ import openai
 import sqlalchemy as sa
 import uvicorn
 
-from gateway.app import Gateway, GatewayApp
+from gateway.app import GatewayApp
 from gateway.db.engine import upgrade
+from gateway.db.schema import request_records
 from gateway.ingress.protocol import HttpProtocol
 from gateway.policy.model import Policy
-from gateway.records.requests import request_records
+from gateway.runtime import Gateway
 from gateway.settings import Settings
 
 

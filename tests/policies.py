@@ -6,7 +6,8 @@ from collections.abc import Sequence
 
 import yaml
 
-from gateway.policy.model import Policy, parse_policy
+from gateway.policy.load import parse_policy
+from gateway.policy.model import Policy
 
 MODEL = "llama-3.1-8b-instruct"
 BIG = "llama-3.1-70b-instruct"

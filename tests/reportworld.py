@@ -8,10 +8,10 @@ from pathlib import Path
 import sqlalchemy as sa
 from test_shadow import record
 
-from gateway.policy.model import Policy, load_policy
-from gateway.records.requests import request_records
+from gateway.db.schema import request_records, shadow_drops, shadow_records
+from gateway.policy.load import load_policy
+from gateway.policy.model import Policy
 from gateway.report.period import Period, week
-from gateway.shadow.records import shadow_drops, shadow_records
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = "llama-3.1-8b-instruct"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from gatewayserver import run_gateway
 
-from gateway.policy.model import content_hash, render_policy
+from gateway.policy.load import content_hash, render_policy
 from policies import fleet_policy
 
 TOKEN = "policy-admin-token"

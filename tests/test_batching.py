@@ -15,8 +15,9 @@ from test_records import record
 
 import gateway.records.batching as batching
 from gateway.db.engine import make_engine
+from gateway.db.schema import request_records
 from gateway.metrics import GatewayMetrics
-from gateway.records.requests import RecordWriter, request_records
+from gateway.records.requests import RecordWriter
 from policies import MODEL, fleet_policy
 
 TABLE = "request_records"

@@ -18,8 +18,7 @@ from gatewayserver import free_port, wait_ready
 from test_hostile_requests import NOT_HTTP, UPGRADE, not_http_error
 from test_retention import store
 
-from gateway.records.requests import request_records
-from gateway.shadow.records import shadow_records
+from gateway.db.schema import request_records, shadow_records
 from policies import MODEL
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -215,7 +214,7 @@ def test_model_train_learns_from_recorded_requests(tmp_path: Path) -> None:
     assert "cost model version 1 trained on 120 requests" in result.stdout
     assert "asic" in result.stdout and "%" in result.stdout
     from gateway.costmodel.store import load_latest
-    from gateway.policy.model import load_policy
+    from gateway.policy.load import load_policy
 
     model = load_latest(engine, load_policy(ROOT / "policies/default.yaml"))
     engine.dispose()

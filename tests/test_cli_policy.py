@@ -8,7 +8,7 @@ from pathlib import Path
 from test_cli import gateway
 
 from gateway.db.engine import upgrade
-from gateway.policy.model import json_schema, render_policy
+from gateway.policy.load import json_schema, render_policy
 from policies import fleet_policy
 
 

@@ -16,7 +16,7 @@ import sqlalchemy as sa
 import yaml
 from gatewayserver import free_port, wait_ready
 
-from gateway.records.requests import request_records
+from gateway.db.schema import request_records
 from policies import MODEL
 
 ROOT = Path(__file__).resolve().parent.parent

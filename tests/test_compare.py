@@ -9,18 +9,15 @@ from array import array
 import orjson
 import pytest
 
+from gateway.compare.answers import Answer, ToolCall, read_body, read_stream
 from gateway.compare.measures import (
     COMPARATORS,
-    Answer,
-    ToolCall,
     comparator,
     compare,
     edit_distance,
     first_divergence,
     lcs_length,
     normalize,
-    read_body,
-    read_stream,
     rouge_l,
     structural_diff,
     tokens,

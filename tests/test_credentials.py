@@ -13,11 +13,11 @@ from gatewayserver import run_gateway
 from shadowworld import shadow_rows
 from simproc import metric_value
 
-from gateway.app import Gateway
 from gateway.errors import PolicyError
 from gateway.fleet.state import Fleet
 from gateway.policy import versions
-from gateway.policy.model import parse_policy, render_policy
+from gateway.policy.load import parse_policy, render_policy
+from gateway.runtime import Gateway
 from gateway.settings import Settings
 from policies import EMBED, MODEL, UPSTREAM_KEYS, fleet_policy, keyed
 

@@ -17,13 +17,12 @@ from alembic.runtime.migration import MigrationContext
 from test_records import record as request_record
 from test_shadow import record as shadow_record
 
-import gateway.app  # noqa: F401  (imports every module that defines a table)
-from gateway.db.engine import alembic_config, make_engine, metadata, upgrade
+from gateway.db.engine import alembic_config, make_engine, upgrade
+from gateway.db.schema import metadata, request_records, shadow_drops, shadow_records
 from gateway.promotion import evidence, rollout
-from gateway.records.requests import request_records
 from gateway.replay.whatif import recorded_requests
 from gateway.report import data
-from gateway.shadow.records import shadow_drops, shadow_records, summarize
+from gateway.shadow.summary import summarize
 from policies import fleet_policy
 
 

@@ -15,7 +15,8 @@ from shadowworld import ROOMY, shadow_rows
 from simproc import parse_metrics
 
 from gateway.metrics import GatewayMetrics
-from gateway.policy.model import Policy, load_policy, parse_policy
+from gateway.policy.load import load_policy, parse_policy
+from gateway.policy.model import Policy
 from policies import BIG, EMBED, MODEL
 
 

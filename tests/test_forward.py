@@ -14,7 +14,7 @@ from gatewayserver import run_gateway
 from gateway.fleet.state import BackendState
 from gateway.metrics import GatewayMetrics
 from gateway.upstream.forward import error_detail
-from gateway.upstream.health import OutlierDetector
+from gateway.upstream.outliers import OutlierDetector
 from policies import BIG, MODEL, fleet_policy
 
 PROMPT = [{"role": "user", "content": "Tell me about analog noise in memory arrays."}]

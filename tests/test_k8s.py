@@ -13,7 +13,7 @@ from deployworld import ROOT, setting_names
 from gatewayserver import free_port, run_gateway
 
 from gateway.cli import parser
-from gateway.policy.model import load_policy, parse_policy
+from gateway.policy.load import load_policy, parse_policy
 from gateway.settings import Settings
 from policies import fleet_policy
 

@@ -18,15 +18,17 @@ from gatewayserver import run_gateway
 from shadowworld import PROMPT, drop_counts, settle, shadow_policy, shadow_rows
 from simproc import metric_value, parse_metrics, start_simulator
 
-from gateway.compare.measures import Answer, compare, tokens
+from gateway.compare.answers import Answer
+from gateway.compare.measures import compare, tokens
 from gateway.db.engine import make_engine, upgrade
 from gateway.exchange import Exchange
 from gateway.fleet.state import Fleet
 from gateway.metrics import GatewayMetrics
 from gateway.routing.classify import RequestProfile
 from gateway.routing.router import RouteDecision
-from gateway.shadow.mirror import Mirror, sample, stable_fraction
+from gateway.shadow.mirror import Mirror
 from gateway.shadow.records import ShadowWriter
+from gateway.shadow.sample import ShadowPlan, sample, stable_fraction
 from policies import MODEL, fleet_policy
 
 
@@ -124,8 +126,12 @@ def served_exchange(policy, fleet: Fleet) -> Exchange:
     ex.profile = profile()
     ex.decision = RouteDecision(policy.routes[0], backend)
     ex.backend, ex.status, ex.captured = backend, 200, [b'{"choices": []}']
-    ex.shadows = sample(ex.profile, policy.routes[0], policy, ex.decision_id)
     return ex
+
+
+def planned(ex: Exchange, policy) -> tuple[ShadowPlan, ...]:
+    assert ex.profile is not None
+    return sample(ex.profile, policy.routes[0], policy, ex.decision_id)
 
 
 def test_a_full_queue_drops_and_counts_instead_of_growing(tmp_path: Path) -> None:
@@ -136,7 +142,8 @@ def test_a_full_queue_drops_and_counts_instead_of_growing(tmp_path: Path) -> Non
     # Not started: nothing takes copies off the queue, as with every worker stuck.
     mirror = Mirror(None, None, metrics, writer, lambda: fleet, None, max_pending=3)  # type: ignore[arg-type]
     for _ in range(10):
-        mirror.submit(served_exchange(policy, fleet), b"{}", policy)
+        ex = served_exchange(policy, fleet)
+        mirror.submit(ex, b"{}", policy, planned(ex, policy))
     dropped = metrics.registry.get_sample_value(
         "gateway_shadow_dropped_total",
         {"route": "chat", "candidate": "cim", "kind": "candidate", "reason": "queue_full"},
@@ -150,7 +157,8 @@ def test_the_queue_also_holds_at_most_its_byte_budget(tmp_path: Path) -> None:
     writer = ShadowWriter(make_engine(f"sqlite:///{tmp_path / 'x.db'}"), metrics)
     mirror = Mirror(None, None, metrics, writer, lambda: fleet, None, max_pending_bytes=10_000)  # type: ignore[arg-type]
     for _ in range(10):
-        mirror.submit(served_exchange(policy, fleet), b"x" * 3000, policy)
+        ex = served_exchange(policy, fleet)
+        mirror.submit(ex, b"x" * 3000, policy, planned(ex, policy))
     assert mirror.pending == 3
 
 
@@ -164,10 +172,10 @@ def test_a_copy_the_primary_counted_too_long_for_the_candidate_is_dropped(tmp_pa
     for counted, queued in ((4_100, 0), (3_000, 1), (None, 2)):
         ex = served_exchange(policy, fleet)
         ex.profile = profile(prompt_tokens=3_900)
-        ex.shadows = sample(ex.profile, policy.routes[0], policy, ex.decision_id)
-        assert ex.shadows, "the estimate fits: the copy is planned"
+        plans = planned(ex, policy)
+        assert plans, "the estimate fits: the copy is planned"
         ex.prompt_tokens = counted
-        mirror.submit(ex, b"{}", policy)
+        mirror.submit(ex, b"{}", policy, plans)
         assert mirror.pending == queued
     dropped = metrics.registry.get_sample_value(
         "gateway_shadow_dropped_total",

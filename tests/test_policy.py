@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from gateway.errors import PolicyError
-from gateway.policy.model import load_policy, parse_policy
+from gateway.policy.load import load_policy, parse_policy
 
 DEFAULT = Path(__file__).resolve().parent.parent / "policies" / "default.yaml"
 

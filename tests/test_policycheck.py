@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from gateway.policy.check import validate
-from gateway.policy.model import json_schema, render_policy
+from gateway.policy.load import json_schema, render_policy
 from policies import BIG, MODEL, fleet_policy
 
 Edit = Callable[[dict], None]

@@ -7,7 +7,7 @@ import pytest
 from gateway.db.engine import make_engine
 from gateway.errors import InvalidRequest, PolicyStoreUnavailable, PolicyVersionNotFound
 from gateway.policy import versions
-from gateway.policy.model import content_hash
+from gateway.policy.load import content_hash
 
 
 def test_each_apply_is_a_version_and_becomes_active(database: str) -> None:

@@ -10,7 +10,8 @@ import pytest
 from gatewayserver import GatewayServer, run_gateway
 
 from gateway.policy import versions
-from gateway.policy.model import Policy, parse_policy, render_policy
+from gateway.policy.load import parse_policy, render_policy
+from gateway.policy.model import Policy
 from policies import MODEL, fleet_policy, pool
 
 TOKEN = "reload-token"

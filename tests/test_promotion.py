@@ -14,10 +14,10 @@ from gatewayserver import run_gateway
 from test_shadow import record
 
 from gateway.db.engine import make_engine
-from gateway.policy.model import load_policy
-from gateway.promotion.evidence import evaluate, latest, promotion_evaluations
+from gateway.db.schema import promotion_evaluations, shadow_records
+from gateway.policy.load import load_policy
+from gateway.promotion.evidence import evaluate, latest
 from gateway.promotion.judge import HOLD, PROMOTE, REJECT
-from gateway.shadow.records import shadow_records
 from policies import fleet_policy
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -10,10 +10,10 @@ import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 
-import gateway.app  # noqa: F401  (imports every module that defines a table)
-from gateway.db.engine import make_engine, metadata, upgrade
+from gateway.db.engine import make_engine, upgrade
+from gateway.db.schema import metadata, request_records
 from gateway.metrics import GatewayMetrics
-from gateway.records.requests import RecordWriter, RequestRecord, request_records
+from gateway.records.requests import RecordWriter, RequestRecord
 
 
 def record(n: int, decision_id: str | None = None) -> RequestRecord:

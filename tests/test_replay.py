@@ -13,7 +13,8 @@ from gatewayserver import run_gateway
 from simproc import start_simulator
 
 from gateway.cli import main
-from gateway.policy.model import Policy, load_policy, parse_policy
+from gateway.policy.load import load_policy, parse_policy
+from gateway.policy.model import Policy
 from gateway.replay.bench import benchmark, run_live_comparison
 from gateway.replay.strategies import ROUTED, STRATEGIES
 from gateway.replay.trace import TraceRequest, read_trace

@@ -16,11 +16,9 @@ from gatewayserver import run_gateway
 from test_records import record as request_record
 from test_shadow import record as shadow_record
 
-from gateway.costmodel.store import cost_models
 from gateway.db.engine import make_engine
 from gateway.db.retention import Pruner, Windows, prune
-from gateway.records.requests import request_records
-from gateway.shadow.records import shadow_drops, shadow_records
+from gateway.db.schema import cost_models, request_records, shadow_drops, shadow_records
 from policies import fleet_policy
 
 DAY = 86400.0

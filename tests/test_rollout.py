@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from gatewayserver import GatewayServer, run_gateway
 
-from gateway.policy.model import load_policy
+from gateway.policy.load import load_policy
 from gateway.promotion.rollout import Guards, next_move, promoted, with_canary
 from policies import MODEL, fleet_policy
 

@@ -9,15 +9,11 @@ import sqlalchemy as sa
 from alembic import command
 
 from gateway.db.engine import alembic_config, make_engine, upgrade
+from gateway.db.schema import shadow_records
 from gateway.metrics import GatewayMetrics
-from gateway.shadow.records import (
-    ShadowRecord,
-    ShadowWriter,
-    percentile,
-    shadow_records,
-    summarize,
-    summarize_rows,
-)
+from gateway.shadow.records import ShadowRecord, ShadowWriter
+from gateway.shadow.summary import summarize, summarize_rows
+from gateway.stats import percentile
 
 
 def record(n: int, **fields: object) -> ShadowRecord:

@@ -11,12 +11,13 @@ from dataclasses import dataclass
 import pytest
 import redis
 
-from gateway.fleet.admission import Admission, Slot, slot_place
+from gateway.fleet.admission import Admission, slot_place
 from gateway.fleet.leases import Leases
 from gateway.fleet.sharedstate import SharedState
-from gateway.fleet.state import Fleet
+from gateway.fleet.state import Fleet, Slot
 from gateway.metrics import GatewayMetrics
-from gateway.upstream.health import OutlierDetector, SharedEjections
+from gateway.upstream.health import SharedEjections
+from gateway.upstream.outliers import OutlierDetector
 from policies import fleet_policy
 
 pytestmark = pytest.mark.redis

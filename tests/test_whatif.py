@@ -13,7 +13,7 @@ import sqlalchemy as sa
 import yaml
 
 from gateway.db.engine import make_engine, upgrade
-from gateway.records.requests import request_records
+from gateway.db.schema import request_records
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACE = ROOT / "tests" / "data" / "azure_llm_2023_conv_head.csv"  # tests/data/README.md

@@ -11,7 +11,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from gateway.errors import GatewayError, PolicyError
-from gateway.policy.model import Policy, load_policy, parse_policy
+from gateway.policy.load import load_policy, parse_policy
+from gateway.policy.model import Policy
 from gateway.settings import Settings
 
 
@@ -68,7 +69,7 @@ def _key_warnings(policy: Policy, text: str, source: str) -> list[str]:
     import os
 
     from gateway.policy import credentials
-    from gateway.policy.model import locator
+    from gateway.policy.load import locator
 
     at = locator(text, source)
     where = "here; every gateway that serves this policy needs it"
@@ -169,7 +170,7 @@ def _policy_simulate(args: argparse.Namespace, settings: Settings) -> int:
     from gateway.db.engine import make_engine
     from gateway.ops.admin import parse_since
     from gateway.policy import versions
-    from gateway.policy.model import parse_policy
+    from gateway.policy.load import parse_policy
     from gateway.replay.whatif import recorded_requests, simulate
 
     engine = make_engine(settings.database_url)
@@ -203,7 +204,7 @@ def _policy_apply(args: argparse.Namespace, settings: Settings) -> int:
     from gateway.db.engine import make_engine
     from gateway.policy import versions
     from gateway.policy.check import validate
-    from gateway.policy.model import content_hash
+    from gateway.policy.load import content_hash
 
     text = _policy_text(args.file)
     policy = parse_policy(text, args.file)  # an invalid policy stops here, every error located
@@ -285,7 +286,7 @@ def _policy_show(args: argparse.Namespace, settings: Settings) -> int:
 def _policy_schema(args: argparse.Namespace, settings: Settings) -> int:
     import json
 
-    from gateway.policy.model import json_schema
+    from gateway.policy.load import json_schema
 
     print(json.dumps(json_schema(), indent=2))
     return 0
@@ -351,7 +352,7 @@ def _model_train(args: argparse.Namespace, settings: Settings) -> int:
     from gateway.costmodel import store
     from gateway.costmodel.train import observations_from_rows, train
     from gateway.db.engine import make_engine
-    from gateway.records.requests import request_records
+    from gateway.db.schema import request_records
 
     policy = load_policy(settings.policy_path)
     engine = make_engine(settings.database_url)

@@ -15,20 +15,8 @@ import sqlalchemy as sa
 
 from gateway.costmodel.model import FEATURES, CostModel, Residual
 from gateway.costmodel.train import Score
-from gateway.db.engine import metadata
+from gateway.db.schema import cost_models
 from gateway.policy.model import Policy
-
-cost_models = sa.Table(
-    "cost_models",
-    metadata,
-    sa.Column("version", sa.Integer, primary_key=True, autoincrement=False),
-    sa.Column("created", sa.Float, nullable=False, comment="Unix seconds."),
-    sa.Column("observations", sa.Integer, nullable=False),
-    sa.Column("status", sa.String(16), nullable=False, comment="ok, or failed"),
-    sa.Column("error", sa.Text, comment="Why training failed."),
-    sa.Column("scores", sa.Text, comment="JSON: pool → model → target → {observations, mape}."),
-    sa.Column("residuals", sa.Text, comment="JSON: the learned weights and bounds."),
-)
 
 Scores = dict[str, dict[str, dict[str, Score]]]
 

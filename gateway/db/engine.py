@@ -1,4 +1,4 @@
-"""The database: table metadata shared by every record module, engines, and migrations."""
+"""The database connection: engines for SQLite and PostgreSQL, and the migrations that build it."""
 
 from __future__ import annotations
 
@@ -9,8 +9,6 @@ import sqlalchemy as sa
 
 if TYPE_CHECKING:
     from alembic.config import Config
-
-metadata = sa.MetaData()
 
 MIGRATIONS = Path(__file__).resolve().parents[2] / "migrations"
 

@@ -37,12 +37,10 @@ from dataclasses import dataclass
 
 import sqlalchemy as sa
 
-from gateway.costmodel.store import cost_models
+from gateway.db.schema import cost_models, request_records, shadow_drops, shadow_records
 from gateway.errors import DatabaseUnavailable
 from gateway.periodic import Periodic
-from gateway.records.requests import request_records
 from gateway.settings import Settings
-from gateway.shadow.records import shadow_drops, shadow_records
 
 log = logging.getLogger(__name__)
 

@@ -18,25 +18,15 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gateway.errors import NoCapacity, SharedStateUnavailable
 from gateway.fleet.leases import Leases, Occupancy, Place
-from gateway.fleet.state import BackendState, Fleet, PoolState, Waiter
+from gateway.fleet.state import BackendState, Fleet, PoolState, Slot, Waiter
 from gateway.periodic import Periodic, Tasks
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
-
-
-@dataclass(eq=False, slots=True)
-class Slot:
-    """One request's hold on a backend: a slot, the KV memory it reserved, and its lease."""
-
-    backend: BackendState
-    kv_bytes: float = 0.0
-    lease: str | None = None
 
 
 def slot_place(backend: BackendState) -> Place:

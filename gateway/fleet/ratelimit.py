@@ -15,9 +15,7 @@ from dataclasses import dataclass
 
 from gateway.errors import RateLimited, SharedStateUnavailable
 from gateway.fleet.sharedstate import SharedState
-from gateway.policy.model import Policy, RateLimit
-from gateway.routing.classify import RequestProfile
-from gateway.routing.router import tokens_needed
+from gateway.policy.model import RateLimit, Tenant
 
 # KEYS: buckets; ARGV: (rate per second, capacity, cost) per bucket. All or nothing: spend
 # every cost if every bucket has it, else spend nothing. Return 0, or the ms until they would.
@@ -145,12 +143,12 @@ def tenant_draws(name: str, limit: RateLimit, tokens: int) -> list[Draw]:
     return draws
 
 
-async def admit_tenant(buckets: TokenBuckets, profile: RequestProfile, policy: Policy) -> None:
-    """Raise RateLimited when the request's tenant is over its rate limit; else spend it."""
-    tenant = policy.tenant_named(profile.tenant)
+async def admit_tenant(buckets: TokenBuckets, tenant: Tenant | None, tokens: int) -> None:
+    """Raise RateLimited when a request of `tokens` would put its tenant over its rate limit;
+    else spend them."""
     if tenant is None or tenant.rate_limit is None:
         return
-    draws = tenant_draws(tenant.name, tenant.rate_limit, tokens_needed(profile, policy))
+    draws = tenant_draws(tenant.name, tenant.rate_limit, tokens)
     wait_s = await buckets.take(draws)
     if wait_s > 0:
         raise RateLimited(

@@ -10,16 +10,12 @@ import asyncio
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from gateway.policy import credentials
 from gateway.policy.model import Backend, Policy, Pool
 
 REQUEST_HEADERS = {"content-type": "application/json"}
 SHADOW_HEADER = {"x-gateway-shadow": "1"}
-
-if TYPE_CHECKING:
-    from gateway.fleet.admission import Slot
 
 
 @dataclass(eq=False, slots=True)
@@ -118,6 +114,15 @@ def backend_state(
         shadow_headers=REQUEST_HEADERS | SHADOW_HEADER | auth,
         metrics_auth=auth if credentials.same_origin(backend.url, metrics_url) else {},
     )
+
+
+@dataclass(eq=False, slots=True)
+class Slot:
+    """One request's hold on a backend: a slot, the KV memory it reserved, and its lease."""
+
+    backend: BackendState
+    kv_bytes: float = 0.0
+    lease: str | None = None
 
 
 @dataclass(eq=False, slots=True)

@@ -13,14 +13,12 @@ from __future__ import annotations
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from gateway.errors import error_body
+from gateway.errors import InvalidHttp
 
-_NOT_HTTP = error_body(
+_NOT_HTTP = InvalidHttp(
     "The request is not valid HTTP/1.1 (its request line or a framing header such as "
-    "Transfer-Encoding or Content-Length is malformed).",
-    "invalid_request_error",
-    code="invalid_http_request",
-)
+    "Transfer-Encoding or Content-Length is malformed)."
+).body()
 
 
 class HttpProtocol(HttpToolsProtocol):

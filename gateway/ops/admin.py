@@ -2,8 +2,9 @@
 
 Every route here needs `Authorization: Bearer <GATEWAY_ADMIN_TOKEN>`. Without a configured token
 the API is off (403 `admin_disabled`) rather than open; a missing or wrong token is 401.
-Errors have OpenAI's shape, as on /v1, the framework's own included: a body that is not JSON or
-a field of the wrong type is a 400 naming the field, an unknown path a 404.
+Errors have OpenAI's shape, as on /v1, the framework's own included (gateway/ops/errors.py): a
+body that is not JSON or a field of the wrong type is a 400 naming the field, an unknown path a
+404.
 """
 
 from __future__ import annotations
@@ -13,34 +14,28 @@ import hmac
 import re
 import time
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, FastAPI, Query, Request, Response
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse
 from pydantic import BaseModel, Field
-from starlette.exceptions import HTTPException
 
 from gateway.errors import (
     AdminDisabled,
-    GatewayError,
     InvalidRequest,
     Problem,
     ReportNotFound,
     Unauthorized,
-    error_body,
 )
 from gateway.ops.openapi import ADMIN_ERRORS, ErrorBody
 from gateway.policy import check, versions
-from gateway.policy.model import content_hash
+from gateway.policy.load import content_hash
 from gateway.promotion import evidence, rollout
 from gateway.report.period import ISO_WEEK
 from gateway.report.schedule import FILES, listing
 from gateway.routing.explain import explain
-from gateway.shadow.records import summarize
-
-if TYPE_CHECKING:
-    from gateway.app import Gateway
+from gateway.runtime import Gateway
+from gateway.shadow.summary import summarize
 
 MAX_LISTED = 1000  # policy versions one listing returns; a bigger limit is a 400, not a crash
 MAX_VERSION = 2**63 - 1  # the widest integer the databases store
@@ -275,47 +270,6 @@ class ExplainRequest(BaseModel):
     headers: dict[str, str] = {}
 
 
-async def _error_response(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, GatewayError)
-    headers = {"www-authenticate": "Bearer"} if exc.status == 401 else None
-    return Response(exc.body(), exc.status, headers, media_type="application/json")
-
-
-async def _invalid_request(request: Request, exc: Exception) -> Response:
-    """Answer a query or body FastAPI could not validate as /v1 would: 400, OpenAI-shaped."""
-    assert isinstance(exc, RequestValidationError)
-    errors = exc.errors()
-    if errors[0]["type"] == "json_invalid":
-        reason = errors[0].get("ctx", {}).get("error", "")
-        invalid = InvalidRequest(f"the request body is not valid JSON: {reason}".rstrip(": "))
-        return await _error_response(request, invalid)
-    where = [".".join(str(p) for p in e["loc"]) for e in errors]
-    problems = "; ".join(f"{w}: {e['msg']}" for w, e in list(zip(where, errors, strict=True))[:5])
-    invalid = InvalidRequest(f"the request is not valid: {problems}", param=where[0] or None)
-    return await _error_response(request, invalid)
-
-
-async def _http_error(request: Request, exc: Exception) -> Response:
-    """Answer what the framework refuses by itself (an unparsable body, an unknown path) alike."""
-    assert isinstance(exc, HTTPException)
-    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "invalid_request")
-    kind = "invalid_request_error" if exc.status_code < 500 else "api_error"
-    body = error_body(str(exc.detail), kind, None, code)
-    return Response(body, exc.status_code, exc.headers, media_type="application/json")
-
-
-async def _internal_error(request: Request, exc: Exception) -> Response:
-    """Answer a failure of the gateway's own in the OpenAI shape; the traceback is logged."""
-    body = error_body(
-        "the gateway failed to serve this request", "api_error", None, "internal_error"
-    )
-    return Response(body, 500, media_type="application/json")
-
-
 def install(app: FastAPI, gateway: Gateway) -> None:
-    """Mount the admin API on the ops app, with errors turned into OpenAI-shaped responses."""
+    """Mount the admin API on the ops app."""
     app.include_router(admin_router(gateway))
-    app.add_exception_handler(GatewayError, _error_response)
-    app.add_exception_handler(RequestValidationError, _invalid_request)
-    app.add_exception_handler(HTTPException, _http_error)
-    app.add_exception_handler(Exception, _internal_error)

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from gateway.errors import PolicyError, Problem
 from gateway.policy import credentials
-from gateway.policy.model import Match, Policy, Route, locator, parse_policy
+from gateway.policy.load import locator, parse_policy
+from gateway.policy.model import Match, Policy, Route
 from gateway.policy.physics import physics
-
-Finding = tuple[tuple[Any, ...], str]
+from gateway.policy.rules import Finding
 
 
 @dataclass(frozen=True)
@@ -97,7 +96,7 @@ def _covers(first: Match, then: Match) -> bool:
     )
 
 
-def _serving_warnings(policy: Policy, where: tuple[Any, ...], route: Route) -> list[Finding]:
+def _serving_warnings(policy: Policy, where: tuple[str | int, ...], route: Route) -> list[Finding]:
     found: list[Finding] = []
     pools = [policy.pools[p] for p in route.pools if p in policy.pools]
     for k, model in enumerate(route.match.models):
@@ -133,7 +132,7 @@ def _serving_warnings(policy: Policy, where: tuple[Any, ...], route: Route) -> l
     return found
 
 
-def _slo_warnings(policy: Policy, where: tuple[Any, ...], route: Route) -> list[Finding]:
+def _slo_warnings(policy: Policy, where: tuple[str | int, ...], route: Route) -> list[Finding]:
     """Warn when no pool of the route meets a class's target, even idle, by its nominal figures.
 
     A warning, not an error: the figures are the vendor's, and the cost model learns the truth.

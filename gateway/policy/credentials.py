@@ -18,9 +18,7 @@ from urllib.parse import urlsplit
 
 from gateway.errors import PolicyError, Problem
 from gateway.policy.model import Backend, Policy
-
-Finding = tuple[tuple[str | int, ...], str]
-
+from gateway.policy.rules import Finding
 
 GATEWAY_ENVIRONMENT = "in this gateway's environment"
 

@@ -21,7 +21,8 @@ from gateway.errors import PolicyError, PolicyStoreUnavailable
 from gateway.metrics import GatewayMetrics
 from gateway.periodic import Periodic, Tasks
 from gateway.policy import credentials, versions
-from gateway.policy.model import Policy, content_hash, parse_policy
+from gateway.policy.load import content_hash, parse_policy
+from gateway.policy.model import Policy
 from gateway.policy.versions import PolicyVersion
 
 log = logging.getLogger(__name__)

@@ -16,30 +16,9 @@ from dataclasses import dataclass
 
 import sqlalchemy as sa
 
-from gateway.db.engine import metadata
+from gateway.db.schema import active_policy, policy_versions
 from gateway.errors import InvalidRequest, PolicyStoreUnavailable, PolicyVersionNotFound
-from gateway.policy.model import content_hash
-
-policy_versions = sa.Table(
-    "policy_versions",
-    metadata,
-    sa.Column("version", sa.Integer, primary_key=True, autoincrement=False),
-    sa.Column("content", sa.Text, nullable=False, comment="The policy YAML, as applied."),
-    sa.Column("hash", sa.String(64), nullable=False, comment="SHA-256 of content."),
-    sa.Column("author", sa.String(128), nullable=False),
-    sa.Column("created", sa.Float, nullable=False, comment="Unix seconds."),
-    sa.Column("message", sa.Text, nullable=False),
-    sa.Column("restores", sa.Integer, comment="For a rollback: the version whose content it is."),
-)
-
-active_policy = sa.Table(
-    "active_policy",
-    metadata,
-    sa.Column("id", sa.Integer, primary_key=True, autoincrement=False, comment="Always 1."),
-    sa.Column("version", sa.Integer, sa.ForeignKey("policy_versions.version"), nullable=False),
-    sa.Column("updated", sa.Float, nullable=False, comment="Unix seconds."),
-    sa.CheckConstraint("id = 1", name="ck_active_policy_one_row"),
-)
+from gateway.policy.load import content_hash
 
 
 @dataclass(frozen=True, slots=True)

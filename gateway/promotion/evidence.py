@@ -14,23 +14,10 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from gateway.db.engine import metadata
+from gateway.db.schema import promotion_evaluations, request_records, shadow_records
 from gateway.policy.model import Policy
 from gateway.promotion.judge import Criteria, Evidence, Verdict, judge
-from gateway.records.requests import request_records
-from gateway.shadow.records import CANDIDATE, NOISE, shadow_records
-
-promotion_evaluations = sa.Table(
-    "promotion_evaluations",
-    metadata,
-    sa.Column("id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), primary_key=True),
-    sa.Column("ts", sa.Float, nullable=False, index=True, comment="Unix seconds."),
-    sa.Column("route", sa.String(64), nullable=False),
-    sa.Column("candidate", sa.String(64), nullable=False),
-    sa.Column("outcome", sa.String(16), nullable=False, comment="promote, hold or reject"),
-    sa.Column("reason", sa.Text, nullable=False),
-    sa.Column("evidence", sa.Text, nullable=False, comment="JSON: every check with its numbers."),
-)
+from gateway.shadow.sample import CANDIDATE, NOISE
 
 
 def criteria(policy: Policy) -> Criteria:

@@ -22,34 +22,19 @@ from typing import Any
 import sqlalchemy as sa
 import yaml
 
-from gateway.db.engine import metadata
+from gateway.db.schema import request_records, rollouts, shadow_records
 from gateway.errors import InvalidRequest
 from gateway.periodic import Periodic
 from gateway.policy import versions
-from gateway.policy.model import Policy, parse_policy
+from gateway.policy.load import parse_policy
+from gateway.policy.model import Policy
 from gateway.promotion.evidence import latest
-from gateway.records.requests import request_records
 from gateway.records.slo import meets_slo
-from gateway.shadow.records import CANDIDATE, shadow_records
+from gateway.shadow.sample import CANDIDATE
 
 ROLLING, COMPLETE, ROLLED_BACK = "rolling", "complete", "rolled_back"
 # The reverse shadow sample's share of the canary's requests.
 REVERSE_SHADOW_RATE = 0.1
-
-rollouts = sa.Table(
-    "rollouts",
-    metadata,
-    sa.Column("id", sa.Integer, primary_key=True),
-    sa.Column("route", sa.String(64), nullable=False),
-    sa.Column("candidate", sa.String(64), nullable=False),
-    sa.Column("former_primary", sa.String(64), nullable=False),
-    sa.Column("state", sa.String(16), nullable=False, comment="rolling, complete, rolled_back"),
-    sa.Column("step", sa.Integer, nullable=False, comment="Index into rollout_steps; -1: none."),
-    sa.Column("weight", sa.Float, nullable=False),
-    sa.Column("started", sa.Float, nullable=False),
-    sa.Column("step_started", sa.Float, nullable=False),
-    sa.Column("history", sa.Text, nullable=False, comment="JSON list of {ts, event, weight}."),
-)
 
 
 @dataclass(frozen=True, slots=True)

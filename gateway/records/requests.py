@@ -7,52 +7,9 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from gateway.db.engine import metadata
+from gateway.db.schema import request_records
 from gateway.metrics import GatewayMetrics
 from gateway.records.batching import BatchWriter, row_of
-
-request_records = sa.Table(
-    "request_records",
-    metadata,
-    sa.Column("id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), primary_key=True),
-    sa.Column("decision_id", sa.String(32), nullable=False, unique=True),
-    sa.Column("ts", sa.Float, nullable=False, index=True, comment="Arrival, Unix seconds."),
-    sa.Column("endpoint", sa.String(16), nullable=False),
-    sa.Column("route", sa.String(64)),
-    sa.Column("pool", sa.String(64)),
-    sa.Column("backend", sa.String(64)),
-    sa.Column("model", sa.String(128), nullable=False),
-    sa.Column("tenant", sa.String(64)),
-    sa.Column("slo_class", sa.String(32)),
-    sa.Column("stream", sa.Boolean, nullable=False),
-    sa.Column("prompt_tokens", sa.Integer),
-    sa.Column("prompt_tokens_estimated", sa.Integer),
-    sa.Column("max_tokens", sa.Integer),
-    sa.Column("completion_tokens", sa.Integer),
-    sa.Column("queue_ms", sa.Float),
-    sa.Column("ttft_ms", sa.Float),
-    sa.Column("tpot_ms", sa.Float),
-    sa.Column("e2e_ms", sa.Float),
-    sa.Column("gateway_ms", sa.Float),
-    sa.Column("attempts", sa.Integer, nullable=False),
-    sa.Column("fallback", sa.Boolean, nullable=False),
-    sa.Column("status", sa.Integer, nullable=False),
-    sa.Column("error", sa.String(64)),
-    sa.Column("energy_j", sa.Float, comment="Measured energy attributed to the request."),
-    sa.Column("cost_usd", sa.Float, comment="Energy price plus the device time it held."),
-    sa.Column(
-        "energy_estimated",
-        sa.Boolean,
-        comment="True when the pool reported no power and energy_j is from nominal figures.",
-    ),
-    sa.Column("concurrent", sa.Integer, comment="Requests on the backend, this one included."),
-    sa.Column("predicted_ttft_ms", sa.Float),
-    sa.Column("predicted_e2e_ms", sa.Float),
-    sa.Column("predicted_energy_j", sa.Float),
-    sa.Column("first_pool", sa.String(64), comment="The pool tried first, before any fallback."),
-    # The rollout guards' read of a canary's requests (migration 0007 says which query).
-    sa.Index("ix_request_records_route_first_pool_ts", "route", "first_pool", "ts"),
-)
 
 
 @dataclass(slots=True)

@@ -11,7 +11,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from gateway.policy.model import Policy, load_policy
+from gateway.policy.load import load_policy
+from gateway.policy.model import Policy
 from gateway.replay.engine import START_S, Replay
 from gateway.replay.learner import WARM_OBSERVATIONS
 from gateway.replay.oracle import oracle

@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
-import numpy as np
 import orjson
 
 from gateway.policy.model import Policy
 from gateway.replay.engine import MODEL, request_profile
+from gateway.replay.summary import latency_percentile
 from gateway.replay.trace import TraceRequest
 
 # One simulator token and four characters for the gateway's estimate; the simulator adds 3
@@ -135,8 +135,8 @@ def summarize_live(
         "served": sum(o.status == 200 for o in outcomes),
         "statuses": dict(Counter(str(o.status) for o in outcomes)),
         "slo_attainment": round(met / total, 5),
-        "ttft_p50_ms": round(float(np.percentile(ttft, 50)), 2) if ttft else None,
-        "ttft_p99_ms": round(float(np.percentile(ttft, 99)), 2) if ttft else None,
+        "ttft_p50_ms": latency_percentile(ttft, 50),
+        "ttft_p99_ms": latency_percentile(ttft, 99),
         "pool_shares": {name: round(pools[name] / total, 4) for name in live},
         "speed": speed,
     }

@@ -31,11 +31,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from gateway.errors import GatewayError
 from gateway.policy.model import Policy, Pool
 from gateway.replay.engine import MODEL, request_profile
+from gateway.replay.summary import latency_percentile
 from gateway.replay.trace import TraceRequest
 from gateway.replay.world import model_spec, profile_for
 from gateway.routing.classify import RequestProfile
@@ -188,7 +187,7 @@ def oracle(
         "fleet_energy_j": round(above_idle + idle_w * duration_s, 1),
         "cost_usd_per_1k_tokens": round(sum(p.cost_usd for p, _ in served) / tokens_k, 9),
         "slo_attainment": round(len(served) / total, 5),
-        "ttft_p50_ms": round(float(np.percentile(ttft, 50)), 2),
-        "ttft_p99_ms": round(float(np.percentile(ttft, 99)), 2),
+        "ttft_p50_ms": latency_percentile(ttft, 50),
+        "ttft_p99_ms": latency_percentile(ttft, 99),
         "pool_shares": {name: round(shares[name] / total, 4) for name in physics},
     }

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from collections import Counter
 
-import numpy as np
-
 from gateway.replay.engine import Passage, Replay
+from gateway.stats import percentile
 
 
-def _percentile(values: list[float], q: float) -> float | None:
-    return round(float(np.percentile(values, q)), 2) if values else None
+def latency_percentile(values: list[float], q: float) -> float | None:
+    """Return the q-th percentile of latencies in ms, as the result files give it."""
+    value = percentile(values, q)
+    return None if value is None else round(value, 2)
 
 
 def meets_slo(passage: Passage) -> bool:
@@ -71,10 +72,10 @@ def summarize(replay: Replay) -> dict[str, object]:
         "cost_usd_per_1k_tokens": round(cost / tokens_k, 9),
         "fleet_cost_usd_per_1k_tokens": round(fleet_cost / tokens_k, 9),
         "slo_attainment": round(sum(meets_slo(p) for p in passages) / total, 5),
-        "ttft_p50_ms": _percentile(ttft, 50),
-        "ttft_p99_ms": _percentile(ttft, 99),
-        "tpot_p50_ms": _percentile(tpot, 50),
-        "tpot_p99_ms": _percentile(tpot, 99),
+        "ttft_p50_ms": latency_percentile(ttft, 50),
+        "ttft_p99_ms": latency_percentile(ttft, 99),
+        "tpot_p50_ms": latency_percentile(tpot, 50),
+        "tpot_p99_ms": latency_percentile(tpot, 99),
         "pool_shares": {name: round(pools[name] / total, 4) for name in live},
         # Diagnostics: what each pool's tokens cost, and how busy a request found its backend.
         "cost_usd_per_1k_tokens_by_pool": {

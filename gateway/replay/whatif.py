@@ -15,8 +15,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from gateway.db.schema import request_records
 from gateway.policy.model import Policy
-from gateway.records.requests import request_records
 from gateway.replay.bench import benchmark
 from gateway.replay.engine import MODEL
 from gateway.replay.trace import TraceRequest

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections import Counter as Tally
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -18,14 +18,14 @@ from typing import Any
 import sqlalchemy as sa
 
 from gateway.costmodel.model import CostModel, Prediction
-from gateway.costmodel.store import cost_models
+from gateway.db.schema import cost_models, request_records, shadow_drops, shadow_records
 from gateway.policy.model import Policy
 from gateway.promotion import evidence
 from gateway.promotion.judge import FAIL, PASS, Criteria, judge
-from gateway.records.requests import request_records
 from gateway.records.slo import meets_slo
 from gateway.report.period import Period
-from gateway.shadow.records import CANDIDATE, NOISE, percentile, shadow_drops, shadow_records
+from gateway.shadow.sample import CANDIDATE, NOISE
+from gateway.stats import mean, percentile, share, total
 
 Row = Mapping[str, Any]
 Predict = Callable[[str, str, int, int, int], Prediction]
@@ -251,27 +251,12 @@ def _per_1k(rows: Iterable[Row], value: str, tokens: Callable[[Row], int | None]
     return None if not count else total / count * 1000
 
 
-def _sum(rows: Iterable[Row], column: str) -> float | None:
-    values = [r[column] for r in rows if r[column] is not None]
-    return None if not values else math.fsum(values)
-
-
-def _mean(rows: Iterable[Row], column: str) -> float | None:
-    values = [r[column] for r in rows if r[column] is not None]
-    return None if not values else math.fsum(values) / len(values)
-
-
-def _rate(rows: Iterable[Row], column: str) -> float | None:
-    values = [bool(r[column]) for r in rows if r[column] is not None]
-    return None if not values else sum(values) / len(values)
-
-
 def fleet_numbers(requests: Sequence[Row]) -> dict[str, Any]:
     """Return traffic, errors, tokens, energy and cost per pool and in total."""
     pools = []
     for pool in sorted({r["pool"] or "(none)" for r in requests}):
         rows = [r for r in requests if (r["pool"] or "(none)") == pool]
-        energy = _sum(rows, "energy_j")
+        energy = total(rows, "energy_j")
         measured = [r for r in rows if r["energy_j"] is not None]
         pools.append(
             {
@@ -281,7 +266,7 @@ def fleet_numbers(requests: Sequence[Row]) -> dict[str, Any]:
                 "prompt_tokens": sum(r["prompt_tokens"] or 0 for r in rows),
                 "completion_tokens": sum(r["completion_tokens"] or 0 for r in rows),
                 "energy_j": energy,
-                "cost_usd": _sum(rows, "cost_usd"),
+                "cost_usd": total(rows, "cost_usd"),
                 "energy_j_per_request": None if energy is None else energy / len(measured),
                 "energy_j_per_1k_tokens": _per_1k(rows, "energy_j", _tokens),
                 "cost_usd_per_1k_tokens": _per_1k(rows, "cost_usd", _tokens),
@@ -290,8 +275,8 @@ def fleet_numbers(requests: Sequence[Row]) -> dict[str, Any]:
     return {
         "requests": len(requests),
         "errors": sum(r["status"] != 200 for r in requests),
-        "energy_j": _sum(requests, "energy_j"),
-        "cost_usd": _sum(requests, "cost_usd"),
+        "energy_j": total(requests, "energy_j"),
+        "cost_usd": total(requests, "cost_usd"),
         "pools": pools,
     }
 
@@ -391,11 +376,11 @@ def candidate_numbers(
     noise = [r for r in shadows if r["kind"] == NOISE and r["route"] == route]
     answered = [r for r in sent if r["candidate_error"] is None]
     noise_answered = [r for r in noise if r["candidate_error"] is None]
-    dropped = Tally[str]()
+    dropped = Counter[str]()
     for d in drops:
         if d["kind"] == CANDIDATE and (d["route"], d["candidate_pool"]) == (route, pool):
             dropped[d["reason"]] += d["count"]
-    errors = Tally(r["candidate_error"] for r in sent if r["candidate_error"] is not None)
+    errors = Counter(r["candidate_error"] for r in sent if r["candidate_error"] is not None)
     return {
         "route": route,
         "candidate": pool,
@@ -428,14 +413,14 @@ def candidate_numbers(
         },
         "energy": {
             side: {
-                "j_per_request": _mean(answered, f"{side}_energy_j"),
+                "j_per_request": mean(answered, f"{side}_energy_j"),
                 "j_per_1k_tokens": _per_1k(answered, f"{side}_energy_j", _side_tokens(side)),
             }
             for side in ("primary", "candidate")
         },
         "cost": {
             side: {
-                "usd_per_request": _mean(answered, f"{side}_cost_usd"),
+                "usd_per_request": mean(answered, f"{side}_cost_usd"),
                 "usd_per_1k_tokens": _per_1k(answered, f"{side}_cost_usd", _side_tokens(side)),
             }
             for side in ("primary", "candidate")
@@ -466,6 +451,14 @@ def _cdf(values: Sequence[float]) -> list[float]:
     return [ordered[round(i * step)] for i in range(CDF_POINTS)]
 
 
+# The latency measures a candidate is compared on, keyed as `latency` returns them.
+LATENCY_TITLES = {
+    "ttft": "Time to first token",
+    "tpot": "Time per output token",
+    "e2e": "End to end",
+}
+
+
 def latency(sent: Sequence[Row], answered: Sequence[Row]) -> dict[str, Any]:
     """Return p50/p95/p99 and CDF points of the primary (all copies) and candidate (answers)."""
     out: dict[str, Any] = {}
@@ -485,13 +478,13 @@ def accuracy(answered: Sequence[Row], noise: Sequence[Row]) -> dict[str, Any]:
     """Return match rates and similarity of candidate answers beside the noise floor's."""
     return {
         "samples": len(answered),
-        "exact_match_rate": _rate(answered, "exact_match"),
-        "normalized_match_rate": _rate(answered, "normalized_match"),
-        "mean_similarity": _mean(answered, "similarity"),
+        "exact_match_rate": share(answered, "exact_match"),
+        "normalized_match_rate": share(answered, "normalized_match"),
+        "mean_similarity": mean(answered, "similarity"),
         "noise_samples": len(noise),
-        "noise_exact_match_rate": _rate(noise, "exact_match"),
-        "noise_normalized_match_rate": _rate(noise, "normalized_match"),
-        "noise_mean_similarity": _mean(noise, "similarity"),
+        "noise_exact_match_rate": share(noise, "exact_match"),
+        "noise_normalized_match_rate": share(noise, "normalized_match"),
+        "noise_mean_similarity": mean(noise, "similarity"),
     }
 
 
@@ -510,10 +503,10 @@ def daily_accuracy(
             {
                 "date": datetime.fromtimestamp(start, UTC).strftime("%Y-%m-%d"),
                 "samples": len(rows),
-                "exact_match_rate": _rate(greedy, "exact_match"),
-                "normalized_match_rate": _rate(greedy, "normalized_match"),
-                "mean_similarity": _mean(rows, "similarity"),
-                "noise_exact_match_rate": _rate(floor, "exact_match"),
+                "exact_match_rate": share(greedy, "exact_match"),
+                "normalized_match_rate": share(greedy, "normalized_match"),
+                "mean_similarity": mean(rows, "similarity"),
+                "noise_exact_match_rate": share(floor, "exact_match"),
             }
         )
     return days

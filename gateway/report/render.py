@@ -12,15 +12,10 @@ from typing import Any
 
 import jinja2
 
+from gateway.report.data import LATENCY_TITLES
+
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 FILES = ("report.html", "report.md", "report.json")
-
-
-LATENCY_TITLES = {
-    "ttft": "Time to first token",
-    "tpot": "Time per output token",
-    "e2e": "End to end",
-}
 
 
 def chart_id(kind: str, route: str, candidate: str) -> str:

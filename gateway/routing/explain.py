@@ -28,16 +28,7 @@ def explain(
         profile = classify(endpoint, body, headers, policy, estimator)
         decision = decide(profile, policy, fleet, ranker)
     except GatewayError as exc:
-        return {
-            "decision": None,
-            "status": exc.status,
-            "error": {
-                "message": exc.message,
-                "type": exc.type,
-                "param": exc.param,
-                "code": exc.code,
-            },
-        }
+        return {"decision": None, "status": exc.status, **exc.document()}
     backend = decision.backend
     return {
         "decision": {

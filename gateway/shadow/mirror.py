@@ -2,9 +2,8 @@
 
 On the request path nothing waits:
 
-- `sample` (pure) decides, once the route is known, which shadow targets get a copy: a hash of
-  the decision id per target, so a request's fate is reproducible and independent per target.
-  Only sampled requests have their primary answer kept as it is relayed.
+- `sample` (gateway/shadow/sample.py, pure) decides, once the route is known, which shadow
+  targets get a copy. Only sampled requests have their primary answer kept as it is relayed.
 - `submit`, once the client has its answer, checks each copy's rate budget and puts it on a
   bounded queue; when the rate, the queue or its byte budget is full, the copy is dropped and
   counted.
@@ -24,16 +23,16 @@ each until the timeout.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import time
-from collections import Counter as Tally
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import orjson
 
-from gateway.compare.measures import Answer, Diff, compare, read_body, read_stream
+from gateway.compare.answers import Answer, read_body, read_stream
+from gateway.compare.measures import Diff, compare
 from gateway.errors import UpstreamError, UpstreamTimeout
 from gateway.exchange import Exchange
 from gateway.fleet.admission import Admission
@@ -41,74 +40,18 @@ from gateway.fleet.leases import Place
 from gateway.fleet.ratelimit import Bucket, Draw, TokenBuckets
 from gateway.fleet.state import BackendState, Fleet
 from gateway.metrics import GatewayMetrics
-from gateway.policy.model import Comparison, Policy, Route, ShadowBudget, ShadowMatch
+from gateway.policy.model import Policy, Route
 from gateway.routing.classify import RequestProfile
 from gateway.routing.router import tokens_needed
-from gateway.shadow.records import CANDIDATE, NOISE, ShadowRecord, ShadowWriter
-from gateway.upstream.client import Upstream
-from gateway.upstream.forward import PATHS, StreamTally
+from gateway.shadow.records import ShadowRecord, ShadowWriter
+from gateway.shadow.sample import CANDIDATE, NOISE, Sampler, ShadowPlan, sample, stable_fraction
+from gateway.upstream.client import PATHS, Upstream
 from gateway.upstream.metering import EnergyMeter
+from gateway.upstream.sse import StreamTally
 
 log = logging.getLogger(__name__)
 
 MAX_TEXT_CHARS = 32_768
-
-Sampler = Callable[[str, str], float]
-
-
-def stable_fraction(key: str, salt: str) -> float:
-    """Map (key, salt) to a number in [0, 1) that is the same in every process."""
-    digest = hashlib.blake2b(f"{key}\x00{salt}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") / 2**64
-
-
-@dataclass(frozen=True, slots=True)
-class ShadowPlan:
-    """One copy a request should get: to a candidate pool, or (noise) to its own pool."""
-
-    kind: str
-    pool: str | None  # None for noise: the primary's pool, known once the request is served
-    budget: ShadowBudget
-    compare: Comparison
-
-
-def _admits(match: ShadowMatch, profile: RequestProfile) -> bool:
-    return (
-        (not match.models or profile.model in match.models)
-        and match.prompt_tokens.contains(profile.prompt_tokens)
-        and (not match.tenants or profile.tenant in match.tenants)
-    )
-
-
-def sample(
-    profile: RequestProfile,
-    route: Route,
-    policy: Policy,
-    key: str,
-    draw: Sampler = stable_fraction,
-) -> tuple[ShadowPlan, ...]:
-    """Decide which copies a routed request gets; `key` (the decision id) makes it reproducible.
-
-    A target is considered only when its filters admit the request and its pool serves the
-    model with enough context. A noise (A/A) copy is added to `share` of the sampled requests.
-    """
-    need = tokens_needed(profile, policy)
-    plans = []
-    for target in route.shadow:
-        pool = policy.pools.get(target.pool)
-        if (
-            pool is None
-            or profile.model not in pool.models
-            or pool.max_context < need
-            or not _admits(target.match, profile)
-        ):
-            continue
-        if target.sample_rate > 0 and draw(key, target.pool) < target.sample_rate:
-            plans.append(ShadowPlan(CANDIDATE, target.pool, target.budget, target.compare))
-    noise = route.noise_floor
-    if plans and noise is not None and draw(key, NOISE) < noise.share:
-        plans.append(ShadowPlan(NOISE, None, noise.budget, noise.compare))
-    return tuple(plans)
 
 
 @dataclass(slots=True, eq=False)
@@ -244,8 +187,8 @@ class Mirror:
         self._queue: asyncio.Queue[tuple[ShadowJob, ShadowPlan]] = asyncio.Queue(max_pending)
         self._pending_bytes = 0
         self._rates: dict[tuple[str, str, str], Bucket] = {}
-        self._in_flight: Tally[tuple[str, str, str]] = Tally()
-        self._pool_in_flight: Tally[str] = Tally()
+        self._in_flight: Counter[tuple[str, str, str]] = Counter()
+        self._pool_in_flight: Counter[str] = Counter()
         self._tasks: list[asyncio.Task[None]] = []
 
     @property
@@ -264,19 +207,23 @@ class Mirror:
         """Decide which copies a routed request gets (nothing for a route without shadows)."""
         return sample(profile, route, policy, key, self._draw) if route.shadow else ()
 
-    def submit(self, ex: Exchange, body: bytes, policy: Policy) -> None:
+    def submit(
+        self, ex: Exchange, body: bytes, policy: Policy, plans: tuple[ShadowPlan, ...]
+    ) -> None:
         """Queue the copies planned for a served exchange; never wait, never raise."""
         try:
-            self._submit(ex, body, policy)
+            self._submit(ex, body, policy, plans)
         except Exception:
             log.exception("could not mirror request %s", ex.decision_id)
 
-    def _submit(self, ex: Exchange, body: bytes, policy: Policy) -> None:
+    def _submit(
+        self, ex: Exchange, body: bytes, policy: Policy, plans: tuple[ShadowPlan, ...]
+    ) -> None:
         route = ex.route_name
         primary = ex.pool_name
         if ex.status != 200 or ex.error is not None or ex.backend is None or ex.captured is None:
             # Nothing to compare against: a failed primary is not evidence about a candidate.
-            for plan in ex.shadows:
+            for plan in plans:
                 self._drop(route, plan.pool or primary or "", plan.kind, "primary_failed")
             return
         job = _job(ex, body, policy)
@@ -284,7 +231,7 @@ class Mirror:
         # Sampling checked the candidates' context against the prompt's estimate; the primary's
         # backend has since counted it, and a copy that would overflow is refused, not evidence.
         counted = ex.prompt_tokens if isinstance(ex.prompt_tokens, int) else None
-        for plan in ex.shadows:
+        for plan in plans:
             candidate = plan.pool or primary
             if plan.kind == CANDIDATE and candidate == primary:
                 self._drop(route, candidate, plan.kind, "served_by_candidate")

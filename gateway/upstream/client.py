@@ -17,10 +17,13 @@ from collections.abc import AsyncIterator, Mapping
 
 from gateway.errors import UpstreamError, UpstreamTimeout
 from gateway.fleet.state import BackendState
+from gateway.routing.classify import ENDPOINTS
 from gateway.upstream.http1 import Client, Response
 
 log = logging.getLogger(__name__)
 
+# Where each endpoint is on an OpenAI-compatible backend: the same path clients call here.
+PATHS = {endpoint: path for path, endpoint in ENDPOINTS.items()}
 PROBE_TIMEOUT_S = 1.0
 CREDENTIALS_REFUSED = frozenset({401, 403})
 

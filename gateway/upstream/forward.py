@@ -17,74 +17,22 @@ import orjson
 from gateway.costmodel.model import Prediction
 from gateway.errors import NoCapacity, UpstreamError
 from gateway.exchange import Exchange
-from gateway.fleet.admission import Admission, Slot
-from gateway.fleet.state import BackendState, Fleet
+from gateway.fleet.admission import Admission
+from gateway.fleet.state import BackendState, Fleet, Slot
 from gateway.metrics import GatewayMetrics
 from gateway.policy.model import Policy
 from gateway.routing.ranking import CostRanker
 from gateway.routing.router import pick_backend
-from gateway.upstream.health import OutlierDetector
+from gateway.upstream.client import PATHS
 from gateway.upstream.http1 import Response
 from gateway.upstream.metering import EnergyMeter
+from gateway.upstream.outliers import OutlierDetector
+from gateway.upstream.sse import StreamTally
 
 Send = Callable[[dict[str, Any]], Any]
 Receive = Callable[[], Any]
 
 MAX_ATTEMPTS = 2
-PATHS = {
-    "chat": "/v1/chat/completions",
-    "completions": "/v1/completions",
-    "embeddings": "/v1/embeddings",
-}
-
-
-class StreamTally:
-    """Watch an SSE stream go by: count token events, find usage and the final [DONE]."""
-
-    __slots__ = ("_buffer", "done", "first_token_at", "last_token_at", "tokens", "usage")
-
-    def __init__(self) -> None:
-        self._buffer = b""
-        self.tokens = 0
-        self.usage: dict[str, Any] | None = None
-        self.done = False
-        self.first_token_at: float | None = None
-        self.last_token_at: float | None = None
-
-    def feed(self, chunk: bytes, now: float) -> None:
-        """Account for a chunk as it is relayed."""
-        events = (self._buffer + chunk).split(b"\n\n")
-        self._buffer = events.pop()
-        for event in events:
-            self._event(event, now)
-
-    def _event(self, event: bytes, now: float) -> None:
-        data = event.partition(b"data:")[2].strip()
-        if not data:
-            return
-        if data == b"[DONE]":
-            self.done = True
-            return
-        if _has_text(data):
-            self.tokens += 1
-            if self.first_token_at is None:
-                self.first_token_at = now
-            self.last_token_at = now
-        if b'"usage":{' in data or b'"usage": {' in data:
-            try:
-                usage = orjson.loads(data).get("usage")
-            except (orjson.JSONDecodeError, AttributeError):
-                return
-            if isinstance(usage, dict):
-                self.usage = usage
-
-
-def _has_text(data: bytes) -> bool:
-    for marker in (b'"content":"', b'"text":"'):
-        i = data.find(marker)
-        if i >= 0 and data[i + len(marker) : i + len(marker) + 1] != b'"':
-            return True
-    return False
 
 
 def error_detail(body: bytes, backend: BackendState, limit: int = 200) -> str:

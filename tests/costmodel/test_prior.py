@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.policy.model import load_policy
+from gateway.policy.load import load_policy
 from gateway.policy.physics import bytes_per_param, physics
 
 POLICY = load_policy(Path(__file__).resolve().parents[2] / "policies/default.yaml")

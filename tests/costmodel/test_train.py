@@ -7,7 +7,7 @@ import pytest
 
 from gateway.costmodel.model import CostModel
 from gateway.costmodel.train import MIN_OBSERVATIONS, Observation, observations_from_rows, train
-from gateway.policy.model import load_policy
+from gateway.policy.load import load_policy
 
 POLICY = load_policy(Path(__file__).resolve().parents[2] / "policies/default.yaml")
 MODEL = "llama-3.1-8b-instruct"

@@ -116,7 +116,7 @@ def test_a_week_without_traffic_still_makes_a_report(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'gateway.db.engine'}"
     upgrade(url)
     engine = make_engine(url)
-    from gateway.policy.model import load_policy
+    from gateway.policy.load import load_policy
 
     policy = load_policy(ROOT / "policies/default.yaml")
     report = generate(engine, policy, week(WEEK), tmp_path / "out", now=0.0)

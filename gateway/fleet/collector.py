@@ -1,0 +1,45 @@
+"""The fleet's gauges: slots, waiters and health per pool, read from the live state when scraped."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from gateway.fleet.state import Fleet
+from gateway.metrics import NAMESPACE
+
+
+class FleetCollector(Collector):
+    """Report slots, waiters and health per pool (slots per backend too) when scraped."""
+
+    def __init__(self, fleet: Callable[[], Fleet]):
+        self.fleet = fleet
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        in_flight = GaugeMetricFamily(
+            f"{NAMESPACE}_pool_in_flight_requests", "Requests holding a slot.", labels=["pool"]
+        )
+        free = GaugeMetricFamily(
+            f"{NAMESPACE}_pool_free_slots", "Free slots on healthy backends.", labels=["pool"]
+        )
+        queued = GaugeMetricFamily(
+            f"{NAMESPACE}_pool_queued_requests", "Requests waiting for a slot.", labels=["pool"]
+        )
+        healthy = GaugeMetricFamily(
+            f"{NAMESPACE}_pool_healthy_backends", "Backends not ejected.", labels=["pool"]
+        )
+        backend_in_flight = GaugeMetricFamily(
+            f"{NAMESPACE}_backend_in_flight_requests",
+            "Requests and shadow copies holding a slot of the backend, this replica's.",
+            labels=["pool", "backend"],
+        )
+        for pool in self.fleet().pools.values():
+            in_flight.add_metric([pool.name], sum(b.in_flight for b in pool.backends))
+            free.add_metric([pool.name], sum(max(b.free_slots, 0) for b in pool.healthy()))
+            queued.add_metric([pool.name], len(pool.waiters))
+            healthy.add_metric([pool.name], len(pool.healthy()))
+            for backend in pool.backends:
+                backend_in_flight.add_metric([pool.name, backend.name], backend.in_flight)
+        yield from (in_flight, free, queued, healthy, backend_in_flight)

@@ -1,0 +1,64 @@
+"""Errors on the ops app (health, metrics, /admin): every one answered in OpenAI's shape, here.
+
+FastAPI refuses some requests by itself: a body that is not JSON or a field of the wrong type
+(RequestValidationError), an unknown path or method (HTTPException). Each becomes the gateway's
+own error, and every GatewayError becomes its response in `answer`, so /admin answers as /v1
+does. A failure of the gateway's own is a 500 in the same shape; its traceback is logged.
+"""
+
+from __future__ import annotations
+
+from fastapi import FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException
+
+from gateway.errors import (
+    GatewayError,
+    InternalError,
+    InvalidRequest,
+    MethodNotAllowed,
+    NotFound,
+)
+
+
+def answer(exc: GatewayError) -> Response:
+    """Return the OpenAI-shaped response of an error."""
+    headers = {name.decode(): value.decode() for name, value in exc.headers()}
+    return Response(exc.body(), exc.status, headers, media_type="application/json")
+
+
+def _validation(exc: RequestValidationError) -> InvalidRequest:
+    """Name what FastAPI could not validate (a query, a body, a field) as /v1 would: a 400."""
+    errors = exc.errors()
+    if errors[0]["type"] == "json_invalid":
+        reason = errors[0].get("ctx", {}).get("error", "")
+        return InvalidRequest(f"the request body is not valid JSON: {reason}".rstrip(": "))
+    where = [".".join(str(p) for p in e["loc"]) for e in errors]
+    problems = "; ".join(f"{w}: {e['msg']}" for w, e in list(zip(where, errors, strict=True))[:5])
+    return InvalidRequest(f"the request is not valid: {problems}", param=where[0] or None)
+
+
+def _refusal(exc: HTTPException) -> GatewayError:
+    """Return the gateway's error for a request the framework refused by itself."""
+    detail = str(exc.detail)
+    if exc.status_code == 404:
+        return NotFound(detail)
+    if exc.status_code == 405:
+        return MethodNotAllowed(detail, allow=(exc.headers or {}).get("allow", ""))
+    return InvalidRequest(detail) if exc.status_code < 500 else InternalError(detail)
+
+
+async def _handle(request: Request, exc: Exception) -> Response:
+    if isinstance(exc, GatewayError):
+        return answer(exc)
+    if isinstance(exc, RequestValidationError):
+        return answer(_validation(exc))
+    if isinstance(exc, HTTPException):
+        return answer(_refusal(exc))
+    return answer(InternalError())
+
+
+def install(app: FastAPI) -> None:
+    """Answer every error of the app in the OpenAI shape."""
+    for kind in (GatewayError, RequestValidationError, HTTPException, Exception):
+        app.add_exception_handler(kind, _handle)

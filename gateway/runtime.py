@@ -1,0 +1,360 @@
+"""The running gateway: settings, the active policy, the fleet's state and every part that serves.
+
+`Gateway` builds the parts and wires them to each other, starts and stops them in order, and
+swaps in a new policy version between two requests. The ASGI app that serves it is `gateway.app`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import sqlalchemy as sa
+
+from gateway.costmodel import store
+from gateway.costmodel.learner import Learner
+from gateway.costmodel.model import CostModel, OutputLengths
+from gateway.db.engine import make_engine
+from gateway.db.retention import Pruner, Windows
+from gateway.db.schema import request_records
+from gateway.errors import PolicyStoreUnavailable
+from gateway.fleet.admission import Admission
+from gateway.fleet.collector import FleetCollector
+from gateway.fleet.leases import Leases
+from gateway.fleet.ratelimit import TokenBuckets
+from gateway.fleet.sharedstate import SharedState
+from gateway.fleet.state import BackendState, Fleet
+from gateway.metrics import GatewayMetrics
+from gateway.policy import versions
+from gateway.policy.load import content_hash, render_policy
+from gateway.policy.model import Policy
+from gateway.policy.sync import FileWatcher, PolicyWatcher
+from gateway.policy.versions import PolicyVersion
+from gateway.promotion.rollout import RolloutDriver
+from gateway.records.requests import RecordWriter, RequestRecord
+from gateway.report.schedule import ReportScheduler, parse_schedule
+from gateway.routing.classify import TokenEstimator
+from gateway.routing.ranking import CostRanker
+from gateway.settings import Settings
+from gateway.shadow.mirror import Mirror
+from gateway.shadow.records import ShadowWriter
+from gateway.upstream.client import Upstream
+from gateway.upstream.forward import Forwarder
+from gateway.upstream.health import HealthChecker, SharedEjections
+from gateway.upstream.metering import EnergyMeter
+from gateway.upstream.outliers import OutlierDetector
+
+log = logging.getLogger(__name__)
+
+# How often a gateway that started without a usable database checks for it again.
+DATABASE_RECHECK_S = 2.0
+
+
+class Gateway:
+    """The running gateway: settings, active policy, fleet state and the parts serving requests."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        policy: Policy,
+        *,
+        metrics: GatewayMetrics | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+        policy_text: str | None = None,
+        environ: Mapping[str, str] = os.environ,
+    ):
+        self.settings = settings
+        # Where the upstream keys that policies name are read; refused here if one is missing.
+        self.environ = environ
+        self.policy = policy
+        self.policy_text = policy_text if policy_text is not None else render_policy(policy)
+        self.policy_version = 0  # 0 until the version store confirms or replaces it
+        self.clock = clock
+        self.metrics = metrics if metrics is not None else GatewayMetrics()
+        self.fleet = Fleet(policy, environ)
+        self.metrics.registry.register(FleetCollector(lambda: self.fleet))
+        self.estimator = TokenEstimator()
+        self.shared = (
+            SharedState(
+                settings.redis_url,
+                self.metrics,
+                prefix=settings.redis_prefix,
+                lease_s=settings.slot_lease_s,
+                timeout_s=settings.redis_timeout_s,
+            )
+            if settings.redis_url
+            else None
+        )
+        self.admission = Admission(
+            self.fleet, Leases(self.shared) if self.shared is not None else None
+        )
+        self.buckets = TokenBuckets(self.shared)
+        self.upstream = Upstream()
+        self.outliers = OutlierDetector(self.metrics)
+        if self.shared is not None:
+            SharedEjections(self.shared, lambda: self.fleet, self.outliers)
+        self.engine = make_engine(settings.database_url)
+        spill: dict[str, Any] = {
+            "flush_interval_s": settings.record_flush_interval_s,
+            "max_held": settings.record_buffer_rows,
+            "spill_dir": settings.spill_dir,
+            "max_spill_bytes": settings.spill_max_bytes,
+        }
+        self.records = RecordWriter(self.engine, self.metrics, **spill)
+        self.meter = EnergyMeter(
+            lambda: self.fleet,
+            self.upstream,
+            self.metrics,
+            interval_s=settings.power_scrape_interval_s,
+            clock=clock,
+            load_share=self._load_share,
+        )
+        self.costmodel = CostModel(policy)
+        self.learner = Learner(
+            lambda: self.policy,
+            self.engine,
+            self.metrics,
+            self._use_model,
+            every=settings.model_retrain_every,
+            interval_s=settings.model_retrain_interval_s,
+            min_interval_s=settings.model_retrain_min_interval_s,
+        )
+        self.outputs = OutputLengths(default=policy.assumed_max_tokens)
+        self.ranker = CostRanker(lambda: self.costmodel, self.outputs)
+        self.forwarder = Forwarder(
+            self.upstream,
+            self.admission,
+            self.outliers,
+            self.metrics,
+            self.meter,
+            self.ranker,
+            clock,
+        )
+        self.shadow_records = ShadowWriter(self.engine, self.metrics, **spill)
+        self.mirror = Mirror(
+            self.upstream,
+            self.admission,
+            self.metrics,
+            self.shadow_records,
+            lambda: self.fleet,
+            self.meter,
+            self.buckets,
+        )
+        self.health = HealthChecker(
+            lambda: self.fleet,
+            self.upstream,
+            self.outliers,
+            on_restore=self._restored,
+            interval_s=settings.health_check_interval_s,
+        )
+        self.policy_watcher = PolicyWatcher(
+            self.engine,
+            self.metrics,
+            lambda: self.policy_version,
+            self.use_policy,
+            interval_s=settings.policy_poll_interval_s,
+            announce=self._announce_policy if self.shared is not None else None,
+        )
+        if self.shared is not None:
+            self.shared.on("policy", lambda _: self.policy_watcher.nudge())
+        self.policy_file = FileWatcher(
+            settings.policy_path, self.engine, self.metrics, self.policy_watcher.sync, environ
+        )
+        self.reports = (
+            ReportScheduler(
+                parse_schedule(settings.report_schedule),
+                settings.reports_dir,
+                self.engine,
+                lambda: self.policy,
+                lambda: self.costmodel,
+            )
+            if settings.report_schedule
+            else None
+        )
+        self.rollouts = RolloutDriver(
+            self.engine,
+            lambda: self.policy,
+            self.policy_watcher.sync,
+            interval_s=settings.rollout_check_interval_s,
+        )
+        self.retention = Pruner(self.engine, Windows.of(settings), settings.retention_interval_s)
+        self.database_ok = False
+        self._database_wait: asyncio.Task[None] | None = None
+
+    def use_policy(self, policy: Policy, stored: PolicyVersion) -> None:
+        """Serve a new policy version from the next request on.
+
+        Requests already routed finish on the policy and fleet they started with; the backends
+        both fleets share keep one state object, so their slots are given back where the new
+        fleet sees them.
+        """
+        fleet = self.fleet.reconfigure(policy)
+        costmodel = _rebased(self.costmodel, policy)
+        # One step on the event loop, no await: a request sees all of the old or all of the new.
+        self.policy, self.fleet, self.admission.fleet = policy, fleet, fleet
+        self.costmodel = costmodel
+        self.policy_text, self.policy_version = stored.content, stored.version
+        self.outputs.default = policy.assumed_max_tokens
+        self.metrics.policy_version.set(stored.version)
+        for pool in fleet.pools.values():
+            if pool.waiters:  # the new version may have given the pool more slots
+                self.admission.dispatch(pool)
+
+    async def _seed_policy(self) -> bool:
+        """Serve the store's active version, or store ours as version 1; say if the store works."""
+        source = f"initial policy from {self.settings.policy_path}"
+        try:
+            stored = await asyncio.to_thread(
+                versions.record,
+                self.engine,
+                self.policy_text,
+                f"gateway@{socket.gethostname()}",
+                source,
+                only_if_none=True,
+            )
+            if stored.hash == content_hash(self.policy_text):
+                self.policy_version = stored.version
+                self.metrics.policy_version.set(stored.version)
+            else:
+                await self.policy_watcher.sync()
+        except PolicyStoreUnavailable as exc:
+            log.error("serving the policy file without versions: %s", exc.message)
+            return False
+        return True
+
+    def _load_share(self, url: str) -> float:
+        """Return the part of a backend's load that is this replica's requests (1 alone)."""
+        for backend in self.fleet.backends():
+            if backend.url == url and backend.elsewhere:
+                return backend.in_flight / backend.load
+        return 1.0
+
+    def _announce_policy(self, version: int) -> None:
+        assert self.shared is not None
+        self.shared.publish("policy", version=version)
+
+    def record_finished(self, record: RequestRecord) -> None:
+        """Keep a finished request's record and learn from it."""
+        self.records.add(record)
+        self.learner.observe(record)
+
+    def _use_model(self, model: CostModel) -> None:
+        # A model trained while the policy changed is rebased on the policy serving now.
+        self.costmodel = _rebased(model, self.policy)
+
+    def _restored(self, backend: BackendState) -> None:
+        self.admission.dispatch(self.fleet.pools[backend.pool])
+
+    def check_database(self, *, quiet: bool = False) -> bool:
+        """Return whether the request-records table is reachable."""
+        try:
+            with self.engine.connect() as conn:
+                conn.execute(sa.select(request_records.c.id).limit(1))
+        except sa.exc.SQLAlchemyError as exc:
+            if not quiet:
+                log.error(
+                    "the database at DATABASE_URL is not usable (%s); run `gateway db upgrade`"
+                    " (checking again every %g s)",
+                    type(exc).__name__,
+                    DATABASE_RECHECK_S,
+                )
+            return False
+        return True
+
+    async def start(self) -> None:
+        if self.shared is not None:
+            await self.shared.start()
+        self.admission.start()
+        await self.upstream.start()
+        self.records.start()
+        self.shadow_records.start()
+        self.mirror.start()
+        await self.meter.start()
+        self.health.start()
+        self.learner.start()
+        if not await self._use_database(quiet=False):
+            # Serve now from the policy file; once the database is there (migrated, reachable),
+            # start what needs it and become ready.
+            self._database_wait = asyncio.create_task(self._wait_for_database())
+
+    async def _wait_for_database(self) -> None:
+        while True:
+            await asyncio.sleep(DATABASE_RECHECK_S)
+            if await self._use_database(quiet=True):
+                log.info("the database at DATABASE_URL is usable now")
+                return
+
+    async def _use_database(self, *, quiet: bool) -> bool:
+        """Start the parts that need the database, if it is usable; say whether it is."""
+        if not await asyncio.to_thread(self.check_database, quiet=quiet):
+            return False
+        self.database_ok = True
+        versioned = await self._seed_policy()
+        stored = await asyncio.to_thread(store.load_latest, self.engine, self.policy)
+        if stored is not None:
+            self._use_model(stored)
+            self.metrics.model_version.set(stored.version)
+        if self.reports is not None:
+            self.reports.start()
+        self.retention.start()
+        if versioned:
+            self.policy_watcher.start()
+            self.rollouts.start()
+            if self.settings.watch_policy:
+                self.policy_file.start()
+        return True
+
+    async def stop(self) -> None:
+        if self._database_wait is not None:
+            self._database_wait.cancel()
+            await asyncio.gather(self._database_wait, return_exceptions=True)
+        if self.reports is not None:
+            await self.reports.stop()
+        await self.retention.stop()
+        await self.policy_file.stop()
+        await self.rollouts.stop()
+        await self.policy_watcher.stop()
+        await self.learner.stop()
+        await self.health.stop()
+        await self.mirror.stop()
+        await self.meter.stop()  # delivers the energy of what is still held, then they are written
+        await self.shadow_records.stop()
+        await self.records.stop()
+        await self.admission.stop()
+        if self.shared is not None:
+            await self.shared.stop()
+        await self.upstream.close()
+        self.engine.dispose()
+
+    def readiness(self) -> dict[str, Any]:
+        """Say whether the gateway can serve, and why not."""
+        live = {n: p for n, p in self.fleet.pools.items() if p.spec.live}
+        pools = {name: len(pool.healthy()) for name, pool in live.items()}
+        ready = self.database_ok and any(pools.values())
+        state: dict[str, Any] = {
+            "ready": ready,
+            "database": self.database_ok,
+            "healthy_backends": pools,
+        }
+        shared = self.shared
+        if shared is not None:
+            # Not a reason to refuse traffic: without Redis the replica serves its share.
+            state["shared_state"] = {
+                "redis": shared.address,
+                "mode": "shared" if shared.up else "local (Redis unreachable)",
+                "replicas": shared.replicas,
+            }
+        return state
+
+
+def _rebased(model: CostModel, policy: Policy) -> CostModel:
+    """Return the cost model for a policy, keeping the learned residuals of pools still defined."""
+    if model.policy is policy:
+        return model
+    trained = {key: r for key, r in model.trained.items() if key[0] in policy.pools}
+    return CostModel(policy, model.version, trained)
