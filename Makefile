@@ -46,4 +46,4 @@ unit: install tools
 	$(PY) -m pytest
 
 clean:
-	rm -rf $(VENV) run gateway.db.engine .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) run gateway.db .pytest_cache .mypy_cache .ruff_cache

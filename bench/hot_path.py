@@ -214,7 +214,7 @@ def gateway(
     policy.write_text(yaml.safe_dump(bench_policy(upstream, shadow_rate)))
     env = {
         **os.environ,
-        "DATABASE_URL": f"sqlite:///{work / 'gateway.db.engine'}",
+        "DATABASE_URL": f"sqlite:///{work / 'gateway.db'}",
         "GATEWAY_POLICY": str(policy),
         "GATEWAY_LOG_LEVEL": "warning",
     }

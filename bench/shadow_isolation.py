@@ -178,7 +178,7 @@ def run_mode(
     policy_path.write_text(yaml.safe_dump(policy(gpu_ports, cim_port, shadow)))
     port = free_port()
     env = {
-        "DATABASE_URL": f"sqlite:///{workdir / 'gateway.db.engine'}",
+        "DATABASE_URL": f"sqlite:///{workdir / 'gateway.db'}",
         "GATEWAY_POLICY": str(policy_path),
         "GATEWAY_LOG_LEVEL": "warning",
     }

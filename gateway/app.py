@@ -8,10 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.errors import PolicyError
 from gateway.ingress.api import Ingress
 from gateway.ops.routes import ops_app
-from gateway.policy.load import parse_policy
+from gateway.policy.load import parse_policy, read_text
 from gateway.policy.model import Policy
 from gateway.runtime import Gateway
 from gateway.settings import Settings
@@ -37,11 +36,6 @@ def create_app(settings: Settings | None = None, policy: Policy | None = None) -
     settings = settings if settings is not None else Settings()
     if policy is not None:
         return GatewayApp(Gateway(settings, policy))
-    try:
-        text = settings.policy_path.read_text()
-    except OSError as exc:
-        raise PolicyError(
-            f"{settings.policy_path}: cannot read the policy file: {exc.strerror}"
-        ) from exc
+    text = read_text(settings.policy_path)
     policy = parse_policy(text, str(settings.policy_path))
     return GatewayApp(Gateway(settings, policy, policy_text=text))

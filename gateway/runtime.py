@@ -19,6 +19,7 @@ import sqlalchemy as sa
 from gateway.costmodel import store
 from gateway.costmodel.learner import Learner
 from gateway.costmodel.model import CostModel, OutputLengths
+from gateway.costmodel.train import RetrainSchedule
 from gateway.db.engine import make_engine
 from gateway.db.retention import Pruner, Windows
 from gateway.db.schema import request_records
@@ -120,9 +121,11 @@ class Gateway:
             self.engine,
             self.metrics,
             self._use_model,
-            every=settings.model_retrain_every,
-            interval_s=settings.model_retrain_interval_s,
-            min_interval_s=settings.model_retrain_min_interval_s,
+            schedule=RetrainSchedule(
+                every=settings.model_retrain_every,
+                interval_s=settings.model_retrain_interval_s,
+                min_interval_s=settings.model_retrain_min_interval_s,
+            ),
         )
         self.outputs = OutputLengths(default=policy.assumed_max_tokens)
         self.ranker = CostRanker(lambda: self.costmodel, self.outputs)

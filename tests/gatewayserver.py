@@ -73,7 +73,7 @@ def wait_ready(port: int) -> None:
 @contextlib.contextmanager
 def run_gateway(policy: Policy, tmp_path: Path, **settings: object) -> Iterator[GatewayServer]:
     """Migrate a fresh SQLite database, start the gateway on a free port, stop it after."""
-    url = f"sqlite:///{tmp_path / 'gateway.db.engine'}"
+    url = f"sqlite:///{tmp_path / 'gateway.db'}"
     upgrade(url)
     fields: dict[str, object] = {
         "database_url": url,

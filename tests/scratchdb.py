@@ -20,7 +20,7 @@ def scratch_database(postgres_url: str | None, workdir: Path, prefix: str = "t")
     that server (the search path in the URL), so runs side by side never see each other's rows.
     """
     if postgres_url is None:
-        sqlite = f"sqlite:///{workdir / 'gateway.db.engine'}"
+        sqlite = f"sqlite:///{workdir / 'gateway.db'}"
         upgrade(sqlite)
         yield sqlite
         return

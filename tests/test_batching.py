@@ -129,7 +129,7 @@ def test_records_survive_postgresql_cutting_the_connections_the_writer_holds(
 def test_records_past_memory_and_spill_limits_are_dropped_and_counted(tmp_path: Path) -> None:
     from gateway.db.engine import upgrade
 
-    url = f"sqlite:///{tmp_path / 'gateway.db.engine'}"
+    url = f"sqlite:///{tmp_path / 'gateway.db'}"
     upgrade(url)
     metrics = GatewayMetrics()
     one_row = len(orjson.dumps(record(10).row())) + 1

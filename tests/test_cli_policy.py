@@ -13,7 +13,7 @@ from policies import fleet_policy
 
 
 def test_apply_diff_history_and_rollback_through_the_database(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'gateway.db.engine'}"
+    url = f"sqlite:///{tmp_path / 'gateway.db'}"
     upgrade(url)
     env = {"DATABASE_URL": url}
     first, second = tmp_path / "first.yaml", tmp_path / "second.yaml"
@@ -45,7 +45,7 @@ def test_apply_diff_history_and_rollback_through_the_database(tmp_path: Path) ->
 
 
 def test_apply_refuses_an_invalid_policy_with_the_loaders_message(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'gateway.db.engine'}"
+    url = f"sqlite:///{tmp_path / 'gateway.db'}"
     upgrade(url)
     broken = tmp_path / "broken.yaml"
     broken.write_text(render_policy(fleet_policy()).replace("fallback: gpu", "fallback: gpux", 1))

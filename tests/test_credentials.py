@@ -77,7 +77,7 @@ def test_a_policy_naming_an_unset_variable_is_refused_before_anything_changes() 
 
 
 def test_a_gateway_does_not_start_on_a_policy_naming_an_unset_variable(tmp_path: Path) -> None:
-    settings = Settings(database_url=f"sqlite:///{tmp_path / 'gateway.db.engine'}")
+    settings = Settings(database_url=f"sqlite:///{tmp_path / 'gateway.db'}")
     with pytest.raises(PolicyError, match="MISSING_KEY"):
         Gateway(settings, keyed(fleet_policy(), {"asic": "MISSING_KEY"}), environ={})
 

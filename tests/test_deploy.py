@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from deployworld import ROOT, setting_names
 from gatewayserver import GatewayServer, run_gateway
 from prometheus_client.metrics import MetricWrapperBase
 from shadowworld import ROOMY, shadow_rows
@@ -17,7 +16,10 @@ from simproc import parse_metrics
 from gateway.metrics import GatewayMetrics
 from gateway.policy.load import load_policy, parse_policy
 from gateway.policy.model import Policy
+from gateway.settings import variables
 from policies import BIG, EMBED, MODEL
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +45,7 @@ def test_compose_has_the_whole_stack(compose: dict) -> None:
 
 
 def test_gateway_environment_uses_only_real_settings(compose: dict) -> None:
-    known = setting_names()
+    known = set(variables())
     for name in ("gateway-1", "gateway-2", "migrate"):
         env = compose["services"][name]["environment"]
         assert set(env) <= known, set(env) - known

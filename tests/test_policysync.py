@@ -156,7 +156,7 @@ def test_starts_from_the_active_version_else_stores_its_policy_as_version_1(
     on_gpu = chat_on(["gpu"], fleet_policy(gpu=sims.urls("gpu"), asic=sims.urls("asic")))
     on_asic = chat_on(["asic"], fleet_policy(gpu=sims.urls("gpu"), asic=sims.urls("asic")))
     if stored_first:
-        url = f"sqlite:///{tmp_path / 'gateway.db.engine'}"
+        url = f"sqlite:///{tmp_path / 'gateway.db'}"
         upgrade(url)
         versions.record(make_engine(url), render_policy(on_asic), "ops", "asic first")
     with run_gateway(on_gpu, tmp_path) as gw:

@@ -82,7 +82,7 @@ def test_a_candidate_that_costs_more_is_not_promoted(database: str) -> None:
 
 
 def test_cli_and_admin_api_show_the_verdicts(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'gateway.db.engine'}"
+    url = f"sqlite:///{tmp_path / 'gateway.db'}"
     env = {**os.environ, "DATABASE_URL": url}
     subprocess.run(
         [sys.executable, "-m", "gateway", "db", "upgrade"], env=env, check=True, capture_output=True

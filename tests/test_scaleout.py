@@ -44,7 +44,7 @@ def replicas(
     tmp_path: Path, sim: SimulatorProcess, redis_url: str | None, prefix: str, **env: str
 ) -> Iterator[list[GatewayProcess]]:
     """Start two gateway processes on one policy and one database, sharing Redis if given."""
-    database = f"sqlite:///{tmp_path / 'gateway.db.engine'}"
+    database = f"sqlite:///{tmp_path / 'gateway.db'}"
     upgrade(database)
     common = {
         "GATEWAY_POLICY": str(write_policy(tmp_path / "policy.yaml", sim.url)),
@@ -242,7 +242,7 @@ def test_a_policy_change_reaches_the_other_replica_within_a_second(
         path = tmp_path / "cli.yaml"
         path.write_text(yaml.safe_dump(doc))
         env = {
-            "DATABASE_URL": f"sqlite:///{tmp_path / 'gateway.db.engine'}",
+            "DATABASE_URL": f"sqlite:///{tmp_path / 'gateway.db'}",
             "REDIS_URL": redis_url,
             "GATEWAY_REDIS_PREFIX": redis_prefix,
         }

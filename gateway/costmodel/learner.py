@@ -1,8 +1,8 @@
 """The learner: collect measured requests and retrain the cost model in the background.
 
-It retrains every `every` new observations or every `interval_s`, in a worker thread, stores
-each version with its held-out error, and swaps the new model in. If training fails, the failure
-is stored and the last good version keeps serving.
+It retrains when its schedule says (gateway/costmodel/train.py `RetrainSchedule`), in a worker
+thread, stores each version with its held-out error, and swaps the new model in. If training fails,
+the failure is stored and the last good version keeps serving.
 """
 
 from __future__ import annotations
@@ -18,7 +18,14 @@ import sqlalchemy as sa
 
 from gateway.costmodel import store
 from gateway.costmodel.model import CostModel
-from gateway.costmodel.train import Observation, Score, observation, train
+from gateway.costmodel.train import (
+    DEFAULT_SCHEDULE,
+    Observation,
+    RetrainSchedule,
+    Score,
+    observation,
+    train,
+)
 from gateway.metrics import GatewayMetrics
 from gateway.periodic import Periodic
 from gateway.policy.model import Policy
@@ -37,18 +44,14 @@ class Learner:
         metrics: GatewayMetrics,
         on_model: Callable[[CostModel], None],
         *,
-        every: int = 200,
-        interval_s: float = 300.0,
-        min_interval_s: float = 10.0,
+        schedule: RetrainSchedule = DEFAULT_SCHEDULE,
         window: int = 20_000,
     ):
         self._policy = policy
         self._engine = engine
         self._metrics = metrics
         self._on_model = on_model
-        self.every = every
-        self.interval_s = interval_s
-        self.min_interval_s = min_interval_s
+        self.schedule = schedule
         # Plain tuples of plain values, which the garbage collector stops tracking: kept as
         # objects, the window was most of what every full collection walked (5 of 6 ms).
         self._observations: deque[tuple[Any, ...]] = deque(maxlen=window)
@@ -73,13 +76,7 @@ class Learner:
             m.child(m.prediction_ratio, seen.pool, "energy").observe(ratio)
 
     def due(self) -> bool:
-        if self._training or self._new == 0:
-            return False
-        elapsed = time.monotonic() - self._last
-        # Under heavy traffic `every` arrives many times a second: training is never that urgent.
-        return (self._new >= self.every and elapsed >= self.min_interval_s) or (
-            elapsed >= self.interval_s
-        )
+        return not self._training and self.schedule.due(self._new, time.monotonic() - self._last)
 
     async def train_now(self) -> CostModel | None:
         """Retrain on the observations kept; return the new model, or None if it failed."""

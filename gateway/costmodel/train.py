@@ -49,6 +49,32 @@ class Observation(NamedTuple):
 
 
 @dataclass(frozen=True, slots=True)
+class RetrainSchedule:
+    """When to train a new version: the live learner's rule, and the replay's on its clock.
+
+    After `every` new observations, but at most once per `min_interval_s` (under heavy traffic
+    `every` arrives many times a second, and training is never that urgent), and after
+    `interval_s` in any case, if anything new was observed at all.
+    """
+
+    every: int = 200
+    interval_s: float = 300.0
+    min_interval_s: float = 10.0
+
+    def due(self, new: int, elapsed_s: float) -> bool:
+        """Say whether to retrain, `new` observations and `elapsed_s` after the last time."""
+        if new == 0:
+            return False
+        return (new >= self.every and elapsed_s >= self.min_interval_s) or (
+            elapsed_s >= self.interval_s
+        )
+
+
+# What GATEWAY_MODEL_RETRAIN_EVERY, _INTERVAL_S and _MIN_INTERVAL_S default to.
+DEFAULT_SCHEDULE = RetrainSchedule()
+
+
+@dataclass(frozen=True, slots=True)
 class Score:
     """How well one target is predicted on held-out observations."""
 

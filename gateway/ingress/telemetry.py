@@ -1,4 +1,4 @@
-"""Telemetry: when an exchange ends, update the metrics, calibrate, and hand on its record."""
+"""Telemetry: when an exchange ends, update the metrics and estimators, and hand on its record."""
 
 from __future__ import annotations
 
@@ -9,14 +9,10 @@ from typing import Any
 from gateway.costmodel.model import OutputLengths
 from gateway.exchange import Exchange
 from gateway.metrics import GatewayMetrics
-from gateway.records.requests import RequestRecord
-from gateway.records.slo import meets_slo
+from gateway.records.requests import RequestRecord, ms
+from gateway.records.slo import meets_slo, tpot_s
 from gateway.routing.classify import TokenEstimator
 from gateway.upstream.metering import EnergyMeter
-
-
-def _ms(seconds: float | None) -> float | None:
-    return None if seconds is None else round(seconds * 1000, 3)
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,7 +27,7 @@ class _Served:
 
 
 class Telemetry:
-    """Turn finished exchanges into metrics, token calibration and request records."""
+    """Turn finished exchanges into metrics, estimator corrections and request records."""
 
     def __init__(
         self,
@@ -85,14 +81,8 @@ class Telemetry:
         # Only routed models become label values: a client cannot mint new series.
         model = ex.model if ex.decision is not None else ""
         e2e = ended - ex.started
-        tpot = None
-        if (
-            ex.ttft_s is not None
-            and ex.last_token_s is not None
-            and ex.completion_tokens is not None
-            and ex.completion_tokens > 1
-        ):
-            tpot = (ex.last_token_s - ex.started - ex.ttft_s) / (ex.completion_tokens - 1)
+        last = None if ex.last_token_s is None else ex.last_token_s - ex.started
+        tpot = tpot_s(ex.ttft_s, last, ex.completion_tokens)
         overhead = max(e2e - ex.queue_s - ex.upstream_s, 0.0)
         m.child(m.requests, route, pool, model, str(ex.status)).inc()
         if ex.error is not None:
@@ -116,7 +106,7 @@ class Telemetry:
                 series.completion_tokens.inc(ex.completion_tokens)
         if profile is not None and ex.prompt_tokens:
             self.estimator.observe(
-                ex.model, profile.prompt_tokens, ex.prompt_tokens, profile.calibration
+                ex.model, profile.prompt_tokens, ex.prompt_tokens, profile.token_ratio
             )
         if route and ex.status == 200 and ex.completion_tokens is not None:
             self.outputs.observe(route, ex.completion_tokens)
@@ -136,18 +126,18 @@ class Telemetry:
             prompt_tokens_estimated=profile.prompt_tokens if profile else None,
             max_tokens=profile.max_tokens if profile else None,
             completion_tokens=ex.completion_tokens,
-            queue_ms=_ms(ex.queue_s),
-            ttft_ms=_ms(ex.ttft_s),
-            tpot_ms=_ms(tpot),
-            e2e_ms=_ms(e2e),
-            gateway_ms=_ms(overhead),
+            queue_ms=ms(ex.queue_s),
+            ttft_ms=ms(ex.ttft_s),
+            tpot_ms=ms(tpot),
+            e2e_ms=ms(e2e),
+            gateway_ms=ms(overhead),
             attempts=ex.attempts,
             fallback=ex.fallback_reason is not None,
             status=ex.status,
             error=ex.error,
             concurrent=ex.concurrent or None,
-            predicted_ttft_ms=_ms(predicted.ttft_s) if predicted else None,
-            predicted_e2e_ms=_ms(predicted.e2e_s) if predicted else None,
+            predicted_ttft_ms=ms(predicted.ttft_s) if predicted else None,
+            predicted_e2e_ms=ms(predicted.e2e_s) if predicted else None,
             predicted_energy_j=predicted.energy_j if predicted else None,
             first_pool=ex.first_pool,
         )

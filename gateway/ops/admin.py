@@ -23,12 +23,14 @@ from pydantic import BaseModel, Field
 from gateway.errors import (
     AdminDisabled,
     InvalidRequest,
+    PolicyError,
     Problem,
     ReportNotFound,
     Unauthorized,
 )
 from gateway.ops.openapi import ADMIN_ERRORS, ErrorBody
 from gateway.policy import check, versions
+from gateway.policy.apply import apply
 from gateway.policy.load import content_hash
 from gateway.promotion import evidence, rollout
 from gateway.report.period import ISO_WEEK
@@ -168,16 +170,30 @@ def admin_router(gateway: Gateway) -> APIRouter:
 
     @router.put("/policy", responses={422: {"model": PolicyErrors}, **STORE_ERRORS})
     async def apply_policy(change: PolicyChange) -> Response:
-        """Store a valid policy as the new active version and serve it; reject an invalid one."""
-        checked = check.validate(change.yaml, "<request>", gateway.environ)
-        if not checked.valid:
-            return JSONResponse({"errors": [_problem(p) for p in checked.errors]}, 422)
-        stored = await asyncio.to_thread(
-            versions.record, gateway.engine, change.yaml, change.author, change.message
-        )
+        """Store a valid policy as the new active version and serve it; reject an invalid one.
+
+        A text that is already the active version is not stored again (`changed` is false).
+        """
+        try:
+            applied = await asyncio.to_thread(
+                apply,
+                gateway.engine,
+                change.yaml,
+                "<request>",
+                author=change.author,
+                message=change.message,
+                environ=gateway.environ,
+            )
+        except PolicyError as exc:
+            return JSONResponse({"errors": [_problem(p) for p in exc.problems]}, 422)
         await gateway.policy_watcher.sync()
-        warnings = [_problem(p) for p in checked.warnings]
-        return JSONResponse({"version": stored.version, "warnings": warnings})
+        return JSONResponse(
+            {
+                "version": applied.version.version,
+                "changed": applied.changed,
+                "warnings": [_problem(p) for p in applied.warnings],
+            }
+        )
 
     @router.post("/policy/validate")
     async def validate_policy(candidate: PolicyCandidate) -> dict[str, Any]:

@@ -33,14 +33,27 @@ class Validation:
     def valid(self) -> bool:
         return self.policy is not None and not self.errors
 
+    def accepted(self) -> Policy:
+        """Return the policy, or raise PolicyError naming every error."""
+        if self.policy is None or self.errors:
+            raise PolicyError(
+                "invalid policy:\n  " + "\n  ".join(map(str, self.errors)), self.errors
+            )
+        return self.policy
+
 
 def validate(
-    text: str, source: str = "<policy>", environ: Mapping[str, str] | None = None
+    text: str,
+    source: str = "<policy>",
+    environ: Mapping[str, str] | None = None,
+    *,
+    serving: bool = True,
 ) -> Validation:
     """Load a policy text and report its errors, or its warnings when it loads.
 
-    Given the environment of the gateway that is to serve it, an upstream key variable unset
-    there is an error too: that gateway would refuse the policy.
+    Given the environment of the gateway that is to serve it (`serving`), an upstream key
+    variable unset there is an error too: that gateway would refuse the policy. Given another
+    environment (the CLI's, where no secret need be kept), it is only a warning.
     """
     try:
         policy = parse_policy(text, source)
@@ -49,11 +62,14 @@ def validate(
         return Validation(None, problems)
     at = locator(text, source)
     found = [at(path, message) for path, message in warnings(policy)]
-    if environ is not None:
-        unset = [at(path, message) for path, message in credentials.unset(policy, environ)]
-        if unset:
-            return Validation(policy, unset, found)
-    return Validation(policy, [], found)
+    if environ is None:
+        return Validation(policy, [], found)
+    if serving:
+        unset = [at(p, m) for p, m in credentials.unset(policy, environ)]
+        return Validation(policy, unset, found)
+    where = "here; every gateway that serves this policy needs it"
+    unset = [at(p, m) for p, m in credentials.unset(policy, environ, where)]
+    return Validation(policy, [], found + unset)
 
 
 def warnings(policy: Policy) -> list[Finding]:

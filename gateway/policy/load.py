@@ -128,11 +128,14 @@ def content_hash(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def load_policy(path: str | Path) -> Policy:
-    """Read and validate the policy file at path."""
-    path = Path(path)
+def read_text(path: str | Path) -> str:
+    """Return a policy file's text, or raise PolicyError saying why it cannot be read."""
     try:
-        text = path.read_text()
+        return Path(path).read_text()
     except OSError as exc:
         raise PolicyError(f"{path}: cannot read the policy file: {exc.strerror}") from exc
-    return parse_policy(text, str(path))
+
+
+def load_policy(path: str | Path) -> Policy:
+    """Read and validate the policy file at path."""
+    return parse_policy(read_text(path), str(path))

@@ -20,8 +20,9 @@ import sqlalchemy as sa
 from gateway.errors import PolicyError, PolicyStoreUnavailable
 from gateway.metrics import GatewayMetrics
 from gateway.periodic import Periodic, Tasks
-from gateway.policy import credentials, versions
-from gateway.policy.load import content_hash, parse_policy
+from gateway.policy import versions
+from gateway.policy.apply import apply
+from gateway.policy.load import parse_policy
 from gateway.policy.model import Policy
 from gateway.policy.versions import PolicyVersion
 
@@ -145,25 +146,22 @@ class FileWatcher:
         self._seen = stamp
         text = self._path.read_text()
         try:
-            policy = parse_policy(text, str(self._path))
-            if self._environ is not None:
-                credentials.require(policy, self._environ, str(self._path))
+            applied = await asyncio.to_thread(
+                apply,
+                self._engine,
+                text,
+                str(self._path),
+                author=f"watch@{socket.gethostname()}",
+                message=f"saved {self._path.name}",
+                environ=self._environ,
+            )
         except PolicyError as exc:
             self._metrics.policy_reloads.labels("invalid").inc()
             log.error("not applying %s: %s", self._path, exc)
             return False
-        active = await asyncio.to_thread(versions.active, self._engine)
-        if active is not None and active.hash == content_hash(text):
-            return False
-        await asyncio.to_thread(
-            versions.record,
-            self._engine,
-            text,
-            f"watch@{socket.gethostname()}",
-            f"saved {self._path.name}",
-        )
-        await self._synced()
-        return True
+        if applied.changed:
+            await self._synced()
+        return applied.changed
 
     def start(self) -> None:
         self.periodic.start()

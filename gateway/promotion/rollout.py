@@ -25,8 +25,8 @@ import yaml
 from gateway.db.schema import request_records, rollouts, shadow_records
 from gateway.errors import InvalidRequest
 from gateway.periodic import Periodic
-from gateway.policy import versions
-from gateway.policy.load import parse_policy
+from gateway.policy import check, versions
+from gateway.policy.apply import apply
 from gateway.policy.model import Policy
 from gateway.promotion.evidence import latest
 from gateway.records.slo import meets_slo
@@ -114,15 +114,13 @@ def promoted(doc: dict[str, Any], route: str, pool: str) -> dict[str, Any]:
     return doc
 
 
-def _checked(doc: dict[str, Any]) -> str:
-    """Return the document as YAML, refusing what the loader would refuse."""
-    content = yaml.safe_dump(doc, sort_keys=False)
-    parse_policy(content, "rollout")
-    return content
+def _yaml(doc: dict[str, Any]) -> str:
+    return yaml.safe_dump(doc, sort_keys=False)
 
 
-def _store(engine: sa.Engine, doc: dict[str, Any], author: str, message: str) -> int:
-    return versions.record(engine, _checked(doc), author, message).version
+def _store(engine: sa.Engine, content: str, author: str, message: str) -> int:
+    """Apply a rollout's policy text; return the version it became."""
+    return apply(engine, content, "rollout", author=author, message=message).version.version
 
 
 def _active_doc(engine: sa.Engine) -> dict[str, Any]:
@@ -169,7 +167,7 @@ def start(
     weight = policy.promotion.rollout_steps[0]
     version = _store(
         engine,
-        with_canary(doc, route, candidate, weight),
+        _yaml(with_canary(doc, route, candidate, weight)),
         author,
         f"rollout of {candidate} on {route}: {weight:.0%}",
     )
@@ -251,11 +249,12 @@ def advance(
         doc = _active_doc(engine)
         if state == COMPLETE:
             message = f"rollout of {row.candidate} on {row.route}: promoted"
-            content = _checked(promoted(doc, row.route, row.candidate))
+            content = _yaml(promoted(doc, row.route, row.candidate))
         else:
             verb = "rolled back" if state == ROLLED_BACK else "stepped"
             message = f"rollout of {row.candidate} on {row.route}: {verb} to {weight:.0%}"
-            content = _checked(with_canary(doc, row.route, row.candidate, weight))
+            content = _yaml(with_canary(doc, row.route, row.candidate, weight))
+        check.validate(content, "rollout").accepted()
         # Claim the transition, so two replicas never both step one rollout; the new policy
         # was checked above, so storing it cannot fail on its content.
         with engine.begin() as conn:
@@ -270,7 +269,7 @@ def advance(
             ).rowcount
         if not claimed:
             continue
-        version = versions.record(engine, content, author, f"{message} ({reason})").version
+        version = _store(engine, content, author, f"{message} ({reason})")
         history = json.loads(row.history)
         history.append(
             {
@@ -312,7 +311,7 @@ def stop(engine: sa.Engine, route: str, *, author: str, now: float | None = None
         raise InvalidRequest(f"route {route!r} has no rollout in progress", param="route")
     version = _store(
         engine,
-        with_canary(_active_doc(engine), route, row.candidate, 0.0),
+        _yaml(with_canary(_active_doc(engine), route, row.candidate, 0.0)),
         author,
         f"rollout of {row.candidate} on {route}: rolled back by {author}",
     )

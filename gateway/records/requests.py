@@ -12,6 +12,11 @@ from gateway.metrics import GatewayMetrics
 from gateway.records.batching import BatchWriter, row_of
 
 
+def ms(seconds: float | None) -> float | None:
+    """Return a duration as records keep it: milliseconds, to the microsecond."""
+    return None if seconds is None else round(seconds * 1000, 3)
+
+
 @dataclass(slots=True)
 class RequestRecord:
     """What the gateway keeps about one request; never the prompt or the answer."""

@@ -1,4 +1,4 @@
-"""SLO attainment: whether one finished request met its latency targets.
+"""SLO attainment: whether one finished request met its latency targets, and what TPOT is.
 
 One definition for every place that counts it: the live metric (telemetry), the rollout guards
 and the weekly report. A request meets its SLO when it succeeded and every target it has a
@@ -44,3 +44,17 @@ def meets_slo(
         return False
     target = targets.e2e_ms
     return target is None or e2e_ms is None or e2e_ms <= target
+
+
+def tpot_s(
+    ttft_s: float | None, last_token_s: float | None, completion_tokens: int | None
+) -> float | None:
+    """Return the time per output token after the first, or None without two tokens.
+
+    Both times count from the same start: the first token's and the last's.
+    """
+    if ttft_s is None or last_token_s is None or completion_tokens is None:
+        return None
+    if completion_tokens < 2:
+        return None
+    return (last_token_s - ttft_s) / (completion_tokens - 1)

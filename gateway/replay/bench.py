@@ -16,7 +16,7 @@ from gateway.policy.model import Policy
 from gateway.replay.engine import START_S, Replay
 from gateway.replay.learner import WARM_OBSERVATIONS
 from gateway.replay.oracle import oracle
-from gateway.replay.strategies import ROUTED, STRATEGIES, router_for
+from gateway.replay.strategies import ROUTED, STRATEGIES, strategy_for
 from gateway.replay.summary import summarize
 from gateway.replay.trace import TraceRequest, read_trace
 
@@ -45,8 +45,8 @@ def benchmark(
     for name in strategies:
         started = clock()
         if name in ROUTED:
-            router = router_for(name, policy, seed=seed, retrain_every=retrain_every)
-            replay = Replay(router, requests, meter_phase_s=phase).run()
+            strategy = strategy_for(name, policy, seed=seed, retrain_every=retrain_every)
+            replay = Replay(strategy, requests, meter_phase_s=phase).run()
             replay.finish(window_s)
             result = summarize(replay)
         else:

@@ -32,7 +32,9 @@ from gateway.costmodel.train import Observation
 from gateway.errors import GatewayError
 from gateway.fleet.state import Fleet, PoolState
 from gateway.policy.model import Policy, Route
-from gateway.replay.strategies import Router
+from gateway.records.requests import ms
+from gateway.records.slo import meets_slo, tpot_s
+from gateway.replay.strategies import Strategy
 from gateway.replay.trace import TraceRequest
 from gateway.replay.world import SimulatedBackend, build_world, model_spec
 from gateway.routing.classify import RequestProfile
@@ -103,11 +105,26 @@ class Passage:
     def tpot_s(self) -> float | None:
         """Return the mean time per output token after the first, or None for one token."""
         job = self.job
-        if job is None or job.finished_at is None or job.first_token_at is None:
+        if job is None:
             return None
-        if self.request.output_tokens <= 1:
+        return tpot_s(job.first_token_at, job.finished_at, self.request.output_tokens)
+
+    @property
+    def e2e_s(self) -> float | None:
+        """Return the time from arrival to the last token, queueing included."""
+        if self.job is None or self.job.finished_at is None:
             return None
-        return (job.finished_at - job.first_token_at) / (self.request.output_tokens - 1)
+        return self.job.finished_at - self.arrival_s
+
+    def meets_slo(self) -> bool:
+        """Say whether the request was served within its SLO targets, by the live rule."""
+        return meets_slo(
+            self.profile,
+            200 if self.served else 0,
+            ms(self.ttft_s),
+            ms(self.tpot_s),
+            ms(self.e2e_s),
+        )
 
 
 class Replay:
@@ -115,15 +132,15 @@ class Replay:
 
     def __init__(
         self,
-        router: Router,
+        strategy: Strategy,
         requests: Sequence[TraceRequest],
         *,
         meter_interval_s: float = 1.0,
         meter_phase_s: float = 0.0,
         model: str = MODEL,
     ):
-        self.router = router
-        self.policy = router.policy
+        self.strategy = strategy
+        self.policy = strategy.policy
         self.model = model
         self.fleet = Fleet(self.policy)
         self.world = build_world(self.policy, self.fleet)
@@ -131,7 +148,7 @@ class Replay:
             Passage(str(i), START_S + r.arrival_s, r, request_profile(self.policy, r, model))
             for i, r in enumerate(requests)
         ]
-        self.metered = router.learner is not None
+        self.metered = strategy.learner is not None
         self._meter_interval_s = meter_interval_s
         self._next_reading = meter_phase_s % meter_interval_s if self.metered else math.inf
         self._waiting: dict[str, deque[Passage]] = {}
@@ -201,7 +218,7 @@ class Replay:
     def _arrive(self, passage: Passage) -> None:
         now = passage.arrival_s
         try:
-            decision = decide(passage.profile, self.policy, self.fleet, self.router.rank)
+            decision = decide(passage.profile, self.policy, self.fleet, self.strategy.rank)
         except GatewayError as exc:
             passage.refused = type(exc).__name__
             return
@@ -268,8 +285,8 @@ class Replay:
                 job.first_token_at,
             )
             self._unsettled[passage.key] = passage
-        if self.router.outputs is not None and passage.route is not None:
-            self.router.outputs.observe(passage.route.name, passage.request.output_tokens)
+        if self.strategy.outputs is not None and passage.route is not None:
+            self.strategy.outputs.observe(passage.route.name, passage.request.output_tokens)
         self._dispatch(self.fleet.pools[sim.state.pool], job.finished_at)
 
     def _dispatch(self, pool: PoolState, now: float) -> None:
@@ -282,7 +299,7 @@ class Replay:
             self._admit(queue.popleft(), self.world[backend.name], now)
 
     def _read_meters(self, now: float) -> None:
-        learner = self.router.learner
+        learner = self.strategy.learner
         for sim in self.world.values():
             sim.ledger.reading(now, sim.device.energy_j)
             for span in sim.ledger.settle():

@@ -1,8 +1,7 @@
 """Learn the cost model online during a replay, the way the live gateway's learner does.
 
 Observations arrive as the energy meter settles finished requests. The schedule is the live
-learner's (`gateway/costmodel/learner.py`), on the virtual clock: retrain after `every` new
-observations but at most once per `min_interval_s`, and after `interval_s` in any case. The model
+learner's (`RetrainSchedule`), on the virtual clock. The model
 is trained with `gateway.costmodel.train.train` and swapped in at once: on the virtual clock
 training takes no time, where the live learner trains in a worker thread and the old version
 serves meanwhile. Each observation is first scored against the version serving
@@ -16,7 +15,7 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from gateway.costmodel.model import TARGETS, CostModel, Prediction
-from gateway.costmodel.train import Observation, Score, train
+from gateway.costmodel.train import DEFAULT_SCHEDULE, Observation, RetrainSchedule, Score, train
 from gateway.policy.model import Policy
 
 # After this many observations of a pool its error counts toward the issue's target.
@@ -62,21 +61,17 @@ class _Errors:
 
 
 class OnlineLearner:
-    """Collect observations, retrain every `every`, and keep score of the model's error."""
+    """Collect observations, retrain on the schedule, and keep score of the model's error."""
 
     def __init__(
         self,
         policy: Policy,
         *,
-        every: int = 200,
-        min_interval_s: float = 10.0,
-        interval_s: float = 300.0,
+        schedule: RetrainSchedule = DEFAULT_SCHEDULE,
         window: int = 20_000,
     ):
         self.policy = policy
-        self.every = every
-        self.min_interval_s = min_interval_s
-        self.interval_s = interval_s
+        self.schedule = schedule
         self.model = CostModel(policy)
         self.scores: dict[str, dict[str, dict[str, Score]]] = {}
         self.failures = 0
@@ -108,10 +103,7 @@ class OnlineLearner:
         self.seen[observation.pool] += 1
         self._observations.append(observation)
         self._new += 1
-        elapsed = now - self._last_s
-        if (self._new >= self.every and elapsed >= self.min_interval_s) or (
-            elapsed >= self.interval_s
-        ):
+        if self.schedule.due(self._new, now - self._last_s):
             self.retrain(now)
 
     def retrain(self, now: float) -> None:

@@ -21,6 +21,7 @@ import aiohttp
 import orjson
 
 from gateway.policy.model import Policy
+from gateway.records.slo import meets_slo, tpot_s
 from gateway.replay.engine import MODEL, request_profile
 from gateway.replay.summary import latency_percentile
 from gateway.replay.trace import TraceRequest
@@ -40,6 +41,7 @@ class LiveOutcome:
     pool: str | None
     ttft_s: float | None = None
     tpot_s: float | None = None
+    e2e_s: float | None = None
 
 
 def chat_body(request: TraceRequest, model: str = MODEL) -> bytes:
@@ -86,9 +88,8 @@ async def _send(
         return LiveOutcome(0, None)
     if first is None or last is None:
         return LiveOutcome(0, pool)
-    tokens = request.output_tokens
-    tpot = (last - first) / (tokens - 1) if tokens > 1 else None
-    return LiveOutcome(200, pool, first - sent, tpot)
+    ttft, end = first - sent, last - sent
+    return LiveOutcome(200, pool, ttft, tpot_s(ttft, end, request.output_tokens), end)
 
 
 async def replay_live(
@@ -118,16 +119,15 @@ def summarize_live(
     met = 0
     ttft = []
     for request, outcome in zip(requests, outcomes, strict=True):
-        if outcome.status != 200 or outcome.ttft_s is None:
-            continue
+        # Durations on the simulators' clock: the wall clock's, times their speed.
+        ttft_ms, tpot_ms, e2e_ms = (
+            None if seconds is None else seconds * speed * 1e3
+            for seconds in (outcome.ttft_s, outcome.tpot_s, outcome.e2e_s)
+        )
+        if ttft_ms is not None:
+            ttft.append(ttft_ms)
         profile = request_profile(policy, request)
-        ttft_ms = outcome.ttft_s * speed * 1e3
-        tpot_ms = None if outcome.tpot_s is None else outcome.tpot_s * speed * 1e3
-        ttft.append(ttft_ms)
-        if (profile.ttft_ms is None or ttft_ms <= profile.ttft_ms) and (
-            profile.tpot_ms is None or tpot_ms is None or tpot_ms <= profile.tpot_ms
-        ):
-            met += 1
+        met += meets_slo(profile, outcome.status, ttft_ms, tpot_ms, e2e_ms)
     pools = Counter(o.pool for o in outcomes if o.status == 200)
     live = [name for name, pool in policy.pools.items() if pool.live]
     return {

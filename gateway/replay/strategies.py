@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gateway.costmodel.model import OutputLengths
+from gateway.costmodel.train import RetrainSchedule
 from gateway.fleet.state import PoolState
 from gateway.policy.model import Policy, Route
 from gateway.replay.learner import OnlineLearner
@@ -75,7 +76,7 @@ def gpu_only_policy(policy: Policy) -> Policy:
 
 
 @dataclass(slots=True)
-class Router:
+class Strategy:
     """How one strategy routes: its policy, its ranking and, if it learns, its learner."""
 
     name: str
@@ -85,19 +86,19 @@ class Router:
     outputs: OutputLengths | None = None
 
 
-def router_for(name: str, policy: Policy, *, seed: int = 0, retrain_every: int = 200) -> Router:
+def strategy_for(name: str, policy: Policy, *, seed: int = 0, retrain_every: int = 200) -> Strategy:
     """Build the router of a named strategy over a policy."""
     if name == "learned":
-        learner = OnlineLearner(policy, every=retrain_every)
+        learner = OnlineLearner(policy, schedule=RetrainSchedule(every=retrain_every))
         outputs = OutputLengths(default=policy.assumed_max_tokens)
         ranker = CostRanker(lambda: learner.model, outputs)
-        return Router(name, policy, ranker, learner, outputs)
+        return Strategy(name, policy, ranker, learner, outputs)
     if name == "gpu-only":
-        return Router(name, gpu_only_policy(policy), preference_order)
+        return Strategy(name, gpu_only_policy(policy), preference_order)
     if name == "round-robin":
-        return Router(name, policy, RoundRobin(start=seed))
+        return Strategy(name, policy, RoundRobin(start=seed))
     if name == "least-loaded":
-        return Router(name, policy, least_loaded)
+        return Strategy(name, policy, least_loaded)
     if name == "static":
-        return Router(name, policy, preference_order)
+        return Strategy(name, policy, preference_order)
     raise ValueError(f"strategy {name!r} is not routed (routed strategies: {', '.join(ROUTED)})")

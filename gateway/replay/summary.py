@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from gateway.replay.engine import Passage, Replay
+from gateway.replay.engine import Replay
 from gateway.stats import percentile
 
 
@@ -18,16 +18,6 @@ def latency_percentile(values: list[float], q: float) -> float | None:
     """Return the q-th percentile of latencies in ms, as the result files give it."""
     value = percentile(values, q)
     return None if value is None else round(value, 2)
-
-
-def meets_slo(passage: Passage) -> bool:
-    """Say whether a request was served within its class's TTFT and TPOT targets."""
-    profile, ttft, tpot = passage.profile, passage.ttft_s, passage.tpot_s
-    if not passage.served or ttft is None:
-        return False
-    if profile.ttft_ms is not None and ttft * 1e3 > profile.ttft_ms:
-        return False
-    return profile.tpot_ms is None or tpot is None or tpot * 1e3 <= profile.tpot_ms
 
 
 def summarize(replay: Replay) -> dict[str, object]:
@@ -71,7 +61,7 @@ def summarize(replay: Replay) -> dict[str, object]:
         "fleet_energy_j": round(fleet, 1),
         "cost_usd_per_1k_tokens": round(cost / tokens_k, 9),
         "fleet_cost_usd_per_1k_tokens": round(fleet_cost / tokens_k, 9),
-        "slo_attainment": round(sum(meets_slo(p) for p in passages) / total, 5),
+        "slo_attainment": round(sum(p.meets_slo() for p in passages) / total, 5),
         "ttft_p50_ms": latency_percentile(ttft, 50),
         "ttft_p99_ms": latency_percentile(ttft, 99),
         "tpot_p50_ms": latency_percentile(tpot, 50),
@@ -90,6 +80,6 @@ def summarize(replay: Replay) -> dict[str, object]:
         "fallback_share": round(sum(p.fell_back for p in passages) / total, 5),
         "duration_s": round(duration_s, 3),
     }
-    if replay.router.learner is not None:
-        summary["cost_model"] = replay.router.learner.report()
+    if replay.strategy.learner is not None:
+        summary["cost_model"] = replay.strategy.learner.report()
     return summary

@@ -34,12 +34,12 @@ class RequestProfile:
     e2e_ms: float | None
     tenant: str
     stream: bool
-    # The calibration factor prompt_tokens was estimated with (TokenEstimator.observe).
-    calibration: float = 1.0
+    # The estimator's ratio for the model when prompt_tokens was estimated (TokenEstimator.observe).
+    token_ratio: float = 1.0
 
 
 class TokenEstimator:
-    """Estimate prompt tokens from characters, calibrated per model against backends' usage.
+    """Estimate prompt tokens from characters, corrected per model by the usage backends report.
 
     Counting characters costs nothing and needs no tokenizer; the per-model ratio learned from
     the `usage` that backends report corrects it for each model's real tokenizer.
@@ -54,23 +54,22 @@ class TokenEstimator:
         raw = chars / CHARS_PER_TOKEN + messages * MESSAGE_OVERHEAD_TOKENS
         return math.ceil(raw * self._ratio.get(model, 1.0))
 
-    def observe(self, model: str, estimated: int, actual: int, calibration: float) -> None:
+    def observe(self, model: str, estimated: int, actual: int, ratio: float) -> None:
         """Move the model's ratio toward what the backend counted for an estimated prompt.
 
-        `calibration` is the ratio the estimate was made with. With many requests in flight
+        `ratio` is the one the estimate was made with. With many requests in flight
         the ratio moves between a request's estimate and its usage; judging the estimate by
         the moved ratio fed each error back into the ratio, which diverged from about 40
         requests in flight.
         """
-        if estimated <= 0 or actual <= 0 or calibration <= 0:
+        if estimated <= 0 or actual <= 0 or ratio <= 0:
             return
-        ratio = self._ratio.get(model, 1.0)
-        raw = estimated / calibration
-        observed = actual / raw
-        self._ratio[model] = ratio + self._smoothing * (observed - ratio)
+        current = self._ratio.get(model, 1.0)
+        observed = actual / (estimated / ratio)
+        self._ratio[model] = current + self._smoothing * (observed - current)
 
     def ratio(self, model: str) -> float:
-        """Return the current calibration factor for a model (1.0 until observed)."""
+        """Return the current correction of a model's estimates (1.0 until observed)."""
         return self._ratio.get(model, 1.0)
 
 
@@ -212,7 +211,7 @@ def classify(
         endpoint=endpoint,
         model=model,
         prompt_tokens=estimator.estimate(model, chars, messages),
-        calibration=estimator.ratio(model),
+        token_ratio=estimator.ratio(model),
         max_tokens=None if endpoint == "embeddings" else _max_tokens(payload),
         slo_class=slo_name,
         ttft_ms=ttft if ttft is not None else slo.ttft_ms,

@@ -15,7 +15,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from gateway.costmodel.model import Prediction
-from gateway.errors import ContextTooLong, ModelNotFound, NoCapacity, NoHealthyBackend, RouteDenied
+from gateway.errors import (
+    ContextTooLong,
+    GatewayError,
+    ModelNotFound,
+    NoCapacity,
+    NoHealthyBackend,
+    RouteDenied,
+)
 from gateway.fleet.state import BackendState, Fleet, PoolState
 from gateway.policy.model import Policy, Route
 from gateway.routing.classify import RequestProfile
@@ -81,19 +88,30 @@ def tokens_needed(profile: RequestProfile, policy: Policy, prompt_tokens: int | 
     return prompt + (profile.max_tokens or policy.assumed_max_tokens)
 
 
-def _unfit_reason(
+@dataclass(frozen=True, slots=True)
+class Unfit:
+    """Why a pool cannot serve a request at all: the error it implies, and the reason in words."""
+
+    error: type[GatewayError]
+    reason: str
+
+
+def _unfit(
     pool: PoolState, profile: RequestProfile, need: int, kv: float, canary: bool = False
-) -> str | None:
+) -> Unfit | None:
     """Say why a pool cannot serve the request at all, or None when it can."""
     spec = pool.spec
     if not spec.live and not canary:
-        return "shadow-only"
+        return Unfit(RouteDenied, "shadow-only")
     if profile.model not in spec.models:
-        return f"does not serve {profile.model}"
+        return Unfit(RouteDenied, f"does not serve {profile.model}")
     if spec.max_context < need:
-        return f"context {spec.max_context} < {need} tokens needed"
+        return Unfit(ContextTooLong, f"context {spec.max_context} < {need} tokens needed")
     if kv > spec.kv_capacity_bytes():
-        return f"KV cache {kv / 1e9:.1f} GB > {spec.kv_capacity_bytes() / 1e9:.1f} GB"
+        capacity = spec.kv_capacity_bytes()
+        return Unfit(ContextTooLong, f"KV cache {kv / 1e9:.1f} GB > {capacity / 1e9:.1f} GB")
+    if not pool.healthy():
+        return Unfit(NoHealthyBackend, "no healthy backend")
     return None
 
 
@@ -105,15 +123,17 @@ def _canary_pool(
     kv: float,
     draw: float,
     trace: list[tuple[str, str]],
+    refused: list[Unfit],
 ) -> PoolState | None:
     """Return the route's canary pool when this request falls in its share and it can serve."""
     canary = route.canary
     if canary is None or draw >= canary.weight or canary.pool not in fleet.pools:
         return None
     pool = fleet.pools[canary.pool]
-    reason = _unfit_reason(pool, profile, need, kv, canary=True) or _health_reason(pool)
-    if reason is not None:
-        trace.append((pool.name, f"canary ({canary.weight:.0%}): {reason}"))
+    unfit = _unfit(pool, profile, need, kv, canary=True)
+    if unfit is not None:
+        refused.append(unfit)
+        trace.append((pool.name, f"canary ({canary.weight:.0%}): {unfit.reason}"))
         return None
     trace.append((pool.name, f"canary ({canary.weight:.0%}): tried first"))
     return pool
@@ -149,15 +169,17 @@ def decide(
     kv = need * policy.kv_bytes_per_token(profile.model)
     trace: list[tuple[str, str]] = []
     fit: list[PoolState] = []
+    refused: list[Unfit] = []
     for pool in _candidates(route, fleet, with_fallback=False):
-        reason = _unfit_reason(pool, profile, need, kv) or _health_reason(pool)
-        if reason is None:
+        unfit = _unfit(pool, profile, need, kv)
+        if unfit is None:
             fit.append(pool)
         else:
-            trace.append((pool.name, reason))
+            refused.append(unfit)
+            trace.append((pool.name, unfit.reason))
     ranking = rank_pools(profile, route, fit, trace)
     ranked = ranking.pools
-    canary = _canary_pool(route, fleet, profile, need, kv, draw, trace)
+    canary = _canary_pool(route, fleet, profile, need, kv, draw, trace, refused)
     if canary is not None:
         ranked = [canary, *(p for p in ranked if p is not canary)]
     slo = policy.slo_classes[profile.slo_class]
@@ -190,8 +212,8 @@ def decide(
         trace.append((pool.name, "queue full"))
     if route.fallback and route.fallback not in route.pools:
         pool = fleet.pools[route.fallback]
-        reason = _unfit_reason(pool, profile, need, kv) or _health_reason(pool)
-        if reason is None:
+        unfit = _unfit(pool, profile, need, kv)
+        if unfit is None:
             backend = pool.most_free(kv_bytes=kv)
             if backend is not None:
                 trace.append((pool.name, f"fallback: {backend.name} has a free slot"))
@@ -200,17 +222,20 @@ def decide(
                 trace.append((pool.name, f"fallback queued: waits up to {budget_ms:.0f} ms"))
                 return decision(None, pool)
             fit.append(pool)
-            reason = "no free slot and queue full"
-        trace.append((pool.name, f"fallback: {reason}"))
+            trace.append((pool.name, "fallback: no free slot and queue full"))
+        else:
+            refused.append(unfit)
+            trace.append((pool.name, f"fallback: {unfit.reason}"))
     why = "; ".join(f"{p}: {r}" for p, r in trace)
     if fit:
         raise NoCapacity(
             f"every pool of route {route.name!r} is full and none can queue the request within "
             f"its SLO budget ({why}); retry later"
         )
-    if any(r.endswith("no healthy backend") for _, r in trace):
+    errors = {unfit.error for unfit in refused}
+    if NoHealthyBackend in errors:
         raise NoHealthyBackend(f"no healthy backend can serve route {route.name!r} ({why})")
-    if any("context" in r or r.startswith("KV cache") for _, r in trace):
+    if ContextTooLong in errors:
         raise ContextTooLong(
             f"~{profile.prompt_tokens} prompt tokens plus {need - profile.prompt_tokens} output "
             f"tokens exceed the context or KV-cache memory of every pool of route "
@@ -218,10 +243,6 @@ def decide(
             param="messages" if profile.endpoint == "chat" else "prompt",
         )
     raise RouteDenied(f"route {route.name!r} has no pool for model {profile.model!r} ({why})")
-
-
-def _health_reason(pool: PoolState) -> str | None:
-    return None if pool.healthy() else "no healthy backend"
 
 
 def _queue_room(pool: PoolState, budget_ms: float) -> bool:
@@ -239,7 +260,7 @@ def pick_backend(
     need = tokens_needed(profile, policy)
     kv = need * policy.kv_bytes_per_token(profile.model)
     for pool in _candidates(route, fleet, with_fallback=True):
-        if _unfit_reason(pool, profile, need, kv) is None:
+        if _unfit(pool, profile, need, kv) is None:
             backend = pool.most_free(exclude, kv)
             if backend is not None:
                 return backend

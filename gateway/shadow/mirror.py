@@ -41,6 +41,8 @@ from gateway.fleet.ratelimit import Bucket, Draw, TokenBuckets
 from gateway.fleet.state import BackendState, Fleet
 from gateway.metrics import GatewayMetrics
 from gateway.policy.model import Policy, Route
+from gateway.records.requests import ms
+from gateway.records.slo import tpot_s
 from gateway.routing.classify import RequestProfile
 from gateway.routing.router import tokens_needed
 from gateway.shadow.records import ShadowRecord, ShadowWriter
@@ -96,17 +98,6 @@ class CandidateOutcome:
     e2e_s: float
 
 
-def _ms(seconds: float | None) -> float | None:
-    return None if seconds is None else round(seconds * 1000, 3)
-
-
-def _tpot_s(ttft_s: float | None, last_s: float | None, completion: int | None) -> float | None:
-    """Time per output token after the first, from times measured on one clock origin."""
-    if ttft_s is None or last_s is None or completion is None or completion < 2:
-        return None
-    return (last_s - ttft_s) / (completion - 1)
-
-
 def _job(ex: Exchange, body: bytes, policy: Policy) -> ShadowJob:
     profile, backend = ex.profile, ex.backend
     assert profile is not None and backend is not None and ex.captured is not None
@@ -126,9 +117,9 @@ def _job(ex: Exchange, body: bytes, policy: Policy) -> ShadowJob:
         primary_pool=backend.pool,
         primary_backend=backend.name,
         primary_status=ex.status,
-        primary_ttft_ms=_ms(ttft_s),
-        primary_tpot_ms=_ms(_tpot_s(ttft_s, last_s, ex.completion_tokens)),
-        primary_e2e_ms=_ms(ex.upstream_s),
+        primary_ttft_ms=ms(ttft_s),
+        primary_tpot_ms=ms(tpot_s(ttft_s, last_s, ex.completion_tokens)),
+        primary_e2e_ms=ms(ex.upstream_s),
         primary_prompt_tokens=ex.prompt_tokens,
         primary_completion_tokens=ex.completion_tokens,
         captured=b"".join(ex.captured),
@@ -452,9 +443,9 @@ class Mirror:
             primary_ttft_ms=job.primary_ttft_ms,
             primary_tpot_ms=job.primary_tpot_ms,
             primary_e2e_ms=job.primary_e2e_ms,
-            candidate_ttft_ms=_ms(outcome.ttft_s),
-            candidate_tpot_ms=_ms(_tpot_s(outcome.ttft_s, outcome.last_token_s, completion)),
-            candidate_e2e_ms=_ms(outcome.e2e_s),
+            candidate_ttft_ms=ms(outcome.ttft_s),
+            candidate_tpot_ms=ms(tpot_s(outcome.ttft_s, outcome.last_token_s, completion)),
+            candidate_e2e_ms=ms(outcome.e2e_s),
             primary_prompt_tokens=job.primary_prompt_tokens,
             primary_completion_tokens=job.primary_completion_tokens,
             candidate_prompt_tokens=candidate.prompt_tokens,

@@ -137,7 +137,7 @@ class Response:
 class Connection(asyncio.Protocol):
     """One keep-alive connection to an origin, with at most one request on it at a time."""
 
-    def __init__(self, pool: Pool):
+    def __init__(self, pool: ConnectionPool):
         self._pool = pool
         self._loop = pool.loop
         self.transport: asyncio.Transport | None = None
@@ -309,7 +309,7 @@ class Connection(asyncio.Protocol):
             self._timer = None
 
 
-class Pool:
+class ConnectionPool:
     """Idle keep-alive connections to one origin, most recently used first."""
 
     def __init__(self, origin: Origin, loop: asyncio.AbstractEventLoop, tls: ssl.SSLContext | None):
@@ -371,7 +371,7 @@ class Client:
     """Requests to any number of origins over keep-alive connections."""
 
     def __init__(self) -> None:
-        self._pools: dict[tuple[bool, str, int], Pool] = {}
+        self._pools: dict[tuple[bool, str, int], ConnectionPool] = {}
         self._origins: dict[str, Origin] = {}
         self._heads: dict[tuple[object, ...], bytes] = {}
         self._tls: ssl.SSLContext | None = None
@@ -421,7 +421,7 @@ class Client:
         self._pools.clear()
         await asyncio.sleep(0)  # let the transports finish closing
 
-    def _pool(self, base_url: str) -> tuple[Origin, Pool]:
+    def _pool(self, base_url: str) -> tuple[Origin, ConnectionPool]:
         origin = self._origins.get(base_url)
         if origin is None:
             if len(self._origins) >= MAX_HEADS:
@@ -430,7 +430,7 @@ class Client:
         pool = self._pools.get(origin.key)
         if pool is None:
             tls = self._tls_context() if origin.tls else None
-            pool = self._pools[origin.key] = Pool(origin, asyncio.get_running_loop(), tls)
+            pool = self._pools[origin.key] = ConnectionPool(origin, asyncio.get_running_loop(), tls)
         return origin, pool
 
     def _tls_context(self) -> ssl.SSLContext:

@@ -25,7 +25,7 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 def written(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
     """One week written once for the module: rendering is what these tests look at."""
     base = tmp_path_factory.mktemp("report")
-    url = f"sqlite:///{base / 'gateway.db.engine'}"
+    url = f"sqlite:///{base / 'gateway.db'}"
     upgrade(url)
     engine = make_engine(url)
     world = build(engine)
@@ -113,7 +113,7 @@ def test_chromium_renders_the_page_without_console_messages(
 
 
 def test_a_week_without_traffic_still_makes_a_report(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'gateway.db.engine'}"
+    url = f"sqlite:///{tmp_path / 'gateway.db'}"
     upgrade(url)
     engine = make_engine(url)
     from gateway.policy.load import load_policy
@@ -127,7 +127,7 @@ def test_a_week_without_traffic_still_makes_a_report(tmp_path: Path) -> None:
 
 
 def test_cli_writes_a_named_week_and_refuses_a_malformed_one(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'gateway.db.engine'}"
+    url = f"sqlite:///{tmp_path / 'gateway.db'}"
     upgrade(url)
     engine = make_engine(url)
     build(engine)

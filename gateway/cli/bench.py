@@ -1,0 +1,93 @@
+"""`gateway bench`: the routing benchmark on a trace, and the judge's calibration."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from gateway.settings import Settings
+
+
+def _routing(args: argparse.Namespace, settings: Settings) -> int:
+    import json
+
+    from gateway.replay.bench import format_table, run_live_comparison, run_routing_benchmark
+    from gateway.replay.trace import TraceError
+
+    policy = args.policy or settings.policy_path
+    try:
+        if args.live:
+            result = run_live_comparison(
+                args.live,
+                args.trace,
+                args.out,
+                policy,
+                speed=args.live_speed,
+                rate_scale=args.rate_scale,
+                limit=args.limit,
+                seed=args.seed,
+            )
+            print(json.dumps(result["comparison"], indent=2))
+        else:
+            result = run_routing_benchmark(
+                args.trace,
+                args.out,
+                policy,
+                rate_scale=args.rate_scale,
+                limit=args.limit,
+                seed=args.seed,
+                strategies=args.strategies.split(",") if args.strategies else None,
+            )
+            print(format_table(result["strategies"]))
+    except (TraceError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"written to {args.out}")
+    return 0
+
+
+def _promotion(args: argparse.Namespace, settings: Settings) -> int:
+    import json
+
+    from gateway.promotion.calibration import calibrate
+
+    result = calibrate(runs=args.runs, seed=args.seed)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2))
+    print(json.dumps({k: v for k, v in result.items() if k != "scenarios"}, indent=2))
+    print(f"written to {args.out}")
+    return 0
+
+
+def add(commands: argparse._SubParsersAction) -> None:
+    """Add this group's commands to the `gateway` command."""
+    bench = commands.add_parser("bench", help="benchmarks").add_subparsers(
+        dest="bench_command", required=True
+    )
+    routing = bench.add_parser(
+        "routing", help="replay a trace through every routing strategy on a virtual clock"
+    )
+    routing.add_argument("--trace", type=Path, required=True, help="CSV trace (Azure LLM format)")
+    routing.add_argument("--out", type=Path, required=True, help="where to write the JSON result")
+    routing.add_argument(
+        "--rate-scale", type=float, default=1.0, help="arrivals this many times faster"
+    )
+    routing.add_argument("--limit", type=int, help="replay only the first N requests")
+    routing.add_argument("--seed", type=int, default=0, help="meter phase and round-robin start")
+    routing.add_argument("--policy", type=Path, help="policy file (default GATEWAY_POLICY)")
+    routing.add_argument("--strategies", help="comma-separated subset (default: all)")
+    routing.add_argument(
+        "--live", metavar="URL", help="also send the slice through the gateway running at URL"
+    )
+    routing.add_argument(
+        "--live-speed", type=float, default=1.0, help="the simulators' --speed, for --live"
+    )
+    routing.set_defaults(run=_routing)
+    promotion = bench.add_parser(
+        "promotion", help="calibrate the judge on simulated shadow streams"
+    )
+    promotion.add_argument("--out", type=Path, required=True, help="where to write the JSON")
+    promotion.add_argument("--runs", type=int, default=200, help="simulated runs per scenario")
+    promotion.add_argument("--seed", type=int, default=0)
+    promotion.set_defaults(run=_promotion)

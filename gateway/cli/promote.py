@@ -1,0 +1,95 @@
+"""`gateway promote`: judge candidate pools, and roll a promoted one out step by step."""
+
+from __future__ import annotations
+
+import argparse
+
+from gateway.cli.changes import announce, operator
+from gateway.policy.load import load_policy
+from gateway.settings import Settings
+
+
+def _evaluate(args: argparse.Namespace, settings: Settings) -> int:
+    import json
+
+    from gateway.db.engine import make_engine
+    from gateway.promotion.evidence import evaluate
+
+    policy = load_policy(settings.policy_path)
+    verdicts = evaluate(make_engine(settings.database_url), policy, route=args.route)
+    if args.json:
+        print(json.dumps([v.as_dict() for v in verdicts], indent=2))
+        return 0
+    if not verdicts:
+        print("no shadow evidence in the promotion window")
+    for v in verdicts:
+        needed = f" (~{v.samples_needed} more samples)" if v.samples_needed else ""
+        print(f"{v.route} → {v.candidate}: {v.outcome.upper()}: {v.reason}{needed}")
+        for check in v.checks:
+            interval = (
+                ""
+                if check.interval is None
+                else f" [{check.interval[0]:.4g}, {check.interval[1]:.4g}]"
+            )
+            estimate = "-" if check.estimate is None else f"{check.estimate:.4g}"
+            print(
+                f"    {check.name:9} {check.result:9} {estimate}{interval} vs {check.threshold:.4g}"
+                f" on {check.samples} samples: {check.detail}"
+            )
+    return 0
+
+
+def _rollout(args: argparse.Namespace, settings: Settings) -> int:
+    import json
+
+    from gateway.db.engine import make_engine
+    from gateway.promotion import rollout
+
+    engine = make_engine(settings.database_url)
+    policy = load_policy(settings.policy_path)
+    author = operator()
+    if args.promote_command == "apply":
+        result: object = rollout.start(
+            engine, policy, args.route, args.candidate, author=author, force=args.force
+        )
+    elif args.promote_command == "rollback":
+        result = rollout.stop(engine, args.route, author=author)
+    elif args.promote_command == "step":
+        result = rollout.advance(engine, policy, author=author)
+    else:
+        result = rollout.status(engine)
+    if args.promote_command != "status":
+        announce(settings)  # each step is a policy version: running gateways serve it at once
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+def add(commands: argparse._SubParsersAction) -> None:
+    """Add this group's commands to the `gateway` command."""
+    promote = commands.add_parser(
+        "promote", help="judge candidate pools from their shadow evidence"
+    ).add_subparsers(dest="promote_command", required=True)
+    promote_evaluate = promote.add_parser(
+        "evaluate", help="judge every route and candidate now and store the verdicts"
+    )
+    promote_evaluate.add_argument("--route", help="only this route")
+    promote_evaluate.add_argument("--json", action="store_true", help="print the evidence as JSON")
+    promote_evaluate.set_defaults(run=_evaluate)
+    promote_apply = promote.add_parser(
+        "apply", help="start rolling a candidate out on a route (needs a promote verdict)"
+    )
+    promote_apply.add_argument("route")
+    promote_apply.add_argument("candidate")
+    promote_apply.add_argument(
+        "--force", action="store_true", help="start without a promote verdict"
+    )
+    promote_apply.set_defaults(run=_rollout)
+    promote_rollback = promote.add_parser(
+        "rollback", help="take a route's rollout all the way back"
+    )
+    promote_rollback.add_argument("route")
+    promote_rollback.set_defaults(run=_rollout)
+    promote.add_parser("status", help="every rollout and its steps").set_defaults(run=_rollout)
+    promote.add_parser(
+        "step", help="check running rollouts now (gateway serve does it on its own)"
+    ).set_defaults(run=_rollout)
