@@ -57,9 +57,10 @@ import yaml
 
 from gateway.db.schema import request_records, shadow_records
 from gateway.stats import percentile
-from tests.gatewayserver import GatewayProcess, gateway_process
-from tests.scratchdb import scratch_database
-from tests.simproc import SimulatorProcess, metric_value, parse_metrics, start_simulator
+from harness.databases import scratch_database
+from harness.gateways import GatewayProcess, gateway_process
+from harness.metrics import metric_value, parse_metrics
+from harness.simulators import SimulatorProcess, start_simulator
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL, BIG = "llama-3.1-8b-instruct", "llama-3.1-70b-instruct"

@@ -14,7 +14,6 @@ import pytest
 from gateway.settings import variables
 
 TESTS = Path(__file__).resolve().parent
-sys.path.insert(0, str(TESTS))
 
 GATEWAY_ENV = variables()
 
@@ -55,7 +54,7 @@ class SimFleet:
 
 @pytest.fixture(scope="session")
 def sim_processes() -> Iterator[SimFleet]:
-    from simproc import start_simulator
+    from harness.simulators import start_simulator
 
     with contextlib.ExitStack() as stack:
         fleet = SimFleet(
@@ -69,8 +68,7 @@ def sim_processes() -> Iterator[SimFleet]:
 @pytest.fixture(scope="session")
 def keyed_sim_processes() -> Iterator[SimFleet]:
     """One simulator per pool kind that answers only requests carrying its pool's key."""
-    from simproc import start_simulator
-
+    from harness.simulators import start_simulator
     from policies import UPSTREAM_KEYS
 
     with contextlib.ExitStack() as stack:
@@ -177,7 +175,7 @@ def private_redis(tmp_path: Path) -> Iterator[object]:
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
 def database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """A fresh database of each engine, migrated to the newest schema."""
-    from scratchdb import scratch_database
+    from harness.databases import scratch_database
 
     base = postgres_url() if request.param == "postgresql" else None
     with scratch_database(base, tmp_path) as url:

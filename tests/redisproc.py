@@ -14,7 +14,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import redis
-from gatewayserver import free_port
+
+from harness.gateways import free_port
 
 
 class RedisProcess:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import sqlalchemy as sa
-from test_shadow import record
+from rows import shadow_record
 
 from gateway.db.schema import request_records, shadow_drops, shadow_records
 from gateway.policy.load import load_policy
@@ -121,10 +121,10 @@ def build(engine: sa.Engine) -> World:
             "primary_cost_usd": 1e-4,
             "candidate_cost_usd": None if failed else 4e-5,
         }
-        shadows.append(record(i, **fields).row())
+        shadows.append(shadow_record(i, **fields).row())
     for i in range(70, 90):  # the route's A/A noise floor
         shadows.append(
-            record(
+            shadow_record(
                 i,
                 route="chat-8b",
                 kind="noise",
@@ -138,7 +138,7 @@ def build(engine: sa.Engine) -> World:
         )
     for i in range(90, 100):  # the week before: every copy agreed
         shadows.append(
-            record(
+            shadow_record(
                 i,
                 route="chat-8b",
                 ts=start - 3 * 86400 + i,

@@ -6,10 +6,10 @@ import time
 from collections.abc import Sequence
 
 import sqlalchemy as sa
-from gatewayserver import GatewayServer
 
 from gateway.db.schema import shadow_drops, shadow_records
 from gateway.policy.model import Policy
+from harness.gateways import GatewayServer
 from policies import MODEL, fleet_policy
 
 PROMPT = [{"role": "user", "content": "Explain how an analog array multiplies a vector."}]

@@ -15,10 +15,11 @@ import openai
 import pytest
 import redis
 import yaml
-from gatewayserver import ROOT, GatewayProcess, gateway_process
-from simproc import SimulatorProcess, metric_value, start_simulator
 
 from gateway.db.engine import upgrade
+from harness.gateways import ROOT, GatewayProcess, gateway_process
+from harness.metrics import metric_value
+from harness.simulators import SimulatorProcess, start_simulator
 from policies import MODEL, pool
 
 pytestmark = pytest.mark.redis

@@ -17,11 +17,11 @@ import httpx
 import orjson
 import pytest
 import yaml
-from gatewayserver import run_gateway
 from shadowworld import shadow_rows
 
 from gateway.policy.model import Policy
 from gateway.report import generate, period
+from harness.gateways import run_gateway
 from policies import EMBED, MODEL, UPSTREAM_KEYS, fleet_policy, keyed
 
 ADMIN_TOKEN = "adm-tok-90c1f7e2b4"

@@ -51,10 +51,10 @@ def _simulate(args: argparse.Namespace, settings: Settings) -> int:
     import time
 
     from gateway.db.engine import make_engine
-    from gateway.ops.admin import parse_since
     from gateway.policy import versions
     from gateway.policy.load import parse_policy
     from gateway.replay.whatif import recorded_requests, simulate
+    from gateway.report.period import parse_since
 
     engine = make_engine(settings.database_url)
     stored = versions.active(engine)

@@ -6,7 +6,7 @@ line) is refused by the parser before any route sees it. uvicorn answers it in p
 client of an OpenAI-compatible API reads error bodies as JSON, so the gateway answers in the
 same shape as every other 400. This overrides uvicorn's `send_400_response`, which its
 httptools protocol calls for exactly that case (uvicorn 0.30 to 0.54 at least);
-tests/test_hostile_requests.py fails if a uvicorn release stops calling it.
+tests/ingress/test_hostile_requests.py fails if a uvicorn release stops calling it.
 """
 
 from __future__ import annotations

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import re
 import time
-from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, FastAPI, Query, Request, Response
@@ -22,7 +20,6 @@ from pydantic import BaseModel, Field
 
 from gateway.errors import (
     AdminDisabled,
-    InvalidRequest,
     PolicyError,
     Problem,
     ReportNotFound,
@@ -33,7 +30,7 @@ from gateway.policy import check, versions
 from gateway.policy.apply import apply
 from gateway.policy.load import content_hash
 from gateway.promotion import evidence, rollout
-from gateway.report.period import ISO_WEEK
+from gateway.report.period import ISO_WEEK, parse_since
 from gateway.report.schedule import FILES, listing
 from gateway.routing.explain import explain
 from gateway.runtime import Gateway
@@ -41,32 +38,6 @@ from gateway.shadow.summary import summarize
 
 MAX_LISTED = 1000  # policy versions one listing returns; a bigger limit is a 400, not a crash
 MAX_VERSION = 2**63 - 1  # the widest integer the databases store
-DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
-UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
-def parse_since(value: str | None, now: float) -> float | None:
-    """Read `since` as Unix seconds, an ISO 8601 time (UTC unless it says), or an age like 24h."""
-    if value is None or value == "":
-        return None
-    try:
-        return float(value)
-    except ValueError:
-        pass
-    age = DURATION.match(value)
-    if age is not None:
-        return now - float(age.group(1)) * UNIT_S[age.group(2)]
-    try:
-        moment = datetime.fromisoformat(value)
-    except ValueError:
-        raise InvalidRequest(
-            f"'since' must be Unix seconds, an ISO 8601 time or an age such as 24h or 7d, "
-            f"got {value!r}",
-            param="since",
-        ) from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return moment.timestamp()
 
 
 def admin_router(gateway: Gateway) -> APIRouter:

@@ -5,7 +5,7 @@ from what the ingress checks (gateway/routing/classify.py) and answers, and merg
 description of the ops and admin routes into one document, served at /openapi.json and browsable at
 /docs. It is built from the policy serving when it is asked for, so `model` lists the models this
 gateway serves now and the tenant key is marked required when the policy requires it. The tests fuzz
-the gateway from this document (tests/test_openapi.py), so it is kept honest.
+the gateway from this document (tests/ops/test_openapi.py), so it is kept honest.
 
 Request bodies allow fields beyond those described: vendor extensions pass to the backend
 unchanged. A 4xx a backend answers is relayed as the backend wrote it; the simulator and vLLM

@@ -1,10 +1,12 @@
-"""Report periods: an ISO week or a date range, in UTC, and the period just before it."""
+"""Periods: an ISO week or a date range, in UTC, the period just before it, and `since`."""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
+
+from gateway.errors import InvalidRequest
 
 ISO_WEEK = re.compile(r"^(\d{4})-W(\d{2})$")
 
@@ -107,3 +109,31 @@ def _iso(ts: float) -> str:
 
 def _day(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d")
+
+
+DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
+UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_since(value: str | None, now: float) -> float | None:
+    """Read `since` as Unix seconds, an ISO 8601 time (UTC unless it says), or an age like 24h."""
+    if value is None or value == "":
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    age = DURATION.match(value)
+    if age is not None:
+        return now - float(age.group(1)) * UNIT_S[age.group(2)]
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise InvalidRequest(
+            f"'since' must be Unix seconds, an ISO 8601 time or an age such as 24h or 7d, "
+            f"got {value!r}",
+            param="since",
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.timestamp()

@@ -6,7 +6,13 @@ from pathlib import Path
 import pytest
 
 from gateway.costmodel.model import CostModel
-from gateway.costmodel.train import MIN_OBSERVATIONS, Observation, observations_from_rows, train
+from gateway.costmodel.train import (
+    MIN_OBSERVATIONS,
+    Observation,
+    RetrainSchedule,
+    observations_from_rows,
+    train,
+)
 from gateway.policy.load import load_policy
 
 POLICY = load_policy(Path(__file__).resolve().parents[2] / "policies/default.yaml")
@@ -133,3 +139,12 @@ def test_observations_of_one_model_share_one_name() -> None:
     first, second = observations_from_rows(rows)
     assert first.model == "llama-3.1-8b"
     assert first.model is second.model
+
+
+def test_the_retrain_schedule_waits_for_new_observations_and_spaces_urgent_runs() -> None:
+    schedule = RetrainSchedule(every=200, interval_s=300.0, min_interval_s=10.0)
+    assert not schedule.due(0, 10_000.0)  # nothing new: never
+    assert not schedule.due(199, 60.0)
+    assert schedule.due(200, 10.0)
+    assert not schedule.due(5000, 9.9)  # a flood of observations still waits min_interval_s
+    assert schedule.due(1, 300.0)  # anything new, after interval_s

@@ -7,10 +7,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from gatewayserver import run_gateway
 
 from gateway.db.engine import make_engine, upgrade
 from gateway.report.schedule import ReportScheduler, due, parse_schedule
+from harness.gateways import run_gateway
 from policies import fleet_policy
 
 MONDAY_7AM = datetime(2026, 11, 30, 7, 0, tzinfo=UTC).timestamp()  # ISO week 2026-W49

@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from gatewayserver import run_gateway
-
+from harness.gateways import run_gateway
 from policies import MODEL, fleet_policy
 
 PROMPT = [{"role": "user", "content": "Describe how a systolic array multiplies matrices."}]

@@ -7,7 +7,8 @@ tests that do either start their own (module- or function-scoped) process.
 from collections.abc import Iterator
 
 import pytest
-from simproc import SimulatorProcess, start_simulator
+
+from harness.simulators import SimulatorProcess, start_simulator
 
 # Fast enough that a 400-token answer takes about a millisecond of wall time.
 FAST = 1000.0

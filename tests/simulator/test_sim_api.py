@@ -6,8 +6,9 @@ import math
 import httpx
 import openai
 import pytest
-from simproc import metric_value, start_simulator
 
+from harness.metrics import metric_value
+from harness.simulators import start_simulator
 from simulator.tokenizer import count_tokens
 
 CHAT = "llama-3.1-8b-instruct"

@@ -10,7 +10,8 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-from simproc import start_simulator
+
+from harness.simulators import start_simulator
 
 PROFILES = Path(__file__).parents[2] / "simulator" / "profiles"
 

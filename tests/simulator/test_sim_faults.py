@@ -7,7 +7,8 @@ import httpx
 import openai
 import orjson
 import pytest
-from simproc import start_simulator
+
+from harness.simulators import start_simulator
 
 CHAT = "llama-3.1-8b-instruct"
 

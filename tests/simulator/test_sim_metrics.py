@@ -5,7 +5,9 @@ import time
 
 import httpx
 import pytest
-from simproc import SimulatorProcess, metric_value, parse_metrics, start_simulator
+
+from harness.metrics import metric_value, parse_metrics
+from harness.simulators import SimulatorProcess, start_simulator
 
 CHAT = "llama-3.1-8b-instruct"
 

@@ -5,7 +5,8 @@ import json
 
 import httpx
 import pytest
-from simproc import start_simulator
+
+from harness.simulators import start_simulator
 
 CHAT = "llama-3.1-8b-instruct"
 EMBEDDING = "bge-large-en-v1.5"

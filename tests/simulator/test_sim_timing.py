@@ -12,7 +12,8 @@ from dataclasses import dataclass
 import httpx
 import orjson
 import pytest
-from simproc import start_simulator
+
+from harness.simulators import start_simulator
 
 CHAT = "llama-3.1-8b-instruct"
 

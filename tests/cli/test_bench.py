@@ -1,0 +1,48 @@
+"""`gateway bench`: the routing benchmark's result file, and its errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gateway.cli import main
+from gateway.replay.strategies import STRATEGIES
+
+ROOT = Path(__file__).resolve().parents[2]
+TRACE = ROOT / "tests" / "data" / "azure_llm_2023_conv_head.csv"  # tests/data/README.md
+
+
+def test_bench_routing_command_writes_the_documented_keys(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "routing.json"
+    policy = str(ROOT / "policies" / "default.yaml")
+    command = ["bench", "routing", "--trace", str(TRACE), "--out", str(out), "--limit", "120"]
+    status = main([*command, "--policy", policy, "--seed", "3"])
+    assert status == 0
+    document = json.loads(out.read_text())
+    assert document["requests"] == 120 and document["seed"] == 3
+    assert set(document["strategies"]) == set(STRATEGIES)
+    for name, result in document["strategies"].items():
+        for key in (
+            "energy_j_per_request",
+            "fleet_energy_j",
+            "cost_usd_per_1k_tokens",
+            "slo_attainment",
+            "ttft_p50_ms",
+            "ttft_p99_ms",
+            "pool_shares",
+        ):
+            assert key in result, (name, key)
+    assert "mape_after_500" in document["strategies"]["learned"]["cost_model"]
+    assert "slo_attainment" in document["targets"]
+    assert "learned" in capsys.readouterr().out
+
+
+def test_bench_routing_command_names_a_missing_trace(tmp_path: Path) -> None:
+    status = main(
+        ["bench", "routing", "--trace", str(tmp_path / "none.csv"), "--out", str(tmp_path / "o")]
+    )
+    assert status == 2

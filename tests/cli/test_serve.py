@@ -1,0 +1,176 @@
+"""`gateway serve` stopped by SIGTERM while streams are in flight: drain, flush, exit 0."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import sqlalchemy as sa
+import yaml
+from command import ROOT, gateway
+from rawhttp import NOT_HTTP, UPGRADE, not_http_error
+
+from gateway.db.schema import request_records
+from harness.gateways import free_port, wait_ready
+from policies import MODEL
+
+STREAMS = 4
+
+
+def refuses_connections(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return False
+    except ConnectionRefusedError:
+        return True
+
+
+def test_sigterm_finishes_in_flight_streams_refuses_new_connections_and_flushes(
+    sims, tmp_path: Path
+) -> None:
+    for sim in sims.all():
+        sim.set_faults(slow_factor=300)  # streams last long enough to be cut by a bad stop
+    doc = yaml.safe_load((ROOT / "policies/default.yaml").read_text())
+    for kind in ("gpu", "asic", "cim"):
+        doc["pools"][kind]["backends"] = [{"url": u} for u in sims.urls(kind)]
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(yaml.safe_dump(doc))
+    url = f"sqlite:///{tmp_path / 'g.db'}"
+    env = {
+        **os.environ,
+        "GATEWAY_POLICY": str(policy),
+        "DATABASE_URL": url,
+        "GATEWAY_RECORD_FLUSH_INTERVAL_S": "30",
+        "GATEWAY_SPILL_DIR": str(tmp_path / "spill"),
+        "GATEWAY_DRAIN_TIMEOUT_S": "60",
+    }
+    upgrade = [sys.executable, "-m", "gateway", "db", "upgrade"]
+    assert subprocess.run(upgrade, env=env, cwd=ROOT, capture_output=True).returncode == 0
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway", "serve", "--port", str(port)],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    started = threading.Barrier(STREAMS + 1, timeout=20)
+    results: list[tuple[str, str | None]] = []
+    failures: list[BaseException] = []
+
+    def stream() -> None:
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k", max_retries=0)
+        try:
+            chunks = client.chat.completions.create(
+                model=MODEL,
+                messages=[{"role": "user", "content": "Tell me a long story."}],
+                max_tokens=40,
+                stream=True,
+            )
+            text, finish = [], None
+            for chunk in chunks:
+                if chunk.choices and chunk.choices[0].delta.content:
+                    if not text:
+                        started.wait()
+                    text.append(chunk.choices[0].delta.content)
+                if chunk.choices and chunk.choices[0].finish_reason:
+                    finish = chunk.choices[0].finish_reason
+            results.append(("".join(text), finish))
+        except BaseException as exc:
+            failures.append(exc)
+            started.abort()
+
+    try:
+        wait_ready(port)
+        threads = [threading.Thread(target=stream) for _ in range(STREAMS)]
+        for t in threads:
+            t.start()
+        started.wait()  # every stream has its first token: all are in flight
+        proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while not refuses_connections(port):
+            assert time.monotonic() < deadline, "the gateway kept accepting connections"
+            time.sleep(0.02)
+        still_streaming = sum(t.is_alive() for t in threads)
+        for t in threads:
+            t.join(timeout=30)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert not failures, failures
+    assert still_streaming > 0, "the streams ended before the gateway stopped listening"
+    assert len(results) == STREAMS
+    assert all(text and finish in ("stop", "length") for text, finish in results), results
+    engine = sa.create_engine(url)
+    with engine.connect() as conn:
+        rows = conn.execute(sa.select(request_records.c.status, request_records.c.stream)).all()
+    engine.dispose()
+    # The flush interval is 30 s: the records exist only because shutdown wrote them.
+    assert sorted(rows) == [(200, True)] * STREAMS
+
+
+def test_serve_refuses_an_invalid_policy_at_startup(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("pools: {}\n")
+    result = gateway("serve", "--port", "1", env={"GATEWAY_POLICY": str(bad)})
+    assert result.returncode == 2
+    assert str(bad) in result.stderr and "pools" in result.stderr
+
+
+def test_serve_answers_then_stops_on_sigterm_with_records_flushed(sims, tmp_path: Path) -> None:
+    doc = yaml.safe_load((ROOT / "policies/default.yaml").read_text())
+    doc["pools"]["gpu"]["backends"] = [{"url": u} for u in sims.urls("gpu")]
+    doc["pools"]["asic"]["backends"] = [{"url": u} for u in sims.urls("asic")]
+    doc["pools"]["cim"]["backends"] = [{"url": u} for u in sims.urls("cim")]
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(yaml.safe_dump(doc))
+    url = f"sqlite:///{tmp_path / 'g.db'}"
+    env = {
+        **os.environ,
+        "GATEWAY_POLICY": str(policy),
+        "DATABASE_URL": url,
+        "GATEWAY_RECORD_FLUSH_INTERVAL_S": "30",
+    }
+    assert gateway("db", "upgrade", env=env).returncode == 0
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway", "serve", "--port", str(port)],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        wait_ready(port)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k", max_retries=0)
+        for _ in range(3):
+            assert client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=3
+            ).choices
+        error = not_http_error(f"http://127.0.0.1:{port}", NOT_HTTP[0])
+        assert error["code"] == "invalid_http_request"
+        models = httpx.get(f"http://127.0.0.1:{port}/v1/models", headers=UPGRADE, timeout=10)
+        assert models.status_code == 200, models.text
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    engine = sa.create_engine(url)
+    with engine.connect() as conn:
+        count = conn.execute(sa.select(sa.func.count()).select_from(request_records)).scalar()
+    engine.dispose()
+    # The flush interval is 30 s: the records exist only because shutdown wrote them.
+    assert count == 3

@@ -1,0 +1,206 @@
+"""The database: migrations round-trip to the tables in code, and the queries use the indexes."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import re
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from alembic import command
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from rows import request_record, shadow_record
+
+from gateway.db.engine import alembic_config, make_engine, upgrade
+from gateway.db.schema import metadata, request_records, shadow_drops, shadow_records
+from gateway.promotion import evidence, rollout
+from gateway.replay.whatif import recorded_requests
+from gateway.report import data
+from gateway.shadow.summary import summarize
+from policies import fleet_policy
+
+
+def schema_drift(url: str) -> list[Any]:
+    engine = make_engine(url)
+    with engine.connect() as conn:
+        diff = compare_metadata(MigrationContext.configure(conn), metadata)
+    engine.dispose()
+    return diff
+
+
+def test_migrations_go_down_to_nothing_and_up_again_to_the_tables_in_code(database: str) -> None:
+    config = alembic_config(database)
+    command.downgrade(config, "base")
+    engine = make_engine(database)
+    assert sa.inspect(engine).get_table_names() == ["alembic_version"]
+    engine.dispose()
+    upgrade(database)
+    assert schema_drift(database) == []
+
+
+def test_drift_between_migrations_and_code_is_reported(database: str) -> None:
+    """The comparison above would notice a migration that forgot an index of the code."""
+    command.downgrade(alembic_config(database), "0006")
+    drift = schema_drift(database)
+    assert ("add_index", "ix_shadow_records_route_ts") in {
+        (d[0], d[1].name) for d in drift if isinstance(d, tuple)
+    }
+
+
+# Query plans -------------------------------------------------------------------------------
+
+DAY = 86400.0
+NOW = 1_790_000_000.0
+ROUTES = [f"route-{n}" for n in range(8)]
+POOLS = ["gpu", "asic", "cim"]
+# The queries ask for a route with 1/64 of the traffic: where reading by time alone wastes most.
+SMALL = "route-5"
+
+
+def route_of(n: int) -> str:
+    """Return the route of the n-th record: route-k takes 2^-(k+1) of the traffic."""
+    k = 0
+    while n % 2 and k < len(ROUTES) - 1:
+        n //= 2
+        k += 1
+    return ROUTES[k]
+
+
+def fill(engine: sa.Engine) -> None:
+    """Store 60 days of records over eight routes of unequal traffic; refresh the statistics."""
+    requests, shadows, drops = [], [], []
+    for n in range(16_000):
+        ts = NOW - 60 * DAY * n / 16_000
+        r = request_record(n)
+        requests.append(
+            dataclasses.replace(
+                r, ts=ts, route=route_of(n), pool=POOLS[n % 3], first_pool=POOLS[n % 3]
+            ).row()
+        )
+    for n in range(8_000):
+        s = shadow_record(n, decision_id=f"{n:032x}", ts=NOW - 60 * DAY * n / 8_000)
+        shadows.append(
+            dataclasses.replace(s, route=route_of(n), candidate_pool=POOLS[1 + n % 2]).row()
+        )
+    for n in range(4_000):
+        drops.append(
+            {
+                "ts": NOW - 60 * DAY * n / 4_000,
+                "route": route_of(n),
+                "candidate_pool": POOLS[1 + n % 2],
+                "kind": "candidate",
+                "reason": "queue_full",
+                "count": 1,
+            }
+        )
+    with engine.begin() as conn:
+        conn.execute(request_records.insert(), requests)
+        conn.execute(shadow_records.insert(), shadows)
+        conn.execute(shadow_drops.insert(), drops)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("ANALYZE")
+
+
+@contextlib.contextmanager
+def statements(engine: sa.Engine) -> Iterator[list[tuple[str, Any]]]:
+    """Collect every SELECT the engine sends while the block runs, with its parameters."""
+    seen: list[tuple[str, Any]] = []
+
+    def capture(conn: Any, cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
+        if statement.lstrip().upper().startswith("SELECT"):
+            seen.append((statement, parameters))
+
+    sa.event.listen(engine, "before_cursor_execute", capture)
+    try:
+        yield seen
+    finally:
+        sa.event.remove(engine, "before_cursor_execute", capture)
+
+
+def _pg_indexes(plan: dict[str, Any]) -> set[str]:
+    found = {plan["Index Name"]} if "Index Name" in plan else set()
+    for child in plan.get("Plans", ()):
+        found |= _pg_indexes(child)
+    return found
+
+
+def indexes_used(engine: sa.Engine, statement: str, parameters: Any) -> set[str]:
+    """Return the indexes the planner chooses for a statement."""
+    with engine.connect() as conn:
+        if engine.dialect.name == "postgresql":
+            (plan,) = conn.exec_driver_sql(f"EXPLAIN (FORMAT JSON) {statement}", parameters).one()
+            return _pg_indexes((plan if isinstance(plan, list) else json.loads(plan))[0]["Plan"])
+        rows = conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {statement}", parameters).all()
+    return {m.group(1) for r in rows if (m := re.search(r"USING (?:COVERING )?INDEX (\w+)", r[3]))}
+
+
+def plans(engine: sa.Engine, run: Callable[[], object]) -> list[set[str]]:
+    """Run a reader and return the indexes each of its queries would use."""
+    with statements(engine) as seen:
+        run()
+    assert seen, "the reader sent no query"
+    return [indexes_used(engine, s, p) for s, p in seen]
+
+
+@pytest.fixture
+def filled(database: str) -> Iterator[sa.Engine]:
+    engine = make_engine(database)
+    fill(engine)
+    yield engine
+    engine.dispose()
+
+
+def test_judge_of_one_route_reads_its_time_range_by_index(filled: sa.Engine) -> None:
+    (used,) = plans(filled, lambda: evidence.load_evidence(filled, NOW - 14 * DAY, SMALL))
+    assert "ix_shadow_records_route_ts" in used
+
+
+def test_rollout_guards_read_the_canary_by_index(filled: sa.Engine) -> None:
+    policy = fleet_policy()
+    requests, copies = plans(
+        filled, lambda: rollout.guards(filled, policy, SMALL, "asic", NOW - 7 * DAY)
+    )
+    assert "ix_request_records_route_first_pool_ts" in requests
+    assert "ix_shadow_records_route_ts" in copies
+
+
+def test_shadow_summary_of_one_route_reads_records_and_drops_by_index(filled: sa.Engine) -> None:
+    records, drops = plans(filled, lambda: summarize(filled, SMALL, None, NOW - 7 * DAY))
+    assert "ix_shadow_records_route_ts" in records
+    assert "ix_shadow_drops_route_ts" in drops
+
+
+def test_weekly_report_and_what_if_read_their_period_by_index(filled: sa.Engine) -> None:
+    since, until = NOW - 8 * DAY, NOW - DAY
+    (requests,) = plans(filled, lambda: data._read_requests(filled, since, until))
+    (copies,) = plans(filled, lambda: data._read_shadows(filled, since, until))
+    (drops,) = plans(filled, lambda: data._read_drops(filled, since, until))
+    (replayed,) = plans(filled, lambda: recorded_requests(filled, since, limit=100))
+    assert "ix_request_records_ts" in requests
+    assert "ix_shadow_records_ts" in copies
+    assert "ix_shadow_drops_ts" in drops
+    assert "ix_request_records_ts" in replayed
+
+
+def test_migration_0002_adds_and_removes_the_shadow_tables(database: str) -> None:
+    command.downgrade(alembic_config(database), "0001")
+    engine = make_engine(database)
+    assert not {"shadow_records", "shadow_drops"} & set(sa.inspect(engine).get_table_names())
+    upgrade(database, "0002")
+    assert {"shadow_records", "shadow_drops"} <= set(
+        sa.inspect(make_engine(database)).get_table_names()
+    )
+
+
+def test_migrations_match_the_table_definitions(database: str) -> None:
+    upgrade(database)  # idempotent on an up-to-date database
+    engine = make_engine(database)
+    with engine.connect() as conn:
+        diff = compare_metadata(MigrationContext.configure(conn), metadata)
+    engine.dispose()
+    assert diff == []

@@ -1,0 +1,135 @@
+"""Token buckets in memory and in Redis, and tenants' rate limits on the request path."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from pathlib import Path
+
+import openai
+import pytest
+
+from gateway.fleet.ratelimit import Bucket, Draw, TokenBuckets, tenant_draws
+from gateway.fleet.sharedstate import SharedState
+from gateway.metrics import GatewayMetrics
+from gateway.policy.model import RateLimit
+from harness.gateways import run_gateway
+from policies import MODEL, fleet_policy
+
+
+def test_a_bucket_allows_its_capacity_then_refills_at_its_rate() -> None:
+    bucket = Bucket(rate=2.0, capacity=2.0, now=0.0)
+    assert [bucket.take(1, 0.0) for _ in range(3)] == [True, True, False]
+    assert bucket.take(1, 0.4) is False
+    assert bucket.take(1, 0.5) is True
+    assert bucket.wait_s(1, 0.5) == pytest.approx(0.5)
+
+
+def test_a_cost_beyond_the_capacity_waits_for_a_full_bucket_instead_of_never_passing() -> None:
+    bucket = Bucket(rate=10.0, capacity=100.0, now=0.0)
+    assert bucket.take(500, 0.0) is True
+    assert bucket.wait_s(500, 0.0) == pytest.approx(10.0)
+
+
+def test_spending_from_several_buckets_is_all_or_nothing() -> None:
+    buckets = TokenBuckets(clock=lambda: 0.0)
+    requests, tokens = Draw("r", 1.0, 10.0), Draw("t", 1.0, 100.0, cost=60)
+    assert asyncio.run(buckets.take([requests, tokens])) == 0
+    assert asyncio.run(buckets.take([requests, tokens])) == pytest.approx(20.0)
+    # The refused request spent nothing from the request bucket: nine are left.
+    assert [asyncio.run(buckets.take([requests])) for _ in range(10)].count(0) == 9
+
+
+def test_tenant_draws_spend_requests_and_tokens_a_minute() -> None:
+    draws = tenant_draws("acme", RateLimit(requests_per_minute=60, tokens_per_minute=6000), 300)
+    assert draws == [
+        Draw("tenant:acme:requests", 1.0, 60.0),
+        Draw("tenant:acme:tokens", 100.0, 6000.0, 300),
+    ]
+
+
+@pytest.mark.redis
+def test_replicas_spend_from_one_bucket_in_redis(redis_url: str, redis_prefix: str) -> None:
+    async def scenario() -> tuple[int, float]:
+        replicas = [SharedState(redis_url, GatewayMetrics(), prefix=redis_prefix) for _ in "ab"]
+        for shared in replicas:
+            await shared.start()
+        try:
+            buckets = [TokenBuckets(shared) for shared in replicas]
+            draw = Draw("shared", rate=0.1, capacity=5)
+            waits = [await buckets[i % 2].take([draw]) for i in range(8)]
+            return waits.count(0), max(waits)
+        finally:
+            for shared in replicas:
+                await shared.stop()
+
+    allowed, longest = asyncio.run(scenario())
+    assert allowed == 5
+    assert 0 < longest <= 10.0
+
+
+@pytest.mark.redis
+def test_without_redis_each_replica_spends_its_share_of_the_rate(private_redis) -> None:
+    url = private_redis.url  # type: ignore[attr-defined]
+
+    async def scenario() -> int:
+        a, b = (SharedState(url, GatewayMetrics(), prefix="p", lease_s=0.4) for _ in "ab")
+        await a.start()
+        await b.start()
+        await asyncio.sleep(0.3)  # a's heartbeat sees b: two replicas
+        private_redis.stop()  # type: ignore[attr-defined]
+        try:
+            buckets = TokenBuckets(a)
+            waits = [await buckets.take([Draw("share", 0.01, 10)]) for _ in range(10)]
+            return waits.count(0)
+        finally:
+            await a.stop()
+            await b.stop()
+
+    assert asyncio.run(scenario()) == 5  # half of the ten a minute, for each of two replicas
+
+
+def tenant(name: str, key: str, **limit: float) -> dict:
+    return {
+        "name": name,
+        "api_key_sha256": [hashlib.sha256(key.encode()).hexdigest()],
+        "rate_limit": limit,
+    }
+
+
+def test_a_tenant_over_its_limit_gets_429_with_retry_after_and_others_are_served(
+    sims, tmp_path: Path
+) -> None:
+    policy = fleet_policy(
+        sims.urls("gpu"),
+        sims.urls("asic"),
+        sims.urls("cim"),
+        tenants=[
+            tenant("acme", "acme-key", requests_per_minute=3),
+            tenant("globex", "globex-key", tokens_per_minute=100),
+        ],
+    )
+
+    def ask(server, key: str, max_tokens: int = 4) -> str:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key=key, max_retries=0)
+        try:
+            client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=max_tokens
+            )
+            return "ok"
+        except openai.RateLimitError as exc:
+            assert exc.body["code"] == "rate_limit_exceeded"  # type: ignore[index]
+            assert "acme" in exc.message or "globex" in exc.message
+            assert int(exc.response.headers["retry-after"]) >= 1
+            return "limited"
+
+    with run_gateway(policy, tmp_path) as server:
+        acme = [ask(server, "acme-key") for _ in range(5)]
+        anonymous = [ask(server, "no-tenant") for _ in range(5)]
+        # globex pays in tokens: a prompt plus 60 output tokens each, 100 a minute.
+        globex = [ask(server, "globex-key", max_tokens=60) for _ in range(2)]
+        metrics = server.http().get("/metrics").text
+    assert acme == ["ok"] * 3 + ["limited"] * 2
+    assert anonymous == ["ok"] * 5
+    assert globex == ["ok", "limited"]
+    assert 'gateway_rate_limited_total{tenant="acme"} 2.0' in metrics

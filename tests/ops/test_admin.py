@@ -1,0 +1,106 @@
+"""The admin API: the token guard, and the shadow summary filled by real traffic."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from shadowworld import PROMPT, settle, shadow_policy, shadow_rows
+
+from gateway.report.period import parse_since
+from harness.gateways import run_gateway
+from policies import MODEL, fleet_policy
+
+TOKEN = "s3cret-admin-token"
+AUTH = {"authorization": f"Bearer {TOKEN}"}
+REQUIRED = {
+    "route",
+    "candidate",
+    "samples",
+    "dropped",
+    "candidate_error_rate",
+    "exact_match_rate",
+    "normalized_match_rate",
+    "mean_similarity",
+    "noise_samples",
+    "noise_exact_match_rate",
+    "noise_mean_similarity",
+    "primary_latency_p50_ms",
+    "primary_latency_p95_ms",
+    "candidate_latency_p50_ms",
+    "candidate_latency_p95_ms",
+    "primary_energy_j",
+    "candidate_energy_j",
+}
+
+
+def test_without_a_token_configured_the_admin_api_is_off(tmp_path: Path) -> None:
+    with run_gateway(fleet_policy(), tmp_path) as gw, gw.http() as http:
+        response = http.get("/admin/shadow/summary", headers=AUTH)
+    assert response.status_code == 403
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["code"] == "admin_disabled" and "GATEWAY_ADMIN_TOKEN" in error["message"]
+
+
+@pytest.mark.parametrize("auth", [None, "Bearer wrong", f"Basic {TOKEN}", TOKEN])
+def test_a_missing_or_wrong_token_is_401(tmp_path: Path, auth: str | None) -> None:
+    headers = {} if auth is None else {"authorization": auth}
+    with run_gateway(fleet_policy(), tmp_path, admin_token=TOKEN) as gw, gw.http() as http:
+        response = http.get("/admin/shadow/summary", headers=headers)
+    assert response.status_code == 401
+    assert response.headers["www-authenticate"] == "Bearer"
+    assert response.json()["error"]["code"] == "invalid_admin_token"
+
+
+def test_since_takes_seconds_iso_times_and_ages() -> None:
+    now = 1_000_000.0
+    assert parse_since("12.5", now) == 12.5
+    assert parse_since("24h", now) == now - 86_400
+    assert parse_since("1970-01-02T00:00:00", now) == 86_400
+    assert parse_since("1970-01-02T01:00:00+01:00", now) == 86_400
+    assert parse_since(None, now) is None
+
+
+def test_a_malformed_since_is_a_400_naming_it(tmp_path: Path) -> None:
+    with run_gateway(fleet_policy(), tmp_path, admin_token=TOKEN) as gw, gw.http() as http:
+        response = http.get("/admin/shadow/summary", params={"since": "last week"}, headers=AUTH)
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == "since"
+
+
+def test_traffic_fills_the_shadow_summary(sims, tmp_path: Path) -> None:
+    policy = shadow_policy(sims.urls("gpu"), sims.urls("asic"), sims.urls("cim"), noise=1.0)
+    with run_gateway(policy, tmp_path, admin_token=TOKEN) as gw, gw.http() as http:
+        client = gw.client()
+        for temperature in (0, 0, 0, 0.8):
+            client.chat.completions.create(
+                model=MODEL, messages=PROMPT, max_tokens=30, temperature=temperature
+            )
+        settle(gw)
+        shadow_rows(gw, 8)
+        gw.records(4)
+        summary = http.get("/admin/shadow/summary", headers=AUTH).json()
+        by_candidate = http.get(
+            "/admin/shadow/summary", params={"candidate": "asic"}, headers=AUTH
+        ).json()
+        later = http.get("/admin/shadow/summary", params={"since": "2999-01-01"}, headers=AUTH)
+        metrics = http.get("/metrics").text
+    (entry,) = summary
+    assert set(entry) >= REQUIRED
+    assert (entry["route"], entry["candidate"], entry["samples"], entry["dropped"]) == (
+        "chat",
+        "cim",
+        4,
+        0,
+    )
+    assert entry["candidate_error_rate"] == 0
+    assert entry["noise_samples"] == 4 and entry["greedy"]["noise_exact_match_rate"] == 1.0
+    assert (entry["greedy"]["samples"], entry["sampled"]["samples"]) == (3, 1)
+    assert 0 <= entry["mean_similarity"] <= 1
+    assert entry["primary_latency_p50_ms"] > 0 and entry["candidate_latency_p95_ms"] > 0
+    # Copies are metered like requests: their energy is the candidate's, not the primaries'.
+    assert entry["primary_energy_j"] > 0 and entry["candidate_energy_j"] > 0
+    assert by_candidate == [] and later.json() == []
+    assert 'gateway_shadow_sent_total{candidate="cim",kind="candidate",route="chat"} 4.0' in metrics
+    assert 'gateway_shadow_compared_total{candidate="gpu",kind="noise",route="chat"} 4.0' in metrics

@@ -1,0 +1,82 @@
+"""The admin policy API: read, validate, apply, list and roll back versions on a live gateway."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gateway.policy.load import content_hash, render_policy
+from harness.gateways import run_gateway
+from policies import fleet_policy
+
+TOKEN = "policy-admin-token"
+AUTH = {"authorization": f"Bearer {TOKEN}"}
+
+
+def test_policy_endpoints_apply_list_and_roll_back_versions(tmp_path: Path) -> None:
+    first = fleet_policy()
+    second = fleet_policy(assumed_max_tokens=512)
+    with run_gateway(first, tmp_path, admin_token=TOKEN) as gw, gw.http() as http:
+        active = http.get("/admin/policy", headers=AUTH).json()
+        assert active["version"] == 1 and active["hash"] == content_hash(active["yaml"])
+
+        text = render_policy(second)
+        applied = http.put(
+            "/admin/policy", json={"yaml": text, "message": "longer outputs"}, headers=AUTH
+        )
+        assert applied.status_code == 200 and applied.json()["version"] == 2
+        assert http.get("/admin/policy", headers=AUTH).json()["yaml"] == text
+        assert gw.gateway.policy.assumed_max_tokens == 512
+
+        listed = http.get("/admin/policy/versions", headers=AUTH).json()
+        assert listed["active"] == 2
+        assert [(v["version"], v["message"], v["author"]) for v in listed["versions"]] == [
+            (2, "longer outputs", "admin-api"),
+            (1, "initial policy from policies/default.yaml", listed["versions"][1]["author"]),
+        ]
+
+        rolled = http.post("/admin/policy/rollback", json={}, headers=AUTH)
+        assert rolled.json() == {"version": 3, "restores": 1}
+        assert gw.gateway.policy.assumed_max_tokens == 256
+        assert http.get("/admin/policy", headers=AUTH).json()["hash"] == active["hash"]
+
+        missing = http.post("/admin/policy/rollback", json={"version": 42}, headers=AUTH)
+        assert missing.status_code == 404
+        assert missing.json()["error"]["code"] == "policy_version_not_found"
+
+
+def test_an_invalid_policy_is_422_with_located_errors_and_changes_nothing(tmp_path: Path) -> None:
+    text = render_policy(fleet_policy()).replace("fallback: gpu", "fallback: gpux", 1)
+    with run_gateway(fleet_policy(), tmp_path, admin_token=TOKEN) as gw, gw.http() as http:
+        before = http.get("/admin/policy", headers=AUTH).json()
+        response = http.put("/admin/policy", json={"yaml": text, "message": "x"}, headers=AUTH)
+        assert response.status_code == 422
+        (error,) = response.json()["errors"]
+        assert error["path"] == "routes.0.fallback"
+        assert "'gpux', which is not defined" in error["message"]
+        assert error["location"].startswith("<request>:")
+        assert http.get("/admin/policy", headers=AUTH).json() == before
+        listed = http.get("/admin/policy/versions", headers=AUTH).json()
+        assert [v["version"] for v in listed["versions"]] == [1]
+
+
+def test_validate_reports_errors_and_warnings_without_applying(tmp_path: Path) -> None:
+    with run_gateway(fleet_policy(), tmp_path, admin_token=TOKEN) as gw, gw.http() as http:
+        good = http.post(
+            "/admin/policy/validate", json={"yaml": render_policy(fleet_policy())}, headers=AUTH
+        ).json()
+        assert good["valid"] is True and good["errors"] == []
+        assert [w["path"] for w in good["warnings"]] == ["pools.cim"]  # no route uses it
+        bad = http.post("/admin/policy/validate", json={"yaml": "pools: ["}, headers=AUTH).json()
+        assert bad["valid"] is False and "not valid YAML" in bad["errors"][0]["message"]
+        assert gw.gateway.policy_version == 1
+
+
+def test_policy_endpoints_need_the_admin_token(tmp_path: Path) -> None:
+    with run_gateway(fleet_policy(), tmp_path, admin_token=TOKEN) as gw, gw.http() as http:
+        assert http.get("/admin/policy").status_code == 401
+        put = http.put("/admin/policy", json={"yaml": "", "message": "x"})
+        assert put.status_code == 401
+        assert http.post("/admin/policy/rollback", json={}).status_code == 401
+    (tmp_path / "off").mkdir()
+    with run_gateway(fleet_policy(), tmp_path / "off") as gw, gw.http() as http:
+        assert http.get("/admin/policy", headers=AUTH).status_code == 403

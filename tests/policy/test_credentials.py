@@ -1,0 +1,219 @@
+"""Upstream credentials: named by the policy, read from the environment, sent to one backend."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+from shadowworld import shadow_rows
+
+from gateway.errors import PolicyError
+from gateway.fleet.state import Fleet
+from gateway.policy import versions
+from gateway.policy.load import parse_policy, render_policy
+from gateway.runtime import Gateway
+from gateway.settings import Settings
+from harness.gateways import run_gateway
+from harness.metrics import metric_value
+from policies import EMBED, MODEL, UPSTREAM_KEYS, fleet_policy, keyed
+
+TOKEN = "credentials-admin-token"
+AUTH = {"authorization": f"Bearer {TOKEN}"}
+VARIABLES = dict(zip(("gpu", "asic", "cim"), UPSTREAM_KEYS, strict=True))
+
+
+def test_the_policy_names_a_variable_and_never_quotes_a_pasted_key() -> None:
+    with pytest.raises(PolicyError) as refused:
+        keyed(fleet_policy(), {"asic": "sk-live-0123456789"})
+    (problem,) = refused.value.problems
+    assert problem.path == "pools.asic.backends.0.api_key_env"
+    assert "names an environment variable" in problem.message
+    assert "sk-live-0123456789" not in str(refused.value)
+
+
+def test_each_backend_carries_its_own_key_and_metrics_get_it_on_its_origin_only() -> None:
+    policy = keyed(fleet_policy(gpu=["http://127.0.0.1:1"]), {"gpu": "GPU_KEY", "asic": "ASIC_KEY"})
+    doc = policy.model_dump(mode="json", exclude_defaults=True)
+    doc["pools"]["asic"]["backends"][0]["metrics_url"] = "http://127.0.0.1:9400/metrics"
+    policy = parse_policy(yaml.safe_dump(doc))
+    fleet = Fleet(policy, {"GPU_KEY": "g-secret", "ASIC_KEY": "a-secret"})
+    gpu, asic, cim = (fleet.pools[name].backends[0] for name in ("gpu", "asic", "cim"))
+
+    assert gpu.headers == {"content-type": "application/json", "authorization": "Bearer g-secret"}
+    assert gpu.shadow_headers == gpu.headers | {"x-gateway-shadow": "1"}
+    assert gpu.auth == gpu.metrics_auth == {"authorization": "Bearer g-secret"}
+    assert asic.auth == {"authorization": "Bearer a-secret"}
+    assert asic.metrics_auth == {}, "a separate exporter must not receive the backend's key"
+    assert "authorization" not in cim.headers and cim.auth == {}
+    assert "secret" not in repr(gpu) + repr(asic)
+    # Simulations and tests build fleets without an environment: no credentials at all.
+    assert Fleet(policy).pools["gpu"].backends[0].auth == {}
+
+
+def test_a_reload_keeps_live_state_and_takes_the_new_key() -> None:
+    environ = {"OLD_KEY": "old", "NEW_KEY": "new"}
+    fleet = Fleet(keyed(fleet_policy(), {"gpu": "OLD_KEY"}), environ)
+    backend = fleet.pools["gpu"].backends[0]
+    backend.in_flight = 3
+    after = fleet.reconfigure(keyed(fleet_policy(), {"gpu": "NEW_KEY"}))
+    assert after.pools["gpu"].backends[0] is backend and backend.in_flight == 3
+    assert backend.auth == {"authorization": "Bearer new"} and backend.api_key_env == "NEW_KEY"
+
+
+def test_a_policy_naming_an_unset_variable_is_refused_before_anything_changes() -> None:
+    fleet = Fleet(keyed(fleet_policy(), {"gpu": "GPU_KEY"}), {"GPU_KEY": "g"})
+    backend = fleet.pools["gpu"].backends[0]
+    with pytest.raises(PolicyError) as refused:
+        fleet.reconfigure(keyed(fleet_policy(), {"gpu": "GPU_KEY", "asic": "MISSING_KEY"}))
+    assert "backend 'asic-0' of pool 'asic' takes its key from MISSING_KEY" in str(refused.value)
+    assert refused.value.problems[0].path == "pools.asic.backends.0.api_key_env"
+    assert backend.name == "gpu-0" and backend.auth == {"authorization": "Bearer g"}
+    with pytest.raises(PolicyError, match="MISSING_KEY"):
+        Fleet(keyed(fleet_policy(), {"asic": "MISSING_KEY"}), {"MISSING_KEY": ""})
+
+
+def test_a_gateway_does_not_start_on_a_policy_naming_an_unset_variable(tmp_path: Path) -> None:
+    settings = Settings(database_url=f"sqlite:///{tmp_path / 'gateway.db'}")
+    with pytest.raises(PolicyError, match="MISSING_KEY"):
+        Gateway(settings, keyed(fleet_policy(), {"asic": "MISSING_KEY"}), environ={})
+
+
+def test_the_admin_api_refuses_an_unset_key_and_a_replica_without_it_keeps_serving(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GPU_KEY", "g-secret")
+    first = keyed(fleet_policy(), {"gpu": "GPU_KEY"})
+    lacking = render_policy(keyed(fleet_policy(), {"gpu": "GPU_KEY", "asic": "ELSEWHERE_KEY"}))
+    with (
+        run_gateway(first, tmp_path, admin_token=TOKEN, policy_poll_interval_s=0.1) as gw,
+        gw.http() as http,
+    ):
+        checked = http.post("/admin/policy/validate", json={"yaml": lacking}, headers=AUTH).json()
+        assert checked["valid"] is False
+        (error,) = checked["errors"]
+        assert error["path"] == "pools.asic.backends.0.api_key_env"
+        assert "ELSEWHERE_KEY, which is not set in this gateway's environment" in error["message"]
+        assert error["location"].startswith("<request>:")
+        put = http.put("/admin/policy", json={"yaml": lacking, "message": "x"}, headers=AUTH)
+        assert put.status_code == 422 and put.json()["errors"] == [error]
+
+        # A replica that has the key applied it; this one must not serve it half-keyed.
+        versions.record(gw.gateway.engine, lacking, "elsewhere", "asic needs a key")
+        deadline = time.monotonic() + 10
+        reloads = "gateway_policy_reloads_total"
+        while metric_value(http.get("/metrics").text, reloads, result="invalid") < 1:
+            assert time.monotonic() < deadline, "the replica never looked at version 2"
+            time.sleep(0.05)
+        assert gw.gateway.policy_version == 1
+        assert http.get("/admin/policy", headers=AUTH).json()["version"] == 1
+
+
+def test_the_cli_warns_of_an_unset_variable_it_cannot_see(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gateway.cli import main
+
+    path = tmp_path / "keyed.yaml"
+    path.write_text(render_policy(keyed(fleet_policy(), {"asic": "NOT_HERE_KEY"})))
+    assert main(["policy", "validate", str(path)]) == 0
+    assert main(["policy", "validate", str(path), "--strict"]) == 1
+    (warning,) = [line for line in capsys.readouterr().out.splitlines() if "NOT_HERE" in line][:1]
+    assert f"{path}:" in warning and "pools.asic.backends.0.api_key_env" in warning
+    assert "NOT_HERE_KEY, which is not set here" in warning
+
+
+def test_the_key_reaches_every_call_to_a_backend_that_requires_it(
+    keyed_sims, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for variable, key in UPSTREAM_KEYS.items():
+        monkeypatch.setenv(variable, key)
+    route = {
+        "name": "chat",
+        "match": {"models": [MODEL]},
+        "pools": ["asic", "gpu"],
+        # Room for every copy at once: on a busy machine they overlap, and none may be dropped.
+        "shadow": [
+            {
+                "pool": "cim",
+                "sample_rate": 1.0,
+                "budget": {"max_concurrent": 8, "max_slot_share": 1.0},
+            }
+        ],
+    }
+    embed = {"name": "embed", "match": {"models": [EMBED]}, "pools": ["gpu"]}
+    policy = keyed(
+        fleet_policy(
+            keyed_sims.urls("gpu"),
+            keyed_sims.urls("asic"),
+            keyed_sims.urls("cim"),
+            routes=[route, embed],
+        ),
+        VARIABLES,
+    )
+    with run_gateway(policy, tmp_path, power_scrape_interval_s=0.1) as gw:
+        with gw.client() as client:
+            for _ in range(3):
+                raw = client.chat.completions.with_raw_response.create(
+                    model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4
+                )
+                assert raw.headers["x-gateway-pool"] == "asic"
+            stream = client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "hi"}], stream=True
+            )
+            assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+            client.embeddings.create(model=EMBED, input="hi")
+        records = gw.records(5)
+        copies = shadow_rows(gw, 4)
+        time.sleep(0.5)  # health probes and power scrapes go on meanwhile
+        metrics = httpx.get(gw.url + "/metrics").text
+    assert all(r["status"] == 200 and r["attempts"] == 1 for r in records), records
+    assert not any(r["energy_estimated"] for r in records), "power scrapes were refused"
+    # Each copy was answered by the shadow pool, which answers only its own key.
+    assert [(c["candidate_status"], c["candidate_error"]) for c in copies] == [(200, None)] * 4
+    assert metric_value(metrics, "gateway_backend_ejections_total") == 0
+    for sim in keyed_sims.all():
+        assert metric_value(sim.metrics(), "sim_unauthorized_requests_total") == 0, sim.url
+
+
+def test_a_refused_key_is_an_upstream_failure_not_the_clients(
+    keyed_sims, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("UPSTREAM_GPU_KEY", UPSTREAM_KEYS["UPSTREAM_GPU_KEY"])
+    monkeypatch.setenv("UPSTREAM_ASIC_KEY", "sk-not-the-asic-key")
+    routes = [
+        {"name": "chat", "match": {"models": [MODEL]}, "pools": ["asic", "gpu"]},
+        {"name": "embed", "match": {"models": [EMBED]}, "pools": ["asic"]},
+    ]
+    policy = keyed(
+        fleet_policy(
+            keyed_sims.urls("gpu"), keyed_sims.urls("asic"), keyed_sims.urls("cim"), routes=routes
+        ),
+        {"gpu": "UPSTREAM_GPU_KEY", "asic": "UPSTREAM_ASIC_KEY"},
+    )
+    asic = keyed_sims.asic[0]
+    before = asic.metrics()
+    caplog.set_level(logging.WARNING, logger="gateway.upstream.client")
+    with run_gateway(policy, tmp_path) as gw, gw.http() as http:
+        # The client's own key, even the one the ASIC wants, is never passed upstream.
+        asic_key = {"authorization": f"Bearer {UPSTREAM_KEYS['UPSTREAM_ASIC_KEY']}"}
+        chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+        served = http.post("/v1/chat/completions", json=chat, headers=asic_key)
+        assert served.status_code == 200 and served.headers["x-gateway-pool"] == "gpu"
+        failed = http.post("/v1/embeddings", json={"model": EMBED, "input": "hi"}, headers=asic_key)
+        assert failed.status_code == 502, failed.text
+        error = failed.json()["error"]
+        assert error["code"] == "upstream_error"
+        assert "refused the gateway's credentials (401)" in error["message"]
+        records = gw.records(2)
+        time.sleep(0.5)  # a few health probes
+    chat_record = next(r for r in records if r["route"] == "chat")
+    assert (chat_record["attempts"], chat_record["pool"]) == (2, "gpu"), chat_record
+    assert "refused the key from UPSTREAM_ASIC_KEY (401)" in caplog.text
+    after = asic.metrics()
+    for path in ("/v1/chat/completions", "/v1/embeddings", "/health", "/metrics"):
+        refused = metric_value(after, "sim_unauthorized_requests_total", path=path)
+        assert refused > metric_value(before, "sim_unauthorized_requests_total", path=path), path

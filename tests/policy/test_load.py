@@ -1,0 +1,191 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gateway.errors import PolicyError
+from gateway.policy.load import load_policy, parse_policy
+
+DEFAULT = Path(__file__).resolve().parents[2] / "policies" / "default.yaml"
+
+
+def default_doc() -> dict:
+    return yaml.safe_load(DEFAULT.read_text())
+
+
+def test_default_policy_is_the_realistic_fleet() -> None:
+    policy = load_policy(DEFAULT)
+    assert {p.kind for p in policy.pools.values()} == {"gpu", "asic", "cim"}
+    assert not policy.pools["cim"].live
+    assert policy.pools["gpu"].models == [
+        "llama-3.1-8b-instruct",
+        "llama-3.1-70b-instruct",
+        "bge-large-en-v1.5",
+    ]
+    assert "llama-3.1-70b-instruct" not in policy.pools["asic"].models
+    short = policy.routes[0]
+    assert short.pools[0] == "asic" and short.fallback == "gpu"
+    assert all(r.fallback in (None, "gpu") for r in policy.routes)
+    assert [b.name for b in policy.pools["gpu"].backends] == ["gpu-0", "gpu-1"]
+
+
+def test_error_names_file_line_field_and_value() -> None:
+    text = DEFAULT.read_text().replace("slots_per_backend: 16", "slots_per_backend: -3")
+    with pytest.raises(PolicyError) as info:
+        parse_policy(text, "fleet.yaml")
+    message = str(info.value)
+    line = next(i for i, s in enumerate(text.splitlines(), 1) if "slots_per_backend: -3" in s)
+    assert f"fleet.yaml:{line}:" in message
+    assert "pools.asic.slots_per_backend" in message
+    assert "-3" in message
+
+
+def test_unknown_key_is_an_error() -> None:
+    doc = default_doc()
+    doc["pools"]["gpu"]["slotz"] = 4
+    with pytest.raises(PolicyError, match=r"pools\.gpu\.slotz"):
+        parse_policy(yaml.safe_dump(doc))
+
+
+def test_route_naming_an_undefined_pool_is_an_error() -> None:
+    doc = default_doc()
+    doc["routes"][0]["pools"] = ["asic-b", "gpu"]
+    with pytest.raises(PolicyError) as info:
+        parse_policy(yaml.safe_dump(doc))
+    assert "route 'chat-8b-short' names pool 'asic-b', which is not defined" in str(info.value)
+    assert "routes.0.pools.0" in str(info.value)
+
+
+def test_shadow_only_pool_cannot_serve_a_route() -> None:
+    doc = default_doc()
+    doc["routes"][0]["pools"] = ["cim"]
+    with pytest.raises(PolicyError, match="shadow-only"):
+        parse_policy(yaml.safe_dump(doc))
+
+
+def test_fallback_must_serve_the_routes_models() -> None:
+    doc = default_doc()
+    doc["routes"][2]["fallback"] = "asic"  # chat-70b: the ASIC does not serve the 70B model
+    with pytest.raises(PolicyError, match="does not serve"):
+        parse_policy(yaml.safe_dump(doc))
+
+
+def test_undefined_slo_class_and_tenant_are_errors() -> None:
+    doc = default_doc()
+    doc["default_slo_class"] = "realtime"
+    doc["routes"][1]["match"]["tenants"] = ["ghost"]
+    with pytest.raises(PolicyError) as info:
+        parse_policy(yaml.safe_dump(doc))
+    assert "'realtime'" in str(info.value) and "'ghost'" in str(info.value)
+
+
+def test_backend_url_must_be_http() -> None:
+    doc = default_doc()
+    doc["pools"]["gpu"]["backends"][0]["url"] = "ftp://x"
+    with pytest.raises(PolicyError, match="http://"):
+        parse_policy(yaml.safe_dump(doc))
+
+
+def test_missing_file_and_bad_yaml_are_policy_errors(tmp_path: Path) -> None:
+    with pytest.raises(PolicyError, match="cannot read"):
+        load_policy(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("pools: [unclosed\n")
+    with pytest.raises(PolicyError, match="not valid YAML"):
+        load_policy(bad)
+
+
+def test_tenant_keys_are_matched_by_digest() -> None:
+    import hashlib
+
+    doc = default_doc()
+    doc["tenants"] = [{"name": "acme", "api_key_sha256": [hashlib.sha256(b"sk-acme").hexdigest()]}]
+    policy = parse_policy(yaml.safe_dump(doc))
+    tenant = policy.tenant_for_key("sk-acme")
+    assert tenant is not None and tenant.name == "acme"
+    assert policy.tenant_for_key("sk-other") is None
+
+
+def test_default_policy_shadows_8b_chat_to_cim_and_long_prompts_to_the_asic() -> None:
+    routes = {r.name: r for r in load_policy(DEFAULT).routes}
+    chat = routes["chat-8b"]
+    targets = {t.pool: t for t in chat.shadow}
+    assert set(targets) == {"cim", "asic"} and 0 < targets["cim"].sample_rate < 1
+    assert targets["asic"].match.prompt_tokens.min > 2048
+    assert chat.noise_floor is not None and chat.noise_floor.share > 0
+    assert [t.pool for t in routes["chat-8b-short"].shadow] == ["cim"]
+
+
+def shadowing(**target: object) -> dict:
+    doc = default_doc()
+    doc["routes"][1]["shadow"] = [{"pool": "cim", "sample_rate": 0.1, **target}]
+    doc["routes"][1].pop("noise_floor", None)
+    return doc
+
+
+@pytest.mark.parametrize(
+    ("change", "path", "message"),
+    [
+        ({"pool": "cimx"}, "routes.1.shadow.0.pool", "shadows pool 'cimx', which is not defined"),
+        ({"pool": "gpu"}, "routes.1.shadow.0.pool", "which is its primary pool"),
+        ({"sample_rate": 1.5}, "routes.1.shadow.0.sample_rate", "less than or equal to 1"),
+        (
+            {"match": {"tenants": ["ghost"]}},
+            "routes.1.shadow.0.match.tenants.0",
+            "filters on tenant 'ghost', which is not defined",
+        ),
+        (
+            {"match": {"models": ["llama-3.1-70b-instruct"]}},
+            "routes.1.shadow.0.match.models.0",
+            "which route 'chat-8b' never matches",
+        ),
+        (
+            {"budget": {"max_slot_share": 0.1}},
+            "routes.1.shadow.0.budget.max_slot_share",
+            "0.1 of pool 'cim' (4 slots) is less than one slot; use at least 0.25",
+        ),
+        (
+            {"compare": {"comparators": ["exact", "bleu"]}},
+            "routes.1.shadow.0.compare.comparators.1",
+            "comparator 'bleu' is not known",
+        ),
+        (
+            {"compare": {"comparators": ["rouge_l", "edit_ratio"]}},
+            "routes.1.shadow.0.compare.comparators",
+            "2 similarity measures",
+        ),
+    ],
+)
+def test_shadow_target_errors_name_the_path_and_value(
+    change: dict, path: str, message: str
+) -> None:
+    with pytest.raises(PolicyError) as info:
+        parse_policy(yaml.safe_dump(shadowing(**change)), "fleet.yaml")
+    assert path in str(info.value) and message in str(info.value)
+
+
+def test_a_shadow_target_must_serve_the_routes_model() -> None:
+    doc = default_doc()
+    doc["routes"][2]["shadow"] = [{"pool": "cim", "sample_rate": 0.1}]  # chat-70b
+    with pytest.raises(PolicyError, match="shadows pool 'cim', which serves none of"):
+        parse_policy(yaml.safe_dump(doc))
+
+
+def test_a_noise_floor_needs_shadow_samples_and_a_second_backend() -> None:
+    doc = default_doc()
+    doc["routes"][2]["noise_floor"] = {"share": 0.5}  # chat-70b shadows nothing
+    doc["pools"]["gpu"]["backends"] = doc["pools"]["gpu"]["backends"][:1]
+    with pytest.raises(PolicyError) as info:
+        parse_policy(yaml.safe_dump(doc))
+    message = str(info.value)
+    assert "route 'chat-70b' keeps a noise floor but shadows no pool" in message
+    assert "none of its pools (gpu) has a second backend" in message
+
+
+def test_noise_floor_and_targets_must_measure_similarity_the_same_way() -> None:
+    doc = default_doc()
+    doc["routes"][1]["noise_floor"]["compare"] = {"comparators": ["exact", "edit_ratio"]}
+    with pytest.raises(PolicyError, match="noise floor measures similarity with 'edit_ratio'"):
+        parse_policy(yaml.safe_dump(doc))

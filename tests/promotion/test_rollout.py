@@ -1,0 +1,167 @@
+"""Progressive rollout: a candidate takes a route step by step, and a breach takes it back."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from gateway.policy.load import load_policy
+from gateway.promotion.rollout import Guards, next_move, promoted, with_canary
+from harness.gateways import GatewayServer, run_gateway
+from policies import MODEL, fleet_policy
+
+TOKEN = "rollout-token"
+AUTH = {"authorization": f"Bearer {TOKEN}"}
+PROMPT = [{"role": "user", "content": "Describe a compute-in-memory crossbar."}]
+PROMOTION = {
+    "rollout_steps": [0.5, 1.0],
+    "step_minutes": 0.005,  # 0.3 s per step
+    "guard_min_requests": 4,
+    "guard_min_slo_attainment": 0.5,
+}
+
+
+def world(sims):
+    routes = [{"name": "chat", "match": {"models": [MODEL]}, "pools": ["gpu"]}]
+    return fleet_policy(
+        sims.urls("gpu"), sims.urls("asic"), sims.urls("cim"), routes=routes, promotion=PROMOTION
+    )
+
+
+def rollout_state(gw: GatewayServer) -> dict:
+    with gw.http() as http:
+        return http.get("/admin/rollouts", headers=AUTH).json()[-1]
+
+
+def drive(gw: GatewayServer, until: str, seconds: float = 15.0) -> dict[str, int]:
+    """Send requests until the rollout reaches a state; return which pools served them."""
+    client, pools = gw.client(), {}
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            raw = client.chat.completions.with_raw_response.create(
+                model=MODEL, messages=PROMPT, max_tokens=4
+            )
+            pool = raw.headers["x-gateway-pool"]
+            pools[pool] = pools.get(pool, 0) + 1
+        except Exception:
+            pools["error"] = pools.get("error", 0) + 1
+        if rollout_state(gw)["state"] == until:
+            return pools
+    raise AssertionError(f"the rollout did not reach {until}: {rollout_state(gw)}")
+
+
+def test_guards_decide_advance_wait_and_rollback() -> None:
+    policy = load_policy(Path(__file__).resolve().parents[2] / "policies/default.yaml")
+    ok = Guards(requests=100, errors=0, slo_met=100, compared=50, agreed=49)
+    assert next_move(ok, policy, elapsed_s=3600)[0] == "advance"
+    assert next_move(ok, policy, elapsed_s=60)[0] == "wait"
+    failing = Guards(requests=100, errors=5, slo_met=95, compared=0, agreed=0)
+    assert next_move(failing, policy, elapsed_s=60) == ("rollback", "error rate 0.050 > 0.01")
+    slow = Guards(requests=100, errors=0, slo_met=80, compared=0, agreed=0)
+    assert next_move(slow, policy, elapsed_s=3600)[0] == "rollback"
+    drifting = Guards(requests=100, errors=0, slo_met=100, compared=40, agreed=30)
+    assert "agreement" in next_move(drifting, policy, elapsed_s=3600)[1]
+    quiet = Guards(requests=3, errors=0, slo_met=3, compared=0, agreed=0)
+    assert next_move(quiet, policy, elapsed_s=3600)[0] == "wait"
+
+
+def test_policy_edits_add_the_canary_and_finish_the_promotion() -> None:
+    doc = {
+        "pools": {"gpu": {"live": True}, "cim": {"live": False}},
+        "routes": [
+            {"name": "chat", "pools": ["gpu"], "shadow": [{"pool": "cim", "sample_rate": 0.2}]}
+        ],
+    }
+    with_canary(doc, "chat", "cim", 0.05)
+    route = doc["routes"][0]
+    assert route["canary"] == {"pool": "cim", "weight": 0.05}
+    assert {"pool": "gpu", "sample_rate": 0.1} in route["shadow"]  # the reverse sample
+    promoted(doc, "chat", "cim")
+    assert route["pools"] == ["cim", "gpu"] and "canary" not in route
+    assert doc["pools"]["cim"]["live"] is True
+    assert [s["pool"] for s in route["shadow"]] == ["gpu"]
+
+
+def test_a_healthy_candidate_steps_up_to_all_of_the_route(sims, tmp_path: Path) -> None:
+    with (
+        run_gateway(
+            world(sims),
+            tmp_path,
+            admin_token=TOKEN,
+            rollout_check_interval_s=0.1,
+            policy_poll_interval_s=0.1,
+        ) as gw,
+        gw.http() as http,
+    ):
+        started = http.post(
+            "/admin/promotions/apply",
+            json={"route": "chat", "candidate": "asic", "force": True},
+            headers=AUTH,
+        )
+        assert started.status_code == 200, started.text
+        assert started.json()["weight"] == 0.5
+        served = drive(gw, "complete")
+        after = drive_pools(gw, 5)
+        history = rollout_state(gw)["history"]
+        versions = http.get("/admin/policy/versions", headers=AUTH).json()
+    assert served.get("asic", 0) > 0 and "error" not in served
+    assert after == {"asic": 5}
+    assert [h["event"] for h in history] == ["started", "advance", "promoted"]
+    # Seed, 50%, 100%, promoted: every step is an audited policy version.
+    assert versions["active"] == 4 and len(versions["versions"]) == 4
+
+
+def drive_pools(gw: GatewayServer, n: int) -> dict[str, int]:
+    pools: dict[str, int] = {}
+    for _ in range(n):
+        raw = gw.client().chat.completions.with_raw_response.create(
+            model=MODEL, messages=PROMPT, max_tokens=4
+        )
+        pools[raw.headers["x-gateway-pool"]] = pools.get(raw.headers["x-gateway-pool"], 0) + 1
+    return pools
+
+
+def test_a_failing_candidate_is_rolled_back_and_the_reason_recorded(sims, tmp_path: Path) -> None:
+    sims.asic[0].set_faults(error_rate=1.0)
+    with (
+        run_gateway(
+            world(sims),
+            tmp_path,
+            admin_token=TOKEN,
+            rollout_check_interval_s=0.1,
+            policy_poll_interval_s=0.1,
+        ) as gw,
+        gw.http() as http,
+    ):
+        http.post(
+            "/admin/promotions/apply",
+            json={"route": "chat", "candidate": "asic", "force": True},
+            headers=AUTH,
+        )
+        served = drive(gw, "rolled_back")
+        state = rollout_state(gw)
+        after = drive_pools(gw, 4)
+    assert "error" not in served  # the fallback kept every client answered meanwhile
+    assert state["weight"] == 0.0
+    assert state["history"][-1]["event"] == "rollback"
+    assert "error rate" in state["history"][-1]["reason"]
+    assert after == {"gpu": 4}
+
+
+def test_a_rollout_needs_a_promote_verdict_unless_forced(sims, tmp_path: Path) -> None:
+    with run_gateway(world(sims), tmp_path, admin_token=TOKEN) as gw, gw.http() as http:
+        refused = http.post(
+            "/admin/promotions/apply", json={"route": "chat", "candidate": "asic"}, headers=AUTH
+        )
+    assert refused.status_code == 400
+    assert "not 'promote'" in refused.json()["error"]["message"]
+
+
+@pytest.fixture(autouse=True)
+def _no_leftover_faults(sims):
+    yield
+    for sim in sims.all():
+        sim.reset_faults()

@@ -1,0 +1,259 @@
+"""Batched record writes through a database outage: held, spilled, replayed, never silently lost."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import orjson
+import pytest
+import sqlalchemy as sa
+from dbswitch import switchable
+from rows import request_record
+
+import gateway.records.batching as batching
+from gateway.db.engine import make_engine
+from gateway.db.schema import request_records
+from gateway.metrics import GatewayMetrics
+from gateway.records.requests import RecordWriter
+from harness.gateways import run_gateway
+from policies import MODEL, fleet_policy
+
+TABLE = "request_records"
+
+
+def sample(metrics: GatewayMetrics, name: str, **labels: str) -> float:
+    return metrics.registry.get_sample_value(name, labels or None) or 0.0
+
+
+def stored(url: str) -> list[int]:
+    engine = make_engine(url)
+    with engine.connect() as conn:
+        rows = conn.execute(sa.select(request_records.c.completion_tokens)).scalars().all()
+    engine.dispose()
+    return sorted(rows)
+
+
+def test_records_kept_while_the_database_is_unreachable_are_written_when_it_returns(
+    database: str, tmp_path: Path
+) -> None:
+    metrics = GatewayMetrics()
+    spill = tmp_path / "spill"
+    with switchable(database, tmp_path) as db:
+        engine = make_engine(db.url)
+        writer = RecordWriter(engine, metrics, batch_size=7, max_held=10, spill_dir=spill)
+
+        async def outage() -> None:
+            for n in range(25):
+                writer.add(request_record(n))
+            await writer.flush()
+            for n in range(25, 40):
+                writer.add(request_record(n))
+            await writer.flush()
+
+        asyncio.run(outage())
+        assert sample(metrics, "gateway_records_buffered", table=TABLE, where="memory") == 10
+        assert sample(metrics, "gateway_records_buffered", table=TABLE, where="disk") == 30
+        assert sample(metrics, "gateway_records_spilled_total", table=TABLE) == 30
+        assert sample(metrics, "gateway_record_write_failures_total", table=TABLE) >= 1
+        assert len((spill / f"{TABLE}.jsonl").read_bytes().splitlines()) == 30
+
+        db.up()
+        asyncio.run(writer.flush())
+        engine.dispose()
+    assert stored(database) == list(range(40))
+    assert sample(metrics, "gateway_records_written_total") == 40
+    assert sample(metrics, "gateway_records_replayed_total", table=TABLE) == 30
+    assert sample(metrics, "gateway_records_dropped_total") == 0
+    assert sample(metrics, "gateway_records_buffered", table=TABLE, where="memory") == 0
+    assert sample(metrics, "gateway_records_buffered", table=TABLE, where="disk") == 0
+    assert not (spill / f"{TABLE}.jsonl").exists()
+
+
+def test_stop_spills_what_the_database_cannot_take_and_the_next_start_replays_it(
+    database: str, tmp_path: Path
+) -> None:
+    spill = tmp_path / "spill"
+    with switchable(database, tmp_path) as db:
+
+        async def run(metrics: GatewayMetrics, adding: range) -> None:
+            engine = make_engine(db.url)
+            writer = RecordWriter(engine, metrics, flush_interval_s=0.01, spill_dir=spill)
+            writer.start()
+            for n in adding:
+                writer.add(request_record(n))
+            await writer.stop()
+            engine.dispose()
+
+        before = GatewayMetrics()
+        asyncio.run(run(before, range(20)))
+        assert sample(before, "gateway_records_spilled_total", table=TABLE) == 20
+        assert sample(before, "gateway_records_dropped_total") == 0
+
+        db.up()
+        after = GatewayMetrics()
+        asyncio.run(run(after, range(20, 25)))
+    assert stored(database) == list(range(25))
+    assert sample(after, "gateway_records_replayed_total", table=TABLE) == 20
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("database", ["postgresql"], indirect=True)
+def test_records_survive_postgresql_cutting_the_connections_the_writer_holds(
+    database: str, tmp_path: Path
+) -> None:
+    metrics = GatewayMetrics()
+    with switchable(database, tmp_path) as db:
+        db.up()
+        engine = make_engine(db.url)
+        writer = RecordWriter(engine, metrics, max_held=3, spill_dir=tmp_path / "spill")
+
+        async def write(numbers: range) -> None:
+            for n in numbers:
+                writer.add(request_record(n))
+            await writer.flush()
+
+        asyncio.run(write(range(5)))
+        db.down()
+        asyncio.run(write(range(5, 12)))
+        assert sample(metrics, "gateway_records_written_total") == 5
+        assert sample(metrics, "gateway_records_spilled_total", table=TABLE) == 4
+        db.up()
+        asyncio.run(write(range(12, 15)))
+        engine.dispose()
+    assert stored(database) == list(range(15))
+    assert sample(metrics, "gateway_records_dropped_total") == 0
+
+
+def test_records_past_memory_and_spill_limits_are_dropped_and_counted(tmp_path: Path) -> None:
+    from gateway.db.engine import upgrade
+
+    url = f"sqlite:///{tmp_path / 'gateway.db'}"
+    upgrade(url)
+    metrics = GatewayMetrics()
+    one_row = len(orjson.dumps(request_record(10).row())) + 1
+    with switchable(url, tmp_path) as db:
+        engine = make_engine(db.url)
+        writer = RecordWriter(
+            engine,
+            metrics,
+            max_held=5,
+            spill_dir=tmp_path / "spill",
+            max_spill_bytes=3 * one_row,
+        )
+
+        async def outage() -> None:
+            for n in range(40):
+                writer.add(request_record(n))
+            await writer.flush()
+
+        asyncio.run(outage())
+        held = sample(metrics, "gateway_records_buffered", table=TABLE, where="memory")
+        spilled = sample(metrics, "gateway_records_spilled_total", table=TABLE)
+        dropped = sample(metrics, "gateway_records_dropped_total")
+        assert (held, spilled, dropped) == (5, 3, 32)
+        assert held + spilled + dropped == 40
+
+        db.up()
+        asyncio.run(writer.flush())
+        engine.dispose()
+    assert len(stored(url)) == held + spilled
+
+
+def test_a_row_the_database_refuses_is_rejected_without_holding_back_the_others(
+    database: str,
+) -> None:
+    metrics = GatewayMetrics()
+    engine = make_engine(database)
+    writer = RecordWriter(engine, metrics)
+
+    async def scenario() -> None:
+        writer.add(request_record(0, decision_id="d" * 32))
+        await writer.flush()
+        writer.add(request_record(1))
+        writer.add(request_record(2, decision_id="d" * 32))
+        writer.add(request_record(3))
+        await writer.flush()
+
+    asyncio.run(scenario())
+    engine.dispose()
+    assert stored(database) == [0, 1, 3]
+    assert sample(metrics, "gateway_records_rejected_total", table=TABLE) == 1
+    assert sample(metrics, "gateway_records_dropped_total") == 0
+    assert sample(metrics, "gateway_records_buffered", table=TABLE, where="memory") == 0
+
+
+def test_a_batch_is_one_transaction_of_short_statements_with_the_cpu_yielded_between(
+    database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    metrics = GatewayMetrics()
+    engine = make_engine(database)
+    statements: list[int] = []
+    yields: list[int] = []
+
+    @sa.event.listens_for(engine, "before_cursor_execute", named=True)
+    def count(statement: str, parameters: list, executemany: bool, **_: object) -> None:
+        if statement.startswith("INSERT INTO request_records"):
+            statements.append(len(parameters) if executemany else 1)
+
+    real_yield = batching.yield_cpu
+
+    def counted_yield() -> None:
+        yields.append(len(statements))
+        real_yield()
+
+    monkeypatch.setattr(batching, "yield_cpu", counted_yield)
+    writer = RecordWriter(engine, metrics, batch_size=500)
+
+    async def scenario() -> None:
+        for n in range(500):
+            writer.add(request_record(n))
+        await writer.flush()
+        # Ten statements of 50 rows, the CPU yielded between each.
+        assert statements == [50] * 10 and yields == list(range(1, 10))
+        # A row refused in the batch's second statement: the first statement's 50 rows are
+        # rolled back with it, and the batch goes again row by row, so none is stored twice.
+        for n in range(500, 600):
+            writer.add(request_record(n, decision_id="d" * 32 if n in (500, 560) else None))
+        await writer.flush()
+
+    asyncio.run(scenario())
+    engine.dispose()
+    assert statements[10:12] == [50, 50]
+    assert stored(database) == [n for n in range(600) if n != 560]
+    assert sample(metrics, "gateway_records_rejected_total", table=TABLE) == 1
+    assert sample(metrics, "gateway_records_written_total") == 599
+
+
+def test_gateway_serves_while_its_database_is_unreachable_and_records_every_request(
+    sims, database: str, tmp_path: Path
+) -> None:
+    policy = fleet_policy(sims.urls("gpu"), sims.urls("asic"), sims.urls("cim"))
+    prompt = [{"role": "user", "content": "hello"}]
+    with (
+        switchable(database, tmp_path) as db,
+        run_gateway(policy, tmp_path, database_url=db.url, record_buffer_rows=2) as gw,
+    ):
+        client = gw.client()
+        ids = []
+        for _ in range(6):
+            raw = client.chat.completions.with_raw_response.create(
+                model=MODEL, messages=prompt, max_tokens=4
+            )
+            assert raw.parse().choices[0].message.content
+            ids.append(raw.headers["x-gateway-decision-id"])
+        metrics = gw.gateway.metrics
+        deadline = time.monotonic() + 10
+        while sample(metrics, "gateway_records_spilled_total", table=TABLE) < 4:
+            assert time.monotonic() < deadline, "the records were never spilled"
+            time.sleep(0.02)
+        assert sample(metrics, "gateway_records_written_total") == 0
+        assert gw.http().get("/readyz").json()["database"] is False
+
+        db.up()
+        rows = gw.records(6)
+        scraped = gw.http().get("/metrics").text
+    assert sorted(r["decision_id"] for r in rows) == sorted(ids)
+    assert f'gateway_records_replayed_total{{table="{TABLE}"}} 4.0' in scraped
+    assert "gateway_records_dropped_total 0.0" in scraped

@@ -1,0 +1,37 @@
+"""The replay's world: the default policy and a slice of the production trace, replayed once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway.policy.load import load_policy
+from gateway.policy.model import Policy
+from gateway.replay.bench import benchmark
+from gateway.replay.trace import TraceRequest, read_trace
+
+ROOT = Path(__file__).resolve().parents[2]
+SLICE = 300
+
+
+@pytest.fixture(scope="session")
+def trace() -> Path:
+    """Return the head of the production trace (tests/data/README.md)."""
+    return ROOT / "tests" / "data" / "azure_llm_2023_conv_head.csv"
+
+
+@pytest.fixture(scope="session")
+def policy() -> Policy:
+    return load_policy(ROOT / "policies" / "default.yaml")
+
+
+@pytest.fixture(scope="session")
+def requests(trace: Path) -> list[TraceRequest]:
+    return read_trace(trace, limit=SLICE)
+
+
+@pytest.fixture(scope="session")
+def results(policy: Policy, requests: list[TraceRequest]) -> dict[str, dict[str, Any]]:
+    return benchmark(policy, requests, seed=7)

@@ -1,0 +1,100 @@
+"""Rows to store: request and shadow records made up for a test, and rows of any age."""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+
+import sqlalchemy as sa
+
+from gateway.db.schema import request_records, shadow_records
+from gateway.records.requests import RequestRecord
+from gateway.shadow.records import ShadowRecord
+
+DAY = 86400.0
+NOW = 1_790_000_000.0
+
+
+def request_record(n: int, decision_id: str | None = None) -> RequestRecord:
+    return RequestRecord(
+        decision_id=decision_id or uuid.uuid4().hex,
+        ts=1_700_000_000.0 + n,
+        endpoint="chat",
+        route="r",
+        pool="gpu",
+        backend="gpu-0",
+        model="m",
+        tenant=None,
+        slo_class="interactive",
+        stream=False,
+        prompt_tokens=10,
+        prompt_tokens_estimated=9,
+        max_tokens=20,
+        completion_tokens=n,
+        queue_ms=0.0,
+        ttft_ms=None,
+        tpot_ms=None,
+        e2e_ms=12.5,
+        gateway_ms=0.2,
+        attempts=1,
+        fallback=False,
+        status=200,
+        error=None,
+    )
+
+
+def shadow_record(n: int, **fields: object) -> ShadowRecord:
+    values: dict = {
+        "decision_id": f"{n:032x}",
+        "ts": 1_000.0 + n,
+        "route": "chat",
+        "model": "m",
+        "tenant": "t",
+        "kind": "candidate",
+        "endpoint": "chat",
+        "stream": False,
+        "temperature": 0.0,
+        "top_p": None,
+        "seeded": False,
+        "sampled": False,
+        "primary_pool": "gpu",
+        "primary_backend": "gpu-0",
+        "candidate_pool": "cim",
+        "candidate_backend": "cim-0",
+        "primary_status": 200,
+        "candidate_status": 200,
+        "candidate_error": None,
+        "primary_e2e_ms": 10.0 + n,
+        "candidate_e2e_ms": 20.0 + n,
+        "exact_match": n % 2 == 0,
+        "normalized_match": True,
+        "similarity": 0.5,
+    }
+    values.update(fields)
+    return ShadowRecord(**values)
+
+
+def store_rows(
+    engine: sa.Engine, table: sa.Table, ages_days: list[float], now: float = NOW
+) -> None:
+    """Store one row of `table` per age, its `route` naming the age."""
+    rows = []
+    for n, age in enumerate(ages_days):
+        ts, route = now - age * DAY, f"age-{age:g}"
+        if table is request_records:
+            rows.append(dataclasses.replace(request_record(n), ts=ts, route=route).row())
+        elif table is shadow_records:
+            rows.append(shadow_record(n, ts=ts, route=route).row())
+        else:
+            rows.append(
+                {
+                    "ts": ts,
+                    "route": route,
+                    "candidate_pool": "cim",
+                    "kind": "candidate",
+                    "reason": "queue_full",
+                    "count": 3,
+                }
+            )
+    with engine.begin() as conn:
+        conn.execute(table.insert(), rows)

@@ -1,0 +1,448 @@
+"""Mirror: which requests are copied, the budgets that drop copies, and copies end to end."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import threading
+import uuid
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import orjson
+import pytest
+import sqlalchemy as sa
+from shadowworld import PROMPT, drop_counts, settle, shadow_policy, shadow_rows
+
+from gateway.compare.answers import Answer
+from gateway.compare.measures import compare, tokens
+from gateway.db.engine import make_engine, upgrade
+from gateway.exchange import Exchange
+from gateway.fleet.state import Fleet
+from gateway.metrics import GatewayMetrics
+from gateway.routing.classify import RequestProfile
+from gateway.routing.router import RouteDecision
+from gateway.shadow.mirror import Mirror
+from gateway.shadow.records import ShadowWriter
+from gateway.shadow.sample import ShadowPlan, sample, stable_fraction
+from harness.gateways import run_gateway
+from harness.metrics import metric_value, parse_metrics
+from harness.simulators import start_simulator
+from policies import MODEL, fleet_policy
+
+
+def profile(prompt_tokens: int = 100, tenant: str = "anonymous", **kw: object) -> RequestProfile:
+    fields: dict = {
+        "endpoint": "chat",
+        "model": MODEL,
+        "prompt_tokens": prompt_tokens,
+        "max_tokens": 64,
+        "slo_class": "interactive",
+        "ttft_ms": None,
+        "tpot_ms": None,
+        "e2e_ms": None,
+        "tenant": tenant,
+        "stream": False,
+    }
+    fields.update(kw)
+    return RequestProfile(**fields)
+
+
+def keys(n: int) -> list[str]:
+    return [f"{i:032x}" for i in range(n)]
+
+
+# Sampling (pure) ---------------------------------------------------------------------------
+
+
+def test_sample_rate_is_honoured_within_binomial_bounds() -> None:
+    policy = shadow_policy(["http://g:1"], ["http://a:2"], ["http://c:3"], rate=0.1)
+    route = policy.routes[0]
+    n, p = 2000, 0.1
+    picked = sum(bool(sample(profile(), route, policy, key)) for key in keys(n))
+    sd = math.sqrt(n * p * (1 - p))
+    assert abs(picked - n * p) < 4 * sd
+
+
+def test_targets_are_sampled_independently_and_the_same_way_every_time() -> None:
+    draws = [
+        (stable_fraction(k, "cim") < 0.5, stable_fraction(k, "asic") < 0.5) for k in keys(2000)
+    ]
+    both = sum(a and b for a, b in draws)
+    assert abs(both - 500) < 4 * math.sqrt(2000 * 0.25 * 0.75)
+    assert stable_fraction("abc", "cim") == stable_fraction("abc", "cim")
+
+
+def test_filters_and_the_candidate_context_decide_what_is_considered() -> None:
+    policy = fleet_policy(
+        tenants=[{"name": "acme"}],
+        routes=[
+            {
+                "name": "chat",
+                "match": {"models": [MODEL]},
+                "pools": ["gpu"],
+                "shadow": [
+                    {
+                        "pool": "cim",
+                        "sample_rate": 1.0,
+                        "match": {"prompt_tokens": {"max": 3000}, "tenants": ["acme"]},
+                    },
+                    {"pool": "asic", "sample_rate": 1.0, "match": {"prompt_tokens": {"min": 2049}}},
+                ],
+            }
+        ],
+    )
+    route = policy.routes[0]
+
+    def pools(p: RequestProfile) -> list[str | None]:
+        return [plan.pool for plan in sample(p, route, policy, "k")]
+
+    assert pools(profile(100, "acme")) == ["cim"]
+    assert pools(profile(100, "other")) == []
+    assert pools(profile(2500, "acme")) == ["cim", "asic"]
+    # 4000 prompt + 64 output tokens exceed the CIM part's 4096-token context.
+    assert pools(profile(4000, "acme")) == ["asic"]
+    assert pools(profile(100, "acme", model="other-model")) == []
+
+
+def test_noise_copies_are_a_share_of_the_sampled_requests() -> None:
+    policy = shadow_policy(
+        ["http://g:1", "http://g:2"], ["http://a:2"], ["http://c:3"], rate=0.5, noise=0.5
+    )
+    route = policy.routes[0]
+    plans = [sample(profile(), route, policy, key) for key in keys(2000)]
+    noise = [p for p in plans if any(plan.kind == "noise" for plan in p)]
+    assert all(any(plan.kind == "candidate" for plan in p) for p in noise)
+    assert abs(len(noise) - 500) < 4 * math.sqrt(2000 * 0.25 * 0.75)
+
+
+# Budgets without a network ----------------------------------------------------------------
+
+
+def served_exchange(policy, fleet: Fleet) -> Exchange:
+    backend = fleet.pools["gpu"].backends[0]
+    ex = Exchange(uuid.uuid4().hex, "chat", 0.0, 0.0, model=MODEL)
+    ex.profile = profile()
+    ex.decision = RouteDecision(policy.routes[0], backend)
+    ex.backend, ex.status, ex.captured = backend, 200, [b'{"choices": []}']
+    return ex
+
+
+def planned(ex: Exchange, policy) -> tuple[ShadowPlan, ...]:
+    assert ex.profile is not None
+    return sample(ex.profile, policy.routes[0], policy, ex.decision_id)
+
+
+def test_a_full_queue_drops_and_counts_instead_of_growing(tmp_path: Path) -> None:
+    policy = shadow_policy(["http://g:1"], ["http://a:2"], ["http://c:3"])
+    fleet, metrics = Fleet(policy), GatewayMetrics()
+    engine = make_engine(f"sqlite:///{tmp_path / 'x.db'}")
+    writer = ShadowWriter(engine, metrics)
+    # Not started: nothing takes copies off the queue, as with every worker stuck.
+    mirror = Mirror(None, None, metrics, writer, lambda: fleet, None, max_pending=3)  # type: ignore[arg-type]
+    for _ in range(10):
+        ex = served_exchange(policy, fleet)
+        mirror.submit(ex, b"{}", policy, planned(ex, policy))
+    dropped = metrics.registry.get_sample_value(
+        "gateway_shadow_dropped_total",
+        {"route": "chat", "candidate": "cim", "kind": "candidate", "reason": "queue_full"},
+    )
+    assert (mirror.pending, dropped) == (3, 7)
+
+
+def test_the_queue_also_holds_at_most_its_byte_budget(tmp_path: Path) -> None:
+    policy = shadow_policy(["http://g:1"], ["http://a:2"], ["http://c:3"])
+    fleet, metrics = Fleet(policy), GatewayMetrics()
+    writer = ShadowWriter(make_engine(f"sqlite:///{tmp_path / 'x.db'}"), metrics)
+    mirror = Mirror(None, None, metrics, writer, lambda: fleet, None, max_pending_bytes=10_000)  # type: ignore[arg-type]
+    for _ in range(10):
+        ex = served_exchange(policy, fleet)
+        mirror.submit(ex, b"x" * 3000, policy, planned(ex, policy))
+    assert mirror.pending == 3
+
+
+def test_a_copy_the_primary_counted_too_long_for_the_candidate_is_dropped(tmp_path: Path) -> None:
+    # Sampling saw the estimate (3,900 + 64 output tokens, within CIM's 4,096); the primary's
+    # backend then counted 4,100 prompt tokens, which no copy to CIM could hold.
+    policy = shadow_policy(["http://g:1"], ["http://a:2"], ["http://c:3"])
+    fleet, metrics = Fleet(policy), GatewayMetrics()
+    writer = ShadowWriter(make_engine(f"sqlite:///{tmp_path / 'x.db'}"), metrics)
+    mirror = Mirror(None, None, metrics, writer, lambda: fleet, None)  # type: ignore[arg-type]
+    for counted, queued in ((4_100, 0), (3_000, 1), (None, 2)):
+        ex = served_exchange(policy, fleet)
+        ex.profile = profile(prompt_tokens=3_900)
+        plans = planned(ex, policy)
+        assert plans, "the estimate fits: the copy is planned"
+        ex.prompt_tokens = counted
+        mirror.submit(ex, b"{}", policy, plans)
+        assert mirror.pending == queued
+    dropped = metrics.registry.get_sample_value(
+        "gateway_shadow_dropped_total",
+        {"route": "chat", "candidate": "cim", "kind": "candidate", "reason": "context"},
+    )
+    assert dropped == 1
+
+
+def test_drops_are_written_as_counts_per_minute(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    upgrade(url)
+    engine, metrics = make_engine(url), GatewayMetrics()
+    writer = ShadowWriter(engine, metrics, wall=lambda: 120.5)
+    for _ in range(5):
+        writer.count_drop("chat", "cim", "candidate", "rate")
+    asyncio.run(writer.flush())
+    with engine.connect() as conn:
+        rows = conn.execute(sa.text("select ts, reason, count from shadow_drops")).all()
+    assert [tuple(r) for r in rows] == [(120.0, "rate", 5)]
+
+
+# End to end, with simulators --------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def deviant_cim() -> Iterator:
+    """A CIM part whose every answer departs from the reference at some token."""
+    with start_simulator("cim", seed=11, extra_args=["--deviation-rate", "1"]) as sim:
+        yield sim
+
+
+def test_candidate_and_noise_records_carry_correct_diffs(sims, deviant_cim, tmp_path) -> None:
+    policy = shadow_policy(sims.urls("gpu"), sims.urls("asic"), [deviant_cim.url], noise=1.0)
+    with run_gateway(policy, tmp_path) as gw:
+        client = gw.client()
+        answers = {}
+        for i in range(4):
+            prompt = [{"role": "user", "content": f"Question {i} about analog arrays."}]
+            raw = client.chat.completions.with_raw_response.create(
+                model=MODEL, messages=prompt, max_tokens=40, temperature=0
+            )
+            answers[raw.headers["x-gateway-decision-id"]] = raw.parse().choices[0].message.content
+        rows = shadow_rows(gw, 8)
+        requests = gw.records(4)
+        samples = parse_metrics(gw.http().get("/metrics").text)
+    candidates = [r for r in rows if r["kind"] == "candidate"]
+    noise = [r for r in rows if r["kind"] == "noise"]
+    assert len(candidates) == len(noise) == 4
+    # A candidate that never matched shows a match rate of 0, not a gap in the graph.
+    matches = {
+        labels["kind"]: value
+        for name, labels, value in samples
+        if name == "gateway_shadow_exact_matches_total"
+    }
+    assert matches == {"candidate": 0.0, "noise": 4.0}
+    # Shadows stay out of the client's accounting: one request record per client request.
+    assert len(requests) == 4
+    for row in rows:
+        assert row["primary_text"] == answers[row["decision_id"]]
+        assert row["primary_status"] == row["candidate_status"] == 200
+        assert row["temperature"] == 0 and row["sampled"] is False
+        expected = compare(Answer(text=row["primary_text"]), Answer(text=row["candidate_text"]))
+        assert (row["exact_match"], row["similarity"], row["first_divergence"]) == (
+            expected.exact_match,
+            expected.similarity,
+            expected.first_divergence,
+        )
+        assert row["candidate_e2e_ms"] > 0 and row["primary_e2e_ms"] > 0
+    for row in candidates:
+        assert (row["candidate_pool"], row["candidate_backend"]) == ("cim", "cim-0")
+        assert row["exact_match"] is False and row["similarity"] < 1
+        primary, candidate = tokens(row["primary_text"]), tokens(row["candidate_text"])
+        at = row["first_divergence"]
+        assert primary[:at] == candidate[:at] and primary[at] != candidate[at]
+    for row in noise:
+        # A/A on the GPU pool: another backend than the primary's, same answer at temperature 0.
+        assert row["candidate_pool"] == row["primary_pool"] == "gpu"
+        assert row["candidate_backend"] != row["primary_backend"]
+        assert row["exact_match"] is True and row["similarity"] == 1.0
+
+
+def test_streamed_primary_is_captured_as_it_is_relayed(sims, tmp_path: Path) -> None:
+    policy = shadow_policy(sims.urls("gpu"), sims.urls("asic"), sims.urls("cim"), noise=1.0)
+    with run_gateway(policy, tmp_path) as gw:
+        stream = gw.client().chat.completions.create(
+            model=MODEL, messages=PROMPT, max_tokens=60, temperature=0.7, seed=3, stream=True
+        )
+        relayed = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+        rows = shadow_rows(gw, 2)
+    assert len(rows) == 2
+    for row in rows:
+        assert row["stream"] is True and row["primary_text"] == relayed
+        assert row["candidate_ttft_ms"] > 0 and row["primary_ttft_ms"] > 0
+        assert row["candidate_completion_tokens"] > 0
+        assert (row["temperature"], row["seeded"], row["sampled"]) == (0.7, True, True)
+    noise = next(r for r in rows if r["kind"] == "noise")
+    # Same seed, same pool: the sampled answers agree, which the noise floor should show.
+    assert noise["exact_match"] is True
+
+
+def test_exactly_the_requests_the_hash_picks_are_copied(sims, tmp_path: Path) -> None:
+    rate = 0.3
+    policy = shadow_policy(sims.urls("gpu"), sims.urls("asic"), sims.urls("cim"), rate=rate)
+    with run_gateway(policy, tmp_path) as gw:
+        client = gw.client()
+        ids = [
+            client.chat.completions.with_raw_response.create(
+                model=MODEL, messages=PROMPT, max_tokens=4, temperature=0
+            ).headers["x-gateway-decision-id"]
+            for _ in range(40)
+        ]
+        chosen = {i for i in ids if stable_fraction(i, "cim") < rate}
+        settle(gw)
+        rows = shadow_rows(gw, len(chosen))
+        drops = drop_counts(gw)
+    assert chosen and len(chosen) < len(ids) and drops == {}
+    assert {r["decision_id"] for r in rows} == chosen
+
+
+@pytest.mark.parametrize(
+    ("budget", "held", "reason"),
+    [
+        ({"max_concurrent": 2, "max_slot_share": 1.0}, 2, "concurrency"),
+        ({"max_concurrent": 4, "max_slot_share": 0.25}, 1, "no_slot"),  # 1 of the 4 CIM slots
+    ],
+)
+def test_hanging_candidate_never_holds_up_the_client_and_extra_copies_drop(
+    sims, tmp_path: Path, budget: dict, held: int, reason: str
+) -> None:
+    sims.cim[0].set_faults(hang=True)
+    policy = shadow_policy(
+        sims.urls("gpu"),
+        sims.urls("asic"),
+        sims.urls("cim"),
+        budget={"max_per_second": 1000, **budget},
+        timeout_s=1.5,
+    )
+    with run_gateway(policy, tmp_path) as gw:
+        client = gw.client()
+        answers = [
+            client.chat.completions.create(
+                model=MODEL, messages=PROMPT, max_tokens=20, temperature=0
+            )
+            .choices[0]
+            .message.content
+            for _ in range(6)
+        ]
+        # Every client has its answer while the copies still hang: nobody waited for them.
+        cim = gw.gateway.fleet.pools["cim"].backends[0]
+        assert (gw.gateway.mirror.in_flight, cim.in_flight) == (held, held)
+        assert drop_counts(gw, 6 - held) == {reason: 6 - held}
+        settle(gw)
+        rows = shadow_rows(gw, held)
+        assert cim.in_flight == 0  # the timeout cut the copies and gave their slots back
+        metrics = gw.http().get("/metrics").text
+    assert len(set(answers)) == 1 and answers[0]
+    assert [r["candidate_error"] for r in rows] == ["upstream_timeout"] * held
+    assert all(r["candidate_status"] is None for r in rows)
+    assert metric_value(metrics, "gateway_shadow_sent_total", candidate="cim") == held
+    assert metric_value(metrics, "gateway_shadow_failed_total", code="upstream_timeout") == held
+    assert metric_value(metrics, "gateway_shadow_dropped_total", reason=reason) == 6 - held
+
+
+class RecordingUpstream(BaseHTTPRequestHandler):
+    """A minimal OpenAI-style backend that remembers every request and can fail on purpose."""
+
+    protocol_version = "HTTP/1.1"  # keep-alive, as the gateway's pooled client expects
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["content-length"]))
+        self.server.seen.append((dict(self.headers.items()), body))  # type: ignore[attr-defined]
+        status = self.server.status  # type: ignore[attr-defined]
+        answer = orjson.dumps(
+            {
+                "object": "chat.completion",
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}}],
+                "usage": {"prompt_tokens": 3, "completion_tokens": 1},
+            }
+            if status == 200
+            else {"error": {"message": "broken", "type": "api_error"}}
+        )
+        self.send_response(status)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(answer)))
+        self.end_headers()
+        self.wfile.write(answer)
+
+    def do_GET(self) -> None:
+        self.send_response(200 if self.path == "/health" else 404)
+        self.send_header("content-length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def recording_upstream(status: int) -> Iterator[ThreadingHTTPServer]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), RecordingUpstream)
+    server.seen, server.status = [], status  # type: ignore[attr-defined]
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_failing_candidate_gets_each_copy_once_marked_and_unchanged(sims, tmp_path: Path) -> None:
+    with recording_upstream(500) as upstream:
+        url = f"http://127.0.0.1:{upstream.server_address[1]}"
+        policy = shadow_policy(sims.urls("gpu"), sims.urls("asic"), [url])
+        body = orjson.dumps(
+            {"model": MODEL, "messages": PROMPT, "max_tokens": 5, "temperature": 0.9, "top_p": 0.5}
+        )
+        with run_gateway(policy, tmp_path) as gw, gw.http() as http:
+            responses = [
+                http.post(
+                    "/v1/chat/completions",
+                    content=body,
+                    headers={"content-type": "application/json"},
+                )
+                for _ in range(3)
+            ]
+            rows = shadow_rows(gw, 3)
+            backend = gw.gateway.fleet.pools["cim"].backends[0]
+            ejected = backend.ejected
+    assert [r.status_code for r in responses] == [200] * 3
+    assert {r.headers["x-gateway-pool"] for r in responses} == {"gpu"}
+    # Never retried, never sent elsewhere: one attempt per copy, to the candidate only.
+    assert len(upstream.seen) == 3
+    for headers, received in upstream.seen:
+        assert headers["x-gateway-shadow"] == "1"
+        assert received == body  # sampling parameters and all, byte for byte
+    assert [(r["candidate_status"], r["candidate_error"]) for r in rows] == [
+        (500, "upstream_error")
+    ] * 3
+    assert all((r["temperature"], r["top_p"], r["sampled"]) == (0.9, 0.5, True) for r in rows)
+    assert not ejected  # a candidate's failures never touch the live fleet's health
+
+
+def test_noise_needs_a_second_backend_of_the_primary_pool(sims, tmp_path: Path) -> None:
+    policy = shadow_policy(
+        sims.urls("gpu"), sims.urls("asic"), sims.urls("cim"), pools=("asic", "gpu"), noise=1.0
+    )
+    with run_gateway(policy, tmp_path) as gw:
+        raw = gw.client().chat.completions.with_raw_response.create(
+            model=MODEL, messages=PROMPT, max_tokens=4, temperature=0
+        )
+        rows = shadow_rows(gw, 1)
+        drops = drop_counts(gw, 1)
+    assert raw.headers["x-gateway-pool"] == "asic"
+    assert [r["kind"] for r in rows] == ["candidate"]
+    assert drops == {"no_second_backend": 1}
+
+
+def test_a_failed_primary_is_not_copied(sims, tmp_path: Path) -> None:
+    for sim in sims.gpu:
+        sim.set_faults(error_rate=1.0)
+    policy = shadow_policy(sims.urls("gpu"), sims.urls("asic"), sims.urls("cim"))
+    with run_gateway(policy, tmp_path) as gw, gw.http() as http:
+        response = http.post(
+            "/v1/chat/completions", json={"model": MODEL, "messages": PROMPT, "max_tokens": 4}
+        )
+        drops = drop_counts(gw, 1)
+        rows = shadow_rows(gw, 0)
+    assert response.status_code == 502
+    assert drops == {"primary_failed": 1} and rows == []

@@ -1,0 +1,78 @@
+"""The shadow summary: candidates beside their route's noise floor, filtered by route and time."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from rows import shadow_record
+
+from gateway.db.engine import make_engine
+from gateway.metrics import GatewayMetrics
+from gateway.shadow.records import ShadowRecord, ShadowWriter
+from gateway.shadow.summary import summarize, summarize_rows
+
+
+def row(**fields: object) -> dict:
+    shadow = shadow_record(0, **fields)
+    return {name: getattr(shadow, name) for name in ShadowRecord.__slots__}
+
+
+def test_summary_reports_candidates_beside_their_routes_noise_floor() -> None:
+    rows = [
+        row(exact_match=True, similarity=1.0, primary_e2e_ms=10.0, candidate_e2e_ms=30.0),
+        row(exact_match=False, similarity=0.5, primary_e2e_ms=20.0, candidate_e2e_ms=50.0),
+        row(exact_match=None, similarity=None, candidate_status=None,
+            candidate_error="upstream_timeout", candidate_e2e_ms=1500.0),
+        row(sampled=True, temperature=0.8, exact_match=False, similarity=0.25),
+        row(kind="noise", candidate_pool="gpu", exact_match=True, similarity=1.0),
+        row(kind="noise", candidate_pool="gpu", sampled=True, exact_match=False, similarity=0.5),
+        row(candidate_pool="asic", exact_match=True, similarity=1.0),
+    ]  # fmt: skip
+    drops = [
+        {"route": "chat", "candidate_pool": "cim", "kind": "candidate", "count": 3},
+        {"route": "chat", "candidate_pool": "cim", "kind": "candidate", "count": 2},
+        {"route": "chat", "candidate_pool": "gpu", "kind": "noise", "count": 1},
+    ]
+    asic, cim = summarize_rows(rows, drops)
+    assert (asic["candidate"], asic["samples"], asic["dropped"]) == ("asic", 1, 0)
+    assert cim["route"] == "chat" and cim["candidate"] == "cim"
+    assert (cim["samples"], cim["dropped"], cim["noise_dropped"]) == (4, 5, 1)
+    assert cim["candidate_error_rate"] == 0.25
+    assert cim["exact_match_rate"] == pytest.approx(1 / 3)  # the timed-out copy is no answer
+    assert cim["mean_similarity"] == pytest.approx((1.0 + 0.5 + 0.25) / 3)
+    assert (cim["noise_samples"], cim["noise_exact_match_rate"]) == (2, 0.5)
+    assert cim["noise_mean_similarity"] == 0.75
+    assert cim["primary_latency_p50_ms"] == 10.0  # primaries of all four copies
+    assert cim["candidate_latency_p50_ms"] == 30.0  # answered copies only: 20, 30, 50
+    assert cim["primary_energy_j"] is None  # unknown, not zero
+    greedy, sampled = cim["greedy"], cim["sampled"]
+    assert (greedy["samples"], greedy["exact_match_rate"], greedy["noise_exact_match_rate"]) == (
+        3,
+        0.5,
+        1.0,
+    )
+    assert (sampled["samples"], sampled["exact_match_rate"], sampled["noise_samples"]) == (
+        1,
+        0.0,
+        1,
+    )
+
+
+def test_summary_filters_by_route_candidate_and_time(database: str) -> None:
+    engine = make_engine(database)
+    writer = ShadowWriter(engine, GatewayMetrics())
+    writer.add(shadow_record(1))
+    writer.add(shadow_record(2, route="other"))
+    writer.add(shadow_record(3, candidate_pool="asic"))
+    writer.add(shadow_record(4, kind="noise", candidate_pool="gpu"))
+    asyncio.run(writer.flush())
+    everything = summarize(engine)
+    assert [(s["route"], s["candidate"]) for s in everything] == [
+        ("chat", "asic"),
+        ("chat", "cim"),
+        ("other", "cim"),
+    ]
+    (cim,) = summarize(engine, route="chat", candidate="cim")
+    assert (cim["samples"], cim["noise_samples"]) == (1, 1)
+    assert summarize(engine, since=1_003.5) == []

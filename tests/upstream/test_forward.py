@@ -1,0 +1,179 @@
+"""Forwarding under failure: retry before the first byte, honest errors after it, queues."""
+
+from __future__ import annotations
+
+import socket
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import openai
+import pytest
+
+from gateway.fleet.state import BackendState
+from gateway.upstream.forward import error_detail
+from harness.gateways import run_gateway
+from policies import BIG, MODEL, fleet_policy
+
+PROMPT = [{"role": "user", "content": "Tell me about analog noise in memory arrays."}]
+
+
+def closed_port_url() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}"
+
+
+def test_asic_failing_before_first_byte_falls_back_to_gpu(sims, tmp_path: Path) -> None:
+    sims.asic[0].set_faults(error_rate=1.0)
+    policy = fleet_policy(sims.urls("gpu"), sims.urls("asic"), sims.urls("cim"))
+    with run_gateway(policy, tmp_path) as gw:
+        raw = gw.client().chat.completions.with_raw_response.create(
+            model=MODEL, messages=PROMPT, max_tokens=8
+        )
+        assert raw.parse().choices[0].message.content
+        assert raw.headers["x-gateway-pool"] == "gpu"
+        (record,) = gw.records(1)
+        metrics = gw.http().get("/metrics").text
+    assert (record["attempts"], record["fallback"], record["pool"]) == (2, True, "gpu")
+    assert 'gateway_upstream_retries_total{pool="asic"} 1.0' in metrics
+    assert 'from_pool="asic"' in metrics and 'reason="upstream_failure"' in metrics
+
+
+def test_refused_connection_falls_back(sims, tmp_path: Path) -> None:
+    policy = fleet_policy(sims.urls("gpu"), [closed_port_url()], sims.urls("cim"))
+    with run_gateway(policy, tmp_path) as gw:
+        stream = gw.client().chat.completions.create(
+            model=MODEL, messages=PROMPT, max_tokens=8, stream=True
+        )
+        text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    assert text
+
+
+def test_hung_backend_is_cut_by_the_slo_timeout_and_falls_back(sims, tmp_path: Path) -> None:
+    sims.asic[0].set_faults(hang=True)
+    policy = fleet_policy(
+        sims.urls("gpu"), sims.urls("asic"), sims.urls("cim"), interactive={"timeout_s": 0.5}
+    )
+    with run_gateway(policy, tmp_path) as gw:
+        raw = gw.client().chat.completions.with_raw_response.create(
+            model=MODEL, messages=PROMPT, max_tokens=4
+        )
+    assert raw.headers["x-gateway-pool"] == "gpu"
+
+
+def test_stream_broken_mid_way_ends_with_an_error_not_a_short_answer(sims, tmp_path: Path) -> None:
+    for sim in sims.gpu:
+        sim.set_faults(drop_after_tokens=5)
+    policy = fleet_policy(sims.urls("gpu"), sims.urls("asic"), sims.urls("cim"))
+    with run_gateway(policy, tmp_path) as gw:
+        stream = gw.client().chat.completions.create(
+            model=BIG, messages=PROMPT, max_tokens=200, stream=True, temperature=0
+        )
+        received = []
+        with pytest.raises(openai.APIError):
+            for chunk in stream:
+                if chunk.choices:
+                    received.append(chunk.choices[0].delta.content or "")
+        (record,) = gw.records(1)
+    assert received  # the stream had started: no retry is possible any more
+    assert (record["status"], record["error"]) == (502, "stream_broken")
+
+
+def test_a_backend_that_cuts_its_streams_mid_answer_is_ejected(sims, tmp_path: Path) -> None:
+    # Each stream reaches its first byte, then breaks: only a [DONE] may count as a success.
+    sims.gpu[0].set_faults(drop_after_tokens=3)
+    policy = fleet_policy(sims.urls("gpu")[:1], sims.urls("asic"), sims.urls("cim"))
+    with run_gateway(policy, tmp_path, health_check_interval_s=60) as gw:
+        client = gw.client()
+        for _ in range(3):
+            stream = client.chat.completions.create(
+                model=BIG, messages=PROMPT, max_tokens=200, stream=True, temperature=0
+            )
+            with pytest.raises(openai.APIError):
+                for _chunk in stream:
+                    pass
+        assert gw.gateway.fleet.pools["gpu"].backends[0].ejected
+        with pytest.raises(openai.APIStatusError) as info:
+            client.chat.completions.create(model=BIG, messages=PROMPT, max_tokens=4)
+    assert info.value.status_code == 503
+
+
+def test_every_backend_failing_is_502_then_503_once_ejected(sims, tmp_path: Path) -> None:
+    for sim in sims.gpu:
+        sim.set_faults(error_rate=1.0)
+    policy = fleet_policy(sims.urls("gpu"), sims.urls("asic"), sims.urls("cim"))
+    with run_gateway(policy, tmp_path, health_check_interval_s=60) as gw:
+        client = gw.client()
+        statuses = []
+        for _ in range(4):
+            with pytest.raises(openai.APIStatusError) as info:
+                client.chat.completions.create(model=BIG, messages=PROMPT, max_tokens=4)
+            statuses.append(info.value.status_code)
+    assert statuses[:3] == [502, 502, 502]
+    assert statuses[3] == 503
+
+
+def one_slot_policy(sims, **interactive: object):
+    routes = [{"name": "gpu-only", "match": {}, "pools": ["gpu"]}]
+    return fleet_policy(
+        sims.urls("gpu")[:1],
+        sims.urls("asic"),
+        sims.urls("cim"),
+        routes=routes,
+        gpu_extra={"slots_per_backend": 1},
+        interactive=interactive,
+    )
+
+
+def test_requests_beyond_slots_wait_in_the_pool_queue(sims, tmp_path: Path) -> None:
+    policy = one_slot_policy(sims, max_queue_ms=20_000, ttft_ms=20_000)
+    with run_gateway(policy, tmp_path) as gw:
+        client = gw.client()
+
+        def ask(_: int) -> str:
+            return (
+                client.chat.completions.create(model=BIG, messages=PROMPT, max_tokens=30)
+                .choices[0]
+                .message.content
+                or ""
+            )
+
+        with ThreadPoolExecutor(4) as pool:
+            answers = list(pool.map(ask, range(4)))
+        rows = gw.records(4)
+        assert gw.gateway.fleet.pools["gpu"].backends[0].in_flight == 0
+    assert all(answers)
+    assert max(r["queue_ms"] for r in rows) > 0
+    assert sum(r["queue_ms"] > 0 for r in rows) >= 2
+
+
+def test_full_pool_past_its_queue_budget_is_429(sims, tmp_path: Path) -> None:
+    sims.gpu[0].set_faults(hang=True)
+    policy = one_slot_policy(sims, max_queue_ms=50, timeout_s=2)
+    with run_gateway(policy, tmp_path) as gw:
+        client = gw.client()
+        with ThreadPoolExecutor(1) as pool:
+            holder = pool.submit(
+                lambda: client.chat.completions.create(model=BIG, messages=PROMPT, max_tokens=4)
+            )
+            deadline = time.monotonic() + 5
+            while gw.gateway.fleet.pools["gpu"].backends[0].in_flight == 0:
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            with pytest.raises(openai.RateLimitError) as info:
+                client.chat.completions.create(model=BIG, messages=PROMPT, max_tokens=4)
+            assert info.value.code == "no_capacity"
+            with pytest.raises(openai.APIStatusError) as hung:
+                holder.result()
+        assert hung.value.status_code == 504
+
+
+def test_a_backend_error_quoted_to_the_client_never_carries_the_backends_key() -> None:
+    backend = BackendState("asic-0", "http://asic", "asic", 4)
+    backend.headers = {**backend.headers, "authorization": "Bearer sk-upstream-secret"}
+    echoed = error_detail(b'{"error": "bad key sk-upstream-secret"}', backend)
+    assert echoed == '{"error": "bad key [redacted]"}'
+    # A key across the clip: blanking it after clipping would leave its first characters.
+    straddling = error_detail(b"x" * 195 + b"sk-upstream-secret", backend)
+    assert "sk-" not in straddling and len(straddling) == 200

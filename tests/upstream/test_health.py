@@ -1,0 +1,104 @@
+"""Backend health: probes bring ejected backends back; ejections reach every replica."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+from replicas import Replica, replica
+
+from harness.gateways import run_gateway
+from policies import MODEL, fleet_policy
+
+PROMPT = [{"role": "user", "content": "Tell me about analog noise in memory arrays."}]
+
+
+def test_ejected_backend_returns_after_passing_health_checks(sims, tmp_path: Path) -> None:
+    sims.asic[0].set_faults(error_rate=1.0)
+    policy = fleet_policy(sims.urls("gpu"), sims.urls("asic"), sims.urls("cim"))
+    with run_gateway(policy, tmp_path, health_check_interval_s=0.1) as gw:
+        gw.gateway.outliers.base_ejection_s = 0.3
+        client = gw.client()
+        for _ in range(3):
+            client.chat.completions.create(model=MODEL, messages=PROMPT, max_tokens=2)
+        asic = gw.gateway.fleet.pools["asic"].backends[0]
+        assert asic.ejected
+        pools = {
+            client.chat.completions.with_raw_response.create(
+                model=MODEL, messages=PROMPT, max_tokens=2
+            ).headers["x-gateway-pool"]
+            for _ in range(3)
+        }
+        assert pools == {"gpu"}
+        sims.asic[0].reset_faults()
+        deadline = time.monotonic() + 10
+        while asic.ejected and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not asic.ejected
+        raw = client.chat.completions.with_raw_response.create(
+            model=MODEL, messages=PROMPT, max_tokens=2
+        )
+        assert raw.headers["x-gateway-pool"] == "asic"
+
+
+@pytest.mark.redis
+def test_an_ejection_on_one_replica_takes_the_backend_out_on_the_others(
+    redis_url: str, redis_prefix: str
+) -> None:
+    async def scenario() -> tuple[bool, bool]:
+        async with (
+            replica(redis_url, redis_prefix) as a,
+            replica(redis_url, redis_prefix) as b,
+        ):
+            a.outliers.failure(a.asic)
+            for _ in range(100):
+                if b.asic.ejected:
+                    break
+                await asyncio.sleep(0.01)
+            heard = b.asic.ejected
+            # A replica that joins now learns the ejection in force from Redis.
+            async with replica(redis_url, redis_prefix) as c:
+                learned = c.asic.ejected
+            return heard, learned
+
+    assert asyncio.run(scenario()) == (True, True)
+
+
+@pytest.mark.redis
+def test_ejections_other_replicas_announce_are_forgiven_like_its_own(
+    redis_url: str, redis_prefix: str
+) -> None:
+    # A backend with a fault now and then, seen failing by replica a: b hears each ejection.
+    # Serving 10 s after each return forgives the doubling, so b's own ejection is the base one.
+    now = [1000.0]
+
+    def clock() -> float:
+        return now[0]
+
+    async def heard(r: Replica) -> None:
+        for _ in range(200):
+            if r.asic.ejected:
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError("the ejection notice never arrived")
+
+    async def scenario() -> list[float]:
+        async with (
+            replica(redis_url, redis_prefix, clock=clock) as a,
+            replica(redis_url, redis_prefix, clock=clock) as b,
+        ):
+            intervals = []
+            for _ in range(3):
+                a.outliers.failure(a.asic)
+                await heard(b)
+                intervals.append(b.asic.ejected_until - now[0])
+                now[0] = max(a.asic.ejected_until, b.asic.ejected_until)
+                assert a.outliers.restore(a.asic) and b.outliers.restore(b.asic)
+                now[0] += 10.0  # both serve for 10 s after the backend returns
+            b.outliers.failure(b.asic)
+            intervals.append(b.asic.ejected_until - now[0])
+            return intervals
+
+    assert asyncio.run(scenario()) == [2.0, 2.0, 2.0, 2.0]

@@ -1,0 +1,112 @@
+"""Energy on request records: measured from the pools' DCGM counters, or estimated."""
+
+from __future__ import annotations
+
+import socket
+import statistics
+from pathlib import Path
+
+import pytest
+
+from harness.gateways import run_gateway
+from harness.metrics import metric_value
+from policies import BIG, MODEL, fleet_policy
+
+PROMPT = [{"role": "user", "content": "Summarise the roofline model in a few sentences."}]
+
+
+def counter_j(sim) -> float:
+    return metric_value(sim.metrics(), "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION") / 1000
+
+
+def test_records_carry_measured_energy_that_grows_with_work(sims, tmp_path: Path) -> None:
+    policy = fleet_policy(sims.urls("gpu")[:1], sims.urls("asic"), sims.urls("cim"))
+    gpu = sims.gpu[0]
+    with run_gateway(policy, tmp_path, power_scrape_interval_s=0.25) as gw:
+        before = counter_j(gpu)
+        client = gw.client()
+        for max_tokens in [2, 120] * 4:
+            client.chat.completions.create(
+                model=BIG, messages=PROMPT, max_tokens=max_tokens, temperature=0
+            )
+    rows = gw.records(8)
+    after = counter_j(gpu)
+    assert len(rows) == 8
+    assert all(r["energy_j"] > 0 and r["cost_usd"] > 0 for r in rows)
+    assert not any(r["energy_estimated"] for r in rows)
+    short = [r["energy_j"] for r in rows if r["completion_tokens"] <= 2]
+    long = [r["energy_j"] for r in rows if r["completion_tokens"] > 20]
+    # Boundaries between readings blur single requests a little; medians do not move.
+    assert statistics.median(long) > 4 * statistics.median(short)
+    # Attribution never invents energy: the records hold at most what the counter measured.
+    assert sum(r["energy_j"] for r in rows) <= after - before
+
+
+def test_energy_and_cost_counters_add_up_to_the_measured_records(sims, tmp_path: Path) -> None:
+    policy = fleet_policy(sims.urls("gpu"), sims.urls("asic"), sims.urls("cim"))
+    with run_gateway(policy, tmp_path, power_scrape_interval_s=0.2) as gw:
+        client = gw.client()
+        for model in (BIG, MODEL, BIG):  # the 70B model only fits the GPU; the 8B goes to the ASIC
+            client.chat.completions.create(model=model, messages=PROMPT, max_tokens=20)
+        rows = gw.records(3)
+        text = gw.http().get("/metrics").text
+    assert not any(r["energy_estimated"] for r in rows)
+    for pool in ("gpu", "asic"):
+        served = [r for r in rows if r["pool"] == pool]
+        assert served, pool
+        energy = metric_value(text, "gateway_energy_joules_total", pool=pool)
+        cost = metric_value(text, "gateway_cost_usd_total", pool=pool)
+        assert energy == pytest.approx(sum(r["energy_j"] for r in served), rel=1e-5)
+        assert cost == pytest.approx(sum(r["cost_usd"] for r in served), rel=1e-9)
+        assert cost > 0
+
+
+def test_concurrent_requests_share_one_interval_by_their_work(sims, tmp_path: Path) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    policy = fleet_policy(sims.urls("gpu")[:1], sims.urls("asic"), sims.urls("cim"))
+    with run_gateway(policy, tmp_path, power_scrape_interval_s=0.5) as gw:
+        client = gw.client()
+
+        def ask(max_tokens: int) -> None:
+            client.chat.completions.create(
+                model=BIG, messages=PROMPT, max_tokens=max_tokens, temperature=0
+            )
+
+        with ThreadPoolExecutor(6) as pool:
+            list(pool.map(ask, [3, 3, 3, 150, 150, 150]))
+    rows = gw.records(6)
+    short = [r["energy_j"] for r in rows if r["completion_tokens"] <= 3]
+    long = [r["energy_j"] for r in rows if r["completion_tokens"] > 20]
+    assert sum(long) > 2 * sum(short)
+    assert not any(r["energy_estimated"] for r in rows)
+
+
+def test_pool_without_power_metrics_gets_estimated_energy(sims, tmp_path: Path) -> None:
+    policy = fleet_policy(
+        sims.urls("gpu"), sims.urls("asic"), sims.urls("cim"), asic_extra={"power_metrics": None}
+    )
+    with run_gateway(policy, tmp_path) as gw:
+        gw.client().chat.completions.create(model=MODEL, messages=PROMPT, max_tokens=5)
+    (row,) = gw.records(1)
+    assert row["pool"] == "asic"
+    assert row["energy_estimated"] is True
+    assert row["energy_j"] > 0 and row["cost_usd"] > 0
+
+
+def test_unreachable_power_endpoint_falls_back_to_estimates(sims, tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}/metrics"
+    policy = fleet_policy(
+        sims.urls("gpu"),
+        sims.urls("asic"),
+        sims.urls("cim"),
+        asic_extra={"backends": [{"url": sims.urls("asic")[0], "metrics_url": dead}]},
+    )
+    with run_gateway(policy, tmp_path, power_scrape_interval_s=0.05) as gw:
+        gw.client().chat.completions.create(model=MODEL, messages=PROMPT, max_tokens=5)
+        (row,) = gw.records(1)
+        metrics = gw.http().get("/metrics").text
+    assert row["energy_estimated"] is True
+    assert "gateway_power_scrape_failures_total" in metrics
