@@ -5,8 +5,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 COPY pyproject.toml README.md alembic.ini ./
 COPY gateway ./gateway
 COPY simulator ./simulator
-COPY migrations ./migrations
 COPY policies ./policies
-RUN pip install --no-cache-dir -e .
+RUN pip install --no-cache-dir .
 EXPOSE 8080
 CMD ["gateway", "serve", "--host", "0.0.0.0", "--port", "8080"]

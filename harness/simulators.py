@@ -96,13 +96,16 @@ def start_simulator(
     env: Mapping[str, str] | None = None,
     startup_timeout: float = 20.0,
     api_key: str | None = None,
+    python: str = sys.executable,
+    cwd: str | None = None,
 ) -> Iterator[SimulatorProcess]:
     """Run `python -m simulator` on a free loopback port until the block exits.
 
-    With `api_key`, the simulator requires it and this object's own calls send it.
+    With `api_key`, the simulator requires it and this object's own calls send it. `python`
+    and `cwd` run another installation of it, from another directory.
     """
     command = [
-        sys.executable,
+        python,
         "-m",
         "simulator",
         "--profile",
@@ -123,6 +126,7 @@ def start_simulator(
         stdout=subprocess.PIPE,
         text=True,
         env={**os.environ, **(env or {})},
+        cwd=cwd,
     )
     try:
         url = _wait_for_announcement(process, command, startup_timeout)

@@ -10,7 +10,7 @@ import sqlalchemy as sa
 if TYPE_CHECKING:
     from alembic.config import Config
 
-MIGRATIONS = Path(__file__).resolve().parents[2] / "migrations"
+MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 
 
 def make_engine(url: str) -> sa.Engine:

@@ -2,7 +2,8 @@
 
 Rows are written by their owners (request and shadow records, policy versions, cost models,
 promotion verdicts, rollouts) and read by the judge, the reports and the admin API; retention
-deletes the old ones. `migrations/` creates exactly these tables: a test compares the two.
+deletes the old ones. `gateway/db/migrations/` creates exactly these tables: a test compares the
+two.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
+import httpx
 import orjson
 
 from gateway.policy.model import Policy
@@ -60,7 +60,7 @@ def chat_body(request: TraceRequest, model: str = MODEL) -> bytes:
 
 
 async def _send(
-    session: aiohttp.ClientSession,
+    client: httpx.AsyncClient,
     url: str,
     request: TraceRequest,
     start: float,
@@ -71,20 +71,21 @@ async def _send(
     sent = clock()
     first = last = None
     try:
-        async with session.post(
+        async with client.stream(
+            "POST",
             url + "/v1/chat/completions",
-            data=chat_body(request),
+            content=chat_body(request),
             headers={"content-type": "application/json"},
         ) as response:
             pool = response.headers.get("x-gateway-pool")
-            if response.status != 200:
-                await response.read()
-                return LiveOutcome(response.status, pool)
-            async for line in response.content:
-                if line.startswith(b"data: {") and b'"content":"' in line:
+            if response.status_code != 200:
+                await response.aread()
+                return LiveOutcome(response.status_code, pool)
+            async for line in response.aiter_lines():
+                if line.startswith("data: {") and '"content":"' in line:
                     last = clock()
                     first = first if first is not None else last
-    except (aiohttp.ClientError, TimeoutError):
+    except (httpx.HTTPError, TimeoutError):
         return LiveOutcome(0, None)
     if first is None or last is None:
         return LiveOutcome(0, pool)
@@ -100,13 +101,13 @@ async def replay_live(
     clock: Callable[[], float] = time.perf_counter,
 ) -> list[LiveOutcome]:
     """Send every request at its arrival time, compressed by `speed`; return what each measured."""
-    timeout = aiohttp.ClientTimeout(total=TIMEOUT_S)
-    connector = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+    # Every request of the slice may be in flight at once: no pool limit holds one back.
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with httpx.AsyncClient(timeout=TIMEOUT_S, limits=limits) as client:
         start = clock()
         return list(
             await asyncio.gather(
-                *(_send(session, url.rstrip("/"), r, start, speed, clock) for r in requests)
+                *(_send(client, url.rstrip("/"), r, start, speed, clock) for r in requests)
             )
         )
 

@@ -1,0 +1,106 @@
+"""The package as users install it: `pip install .` without the dev extras, run from anywhere."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import openai
+import pytest
+
+from gateway.policy.load import render_policy
+from harness.gateways import free_port, wait_ready
+from harness.simulators import start_simulator
+from policies import MODEL, fleet_policy
+
+ROOT = Path(__file__).resolve().parent.parent
+ADMIN_TOKEN = "packaging-admin-token"
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Build the wheel from a copy of the sources; install it alone in a new environment."""
+    work = tmp_path_factory.mktemp("installed")
+    source = work / "source"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
+    for package in ("gateway", "simulator"):
+        shutil.copytree(
+            ROOT / package, source / package, ignore=shutil.ignore_patterns("__pycache__")
+        )
+    pip = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(work / "dist")]
+    subprocess.run([*pip, str(source)], check=True, capture_output=True)
+    (wheel,) = (work / "dist").glob("*.whl")
+    venv.create(work / "venv", with_pip=True)
+    bin_dir = work / "venv" / "bin"
+    install = [str(bin_dir / "python"), "-m", "pip", "install", "-q", str(wheel)]
+    subprocess.run(install, check=True, capture_output=True)
+    return bin_dir
+
+
+@pytest.fixture
+def elsewhere() -> dict[str, str]:
+    """Return an environment that knows nothing of this repository or its settings."""
+    keep = ("PATH", "HOME", "LANG", "TMPDIR")
+    return {name: os.environ[name] for name in keep if name in os.environ}
+
+
+def run(bin_dir: Path, cwd: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(bin_dir / "gateway"), *args], cwd=cwd, env=env, capture_output=True, text=True
+    )
+
+
+@pytest.mark.timeout(900)
+def test_the_installed_commands_migrate_validate_and_serve_from_an_empty_directory(
+    installed: Path, tmp_path: Path, elsewhere: dict[str, str]
+) -> None:
+    work = tmp_path / "empty"
+    work.mkdir()
+    env = {**elsewhere, "DATABASE_URL": f"sqlite:///{work / 'gateway.db'}"}
+    upgraded = run(installed, work, env, "db", "upgrade")
+    assert upgraded.returncode == 0, upgraded.stderr
+    schema = run(installed, work, env, "policy", "schema")
+    assert schema.returncode == 0 and json.loads(schema.stdout)["title"], schema.stderr
+    python, cwd = str(installed / "python"), str(work)
+    with (
+        start_simulator("gpu", python=python, cwd=cwd, env=elsewhere) as gpu,
+        start_simulator("asic", python=python, cwd=cwd, env=elsewhere) as asic,
+    ):
+        (work / "policy.yaml").write_text(render_policy(fleet_policy([gpu.url], [asic.url])))
+        validated = run(installed, work, env, "policy", "validate", "policy.yaml")
+        assert validated.returncode == 0, validated.stderr
+        port = free_port()
+        serving = {**env, "GATEWAY_POLICY": "policy.yaml", "GATEWAY_ADMIN_TOKEN": ADMIN_TOKEN}
+        server = subprocess.Popen(
+            [str(installed / "gateway"), "serve", "--port", str(port)],
+            cwd=work,
+            env=serving,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            wait_ready(port)
+            client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k")
+            raw = client.chat.completions.with_raw_response.create(
+                model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4
+            )
+            assert raw.headers["x-gateway-pool"] in ("gpu", "asic")
+            assert raw.parse().choices[0].message.content
+            (work / "request.json").write_text(
+                json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
+            )
+            url = f"http://127.0.0.1:{port}"
+            explained = run(installed, work, serving, "explain", "request.json", "--url", url)
+            assert explained.returncode == 0, explained.stderr
+            assert json.loads(explained.stdout)["decision"]["pool"] in ("gpu", "asic")
+        finally:
+            server.terminate()
+            server.wait(timeout=60)
+    assert server.returncode == 0
