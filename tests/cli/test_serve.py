@@ -25,6 +25,27 @@ from policies import MODEL
 STREAMS = 4
 
 
+def migrated_fleet(sims, tmp_path: Path, **settings: str) -> dict[str, str]:
+    """Point the default policy at the simulators, migrate a database; return the environment.
+
+    Records are flushed only every 30 s, so what a stop finds unwritten it must flush itself.
+    """
+    doc = yaml.safe_load((ROOT / "policies/default.yaml").read_text())
+    for kind in ("gpu", "asic", "cim"):
+        doc["pools"][kind]["backends"] = [{"url": u} for u in sims.urls(kind)]
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(yaml.safe_dump(doc))
+    env = {
+        **os.environ,
+        "GATEWAY_POLICY": str(policy),
+        "DATABASE_URL": f"sqlite:///{tmp_path / 'g.db'}",
+        "GATEWAY_RECORD_FLUSH_INTERVAL_S": "30",
+        **settings,
+    }
+    assert gateway("db", "upgrade", env=env).returncode == 0
+    return env
+
+
 def refuses_connections(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=1):
@@ -38,22 +59,12 @@ def test_sigterm_finishes_in_flight_streams_refuses_new_connections_and_flushes(
 ) -> None:
     for sim in sims.all():
         sim.set_faults(slow_factor=300)  # streams last long enough to be cut by a bad stop
-    doc = yaml.safe_load((ROOT / "policies/default.yaml").read_text())
-    for kind in ("gpu", "asic", "cim"):
-        doc["pools"][kind]["backends"] = [{"url": u} for u in sims.urls(kind)]
-    policy = tmp_path / "policy.yaml"
-    policy.write_text(yaml.safe_dump(doc))
-    url = f"sqlite:///{tmp_path / 'g.db'}"
-    env = {
-        **os.environ,
-        "GATEWAY_POLICY": str(policy),
-        "DATABASE_URL": url,
-        "GATEWAY_RECORD_FLUSH_INTERVAL_S": "30",
-        "GATEWAY_SPILL_DIR": str(tmp_path / "spill"),
-        "GATEWAY_DRAIN_TIMEOUT_S": "60",
-    }
-    upgrade = [sys.executable, "-m", "gateway", "db", "upgrade"]
-    assert subprocess.run(upgrade, env=env, cwd=ROOT, capture_output=True).returncode == 0
+    env = migrated_fleet(
+        sims,
+        tmp_path,
+        GATEWAY_SPILL_DIR=str(tmp_path / "spill"),
+        GATEWAY_DRAIN_TIMEOUT_S="60",
+    )
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "gateway", "serve", "--port", str(port)],
@@ -112,7 +123,7 @@ def test_sigterm_finishes_in_flight_streams_refuses_new_connections_and_flushes(
     assert still_streaming > 0, "the streams ended before the gateway stopped listening"
     assert len(results) == STREAMS
     assert all(text and finish in ("stop", "length") for text, finish in results), results
-    engine = sa.create_engine(url)
+    engine = sa.create_engine(env["DATABASE_URL"])
     with engine.connect() as conn:
         rows = conn.execute(sa.select(request_records.c.status, request_records.c.stream)).all()
     engine.dispose()
@@ -129,20 +140,7 @@ def test_serve_refuses_an_invalid_policy_at_startup(tmp_path: Path) -> None:
 
 
 def test_serve_answers_then_stops_on_sigterm_with_records_flushed(sims, tmp_path: Path) -> None:
-    doc = yaml.safe_load((ROOT / "policies/default.yaml").read_text())
-    doc["pools"]["gpu"]["backends"] = [{"url": u} for u in sims.urls("gpu")]
-    doc["pools"]["asic"]["backends"] = [{"url": u} for u in sims.urls("asic")]
-    doc["pools"]["cim"]["backends"] = [{"url": u} for u in sims.urls("cim")]
-    policy = tmp_path / "policy.yaml"
-    policy.write_text(yaml.safe_dump(doc))
-    url = f"sqlite:///{tmp_path / 'g.db'}"
-    env = {
-        **os.environ,
-        "GATEWAY_POLICY": str(policy),
-        "DATABASE_URL": url,
-        "GATEWAY_RECORD_FLUSH_INTERVAL_S": "30",
-    }
-    assert gateway("db", "upgrade", env=env).returncode == 0
+    env = migrated_fleet(sims, tmp_path)
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "gateway", "serve", "--port", str(port)],
@@ -168,7 +166,7 @@ def test_serve_answers_then_stops_on_sigterm_with_records_flushed(sims, tmp_path
     finally:
         if proc.poll() is None:
             proc.kill()
-    engine = sa.create_engine(url)
+    engine = sa.create_engine(env["DATABASE_URL"])
     with engine.connect() as conn:
         count = conn.execute(sa.select(sa.func.count()).select_from(request_records)).scalar()
     engine.dispose()
