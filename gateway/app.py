@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.ingress.api import Ingress
+from gateway.ops.guard import Guard
 from gateway.ops.routes import ops_app
 from gateway.policy.load import parse_policy, read_text
 from gateway.policy.model import Policy
@@ -22,7 +23,13 @@ class GatewayApp:
     def __init__(self, gateway: Gateway):
         self.gateway = gateway
         self.ingress = Ingress(gateway)
-        self.ops = ops_app(gateway)
+        settings = gateway.settings
+        self.ops = Guard(
+            ops_app(gateway),
+            lambda: settings.admin_token,
+            settings.max_body_bytes,
+            settings.body_read_timeout_s,
+        )
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "http" and scope["path"].startswith("/v1/"):

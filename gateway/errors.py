@@ -15,10 +15,12 @@ GatewayError                  anything the gateway refuses or fails to do for a 
 ├── MethodNotAllowed          405: the path exists, not with this method
 ├── RequestTimeout            408: the client did not send the whole body in time
 ├── BodyTooLarge              413: the request body is over the configured limit
+├── HeadersTooLarge           431: the request line and headers are over the configured limit
 ├── NoCapacity                429: every eligible pool is full and its queue budget ran out
 ├── RateLimited               429: the tenant is over its requests or tokens a minute
 ├── NoHealthyBackend          503: every eligible backend is ejected or unhealthy
 ├── PolicyStoreUnavailable    503: the policy versions in the database cannot be read or written
+├── TooManyConnections        503: the gateway has as many client connections open as it allows
 ├── InternalError             500: the gateway itself failed (a bug; the traceback is logged)
 └── UpstreamError             502: the backend failed (connection, 5xx, broken answer)
     └── UpstreamTimeout       504: the backend did not answer within the SLO's timeout
@@ -33,6 +35,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from http import HTTPStatus
 
 import orjson
 
@@ -65,6 +68,11 @@ class GatewayError(Exception):
     def body(self) -> bytes:
         """Return the OpenAI error document for this error, serialised."""
         return orjson.dumps(self.document())
+
+    @property
+    def reason(self) -> str:
+        """Return the HTTP reason phrase of the status."""
+        return HTTPStatus(self.status).phrase
 
     def headers(self) -> list[tuple[bytes, bytes]]:
         """Return the response headers this error adds (e.g. Retry-After)."""
@@ -171,6 +179,14 @@ class BodyTooLarge(GatewayError):
     code = "request_too_large"
 
 
+class HeadersTooLarge(GatewayError):
+    """The request line and headers are over the configured limit."""
+
+    status = 431
+    type = "invalid_request_error"
+    code = "request_header_fields_too_large"
+
+
 class NoCapacity(GatewayError):
     """Every eligible pool is full and waiting for a slot would break the SLO budget."""
 
@@ -228,6 +244,13 @@ class InternalError(GatewayError):
 
     def __init__(self, message: str = "the gateway failed to serve this request"):
         super().__init__(message)
+
+
+class TooManyConnections(GatewayError):
+    """The gateway has as many client connections open as GATEWAY_MAX_CONNECTIONS allows."""
+
+    status = 503
+    code = "too_many_connections"
 
 
 class UpstreamError(GatewayError):

@@ -93,6 +93,21 @@ class Settings(BaseSettings):
         gt=0,
         description="On SIGTERM, how long in-flight requests may take to finish before closing.",
     )
+    max_connections: int = Field(
+        default=4096,
+        gt=0,
+        description="Client connections open at once; past it, a new one gets 503 and is closed.",
+    )
+    max_header_bytes: int = Field(
+        default=64 * 1024,
+        gt=0,
+        description="Largest request line and headers; a larger head gets 431.",
+    )
+    client_write_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="A client that reads nothing of its answer this long is disconnected.",
+    )
     body_read_timeout_s: float = Field(
         default=30.0,
         gt=0,

@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -20,7 +21,7 @@ import uvicorn
 from gateway.app import GatewayApp
 from gateway.db.engine import upgrade
 from gateway.db.schema import request_records
-from gateway.ingress.protocol import HttpProtocol
+from gateway.ingress.protocol import HttpProtocol, Limits
 from gateway.policy.model import Policy
 from gateway.runtime import Gateway
 from gateway.settings import Settings
@@ -33,7 +34,7 @@ class GatewayServer:
         self.gateway = gateway
         self.url = url
 
-    def client(self, **kw: object) -> openai.OpenAI:
+    def client(self, **kw: Any) -> openai.OpenAI:
         return openai.OpenAI(base_url=self.url + "/v1", api_key="test-key", max_retries=0, **kw)
 
     def http(self) -> httpx.Client:
@@ -88,7 +89,7 @@ def run_gateway(policy: Policy, tmp_path: Path, **settings: object) -> Iterator[
     port = sock.getsockname()[1]
     config = uvicorn.Config(
         GatewayApp(gateway),
-        http=HttpProtocol,
+        http=HttpProtocol.within(Limits.of(gateway.settings)),
         ws="none",
         lifespan="on",
         log_level="warning",
@@ -121,7 +122,7 @@ class GatewayProcess:
         self.port = port
         self.url = f"http://127.0.0.1:{port}"
 
-    def client(self, **kw: object) -> openai.OpenAI:
+    def client(self, **kw: Any) -> openai.OpenAI:
         return openai.OpenAI(base_url=self.url + "/v1", api_key="test-key", max_retries=0, **kw)
 
     def readiness(self) -> dict:

@@ -13,7 +13,7 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
     import uvicorn
 
     from gateway.app import create_app
-    from gateway.ingress.protocol import HttpProtocol
+    from gateway.ingress.protocol import HttpProtocol, Limits
 
     host = args.host or settings.host
     port = args.port or settings.port
@@ -35,7 +35,7 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
         host=host,
         port=port,
         loop="uvloop",
-        http=HttpProtocol,
+        http=HttpProtocol.within(Limits.of(settings)),
         ws="none",  # the gateway serves no WebSockets: an Upgrade header is ignored
         log_level=settings.log_level,
         access_log=False,

@@ -60,7 +60,7 @@ def test_the_load_balancer_waits_for_replicas_that_answer_readiness(compose: dic
     from gateway.app import create_app
     from gateway.settings import Settings
 
-    ops = create_app(Settings()).ops.routes
+    ops = create_app(Settings()).ops.app.routes
     paths = {getattr(route, "path", None) for route in ops}
     port = compose["services"]["gateway-1"]["environment"]["GATEWAY_PORT"]
     for name in ("gateway-1", "gateway-2"):

@@ -1,0 +1,107 @@
+"""The HTTP protocol's limits: a head too large, too many connections, a client not reading."""
+
+from __future__ import annotations
+
+import socket
+import time
+from pathlib import Path
+
+import orjson
+import sqlalchemy as sa
+
+from gateway.db.schema import request_records
+from harness.gateways import GatewayServer, run_gateway
+from harness.simulators import start_simulator
+from policies import MODEL, fleet_policy
+
+OFFLINE = fleet_policy()  # every backend unreachable: these limits come before any routing
+
+
+def connect(server: GatewayServer) -> socket.socket:
+    host, port = server.url.removeprefix("http://").split(":")
+    return socket.create_connection((host, int(port)), timeout=20)
+
+
+def answer(raw: socket.socket) -> tuple[bytes, dict]:
+    """Read until the gateway closes the connection; return the status line and error."""
+    data = b""
+    while chunk := raw.recv(65536):
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    return head.split(b"\r\n")[0], orjson.loads(body)["error"]
+
+
+def test_a_head_over_the_limit_is_refused_with_431_before_it_ends(tmp_path: Path) -> None:
+    with run_gateway(OFFLINE, tmp_path, max_header_bytes=4096) as gw, connect(gw) as raw:
+        # An endless header line: it never ends, so only counting its bytes can stop it.
+        raw.sendall(b"GET /healthz HTTP/1.1\r\nhost: gw\r\nx-filler: ")
+        for _ in range(8):
+            raw.sendall(b"a" * 1024)
+        status, error = answer(raw)
+    assert status == b"HTTP/1.1 431 Request Header Fields Too Large"
+    assert error["code"] == "request_header_fields_too_large" and "4096" in error["message"]
+
+
+def test_a_head_within_the_limit_is_served(tmp_path: Path) -> None:
+    with run_gateway(OFFLINE, tmp_path, max_header_bytes=4096) as gw, gw.http() as http:
+        assert http.get("/healthz", headers={"x-filler": "a" * 3000}).status_code == 200
+
+
+def test_a_connection_past_the_limit_gets_503_and_the_others_are_served(tmp_path: Path) -> None:
+    with run_gateway(OFFLINE, tmp_path, max_connections=2) as gw:
+        held = [connect(gw) for _ in range(2)]
+        try:
+            for raw in held:  # each answered once: the gateway counts both
+                raw.sendall(b"GET /healthz HTTP/1.1\r\nhost: gw\r\n\r\n")
+                assert raw.recv(65536).startswith(b"HTTP/1.1 200")
+            with connect(gw) as extra:
+                status, error = answer(extra)
+            assert status == b"HTTP/1.1 503 Service Unavailable"
+            assert error["code"] == "too_many_connections"
+            held[0].sendall(b"GET /healthz HTTP/1.1\r\nhost: gw\r\n\r\n")
+            assert held[0].recv(65536).startswith(b"HTTP/1.1 200")
+        finally:
+            for raw in held:
+                raw.close()
+
+
+def test_a_client_that_stops_reading_a_stream_is_cut_and_its_slot_comes_back(
+    tmp_path: Path,
+) -> None:
+    with start_simulator("gpu", speed=1000) as gpu:
+        policy = fleet_policy([gpu.url], [gpu.url], routes=[
+            {"name": "chat", "match": {"models": [MODEL]}, "pools": ["gpu"], "fallback": "gpu"}
+        ])  # fmt: skip
+        with run_gateway(policy, tmp_path, client_write_timeout_s=1.0) as gw:
+            body = orjson.dumps(
+                {
+                    "model": MODEL,
+                    "messages": [{"role": "user", "content": "go on"}],
+                    "max_tokens": 60_000,
+                    "ignore_eos": True,
+                    "stream": True,
+                }
+            )
+            raw = socket.socket()
+            raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a client reading nothing
+            host, port = gw.url.removeprefix("http://").split(":")
+            raw.connect((host, int(port)))
+            raw.sendall(
+                b"POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\n"
+                b"content-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+                % (len(body), body)
+            )
+            backend = gw.gateway.fleet.pools["gpu"].backends[0]
+            deadline = time.monotonic() + 120
+            while backend.in_flight == 0:  # the stream has started
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            while backend.in_flight:  # the gateway gives up on the client and the slot back
+                assert time.monotonic() < deadline, "the slot stayed held"
+                time.sleep(0.05)
+            raw.close()
+            records = gw.records(1)
+    assert len(records) == 1 and records[0]["status"] == 499, records
+    engine = sa.create_engine(f"sqlite:///{tmp_path / 'gateway.db'}")
+    with engine.connect() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(request_records)).scalar() == 1
