@@ -32,6 +32,7 @@ from gateway.fleet.sharedstate import SharedState
 from gateway.fleet.state import BackendState, Fleet
 from gateway.metrics import GatewayMetrics
 from gateway.policy import versions
+from gateway.policy.credentials import Access
 from gateway.policy.load import content_hash, render_policy
 from gateway.policy.model import Policy
 from gateway.policy.sync import FileWatcher, PolicyWatcher
@@ -70,14 +71,15 @@ class Gateway:
         environ: Mapping[str, str] = os.environ,
     ):
         self.settings = settings
-        # Where the upstream keys that policies name are read; refused here if one is missing.
-        self.environ = environ
+        # The upstream keys policies name, read from `environ`, and where they may be sent: a
+        # policy this gateway cannot serve by them is refused before anything changes.
+        self.access = Access(environ, settings.upstream_key_hosts, settings.upstream_hosts)
         self.policy = policy
         self.policy_text = policy_text if policy_text is not None else render_policy(policy)
         self.policy_version = 0  # 0 until the version store confirms or replaces it
         self.clock = clock
         self.metrics = metrics if metrics is not None else GatewayMetrics()
-        self.fleet = Fleet(policy, environ)
+        self.fleet = Fleet(policy, self.access)
         self.metrics.registry.register(FleetCollector(lambda: self.fleet))
         self.estimator = TokenEstimator()
         self.shared = (
@@ -166,7 +168,7 @@ class Gateway:
         if self.shared is not None:
             self.shared.on("policy", lambda _: self.policy_watcher.nudge())
         self.policy_file = FileWatcher(
-            settings.policy_path, self.engine, self.metrics, self.policy_watcher.sync, environ
+            settings.policy_path, self.engine, self.metrics, self.policy_watcher.sync, self.access
         )
         self.reports = (
             ReportScheduler(

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 from pydantic import AliasChoices, Field, SecretStr, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
 class Settings(BaseSettings):
@@ -38,6 +39,16 @@ class Settings(BaseSettings):
         default=10.0,
         gt=0,
         description="How long the slots of a replica that died stay taken in Redis.",
+    )
+    upstream_hosts: Annotated[list[str], NoDecode] = Field(
+        default=[],
+        description="Hosts (host, host:port, *.domain) every backend and metrics URL of a "
+        "policy must be on, comma-separated; empty: any.",
+    )
+    upstream_key_hosts: dict[str, list[str]] = Field(
+        default={},
+        description="JSON: the hosts each upstream key may be sent to, e.g. "
+        '{"GATEWAY_UPSTREAM_KEY_VLLM": ["*.vllm.internal"]}; a key not listed: any.',
     )
     admin_token: SecretStr | None = Field(
         default=None,
@@ -134,6 +145,13 @@ class Settings(BaseSettings):
     @classmethod
     def _empty_is_unset(cls, value: object) -> object:
         return None if value == "" else value
+
+    @field_validator("upstream_hosts", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [host.strip() for host in value.split(",") if host.strip()]
+        return value
 
     @field_validator("spill_dir", mode="before")
     @classmethod

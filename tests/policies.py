@@ -14,9 +14,9 @@ BIG = "llama-3.1-70b-instruct"
 EMBED = "bge-large-en-v1.5"
 # The keys the keyed simulators require (conftest.py), by the variable tests give them in.
 UPSTREAM_KEYS = {
-    "UPSTREAM_GPU_KEY": "sk-upstream-gpu-7f3a9c",
-    "UPSTREAM_ASIC_KEY": "sk-upstream-asic-51be02",
-    "UPSTREAM_CIM_KEY": "sk-upstream-cim-c48d1e",
+    "GATEWAY_UPSTREAM_KEY_GPU": "sk-upstream-gpu-7f3a9c",
+    "GATEWAY_UPSTREAM_KEY_ASIC": "sk-upstream-asic-51be02",
+    "GATEWAY_UPSTREAM_KEY_CIM": "sk-upstream-cim-c48d1e",
 }
 
 

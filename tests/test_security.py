@@ -153,7 +153,7 @@ def test_no_secret_appears_in_responses_logs_metrics_records_or_reports(
                 assert http.get(url, headers=ADMIN).is_success
         http.get("/metrics")
     # The gateway has stopped: every record is written, so the files hold all there is.
-    assert "api_key_env: UPSTREAM_ASIC_KEY" in active
+    assert "api_key_env: GATEWAY_UPSTREAM_KEY_ASIC" in active
 
     stored = [
         path.read_bytes().decode(errors="replace")

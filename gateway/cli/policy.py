@@ -3,21 +3,26 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from gateway.cli.changes import announce, operator
+from gateway.policy.credentials import Access
 from gateway.policy.load import load_policy, read_text
 from gateway.settings import Settings
 
 
-def _validate(args: argparse.Namespace, settings: Settings) -> int:
-    import os
+def _access(settings: Settings) -> Access:
+    """Return the upstream rules of these settings, with the keys this shell holds."""
+    return Access(os.environ, settings.upstream_key_hosts, settings.upstream_hosts)
 
+
+def _validate(args: argparse.Namespace, settings: Settings) -> int:
     from gateway.policy.check import validate
 
     # Upstream keys unset here are warnings: the CLI may run where no secret is kept, and each
     # serving gateway checks its own environment.
-    checked = validate(read_text(args.file), args.file, os.environ, serving=False)
+    checked = validate(read_text(args.file), args.file, _access(settings), serving=False)
     policy = checked.accepted()
     routes = ", ".join(r.name for r in policy.routes)
     print(f"{args.file}: valid ({len(policy.pools)} pools, routes: {routes})")
@@ -84,8 +89,6 @@ def _simulate(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _apply(args: argparse.Namespace, settings: Settings) -> int:
-    import os
-
     from gateway.db.engine import make_engine
     from gateway.policy.apply import apply
 
@@ -95,7 +98,7 @@ def _apply(args: argparse.Namespace, settings: Settings) -> int:
         args.file,
         author=args.author or operator(),
         message=args.message,
-        environ=os.environ,
+        access=_access(settings),
         serving=False,
     )
     for warning in applied.warnings:

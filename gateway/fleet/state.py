@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from gateway.policy import credentials
+from gateway.policy.credentials import Access
 from gateway.policy.model import Backend, Policy, Pool
 
 REQUEST_HEADERS = {"content-type": "application/json"}
@@ -96,10 +96,10 @@ CONFIGURED = (
 
 
 def backend_state(
-    backend: Backend, pool_name: str, pool: Pool, environ: Mapping[str, str] | None
+    backend: Backend, pool_name: str, pool: Pool, access: Access | None
 ) -> BackendState:
-    """Build the state of one backend of a policy, with its credential from `environ`."""
-    auth = credentials.authorization(backend, environ)
+    """Build the state of one backend of a policy, with its credential from `access`."""
+    auth = access.authorization(backend) if access is not None else {}
     metrics_url = backend.metrics_url or backend.url + "/metrics"
     return BackendState(
         backend.name,
@@ -163,18 +163,18 @@ class PoolState:
 class Fleet:
     """Every pool of the active policy with its live backend state.
 
-    `environ` is where upstream keys are read: a serving gateway passes its environment and is
-    refused (PolicyError) a policy naming a key variable it lacks; without it (routing
-    simulations, tests) backends carry no credentials.
+    `access` holds the upstream keys and the rules on where they and backends may be: a
+    serving gateway passes its own and is refused (PolicyError) a policy breaking them; without
+    it (routing simulations, tests) backends carry no credentials.
     """
 
-    def __init__(self, policy: Policy, environ: Mapping[str, str] | None = None):
-        if environ is not None:
-            credentials.require(policy, environ)
-        self.environ = environ
+    def __init__(self, policy: Policy, access: Access | None = None):
+        if access is not None:
+            access.require(policy)
+        self.access = access
         self.pools: dict[str, PoolState] = {
             name: PoolState(
-                name, spec, [backend_state(b, name, spec, environ) for b in spec.backends]
+                name, spec, [backend_state(b, name, spec, access) for b in spec.backends]
             )
             for name, spec in policy.pools.items()
         }
@@ -192,7 +192,7 @@ class Fleet:
         serve raises PolicyError before anything changes.
         """
         known = {b.url: b for b in self.backends()}
-        fleet = Fleet(policy, self.environ)
+        fleet = Fleet(policy, self.access)
         for name, pool in fleet.pools.items():
             for i, fresh in enumerate(pool.backends):
                 kept = known.pop(fresh.url, None)

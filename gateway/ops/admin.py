@@ -138,7 +138,7 @@ def admin_router(gateway: Gateway) -> APIRouter:
                 "<request>",
                 author=change.author,
                 message=change.message,
-                environ=gateway.environ,
+                access=gateway.access,
             )
         except PolicyError as exc:
             return JSONResponse({"errors": [_problem(p) for p in exc.problems]}, 422)
@@ -154,7 +154,7 @@ def admin_router(gateway: Gateway) -> APIRouter:
     @router.post("/policy/validate")
     async def validate_policy(candidate: PolicyCandidate) -> dict[str, Any]:
         """Check a policy without applying it: its errors and warnings."""
-        checked = check.validate(candidate.yaml, "<request>", gateway.environ)
+        checked = check.validate(candidate.yaml, "<request>", gateway.access)
         return {
             "valid": checked.valid,
             "errors": [_problem(p) for p in checked.errors],

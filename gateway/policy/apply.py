@@ -10,7 +10,6 @@ the CLI tells them through Redis, and every replica polls the store in any case.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import sqlalchemy as sa
@@ -18,6 +17,7 @@ import sqlalchemy as sa
 from gateway.errors import Problem
 from gateway.policy import versions
 from gateway.policy.check import validate
+from gateway.policy.credentials import Access
 from gateway.policy.load import content_hash
 from gateway.policy.versions import PolicyVersion
 
@@ -38,15 +38,15 @@ def apply(
     *,
     author: str,
     message: str,
-    environ: Mapping[str, str] | None = None,
+    access: Access | None = None,
     serving: bool = True,
 ) -> Applied:
     """Validate a policy text and make it the active version; raise PolicyError if invalid.
 
-    `environ` and `serving` say whose environment the upstream keys are checked in
-    (gateway/policy/check.py): a serving gateway's refuses a policy naming a key it lacks.
+    `access` and `serving` say whose upstream keys and rules the policy is checked against
+    (gateway/policy/check.py): a serving gateway's refuses a policy breaking them.
     """
-    checked = validate(text, source, environ, serving=serving)
+    checked = validate(text, source, access, serving=serving)
     checked.accepted()
     active = versions.active(engine)
     if active is not None and active.hash == content_hash(text):

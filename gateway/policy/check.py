@@ -10,11 +10,10 @@ uses.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from gateway.errors import PolicyError, Problem
-from gateway.policy import credentials
+from gateway.policy.credentials import Access
 from gateway.policy.load import locator, parse_policy
 from gateway.policy.model import Match, Policy, Route
 from gateway.policy.physics import physics
@@ -45,15 +44,15 @@ class Validation:
 def validate(
     text: str,
     source: str = "<policy>",
-    environ: Mapping[str, str] | None = None,
+    access: Access | None = None,
     *,
     serving: bool = True,
 ) -> Validation:
     """Load a policy text and report its errors, or its warnings when it loads.
 
-    Given the environment of the gateway that is to serve it (`serving`), an upstream key
-    variable unset there is an error too: that gateway would refuse the policy. Given another
-    environment (the CLI's, where no secret need be kept), it is only a warning.
+    Given the upstream access of the gateway that is to serve it (`serving`), a key variable
+    unset there, or a key or backend off its hosts, is an error too: that gateway would refuse
+    the policy. Given another's (the CLI's, where no secret need be kept), it is a warning.
     """
     try:
         policy = parse_policy(text, source)
@@ -62,14 +61,14 @@ def validate(
         return Validation(None, problems)
     at = locator(text, source)
     found = [at(path, message) for path, message in warnings(policy)]
-    if environ is None:
+    if access is None:
         return Validation(policy, [], found)
     if serving:
-        unset = [at(p, m) for p, m in credentials.unset(policy, environ)]
-        return Validation(policy, unset, found)
+        refused = [at(p, m) for p, m in access.findings(policy)]
+        return Validation(policy, refused, found)
     where = "here; every gateway that serves this policy needs it"
-    unset = [at(p, m) for p, m in credentials.unset(policy, environ, where)]
-    return Validation(policy, [], found + unset)
+    doubtful = [at(p, m) for p, m in access.findings(policy, where)]
+    return Validation(policy, [], found + doubtful)
 
 
 def warnings(policy: Policy) -> list[Finding]:

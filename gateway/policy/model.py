@@ -19,6 +19,8 @@ from gateway.compare.measures import DEFAULT_COMPARATORS
 PositiveFloat = Annotated[float, Field(gt=0)]
 NonNegativeFloat = Annotated[float, Field(ge=0)]
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# The only variables a policy may take an upstream key from (gateway/policy/credentials.py).
+KEY_PREFIX = "GATEWAY_UPSTREAM_KEY_"
 
 
 class Strict(BaseModel):
@@ -39,7 +41,7 @@ class Backend(Strict):
     api_key_env: str | None = Field(
         default=None,
         description="Environment variable holding the key sent upstream as Authorization: "
-        "Bearer; the policy names the variable, never the key.",
+        f"Bearer, named {KEY_PREFIX}...; the policy names the variable, never the key.",
     )
 
     @field_validator("url")
@@ -57,6 +59,12 @@ class Backend(Strict):
             raise ValueError(
                 "api_key_env names an environment variable (letters, digits and underscores, "
                 "not starting with a digit) that holds the key, not the key itself"
+            )
+        if value is not None and not value.startswith(KEY_PREFIX):
+            raise ValueError(
+                f"api_key_env may name only a variable starting with {KEY_PREFIX}, got {value!r}: "
+                "a policy must not send the gateway's other secrets (DATABASE_URL, the admin "
+                "token) to a backend"
             )
         return value
 

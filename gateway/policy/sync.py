@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -22,6 +22,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.periodic import Periodic, Tasks
 from gateway.policy import versions
 from gateway.policy.apply import apply
+from gateway.policy.credentials import Access
 from gateway.policy.load import parse_policy
 from gateway.policy.model import Policy
 from gateway.policy.versions import PolicyVersion
@@ -119,12 +120,12 @@ class FileWatcher:
         engine: sa.Engine,
         metrics: GatewayMetrics,
         synced: Callable[[], Awaitable[int]],
-        environ: Mapping[str, str] | None = None,
+        access: Access | None = None,
         *,
         interval_s: float = 1.0,
     ):
         self._path = path
-        self._environ = environ
+        self._access = access
         self._engine = engine
         self._metrics = metrics
         self._synced = synced
@@ -153,7 +154,7 @@ class FileWatcher:
                 str(self._path),
                 author=f"watch@{socket.gethostname()}",
                 message=f"saved {self._path.name}",
-                environ=self._environ,
+                access=self._access,
             )
         except PolicyError as exc:
             self._metrics.policy_reloads.labels("invalid").inc()

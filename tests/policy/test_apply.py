@@ -9,6 +9,7 @@ from gateway.db.engine import make_engine
 from gateway.errors import PolicyError
 from gateway.policy import versions
 from gateway.policy.apply import apply
+from gateway.policy.credentials import Access
 from gateway.policy.load import render_policy
 from policies import fleet_policy
 
@@ -60,23 +61,25 @@ def test_a_key_unset_where_the_policy_is_served_refuses_it_and_elsewhere_warns(
     database: str,
 ) -> None:
     engine = make_engine(database)
-    text = keyed("GPU_KEY")
-    with pytest.raises(PolicyError, match="GPU_KEY"):
-        apply(engine, text, "policy.yaml", author="gw", message="m", environ={})
+    text = keyed("GATEWAY_UPSTREAM_KEY_GPU")
+    with pytest.raises(PolicyError, match="GATEWAY_UPSTREAM_KEY_GPU"):
+        apply(engine, text, "policy.yaml", author="gw", message="m", access=Access({}))
     assert versions.active(engine) is None
     # The CLI runs where no secret need be kept: the same text is stored, with a warning.
     applied = apply(
-        engine, text, "policy.yaml", author="op", message="m", environ={}, serving=False
+        engine, text, "policy.yaml", author="op", message="m", access=Access({}), serving=False
     )
     assert applied.changed
-    assert any("GPU_KEY" in w.message for w in applied.warnings)
+    assert any("GATEWAY_UPSTREAM_KEY_GPU" in w.message for w in applied.warnings)
     served = apply(
         engine,
-        keyed("OTHER_KEY"),
+        keyed("GATEWAY_UPSTREAM_KEY_OTHER"),
         "policy.yaml",
         author="gw",
         message="m",
-        environ={"OTHER_KEY": "k"},
+        access=Access({"GATEWAY_UPSTREAM_KEY_OTHER": "k"}),
     )
-    assert served.changed and not any("OTHER_KEY" in w.message for w in served.warnings)
+    assert served.changed and not any(
+        "GATEWAY_UPSTREAM_KEY_OTHER" in w.message for w in served.warnings
+    )
     engine.dispose()

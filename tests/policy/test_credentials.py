@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import socket
 import time
 from pathlib import Path
 
@@ -14,12 +15,21 @@ from shadowworld import shadow_rows
 from gateway.errors import PolicyError
 from gateway.fleet.state import Fleet
 from gateway.policy import versions
+from gateway.policy.credentials import Access
 from gateway.policy.load import parse_policy, render_policy
 from gateway.runtime import Gateway
 from gateway.settings import Settings
 from harness.gateways import run_gateway
 from harness.metrics import metric_value
 from policies import EMBED, MODEL, UPSTREAM_KEYS, fleet_policy, keyed
+
+GPU_KEY = "GATEWAY_UPSTREAM_KEY_GPU"
+ASIC_KEY = "GATEWAY_UPSTREAM_KEY_ASIC"
+OLD_KEY = "GATEWAY_UPSTREAM_KEY_OLD"
+NEW_KEY = "GATEWAY_UPSTREAM_KEY_NEW"
+MISSING_KEY = "GATEWAY_UPSTREAM_KEY_MISSING"
+ELSEWHERE_KEY = "GATEWAY_UPSTREAM_KEY_ELSEWHERE"
+NOT_HERE_KEY = "GATEWAY_UPSTREAM_KEY_NOT_HERE"
 
 TOKEN = "credentials-admin-token"
 AUTH = {"authorization": f"Bearer {TOKEN}"}
@@ -36,11 +46,17 @@ def test_the_policy_names_a_variable_and_never_quotes_a_pasted_key() -> None:
 
 
 def test_each_backend_carries_its_own_key_and_metrics_get_it_on_its_origin_only() -> None:
-    policy = keyed(fleet_policy(gpu=["http://127.0.0.1:1"]), {"gpu": "GPU_KEY", "asic": "ASIC_KEY"})
+    policy = keyed(
+        fleet_policy(gpu=["http://127.0.0.1:1"]),
+        {"gpu": GPU_KEY, "asic": ASIC_KEY},
+    )
     doc = policy.model_dump(mode="json", exclude_defaults=True)
     doc["pools"]["asic"]["backends"][0]["metrics_url"] = "http://127.0.0.1:9400/metrics"
     policy = parse_policy(yaml.safe_dump(doc))
-    fleet = Fleet(policy, {"GPU_KEY": "g-secret", "ASIC_KEY": "a-secret"})
+    fleet = Fleet(
+        policy,
+        Access({GPU_KEY: "g-secret", ASIC_KEY: "a-secret"}),
+    )
     gpu, asic, cim = (fleet.pools[name].backends[0] for name in ("gpu", "asic", "cim"))
 
     assert gpu.headers == {"content-type": "application/json", "authorization": "Bearer g-secret"}
@@ -55,39 +71,57 @@ def test_each_backend_carries_its_own_key_and_metrics_get_it_on_its_origin_only(
 
 
 def test_a_reload_keeps_live_state_and_takes_the_new_key() -> None:
-    environ = {"OLD_KEY": "old", "NEW_KEY": "new"}
-    fleet = Fleet(keyed(fleet_policy(), {"gpu": "OLD_KEY"}), environ)
+    environ = {OLD_KEY: "old", NEW_KEY: "new"}
+    fleet = Fleet(keyed(fleet_policy(), {"gpu": OLD_KEY}), Access(environ))
     backend = fleet.pools["gpu"].backends[0]
     backend.in_flight = 3
-    after = fleet.reconfigure(keyed(fleet_policy(), {"gpu": "NEW_KEY"}))
+    after = fleet.reconfigure(keyed(fleet_policy(), {"gpu": NEW_KEY}))
     assert after.pools["gpu"].backends[0] is backend and backend.in_flight == 3
-    assert backend.auth == {"authorization": "Bearer new"} and backend.api_key_env == "NEW_KEY"
+    assert backend.auth == {"authorization": "Bearer new"} and backend.api_key_env == NEW_KEY
 
 
 def test_a_policy_naming_an_unset_variable_is_refused_before_anything_changes() -> None:
-    fleet = Fleet(keyed(fleet_policy(), {"gpu": "GPU_KEY"}), {"GPU_KEY": "g"})
+    fleet = Fleet(
+        keyed(fleet_policy(), {"gpu": GPU_KEY}),
+        Access({GPU_KEY: "g"}),
+    )
     backend = fleet.pools["gpu"].backends[0]
     with pytest.raises(PolicyError) as refused:
-        fleet.reconfigure(keyed(fleet_policy(), {"gpu": "GPU_KEY", "asic": "MISSING_KEY"}))
-    assert "backend 'asic-0' of pool 'asic' takes its key from MISSING_KEY" in str(refused.value)
+        fleet.reconfigure(
+            keyed(
+                fleet_policy(),
+                {"gpu": GPU_KEY, "asic": MISSING_KEY},
+            )
+        )
+    assert "backend 'asic-0' of pool 'asic' takes its key from GATEWAY_UPSTREAM_KEY_MISSING" in str(
+        refused.value
+    )
     assert refused.value.problems[0].path == "pools.asic.backends.0.api_key_env"
     assert backend.name == "gpu-0" and backend.auth == {"authorization": "Bearer g"}
-    with pytest.raises(PolicyError, match="MISSING_KEY"):
-        Fleet(keyed(fleet_policy(), {"asic": "MISSING_KEY"}), {"MISSING_KEY": ""})
+    with pytest.raises(PolicyError, match=MISSING_KEY):
+        Fleet(
+            keyed(fleet_policy(), {"asic": MISSING_KEY}),
+            Access({MISSING_KEY: ""}),
+        )
 
 
 def test_a_gateway_does_not_start_on_a_policy_naming_an_unset_variable(tmp_path: Path) -> None:
     settings = Settings(database_url=f"sqlite:///{tmp_path / 'gateway.db'}")
-    with pytest.raises(PolicyError, match="MISSING_KEY"):
-        Gateway(settings, keyed(fleet_policy(), {"asic": "MISSING_KEY"}), environ={})
+    with pytest.raises(PolicyError, match=MISSING_KEY):
+        Gateway(settings, keyed(fleet_policy(), {"asic": MISSING_KEY}), environ={})
 
 
 def test_the_admin_api_refuses_an_unset_key_and_a_replica_without_it_keeps_serving(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("GPU_KEY", "g-secret")
-    first = keyed(fleet_policy(), {"gpu": "GPU_KEY"})
-    lacking = render_policy(keyed(fleet_policy(), {"gpu": "GPU_KEY", "asic": "ELSEWHERE_KEY"}))
+    monkeypatch.setenv(GPU_KEY, "g-secret")
+    first = keyed(fleet_policy(), {"gpu": GPU_KEY})
+    lacking = render_policy(
+        keyed(
+            fleet_policy(),
+            {"gpu": GPU_KEY, "asic": ELSEWHERE_KEY},
+        )
+    )
     with (
         run_gateway(first, tmp_path, admin_token=TOKEN, policy_poll_interval_s=0.1) as gw,
         gw.http() as http,
@@ -96,7 +130,10 @@ def test_the_admin_api_refuses_an_unset_key_and_a_replica_without_it_keeps_servi
         assert checked["valid"] is False
         (error,) = checked["errors"]
         assert error["path"] == "pools.asic.backends.0.api_key_env"
-        assert "ELSEWHERE_KEY, which is not set in this gateway's environment" in error["message"]
+        assert (
+            "GATEWAY_UPSTREAM_KEY_ELSEWHERE, which is not set in this gateway's environment"
+            in error["message"]
+        )
         assert error["location"].startswith("<request>:")
         put = http.put("/admin/policy", json={"yaml": lacking, "message": "x"}, headers=AUTH)
         assert put.status_code == 422 and put.json()["errors"] == [error]
@@ -118,12 +155,12 @@ def test_the_cli_warns_of_an_unset_variable_it_cannot_see(
     from gateway.cli import main
 
     path = tmp_path / "keyed.yaml"
-    path.write_text(render_policy(keyed(fleet_policy(), {"asic": "NOT_HERE_KEY"})))
+    path.write_text(render_policy(keyed(fleet_policy(), {"asic": NOT_HERE_KEY})))
     assert main(["policy", "validate", str(path)]) == 0
     assert main(["policy", "validate", str(path), "--strict"]) == 1
     (warning,) = [line for line in capsys.readouterr().out.splitlines() if "NOT_HERE" in line][:1]
     assert f"{path}:" in warning and "pools.asic.backends.0.api_key_env" in warning
-    assert "NOT_HERE_KEY, which is not set here" in warning
+    assert f"{NOT_HERE_KEY}, which is not set here" in warning
 
 
 def test_the_key_reaches_every_call_to_a_backend_that_requires_it(
@@ -182,8 +219,8 @@ def test_the_key_reaches_every_call_to_a_backend_that_requires_it(
 def test_a_refused_key_is_an_upstream_failure_not_the_clients(
     keyed_sims, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setenv("UPSTREAM_GPU_KEY", UPSTREAM_KEYS["UPSTREAM_GPU_KEY"])
-    monkeypatch.setenv("UPSTREAM_ASIC_KEY", "sk-not-the-asic-key")
+    monkeypatch.setenv(GPU_KEY, UPSTREAM_KEYS[GPU_KEY])
+    monkeypatch.setenv(ASIC_KEY, "sk-not-the-asic-key")
     routes = [
         {"name": "chat", "match": {"models": [MODEL]}, "pools": ["asic", "gpu"]},
         {"name": "embed", "match": {"models": [EMBED]}, "pools": ["asic"]},
@@ -192,14 +229,14 @@ def test_a_refused_key_is_an_upstream_failure_not_the_clients(
         fleet_policy(
             keyed_sims.urls("gpu"), keyed_sims.urls("asic"), keyed_sims.urls("cim"), routes=routes
         ),
-        {"gpu": "UPSTREAM_GPU_KEY", "asic": "UPSTREAM_ASIC_KEY"},
+        {"gpu": GPU_KEY, "asic": ASIC_KEY},
     )
     asic = keyed_sims.asic[0]
     before = asic.metrics()
     caplog.set_level(logging.WARNING, logger="gateway.upstream.client")
     with run_gateway(policy, tmp_path) as gw, gw.http() as http:
         # The client's own key, even the one the ASIC wants, is never passed upstream.
-        asic_key = {"authorization": f"Bearer {UPSTREAM_KEYS['UPSTREAM_ASIC_KEY']}"}
+        asic_key = {"authorization": f"Bearer {UPSTREAM_KEYS['GATEWAY_UPSTREAM_KEY_ASIC']}"}
         chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
         served = http.post("/v1/chat/completions", json=chat, headers=asic_key)
         assert served.status_code == 200 and served.headers["x-gateway-pool"] == "gpu"
@@ -212,8 +249,69 @@ def test_a_refused_key_is_an_upstream_failure_not_the_clients(
         time.sleep(0.5)  # a few health probes
     chat_record = next(r for r in records if r["route"] == "chat")
     assert (chat_record["attempts"], chat_record["pool"]) == (2, "gpu"), chat_record
-    assert "refused the key from UPSTREAM_ASIC_KEY (401)" in caplog.text
+    assert "refused the key from GATEWAY_UPSTREAM_KEY_ASIC (401)" in caplog.text
     after = asic.metrics()
     for path in ("/v1/chat/completions", "/v1/embeddings", "/health", "/metrics"):
         refused = metric_value(after, "sim_unauthorized_requests_total", path=path)
         assert refused > metric_value(before, "sim_unauthorized_requests_total", path=path), path
+
+
+@pytest.mark.parametrize("variable", ["DATABASE_URL", "GATEWAY_ADMIN_TOKEN", "OPENAI_API_KEY"])
+def test_a_policy_may_take_a_key_only_from_a_gateway_upstream_key_variable(variable: str) -> None:
+    with pytest.raises(PolicyError) as refused:
+        keyed(fleet_policy(), {"gpu": variable})
+    (problem,) = refused.value.problems
+    assert problem.path == "pools.gpu.backends.0.api_key_env"
+    assert "GATEWAY_UPSTREAM_KEY_" in problem.message and variable in problem.message
+
+
+def test_a_key_bound_to_hosts_is_never_given_to_a_backend_elsewhere() -> None:
+    policy = keyed(fleet_policy(), {"gpu": GPU_KEY, "asic": GPU_KEY})  # asic at 127.0.0.1:2
+    bound = Access({GPU_KEY: "g"}, key_hosts={GPU_KEY: ["127.0.0.1:1"]})
+    with pytest.raises(PolicyError) as refused:
+        Fleet(policy, bound)
+    (problem,) = refused.value.problems
+    assert problem.path == "pools.asic.backends.0.api_key_env"
+    assert "http://127.0.0.1:2" in problem.message and "127.0.0.1:1" in problem.message
+    # Bound to the host on any port, both backends may have it.
+    anywhere_here = Access({GPU_KEY: "g"}, key_hosts={GPU_KEY: ["127.0.0.1"]})
+    assert Fleet(policy, anywhere_here).pools["asic"].backends[0].auth
+    # A key with no binding goes wherever the policy says.
+    assert Fleet(policy, Access({GPU_KEY: "g"})).pools["asic"].backends[0].auth
+
+
+def test_with_an_allow_list_every_backend_and_exporter_must_be_on_its_hosts() -> None:
+    doc = fleet_policy().model_dump(mode="json", exclude_defaults=True)
+    doc["pools"]["gpu"]["backends"][0]["metrics_url"] = "http://exporter.internal:9400/metrics"
+    policy = parse_policy(yaml.safe_dump(doc))
+    allowed = Access({}, hosts=["127.0.0.1", "*.internal:9400"])
+    assert Fleet(policy, allowed)
+    with pytest.raises(PolicyError) as refused:
+        Fleet(policy, Access({}, hosts=["127.0.0.1:1", "127.0.0.1:2"]))
+    paths = {p.path for p in refused.value.problems}
+    assert paths == {"pools.gpu.backends.0.metrics_url", "pools.cim.backends.0.url"}
+
+
+def test_a_policy_applied_through_the_api_cannot_send_a_key_elsewhere(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv(GPU_KEY, "g-secret")
+    first = keyed(fleet_policy(), {"gpu": GPU_KEY})
+    with socket.socket() as elsewhere:  # a server the key must never reach
+        elsewhere.bind(("127.0.0.1", 0))
+        elsewhere.listen()
+        elsewhere.setblocking(False)
+        doc = first.model_dump(mode="json", exclude_defaults=True)
+        doc["pools"]["asic"]["backends"] = [
+            {"url": f"http://127.0.0.1:{elsewhere.getsockname()[1]}", "api_key_env": GPU_KEY}
+        ]
+        stealing = yaml.safe_dump(doc)
+        settings = {"admin_token": TOKEN, "upstream_key_hosts": {GPU_KEY: ["127.0.0.1:1"]}}
+        with run_gateway(first, tmp_path, **settings) as gw, gw.http() as http:
+            put = http.put("/admin/policy", json={"yaml": stealing, "message": "x"}, headers=AUTH)
+            assert put.status_code == 422, put.text
+            (error,) = put.json()["errors"]
+            assert error["path"] == "pools.asic.backends.0.api_key_env"
+            assert http.get("/admin/policy", headers=AUTH).json()["version"] == 1
+        with pytest.raises(BlockingIOError):
+            elsewhere.accept()  # nothing ever connected
