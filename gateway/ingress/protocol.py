@@ -84,14 +84,16 @@ class HttpProtocol(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         if self._in_head:
             self._head_bytes += len(data)
-            if self._head_bytes > self.limits.max_head_bytes:
-                self._refuse(
-                    HeadersTooLarge(
-                        f"the request line and headers exceed {self.limits.max_head_bytes} bytes"
-                    )
-                )
-                return
         super().data_received(data)
+        # Counted per read, checked once the parser has seen it: a read that ends the head
+        # carries the start of the body too. The parser holds at most the limit and one read.
+        over = self._in_head and self._head_bytes > self.limits.max_head_bytes
+        if over and not self.transport.is_closing():
+            self._refuse(
+                HeadersTooLarge(
+                    f"the request line and headers exceed {self.limits.max_head_bytes} bytes"
+                )
+            )
 
     def on_headers_complete(self) -> None:
         self._in_head = False
