@@ -16,6 +16,8 @@ from gateway.report.period import Period, week
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = "llama-3.1-8b-instruct"
 WEEK = "2026-W48"
+# Answer texts a route stored: saved reports, kept for ever, must not copy them.
+STORED_TEXT = "stored answer text"
 
 
 @dataclass
@@ -121,6 +123,12 @@ def build(engine: sa.Engine) -> World:
             "primary_cost_usd": 1e-4,
             "candidate_cost_usd": None if failed else 4e-5,
         }
+        if not failed and not exact:  # the route stores texts, kept for a while yet
+            fields.update(
+                primary_text=f"{STORED_TEXT} {i}, primary",
+                candidate_text=f"{STORED_TEXT} {i}, candidate",
+                text_expires_at=start + 365 * 86400,
+            )
         shadows.append(shadow_record(i, **fields).row())
     for i in range(70, 90):  # the route's A/A noise floor
         shadows.append(

@@ -14,10 +14,13 @@ MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 
 
 def make_engine(url: str) -> sa.Engine:
-    """Create an engine; SQLite gets a busy timeout and write-ahead logging."""
+    """Create an engine; SQLite gets a busy timeout and write-ahead logging.
+
+    Statement parameters stay out of errors and logs: they hold answer texts and tenants.
+    """
     if not url.startswith("sqlite"):
-        return sa.create_engine(url, pool_pre_ping=True)
-    engine = sa.create_engine(url, connect_args={"timeout": 30})
+        return sa.create_engine(url, pool_pre_ping=True, hide_parameters=True)
+    engine = sa.create_engine(url, connect_args={"timeout": 30}, hide_parameters=True)
 
     @sa.event.listens_for(engine, "connect")
     def _pragmas(connection: Any, _: Any) -> None:

@@ -109,7 +109,8 @@ def _read_shadows(engine: sa.Engine, since: float, until: float) -> list[dict[st
     columns = [
         measured[col.name].label(col.name) if col.name in measured else col
         for col in shadow_records.columns
-        if col.name not in ("id", "measures", "text_expires_at")
+        # The report never carries answer texts (see `worst_disagreements`): not even read.
+        if col.name not in ("id", "measures", "primary_text", "candidate_text", "text_expires_at")
     ]
     query = (
         sa.select(*columns)
@@ -535,7 +536,11 @@ _DISAGREEMENT_FIELDS = (
 
 
 def worst_disagreements(answered: Sequence[Row], shown: int = WORST_SHOWN) -> list[dict[str, Any]]:
-    """Return the metadata of the least similar answers; texts only where the route stored them."""
+    """Return the metadata of the least similar answers, never their texts.
+
+    A saved report is kept for ever; a route's stored texts only for its `text_retention_h`, so
+    the report names each pair by its decision id instead of copying it.
+    """
 
     def badness(r: Row) -> tuple[float, int, int]:
         similarity = r["similarity"] if r["similarity"] is not None else 1.0
@@ -546,9 +551,6 @@ def worst_disagreements(answered: Sequence[Row], shown: int = WORST_SHOWN) -> li
     for r in sorted(disagreeing, key=badness)[:shown]:
         entry = {name: r.get(name) for name in _DISAGREEMENT_FIELDS}
         entry["time"] = datetime.fromtimestamp(r["ts"], UTC).isoformat().replace("+00:00", "Z")
-        if r.get("primary_text") is not None or r.get("candidate_text") is not None:
-            entry["primary_text"] = r.get("primary_text")
-            entry["candidate_text"] = r.get("candidate_text")
         out.append(entry)
     return out
 

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from reportworld import ROOT, WEEK, build
+from reportworld import ROOT, STORED_TEXT, WEEK, build
 
 from gateway.db.engine import make_engine, upgrade
 from gateway.report import generate
@@ -38,6 +38,12 @@ def test_writes_html_markdown_and_json(written: tuple[dict, Path]) -> None:
     report, out = written
     assert sorted(p.name for p in out.iterdir()) == ["report.html", "report.json", "report.md"]
     assert json.loads((out / "report.json").read_text())["charts"] == report["charts"]
+
+
+def test_no_stored_answer_text_is_written(written: tuple[dict, Path]) -> None:
+    # Reports are kept for ever; texts only as long as their route's text_retention_h.
+    for path in written[1].iterdir():
+        assert STORED_TEXT not in path.read_text(), path.name
 
 
 def test_every_chart_is_an_inline_svg_in_its_figure(written: tuple[dict, Path]) -> None:
