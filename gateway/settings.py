@@ -119,6 +119,11 @@ class Settings(BaseSettings):
         gt=0,
         description="A client that reads nothing of its answer this long is disconnected.",
     )
+    docs: bool = Field(
+        default=False,
+        description="Serve /docs, whose page loads its scripts from a public CDN; off by default "
+        "since operators paste the admin token on this origin.",
+    )
     body_read_timeout_s: float = Field(
         default=30.0,
         gt=0,

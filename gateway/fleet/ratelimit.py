@@ -107,7 +107,9 @@ class TokenBuckets:
                 args += [d.rate, d.capacity, min(d.cost, d.capacity)]
             try:
                 waited_ms = await shared.run(spend, keys, args)
-                return int(waited_ms) / 1000
+                # No bucket needs longer than its refill from empty: a larger answer is not one.
+                longest = max(d.capacity / d.rate for d in draws)
+                return min(max(int(waited_ms) / 1000, 0.0), longest)
             except SharedStateUnavailable:
                 pass  # spend from this replica's share instead
         return self.take_local(draws)

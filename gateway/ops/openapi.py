@@ -2,10 +2,10 @@
 
 The /v1 ingress is plain ASGI, for speed, so nothing generates its description; it is written here
 from what the ingress checks (gateway/routing/classify.py) and answers, and merged with FastAPI's
-description of the ops and admin routes into one document, served at /openapi.json and browsable at
-/docs. It is built from the policy serving when it is asked for, so `model` lists the models this
-gateway serves now and the tenant key is marked required when the policy requires it. The tests fuzz
-the gateway from this document (tests/ops/test_openapi.py), so it is kept honest.
+description of the ops and admin routes into one document, served at /openapi.json (and browsable at
+/docs with GATEWAY_DOCS). It is built from the policy serving when it is asked for, so `model` lists
+the models this gateway serves now and the tenant key is marked required when the policy requires
+it. The tests fuzz the gateway from this document (tests/ops/test_openapi.py), so it is kept honest.
 
 Request bodies allow fields beyond those described: vendor extensions pass to the backend
 unchanged. A 4xx a backend answers is relayed as the backend wrote it; the simulator and vLLM

@@ -33,7 +33,10 @@ def ops_app(gateway: Gateway) -> FastAPI:
         finally:
             await gateway.stop()
 
-    app = FastAPI(title="shadow-gateway", lifespan=lifespan)
+    # /docs (Swagger UI) loads its scripts from a CDN onto the origin where operators paste the
+    # admin token: off unless GATEWAY_DOCS asks for it. /openapi.json is always served.
+    docs = "/docs" if gateway.settings.docs else None
+    app = FastAPI(title="shadow-gateway", lifespan=lifespan, docs_url=docs, redoc_url=None)
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:

@@ -20,6 +20,18 @@ from gateway.policy.model import Policy
 from gateway.policy.rules import reference_errors
 
 
+class PolicyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader without aliases: a policy needs none, and a kilobyte of nested
+    aliases (an "alias bomb") would expand to gigabytes and hold the loader for minutes."""
+
+    def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
+        if self.check_event(yaml.AliasEvent):
+            mark = self.peek_event().start_mark
+            message = "aliases (*name) are not allowed in a policy"
+            raise yaml.composer.ComposerError(None, None, message, mark)
+        return super().compose_node(parent, index)
+
+
 def _name_backends(data: Any) -> Any:
     """Give unnamed backends the name POOL-INDEX, so headers and metrics have a stable label."""
     if isinstance(data, dict) and isinstance(data.get("pools"), dict):
@@ -62,7 +74,7 @@ Locator = Callable[[tuple[Any, ...], str], Problem]
 def locator(text: str, source: str) -> Locator:
     """Return a function that turns (field path, message) into a Problem placed in the text."""
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        node = yaml.compose(text, Loader=PolicyLoader)
     except yaml.YAMLError:
         node = None
     marks = _positions(node) if node is not None else {}
@@ -80,7 +92,7 @@ def _invalid(problems: list[Problem]) -> PolicyError:
 def parse_policy(text: str, source: str = "<policy>") -> Policy:
     """Validate policy YAML into a Policy, or raise PolicyError naming every problem."""
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=PolicyLoader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark is not None else source
@@ -106,11 +118,21 @@ def parse_policy(text: str, source: str = "<policy>") -> Policy:
     return policy
 
 
+class _PolicyDumper(yaml.SafeDumper):
+    """PyYAML's safe dumper, writing a block twice where it would write an alias."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def to_yaml(document: Any) -> str:
+    """Write a policy document as YAML the loader takes: keys in order, no aliases."""
+    return yaml.dump(document, Dumper=_PolicyDumper, sort_keys=False, width=100)
+
+
 def render_policy(policy: Policy) -> str:
     """Write a policy as YAML that parses back to an equal policy (defaults left out)."""
-    return yaml.safe_dump(
-        policy.model_dump(mode="json", exclude_defaults=True), sort_keys=False, width=100
-    )
+    return to_yaml(policy.model_dump(mode="json", exclude_defaults=True))
 
 
 def json_schema() -> dict[str, Any]:

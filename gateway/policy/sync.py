@@ -67,7 +67,8 @@ class PolicyWatcher:
                 return self._serving()
             stored = await asyncio.to_thread(versions.get, self._engine, version)
             try:
-                policy = parse_policy(stored.content, f"policy version {version}")
+                source = f"policy version {version}"
+                policy = await asyncio.to_thread(parse_policy, stored.content, source)
                 # Applying builds the fleet, which refuses a policy whose upstream keys this
                 # replica lacks before anything changes.
                 self._apply(policy, stored)

@@ -27,6 +27,7 @@ from gateway.errors import InvalidRequest
 from gateway.periodic import Periodic
 from gateway.policy import check, versions
 from gateway.policy.apply import apply
+from gateway.policy.load import PolicyLoader, to_yaml
 from gateway.policy.model import Policy
 from gateway.promotion.evidence import latest
 from gateway.records.slo import meets_slo
@@ -114,10 +115,6 @@ def promoted(doc: dict[str, Any], route: str, pool: str) -> dict[str, Any]:
     return doc
 
 
-def _yaml(doc: dict[str, Any]) -> str:
-    return yaml.safe_dump(doc, sort_keys=False)
-
-
 def _store(engine: sa.Engine, content: str, author: str, message: str) -> int:
     """Apply a rollout's policy text; return the version it became."""
     return apply(engine, content, "rollout", author=author, message=message).version.version
@@ -127,7 +124,7 @@ def _active_doc(engine: sa.Engine) -> dict[str, Any]:
     active = versions.active(engine)
     if active is None:
         raise InvalidRequest("no policy version is active yet: start the gateway or apply one")
-    loaded: dict[str, Any] = yaml.safe_load(active.content)
+    loaded: dict[str, Any] = yaml.load(active.content, Loader=PolicyLoader)
     return loaded
 
 
@@ -167,7 +164,7 @@ def start(
     weight = policy.promotion.rollout_steps[0]
     version = _store(
         engine,
-        _yaml(with_canary(doc, route, candidate, weight)),
+        to_yaml(with_canary(doc, route, candidate, weight)),
         author,
         f"rollout of {candidate} on {route}: {weight:.0%}",
     )
@@ -249,11 +246,11 @@ def advance(
         doc = _active_doc(engine)
         if state == COMPLETE:
             message = f"rollout of {row.candidate} on {row.route}: promoted"
-            content = _yaml(promoted(doc, row.route, row.candidate))
+            content = to_yaml(promoted(doc, row.route, row.candidate))
         else:
             verb = "rolled back" if state == ROLLED_BACK else "stepped"
             message = f"rollout of {row.candidate} on {row.route}: {verb} to {weight:.0%}"
-            content = _yaml(with_canary(doc, row.route, row.candidate, weight))
+            content = to_yaml(with_canary(doc, row.route, row.candidate, weight))
         check.validate(content, "rollout").accepted()
         # Claim the transition, so two replicas never both step one rollout; the new policy
         # was checked above, so storing it cannot fail on its content.
@@ -311,7 +308,7 @@ def stop(engine: sa.Engine, route: str, *, author: str, now: float | None = None
         raise InvalidRequest(f"route {route!r} has no rollout in progress", param="route")
     version = _store(
         engine,
-        _yaml(with_canary(_active_doc(engine), route, row.candidate, 0.0)),
+        to_yaml(with_canary(_active_doc(engine), route, row.candidate, 0.0)),
         author,
         f"rollout of {row.candidate} on {route}: rolled back by {author}",
     )

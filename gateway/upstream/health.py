@@ -100,6 +100,9 @@ class SharedEjections:
         self._apply(str(notice.get("url")), float(notice.get("ms", 0)) / 1000)
 
     def _apply(self, url: str, interval_s: float) -> None:
+        # What Redis says is bounded like an ejection of this replica's own: a notice or key
+        # claiming a year (a bug, a stray writer) takes a backend out for the longest interval.
+        interval_s = min(interval_s, self._outliers.max_ejection_s)
         for backend in self._fleet().backends():
             if backend.url == url and interval_s > 0:
                 if not backend.ejected:

@@ -13,7 +13,7 @@ from shadowworld import ROOMY, shadow_rows
 
 from gateway.db.engine import MIGRATIONS
 from gateway.metrics import GatewayMetrics
-from gateway.policy.load import load_policy, parse_policy
+from gateway.policy.load import load_policy, parse_policy, to_yaml
 from gateway.policy.model import Policy
 from gateway.settings import variables
 from harness.gateways import GatewayServer, run_gateway
@@ -54,6 +54,11 @@ def test_gateway_environment_uses_only_real_settings(compose: dict) -> None:
     assert env["DATABASE_URL"].startswith("postgresql+psycopg://")
     assert env["DATABASE_URL"] == compose["services"]["migrate"]["environment"]["DATABASE_URL"]
     assert "${GATEWAY_ADMIN_TOKEN:?" in env["GATEWAY_ADMIN_TOKEN"]  # no placeholder secret
+    # Redis takes a password, and the replicas give it.
+    redis = compose["services"]["redis"]["command"]
+    password = redis[redis.index("--requirepass") + 1]
+    assert password.startswith("${REDIS_PASSWORD:?")
+    assert env["REDIS_URL"].startswith(f"redis://:{password}@redis:")
 
 
 def test_the_load_balancer_waits_for_replicas_that_answer_readiness(compose: dict) -> None:
@@ -216,7 +221,7 @@ def shipped_fleet(sims) -> Policy:
     # One copy of short chat to the CIM part, then drops: the bucket holds one and barely refills.
     (cim,) = routes["chat-8b-short"]["shadow"]
     cim["budget"] = {**ROOMY, "max_per_second": 0.001}
-    return parse_policy(yaml.safe_dump(doc), "default-on-sims.yaml")
+    return parse_policy(to_yaml(doc), "default-on-sims.yaml")
 
 
 def serve_every_kind_of_request(gw: GatewayServer, sims) -> int:

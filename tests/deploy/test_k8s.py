@@ -21,7 +21,7 @@ from policies import fleet_policy
 ROOT = Path(__file__).resolve().parents[2]
 
 K8S = ROOT / "deploy/k8s"
-SECRET_SETTINGS = {"DATABASE_URL", "GATEWAY_ADMIN_TOKEN"}
+SECRET_SETTINGS = {"DATABASE_URL", "GATEWAY_ADMIN_TOKEN", "REDIS_URL"}
 
 
 def kustomization(folder: Path) -> dict:

@@ -47,6 +47,10 @@ def assert_still_serving(http: httpx.Client) -> None:
 def test_the_description_covers_v1_ops_and_admin_with_the_served_models(tmp_path: Path) -> None:
     with run_gateway(fleet_policy(), tmp_path) as gw, gw.http() as http:
         doc = http.get("/openapi.json").json()
+        assert http.get("/docs").status_code == 404  # its page would load a CDN's scripts
+        assert http.get("/redoc").status_code == 404
+    (tmp_path / "docs").mkdir()
+    with run_gateway(fleet_policy(), tmp_path / "docs", docs=True) as gw, gw.http() as http:
         assert http.get("/docs").status_code == 200
     v1 = {"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models"}
     assert v1 | {"/healthz", "/readyz", "/metrics", "/admin/policy"} <= set(doc["paths"])

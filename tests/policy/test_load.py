@@ -189,3 +189,13 @@ def test_noise_floor_and_targets_must_measure_similarity_the_same_way() -> None:
     doc["routes"][1]["noise_floor"]["compare"] = {"comparators": ["exact", "edit_ratio"]}
     with pytest.raises(PolicyError, match="noise floor measures similarity with 'edit_ratio'"):
         parse_policy(yaml.safe_dump(doc))
+
+
+def test_yaml_aliases_are_refused_so_a_kilobyte_cannot_expand_to_gigabytes() -> None:
+    # Each level doubles the last: a billion entries from 600 bytes, were aliases followed.
+    levels = ["a0: &a0 [x, x]"] + [f"a{i}: &a{i} [*a{i - 1}, *a{i - 1}]" for i in range(1, 30)]
+    bomb = "\n".join(levels) + "\n"
+    with pytest.raises(PolicyError) as refused:
+        parse_policy(bomb, "bomb.yaml")
+    assert "aliases (*name) are not allowed" in str(refused.value)
+    assert refused.value.problems[0].location.startswith("bomb.yaml:2:")

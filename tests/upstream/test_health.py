@@ -6,7 +6,9 @@ import asyncio
 import time
 from pathlib import Path
 
+import orjson
 import pytest
+import redis
 from replicas import Replica, replica
 
 from harness.gateways import run_gateway
@@ -102,3 +104,30 @@ def test_ejections_other_replicas_announce_are_forgiven_like_its_own(
             return intervals
 
     assert asyncio.run(scenario()) == [2.0, 2.0, 2.0, 2.0]
+
+
+@pytest.mark.redis
+def test_an_ejection_redis_says_lasts_years_is_bounded_like_one_seen_here(
+    redis_url: str, redis_prefix: str
+) -> None:
+    async def scenario() -> float:
+        async with replica(redis_url, redis_prefix) as a:
+            channel = f"{redis_prefix}:events"
+            notice = {"kind": "eject", "from": "elsewhere", "url": a.asic.url, "ms": 3e10}
+            client = redis.Redis.from_url(redis_url)
+            try:
+                for _ in range(500):  # the replica listens once it has joined
+                    if client.pubsub_numsub(channel)[0][1]:
+                        break
+                    await asyncio.sleep(0.01)
+                client.publish(channel, orjson.dumps(notice))
+            finally:
+                client.close()
+            for _ in range(500):
+                if a.asic.ejected:
+                    break
+                await asyncio.sleep(0.01)
+            assert a.asic.ejected, "the notice never arrived"
+            return a.asic.ejected_until - a.outliers.clock()
+
+    assert 0 < asyncio.run(scenario()) <= 30.0  # the detector's longest ejection
