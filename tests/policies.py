@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import yaml
-
-from gateway.policy.load import parse_policy
+from gateway.policy.load import parse_policy, to_yaml
 from gateway.policy.model import Policy
 
 MODEL = "llama-3.1-8b-instruct"
@@ -90,7 +88,7 @@ def fleet_policy(
         ],
     }
     doc.update(top)
-    return parse_policy(yaml.safe_dump(doc), "test-policy.yaml")
+    return parse_policy(to_yaml(doc), "test-policy.yaml")
 
 
 def keyed(policy: Policy, variables: dict[str, str], **backend: object) -> Policy:
@@ -99,4 +97,4 @@ def keyed(policy: Policy, variables: dict[str, str], **backend: object) -> Polic
     for name, variable in variables.items():
         for entry in doc["pools"][name]["backends"]:
             entry.update({"api_key_env": variable, **backend})
-    return parse_policy(yaml.safe_dump(doc), "keyed.yaml")
+    return parse_policy(to_yaml(doc), "keyed.yaml")
