@@ -97,7 +97,7 @@ class Gateway:
             self.fleet, Leases(self.shared) if self.shared is not None else None
         )
         self.buckets = TokenBuckets(self.shared)
-        self.upstream = Upstream()
+        self.upstream = Upstream(settings.max_answer_bytes)
         self.outliers = OutlierDetector(self.metrics)
         if self.shared is not None:
             SharedEjections(self.shared, lambda: self.fleet, self.outliers)

@@ -104,6 +104,11 @@ class Settings(BaseSettings):
         gt=0,
         description="On SIGTERM, how long in-flight requests may take to finish before closing.",
     )
+    max_answer_bytes: int = Field(
+        default=64 * 1024 * 1024,
+        gt=0,
+        description="Largest answer body read from a backend (primary, shadow copy, probe).",
+    )
     max_connections: int = Field(
         default=4096,
         gt=0,

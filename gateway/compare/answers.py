@@ -15,6 +15,8 @@ from typing import Any
 
 import orjson
 
+from gateway.compare.events import events
+
 
 @dataclass(frozen=True, slots=True)
 class ToolCall:
@@ -97,8 +99,8 @@ def read_stream(data: bytes) -> Answer:
     answer = Answer()
     pieces: list[str] = []
     calls: dict[int, list[str]] = {}
-    for event in data.split(b"\n\n"):
-        payload = event.partition(b"data:")[2].strip()
+    for event in events(data):
+        payload = event.strip()
         if not payload or payload == b"[DONE]":
             continue
         try:

@@ -139,6 +139,11 @@ class SloClass(Strict):
     timeout_s: PositiveFloat = Field(
         default=60.0, description="Upstream timeout for the first byte and between stream chunks."
     )
+    deadline_s: PositiveFloat = Field(
+        default=600.0,
+        description="Longest an answer may take upstream in all, a stream included; past it, "
+        "it is cut (a stream ends with an error event).",
+    )
 
 
 class TokenRange(Strict):

@@ -68,6 +68,7 @@ class ShadowJob:
     endpoint: str
     stream: bool
     timeout_s: float
+    deadline_s: float
     body: bytes
     primary_pool: str
     primary_backend: str
@@ -113,6 +114,7 @@ def _job(ex: Exchange, body: bytes, policy: Policy) -> ShadowJob:
         endpoint=profile.endpoint,
         stream=profile.stream,
         timeout_s=policy.slo_classes[profile.slo_class].timeout_s,
+        deadline_s=policy.slo_classes[profile.slo_class].deadline_s,
         body=body,
         primary_pool=backend.pool,
         primary_backend=backend.name,
@@ -344,7 +346,9 @@ class Mirror:
             self._in_flight[key] -= 1
             self._pool_in_flight[candidate] -= 1
             self.admission.release(slot)
-        record = self._account(job, plan, backend, outcome)
+        # Reading and comparing two answers is CPU the event loop need not spend: a long pair
+        # takes milliseconds, and requests arriving meanwhile would wait for them.
+        record = await asyncio.to_thread(self._account, job, plan, backend, outcome)
 
         def deliver(energy_j: float | None, cost: float | None, estimated: bool) -> None:
             record.candidate_energy_j, record.candidate_cost_usd = energy_j, cost
@@ -371,7 +375,12 @@ class Mirror:
         tally = StreamTally()
         try:
             response = await self.upstream.send(
-                backend, PATHS[job.endpoint], job.body, backend.shadow_headers, job.timeout_s
+                backend,
+                PATHS[job.endpoint],
+                job.body,
+                backend.shadow_headers,
+                job.timeout_s,
+                job.deadline_s,
             )
             try:
                 status = response.status
@@ -406,7 +415,11 @@ class Mirror:
     def _account(
         self, job: ShadowJob, plan: ShadowPlan, backend: BackendState, outcome: CandidateOutcome
     ) -> ShadowRecord:
-        """Compare the two answers, update the metrics and return the shadow record."""
+        """Compare the two answers, update the metrics and return the shadow record.
+
+        Runs in a worker thread: it reads only the job and the outcome, and metrics are
+        thread-safe.
+        """
         read = read_stream if job.stream else read_body
         labels = (job.route, backend.pool, plan.kind)
         primary = read(job.captured)

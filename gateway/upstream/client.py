@@ -45,8 +45,9 @@ def mapped(backend: BackendState, exc: BaseException) -> UpstreamError:
 class Upstream:
     """Send requests to backends over pooled keep-alive connections."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_answer_bytes: int = 64 * 1024 * 1024) -> None:
         self._client: Client | None = None
+        self.max_answer_bytes = max_answer_bytes
 
     async def start(self) -> None:
         self._client = Client()
@@ -69,11 +70,22 @@ class Upstream:
         body: bytes,
         headers: Mapping[str, str],
         read_timeout_s: float,
+        deadline_s: float,
     ) -> Response:
-        """POST body to the backend and return once its status line and headers arrived."""
+        """POST body to the backend and return once its status line and headers arrived.
+
+        The answer may be silent `read_timeout_s` at a time and take `deadline_s` in all.
+        """
         try:
             response = await self.client.request(
-                "POST", backend.url, path, headers, body, read_timeout_s
+                "POST",
+                backend.url,
+                path,
+                headers,
+                body,
+                read_timeout_s,
+                deadline_s,
+                self.max_answer_bytes,
             )
         except CLIENT_ERRORS as exc:
             raise mapped(backend, exc) from exc
@@ -104,7 +116,9 @@ class Upstream:
         response: Response | None = None
         try:
             async with asyncio.timeout(timeout_s):
-                response = await self.client.request("GET", url, "", headers, read_s=timeout_s)
+                response = await self.client.request(
+                    "GET", url, "", headers, b"", timeout_s, timeout_s, self.max_answer_bytes
+                )
                 return response.status, await response.read()
         except CLIENT_ERRORS:
             return None

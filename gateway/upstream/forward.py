@@ -149,7 +149,7 @@ class Forwarder:
         """Send until a backend answers; return its slot, response, first bytes and the rest."""
         profile, decision = ex.profile, ex.decision
         assert profile is not None and decision is not None
-        timeout_s = policy.slo_classes[profile.slo_class].timeout_s
+        slo = policy.slo_classes[profile.slo_class]
         path = PATHS[profile.endpoint]
         failed: set[str] = set()
         while True:
@@ -161,7 +161,9 @@ class Forwarder:
             self.meter.open(backend, ex.decision_id, ex.attempt_started)
             response: Response | None = None
             try:
-                response = await self.upstream.send(backend, path, body, backend.headers, timeout_s)
+                response = await self.upstream.send(
+                    backend, path, body, backend.headers, slo.timeout_s, slo.deadline_s
+                )
                 if response.status >= 500:
                     detail = error_detail(await self.upstream.read(backend, response), backend)
                     raise UpstreamError(

@@ -7,7 +7,8 @@ timer and a future: half the CPU of a whole aiohttp relay on the same server
 (docs/performance.md, "Upstream client").
 
 Errors are ConnectionError (refused, reset, closed before the answer ended, a malformed
-answer) and TimeoutError (no byte for `read_s`, or no connection in `CONNECT_TIMEOUT_S`).
+answer, an answer over `max_bytes`) and TimeoutError (no byte for `read_s`, the whole answer
+not in `total_s`, or no connection in `CONNECT_TIMEOUT_S`).
 """
 
 from __future__ import annotations
@@ -150,19 +151,27 @@ class Connection(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._read_s = 0.0
         self._deadline = 0.0
+        self._total_s = 0.0
+        self._end_by = 0.0  # the whole answer's deadline, which no pause moves
+        self._max_bytes = 0
+        self._body_bytes = 0
         self._paused = False
         self.idle_since = 0.0
         self.reused = False
 
-    def send(self, data: bytes, read_s: float) -> asyncio.Future[Response]:
+    def send(
+        self, data: bytes, read_s: float, total_s: float, max_bytes: int
+    ) -> asyncio.Future[Response]:
         """Write one whole request; the future resolves once the answer's head arrived."""
         assert self.transport is not None
         self._head = self._loop.create_future()
-        self._head_bytes = 0
+        self._head_bytes = self._body_bytes = 0
         self.received = False
-        self._read_s = read_s
-        self._deadline = self._loop.time() + read_s
-        self._timer = self._loop.call_at(self._deadline, self._check_deadline)
+        now = self._loop.time()
+        self._read_s, self._total_s, self._max_bytes = read_s, total_s, max_bytes
+        self._deadline = now + read_s
+        self._end_by = now + total_s
+        self._timer = self._loop.call_at(min(self._deadline, self._end_by), self._check_deadline)
         self.transport.write(data)
         return self._head
 
@@ -242,6 +251,10 @@ class Connection(asyncio.Protocol):
         response = self._response
         if response is None:
             return
+        self._body_bytes += len(body)
+        if self._body_bytes > self._max_bytes:
+            self._fail(ConnectionError(f"an answer over {self._max_bytes} bytes"))
+            return
         response._feed(body)
         if response.buffered > HIGH_WATER and not self._paused and self.transport is not None:
             self._paused = True
@@ -279,11 +292,17 @@ class Connection(asyncio.Protocol):
         if self._head is None and self._response is None:
             return
         now = self._loop.time()
+        if now >= self._end_by:
+            # However the answer's reader reads, the whole answer has its time.
+            self._fail(TimeoutError(f"the answer took more than {self._total_s:g} s in all"))
+            return
         if self._paused:
             # Not read because the client reads slowly: the backend is not the silent one.
             self._deadline = now + self._read_s
         if now < self._deadline:
-            self._timer = self._loop.call_at(self._deadline, self._check_deadline)
+            self._timer = self._loop.call_at(
+                min(self._deadline, self._end_by), self._check_deadline
+            )
             return
         self._fail(TimeoutError(f"no byte from the backend in {self._read_s:g} s"))
 
@@ -384,8 +403,13 @@ class Client:
         headers: Mapping[str, str],
         body: bytes = b"",
         read_s: float = 30.0,
+        total_s: float = 600.0,
+        max_bytes: int = 64 * 1024 * 1024,
     ) -> Response:
         """Send a request to base_url + path; return once the answer's status and headers came.
+
+        The answer may be silent `read_s` at a time, take `total_s` in all and hold
+        `max_bytes` of body: past any of them, it fails.
 
         A request on a reused connection that the backend closed, or answered 408, before any
         other byte of an answer is sent once more on a new connection: that is the backend's
@@ -397,7 +421,7 @@ class Client:
         data = b"%s%d\r\n\r\n%s" % (head, len(body), body)
         conn = await pool.connection()
         while True:
-            answer = conn.send(data, read_s)
+            answer = conn.send(data, read_s, total_s, max_bytes)
             try:
                 response = await answer
             except ConnectionError:

@@ -1,9 +1,9 @@
-"""SSE framing: watch an OpenAI event stream go by, chunk by chunk, without holding it.
+"""SSE tally: watch an OpenAI event stream go by, chunk by chunk, without holding it.
 
-A stream is relayed in whatever chunks the backend's writes arrive in; events (`data: ...`
-followed by a blank line) may span chunks, so the tally keeps an event's start until its end
-arrives. It counts token events, keeps the usage a final event reports, and notes the `[DONE]`
-that marks a complete answer.
+A stream is relayed in whatever chunks the backend's writes arrive in; events may span chunks,
+and are read as the specification says (gateway/compare/events.py). The tally counts token
+events, keeps the usage a final event reports, and notes the `[DONE]` that marks a complete
+answer.
 """
 
 from __future__ import annotations
@@ -12,14 +12,16 @@ from typing import Any
 
 import orjson
 
+from gateway.compare.events import EventReader
+
 
 class StreamTally:
     """Watch an SSE stream go by: count token events, find usage and the final [DONE]."""
 
-    __slots__ = ("_buffer", "done", "first_token_at", "last_token_at", "tokens", "usage")
+    __slots__ = ("_events", "done", "first_token_at", "last_token_at", "tokens", "usage")
 
     def __init__(self) -> None:
-        self._buffer = b""
+        self._events = EventReader()
         self.tokens = 0
         self.usage: dict[str, Any] | None = None
         self.done = False
@@ -28,13 +30,10 @@ class StreamTally:
 
     def feed(self, chunk: bytes, now: float) -> None:
         """Account for a chunk as it is relayed."""
-        events = (self._buffer + chunk).split(b"\n\n")
-        self._buffer = events.pop()
-        for event in events:
-            self._event(event, now)
+        for data in self._events.feed(chunk):
+            self._event(data.strip(), now)
 
-    def _event(self, event: bytes, now: float) -> None:
-        data = event.partition(b"data:")[2].strip()
+    def _event(self, data: bytes, now: float) -> None:
         if not data:
             return
         if data == b"[DONE]":

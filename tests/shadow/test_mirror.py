@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from shadowworld import PROMPT, drop_counts, settle, shadow_policy, shadow_rows
 
 from gateway.compare.answers import Answer
-from gateway.compare.measures import compare, tokens
+from gateway.compare.measures import COMPARATORS, comparator, compare, tokens
 from gateway.db.engine import make_engine, upgrade
 from gateway.exchange import Exchange
 from gateway.fleet.state import Fleet
@@ -446,3 +446,34 @@ def test_a_failed_primary_is_not_copied(sims, tmp_path: Path) -> None:
         rows = shadow_rows(gw, 0)
     assert response.status_code == 502
     assert drops == {"primary_failed": 1} and rows == []
+
+
+def test_answers_are_compared_off_the_event_loop(sims, tmp_path: Path) -> None:
+    seen: list[bool] = []
+
+    def on_a_loop() -> bool:
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return False
+        return True
+
+    @comparator("loop_probe")
+    def probe(primary: Answer, candidate: Answer) -> dict:
+        seen.append(on_a_loop())
+        return {"probed": True}
+
+    try:
+        compare_with = {"comparators": ["exact", "loop_probe"]}
+        policy = shadow_policy(
+            sims.urls("gpu"), sims.urls("asic"), sims.urls("cim"), compare=compare_with
+        )
+        with run_gateway(policy, tmp_path) as gw:
+            gw.client().chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4
+            )
+            (row,) = shadow_rows(gw, 1)
+    finally:
+        del COMPARATORS["loop_probe"]
+    assert seen == [False]  # compared in a worker thread, not the event loop's
+    assert orjson.loads(row["measures"]) == {"probed": True}

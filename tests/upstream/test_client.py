@@ -33,7 +33,7 @@ def test_a_cookie_one_answer_sets_is_not_sent_with_later_requests() -> None:
         try:
             for _ in range(3):
                 response = await upstream.send(
-                    backend, "/v1/chat/completions", b"{}", backend.headers, 5.0
+                    backend, "/v1/chat/completions", b"{}", backend.headers, 5.0, 60.0
                 )
                 await upstream.read(backend, response)
                 response.release()

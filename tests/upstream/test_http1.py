@@ -607,3 +607,50 @@ def test_closing_the_client_fails_requests_in_flight_without_sending_them_again(
             return backend.connections
 
     assert asyncio.run(scenario()) == 1
+
+
+def test_an_answer_that_never_ends_is_cut_at_its_total_time_though_bytes_keep_coming() -> None:
+    async def trickle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+        while True:  # a byte well within the idle timeout, for ever
+            writer.write(b"1\r\nx\r\n")
+            await writer.drain()
+            await asyncio.sleep(0.02)
+
+    async def scenario() -> str:
+        async with Backend(trickle) as backend:
+            client = Client()
+            try:
+                response = await client.request(
+                    "POST", backend.url, "/", {}, b"", read_s=5.0, total_s=0.5
+                )
+                with pytest.raises(TimeoutError) as cut:
+                    await response.read()
+                return str(cut.value)
+            finally:
+                await client.close()
+
+    assert "more than 0.5 s in all" in asyncio.run(scenario())
+
+
+def test_an_answer_over_its_byte_limit_is_cut() -> None:
+    async def flood(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        await read_request(reader)
+        writer.write(ok(b"x" * 1_000_000))
+        await writer.drain()
+
+    async def scenario() -> str:
+        async with Backend(flood) as backend:
+            client = Client()
+            try:
+                response = await client.request(
+                    "POST", backend.url, "/", {}, b"", max_bytes=100_000
+                )
+                with pytest.raises(ConnectionError) as cut:
+                    await response.read()
+                return str(cut.value)
+            finally:
+                await client.close()
+
+    assert "over 100000 bytes" in asyncio.run(scenario())
