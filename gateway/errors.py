@@ -3,6 +3,7 @@
 GatewayError                  anything the gateway refuses or fails to do for a request
 ├── InvalidRequest            400: the body or a header is malformed or out of range
 │   ├── ContextTooLong        400: prompt plus max tokens exceed every pool's context
+│   ├── ExceedsRateLimit      400: the request alone may use more than its tenant's minute
 │   └── InvalidHttp           400: the bytes are not a valid HTTP/1.1 request
 ├── Unauthorized              401: a required tenant key or the admin token is missing or wrong
 ├── RouteDenied               403: no route of the policy admits this request
@@ -91,6 +92,12 @@ class ContextTooLong(InvalidRequest):
     """Prompt plus requested output exceed the context of every pool that serves the model."""
 
     code = "context_length_exceeded"
+
+
+class ExceedsRateLimit(InvalidRequest):
+    """The request alone may use more tokens than its tenant may in a minute: no wait helps."""
+
+    code = "exceeds_rate_limit"
 
 
 class InvalidHttp(InvalidRequest):

@@ -27,11 +27,12 @@ from gateway.errors import (
     RateLimited,
 )
 from gateway.exchange import Exchange
-from gateway.fleet.ratelimit import admit_tenant
+from gateway.fleet.ratelimit import admit_tenant, settle_tenant
 from gateway.ingress.body import BodyDeadlines, Receive, Scope
 from gateway.ingress.telemetry import Telemetry
-from gateway.routing.classify import ENDPOINTS, MAX_MODEL_CHARS, classify
-from gateway.routing.router import decide, tokens_needed
+from gateway.policy.model import Policy, Tenant
+from gateway.routing.classify import ENDPOINTS, MAX_MODEL_CHARS, RequestProfile, classify
+from gateway.routing.router import decide, tokens_at_most
 from gateway.runtime import Gateway
 from gateway.shadow.sample import ShadowPlan
 
@@ -56,6 +57,30 @@ async def _refuse(send: Send, exc: GatewayError, ex: Exchange | None = None) -> 
         if ex.decision is not None:
             extra.append((b"x-gateway-route", ex.decision.route.name.encode()))
     await _respond(send, exc.status, exc.body(), extra)
+
+
+def _bounded(body: bytes, payload: Any, profile: RequestProfile, policy: Policy) -> bytes:
+    """Return the body with `max_tokens` written in when the client named no output limit.
+
+    A backend told nothing generates up to its context; the request is reserved and charged
+    the policy's `assumed_max_tokens` (or its `min_tokens`, if more), so that is its limit.
+    """
+    if profile.max_tokens is not None or profile.endpoint == "embeddings":
+        return body
+    profile.max_tokens = max(policy.assumed_max_tokens, payload.get("min_tokens") or 0)
+    return orjson.dumps(payload | {"max_tokens": profile.max_tokens})
+
+
+def _used(ex: Exchange, charged: int) -> int:
+    """Return the tokens a request used, as its tenant is billed: prompt and output as its
+    backend reported them (the prompt estimate when it did not say), nothing when no answer
+    came, and what was charged for an answer that does not say how long it was."""
+    output, prompt = ex.completion_tokens, ex.prompt_tokens
+    if not isinstance(output, int) or output < 0:
+        return charged if ex.status == 200 else 0
+    if not isinstance(prompt, int) or prompt < 0:
+        prompt = ex.profile.prompt_tokens if ex.profile is not None else 0
+    return prompt + output
 
 
 def decision_ids() -> Iterator[str]:
@@ -114,6 +139,8 @@ class Ingress:
         clock = gw.clock
         ex = Exchange(next(self._ids), endpoint, time.time(), clock())
         plans: tuple[ShadowPlan, ...] = ()
+        tenant: Tenant | None = None
+        charged = 0
         try:
             settings = gw.settings
             body = await self._bodies.read(
@@ -132,9 +159,12 @@ class Ingress:
             }
             policy, fleet = gw.policy, gw.fleet
             ex.profile = classify(endpoint, payload, headers, policy, gw.estimator)
+            body = _bounded(body, payload, ex.profile, policy)
             if policy.tenants:
                 tenant = policy.tenant_named(ex.profile.tenant)
-                await admit_tenant(gw.buckets, tenant, tokens_needed(ex.profile, policy))
+                tokens = tokens_at_most(ex.profile, policy)
+                await admit_tenant(gw.buckets, tenant, tokens)
+                charged = tokens
             ex.decision = decide(ex.profile, policy, fleet, gw.ranker, self._draw())
             plans = gw.mirror.sample(ex.profile, ex.decision.route, policy, ex.decision_id)
             if plans:
@@ -160,3 +190,5 @@ class Ingress:
             self.telemetry.finish(ex, clock())
             if plans:
                 gw.mirror.submit(ex, body, policy, plans)
+            if charged:
+                await settle_tenant(gw.buckets, tenant, charged, _used(ex, charged))

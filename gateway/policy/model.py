@@ -360,7 +360,12 @@ class Policy(Strict):
         default=False, description="Refuse requests whose key is not a known tenant's."
     )
     assumed_max_tokens: int = Field(
-        default=256, gt=0, description="Output tokens reserved when a request names no max_tokens."
+        default=256,
+        gt=0,
+        description=(
+            "The output limit a request naming no max_tokens is given: written into the"
+            " forwarded body, reserved and charged."
+        ),
     )
 
     def tenant_for_key(self, api_key: str) -> Tenant | None:

@@ -18,6 +18,7 @@ ENDPOINTS = {
 CHARS_PER_TOKEN = 4.0
 MESSAGE_OVERHEAD_TOKENS = 4
 MAX_MODEL_CHARS = 128  # the width of the records' model column
+MAX_SEQUENCES = 128  # answers one request may ask for (n, best_of)
 
 
 @dataclass(slots=True)
@@ -34,6 +35,8 @@ class RequestProfile:
     e2e_ms: float | None
     tenant: str
     stream: bool
+    # Answers generated for the request: `n` (or `best_of`, which generates that many).
+    sequences: int = 1
     # The estimator's ratio for the model when prompt_tokens was estimated (TokenEstimator.observe).
     token_ratio: float = 1.0
 
@@ -133,6 +136,41 @@ def _max_tokens(payload: dict[str, Any]) -> int | None:
     return None
 
 
+def _count(payload: dict[str, Any], field: str, least: int, most: int) -> int | None:
+    """Read an optional integer field within [least, most], or raise naming it."""
+    value = payload.get(field)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= most:
+        raise InvalidRequest(
+            f"'{field}' must be an integer from {least} to {most}, got {shown(value)}", param=field
+        )
+    return value
+
+
+def _sequences(payload: dict[str, Any], max_tokens: int | None) -> int:
+    """Return how many answers the request generates, checking what bounds their length.
+
+    `n` answers, or `best_of` generated to return the best: each is charged and reserved.
+    """
+    n = _count(payload, "n", 1, MAX_SEQUENCES) or 1
+    best_of = _count(payload, "best_of", 1, MAX_SEQUENCES)
+    if best_of is not None and best_of < n:
+        raise InvalidRequest(f"'best_of' ({best_of}) must be at least 'n' ({n})", param="best_of")
+    min_tokens = _count(payload, "min_tokens", 0, 2**31)
+    if min_tokens is not None and max_tokens is not None and min_tokens > max_tokens:
+        raise InvalidRequest(
+            f"'min_tokens' ({min_tokens}) is more than 'max_tokens' ({max_tokens})",
+            param="min_tokens",
+        )
+    ignore_eos = payload.get("ignore_eos")
+    if ignore_eos is not None and not isinstance(ignore_eos, bool):
+        raise InvalidRequest(
+            f"'ignore_eos' must be true or false, got {shown(ignore_eos)}", param="ignore_eos"
+        )
+    return max(n, best_of or 1)
+
+
 def _header_ms(headers: dict[str, str], name: str) -> float | None:
     raw = headers.get(name)
     if raw is None:
@@ -207,12 +245,14 @@ def classify(
             "its class's targets apply",
             param="x-slo-ttft-ms" if ttft is not None else "x-slo-tpot-ms",
         )
+    max_tokens = None if endpoint == "embeddings" else _max_tokens(payload)
     return RequestProfile(
         endpoint=endpoint,
         model=model,
         prompt_tokens=estimator.estimate(model, chars, messages),
         token_ratio=estimator.ratio(model),
-        max_tokens=None if endpoint == "embeddings" else _max_tokens(payload),
+        max_tokens=max_tokens,
+        sequences=1 if endpoint == "embeddings" else _sequences(payload, max_tokens),
         slo_class=slo_name,
         ttft_ms=ttft if ttft is not None else slo.ttft_ms,
         tpot_ms=tpot if tpot is not None else slo.tpot_ms,

@@ -96,6 +96,17 @@ class Unfit:
     reason: str
 
 
+def tokens_at_most(profile: RequestProfile, policy: Policy) -> int:
+    """Return the most tokens a request can hold: its prompt once, and every answer's output.
+
+    What its KV cache is reserved for, and what its tenant's tokens a minute are charged.
+    """
+    if profile.endpoint == "embeddings":
+        return profile.prompt_tokens
+    output = profile.max_tokens or policy.assumed_max_tokens
+    return profile.prompt_tokens + profile.sequences * output
+
+
 def _unfit(
     pool: PoolState, profile: RequestProfile, need: int, kv: float, canary: bool = False
 ) -> Unfit | None:
@@ -166,7 +177,7 @@ def decide(
     """
     route = match_route(profile, policy)
     need = tokens_needed(profile, policy)
-    kv = need * policy.kv_bytes_per_token(profile.model)
+    kv = tokens_at_most(profile, policy) * policy.kv_bytes_per_token(profile.model)
     trace: list[tuple[str, str]] = []
     fit: list[PoolState] = []
     refused: list[Unfit] = []
@@ -258,7 +269,7 @@ def pick_backend(
 ) -> BackendState | None:
     """Return a backend with a free slot now, the route's fallback included, skipping `exclude`."""
     need = tokens_needed(profile, policy)
-    kv = need * policy.kv_bytes_per_token(profile.model)
+    kv = tokens_at_most(profile, policy) * policy.kv_bytes_per_token(profile.model)
     for pool in _candidates(route, fleet, with_fallback=True):
         if _unfit(pool, profile, need, kv) is None:
             backend = pool.most_free(exclude, kv)

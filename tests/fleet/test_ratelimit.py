@@ -40,6 +40,16 @@ def test_spending_from_several_buckets_is_all_or_nothing() -> None:
     assert [asyncio.run(buckets.take([requests])) for _ in range(10)].count(0) == 9
 
 
+def test_settling_gives_back_what_was_not_used_and_takes_what_was_owed() -> None:
+    buckets = TokenBuckets(clock=lambda: 0.0)
+    draw = Draw("t", rate=1.0, capacity=100.0, cost=90)
+    assert asyncio.run(buckets.take([draw])) == 0
+    asyncio.run(buckets.settle(Draw("t", 1.0, 100.0, cost=-80)))  # used 10 of the 90
+    assert asyncio.run(buckets.take([draw])) == 0
+    asyncio.run(buckets.settle(Draw("t", 1.0, 100.0, cost=500)))  # used far more: owes 100
+    assert asyncio.run(buckets.take([Draw("t", 1.0, 100.0, cost=1)])) == pytest.approx(101.0)
+
+
 def test_tenant_draws_spend_requests_and_tokens_a_minute() -> None:
     draws = tenant_draws("acme", RateLimit(requests_per_minute=60, tokens_per_minute=6000), 300)
     assert draws == [
@@ -66,6 +76,26 @@ def test_replicas_spend_from_one_bucket_in_redis(redis_url: str, redis_prefix: s
     allowed, longest = asyncio.run(scenario())
     assert allowed == 5
     assert 0 < longest <= 10.0
+
+
+@pytest.mark.redis
+def test_replicas_settle_the_bucket_in_redis(redis_url: str, redis_prefix: str) -> None:
+    async def scenario() -> list[float]:
+        replicas = [SharedState(redis_url, GatewayMetrics(), prefix=redis_prefix) for _ in "ab"]
+        for shared in replicas:
+            await shared.start()
+        try:
+            a, b = (TokenBuckets(shared) for shared in replicas)
+            draw = Draw("settled", rate=0.01, capacity=100, cost=90)
+            first = await a.take([draw])
+            await b.settle(Draw("settled", 0.01, 100, cost=-80))
+            return [first, await a.take([draw]), await b.take([draw])]
+        finally:
+            for shared in replicas:
+                await shared.stop()
+
+    first, given_back, spent = asyncio.run(scenario())
+    assert first == 0 and given_back == 0 and spent > 0
 
 
 @pytest.mark.redis
@@ -114,7 +144,10 @@ def test_a_tenant_over_its_limit_gets_429_with_retry_after_and_others_are_served
         client = openai.OpenAI(base_url=server.url + "/v1", api_key=key, max_retries=0)
         try:
             client.chat.completions.create(
-                model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=max_tokens
+                model=MODEL,
+                messages=[{"role": "user", "content": "hi"}],
+                max_tokens=max_tokens,
+                extra_body={"ignore_eos": True},  # every answer as long as max_tokens allows
             )
             return "ok"
         except openai.RateLimitError as exc:
@@ -133,3 +166,61 @@ def test_a_tenant_over_its_limit_gets_429_with_retry_after_and_others_are_served
     assert anonymous == ["ok"] * 5
     assert globex == ["ok", "limited"]
     assert 'gateway_rate_limited_total{tenant="acme"} 2.0' in metrics
+
+
+def test_a_tenant_is_charged_what_its_answers_used_not_what_they_might_have(
+    sims, tmp_path: Path
+) -> None:
+    # Each request may use 3,000 tokens and is charged that up front; its answer stops by
+    # itself within 400. Charged only up front, the second would wait some 40 s for the
+    # bucket to refill; settled for what the first used, it is served at once.
+    policy = fleet_policy(
+        sims.urls("gpu"),
+        sims.urls("asic"),
+        sims.urls("cim"),
+        tenants=[tenant("acme", "acme-key", tokens_per_minute=3500)],
+    )
+    with run_gateway(policy, tmp_path) as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="acme-key", max_retries=0)
+        used = []
+        for _ in range(2):
+            answer = client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2990
+            )
+            assert answer.usage is not None and answer.usage.completion_tokens <= 400
+            used.append(answer.usage.total_tokens)
+        # A request that alone may use more than the tenant's minute can never pass: 400.
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=1200, n=3
+            )
+    assert refused.value.body["code"] == "exceeds_rate_limit"  # type: ignore[index]
+    assert refused.value.body["param"] == "max_tokens"  # type: ignore[index]
+    assert "acme" in refused.value.message and "3500" in refused.value.message
+    assert len(used) == 2
+
+
+def test_a_request_naming_no_output_limit_is_given_the_one_it_is_charged(
+    sims, tmp_path: Path
+) -> None:
+    # ignore_eos makes the backend generate until its limit: without one written into the
+    # forwarded body that is the model's whole context, far beyond what the request was charged.
+    policy = fleet_policy(sims.urls("gpu"), sims.urls("asic"), sims.urls("cim"))
+    with run_gateway(policy, tmp_path) as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="k", max_retries=0)
+
+        def ask(**extra: object) -> tuple[int, str]:
+            answer = client.chat.completions.create(
+                model=MODEL,
+                messages=[{"role": "user", "content": "hi"}],
+                extra_body={"ignore_eos": True} | extra,
+            )
+            assert answer.usage is not None
+            return answer.usage.completion_tokens, answer.choices[0].finish_reason
+
+        assert ask() == (policy.assumed_max_tokens, "length")
+        # min_tokens above the assumed limit raises the limit to it, as the backend requires.
+        assert ask(min_tokens=policy.assumed_max_tokens + 44) == (
+            policy.assumed_max_tokens + 44,
+            "length",
+        )

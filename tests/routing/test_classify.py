@@ -53,12 +53,30 @@ def test_bad_slo_headers_are_invalid(headers: dict, param: str) -> None:
         (chat(max_tokens=0), "max_tokens"),
         (chat(max_tokens="10"), "max_tokens"),
         (chat(stream="yes"), "stream"),
+        (chat(n=0), "n"),
+        (chat(n=129), "n"),
+        (chat(n=3, best_of=2), "best_of"),
+        (chat(max_tokens=10, min_tokens=11), "min_tokens"),
+        (chat(min_tokens=-1), "min_tokens"),
+        (chat(ignore_eos="yes"), "ignore_eos"),
     ],
 )
 def test_invalid_bodies_name_the_field(body: dict, param: str) -> None:
     with pytest.raises(InvalidRequest) as info:
         classify("chat", body, {}, fleet_policy(), TokenEstimator())
     assert info.value.param == param
+
+
+def test_a_request_generates_n_answers_or_best_of_them() -> None:
+    policy, est = fleet_policy(), TokenEstimator()
+    assert classify("chat", chat(), {}, policy, est).sequences == 1
+    assert classify("chat", chat(n=3), {}, policy, est).sequences == 3
+    assert (
+        classify(
+            "completions", {"model": MODEL, "prompt": "x", "n": 2, "best_of": 5}, {}, policy, est
+        ).sequences
+        == 5
+    )
 
 
 def test_completions_and_embeddings_read_their_prompt_fields() -> None:

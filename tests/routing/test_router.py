@@ -238,6 +238,13 @@ def test_request_too_big_for_every_pools_memory_is_refused() -> None:
         decide(profile(prompt=2000, slo_class="batch", ttft_ms=None), policy, Fleet(policy))
 
 
+def test_every_answer_a_request_asks_for_reserves_its_output() -> None:
+    # n = 4 answers of up to 100 tokens share one 100-token prompt: 500 tokens of KV cache.
+    policy = fleet_policy()
+    decision = decide(profile(prompt=100, max_tokens=100, sequences=4), policy, Fleet(policy))
+    assert decision.kv_bytes == 500 * policy.kv_bytes_per_token(MODEL)
+
+
 def test_embeddings_reserve_no_output_tokens() -> None:
     policy = fleet_policy()
     decision = decide(
