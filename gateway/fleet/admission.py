@@ -92,11 +92,15 @@ class Admission:
         return None
 
     def _unreserve(self, slot: Slot) -> None:
+        slot.held = False
         slot.backend.in_flight -= 1
         slot.backend.kv_reserved -= slot.kv_bytes
 
     def release(self, slot: Slot) -> None:
-        """Give a slot back; the oldest waiter of its pool gets it (or whoever fits first)."""
+        """Give a slot back (once, however often asked); the oldest waiter of its pool gets it
+        (or whoever fits first)."""
+        if not slot.held:
+            return
         backend = slot.backend
         self._unreserve(slot)
         if slot.lease is not None and self.leases is not None:

@@ -123,6 +123,7 @@ class Slot:
     backend: BackendState
     kv_bytes: float = 0.0
     lease: str | None = None
+    held: bool = True
 
 
 @dataclass(eq=False, slots=True)

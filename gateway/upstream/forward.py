@@ -53,7 +53,8 @@ def _usage(body: bytes) -> dict[str, Any] | None:
 
 
 class Forwarder:
-    """Admit, send, retry before the first byte, and relay; always give the slot back."""
+    """Admit, send, retry before the first byte, and relay; give the slot back as soon as the
+    backend has answered, and always."""
 
     def __init__(
         self,
@@ -86,6 +87,8 @@ class Forwarder:
         slot = await self._admit(ex, policy, fleet)
         started = self.clock()
         slot, response, head, chunks = await self._open(ex, slot, body, policy, fleet)
+        # The backend is free once its answer has arrived, however slowly the client reads it.
+        response.on_end(lambda: self.admission.release(slot))
         backend = slot.backend
         ex.concurrent = backend.load
         ex.prediction = self._prediction(ex, backend, fleet)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections import deque
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from urllib.parse import urlsplit
 
 import httptools
@@ -54,7 +54,17 @@ class Origin:
 class Response:
     """A backend's answer: status and headers once they arrived, the body as it arrives."""
 
-    __slots__ = ("_buffered", "_chunks", "_conn", "_done", "_error", "_wake", "headers", "status")
+    __slots__ = (
+        "_buffered",
+        "_chunks",
+        "_conn",
+        "_done",
+        "_error",
+        "_on_end",
+        "_wake",
+        "headers",
+        "status",
+    )
 
     def __init__(self, conn: Connection, status: int, headers: dict[str, str]):
         self.status = status
@@ -65,6 +75,7 @@ class Response:
         self._done = False
         self._error: BaseException | None = None
         self._wake: asyncio.Future[None] | None = None
+        self._on_end: Callable[[], None] | None = None
 
     @property
     def buffered(self) -> int:
@@ -93,6 +104,14 @@ class Response:
                 return
             else:
                 await self._more()
+
+    def on_end(self, callback: Callable[[], None]) -> None:
+        """Call `callback` once the whole answer has arrived (at once if it has), whether or
+        not it has been read: the backend has finished with the request."""
+        if self._done:
+            callback()
+        elif self._error is None:
+            self._on_end = callback
 
     def release(self) -> None:
         """Give the connection back; one whose answer was not read to its end is closed."""
@@ -129,6 +148,9 @@ class Response:
             self._error = error
         self._conn = None  # back in its pool, or closed
         self._notify()
+        on_end, self._on_end = self._on_end, None
+        if on_end is not None and error is None:
+            on_end()
 
     def _notify(self) -> None:
         if self._wake is not None and not self._wake.done():

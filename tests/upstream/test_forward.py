@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import openai
+import orjson
 import pytest
 
+from gateway.app import GatewayApp
+from gateway.db.engine import upgrade
 from gateway.fleet.state import BackendState
+from gateway.runtime import Gateway
+from gateway.settings import Settings
 from gateway.upstream.forward import error_detail
 from harness.gateways import run_gateway
 from policies import BIG, MODEL, fleet_policy
@@ -177,3 +183,60 @@ def test_a_backend_error_quoted_to_the_client_never_carries_the_backends_key() -
     # A key across the clip: blanking it after clipping would leave its first characters.
     straddling = error_detail(b"x" * 195 + b"sk-upstream-secret", backend)
     assert "sk-" not in straddling and len(straddling) == 200
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_slot_comes_back_once_the_backend_has_answered_though_the_client_reads_nothing(
+    sims, tmp_path: Path, stream: bool
+) -> None:
+    # The client's `send` blocks until the test lets it read: the backend has long finished by
+    # then, and its slot must not wait for a client that may take its write timeout to fail.
+    policy = fleet_policy(sims.urls("gpu"), sims.urls("asic"), sims.urls("cim"))
+    url = f"sqlite:///{tmp_path / 'gateway.db'}"
+    upgrade(url)
+    body = orjson.dumps({"model": MODEL, "messages": PROMPT, "max_tokens": 40, "stream": stream})
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/v1/chat/completions",
+        "query_string": b"",
+        "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))],
+    }
+
+    async def scenario() -> tuple[bool, bytes]:
+        gateway = Gateway(Settings(database_url=url, spill_dir=tmp_path / "spill"), policy)
+        await gateway.start()
+        backends = [b for pool in gateway.fleet.pools.values() for b in pool.backends]
+        reading, started = asyncio.Event(), asyncio.Event()
+        answer: list[bytes] = []
+        arrived = iter([{"type": "http.request", "body": body, "more_body": False}])
+
+        async def receive() -> dict:
+            message = next(arrived, None)
+            if message is None:
+                await asyncio.Event().wait()  # the client stays connected
+            return message  # type: ignore[return-value]
+
+        async def send(message: dict) -> None:
+            started.set()
+            await reading.wait()
+            answer.append(message.get("body", b""))
+
+        try:
+            serving = asyncio.create_task(GatewayApp(gateway)(scope, receive, send))
+            await asyncio.wait_for(started.wait(), 30)
+            async with asyncio.timeout(30):
+                while any(b.in_flight for b in backends):
+                    await asyncio.sleep(0.01)
+            freed_while_unread = not serving.done() and not answer
+            reading.set()
+            await serving
+            # Given back once: the end of the relay does not give it back a second time.
+            assert [b.in_flight for b in backends] == [0] * len(backends)
+            return freed_while_unread, b"".join(answer)
+        finally:
+            await gateway.stop()
+
+    freed_while_unread, answer = asyncio.run(scenario())
+    assert freed_while_unread
+    assert (b"data: [DONE]" in answer) if stream else orjson.loads(answer)["usage"]
