@@ -63,7 +63,7 @@ class SimulatorProcess:
         return metric_value(self.metrics(), name, **labels)
 
     def wait_for_metric(
-        self, name: str, at_least: float, *, timeout: float = 10.0, **labels: str
+        self, name: str, at_least: float, *, timeout: float = 60.0, **labels: str
     ) -> float:
         """Poll until the metric reaches `at_least` and return it; fail after `timeout` s."""
         deadline = time.monotonic() + timeout
@@ -94,7 +94,7 @@ def start_simulator(
     seed: int = 0,
     extra_args: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
-    startup_timeout: float = 20.0,
+    startup_timeout: float = 60.0,
     api_key: str | None = None,
     python: str = sys.executable,
     cwd: str | None = None,

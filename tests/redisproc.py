@@ -48,12 +48,12 @@ class RedisProcess:
             stderr=subprocess.DEVNULL,
         )
         client = redis.Redis.from_url(self.url, socket_connect_timeout=0.2)
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60
         while True:
             try:
                 client.ping()
                 break
-            except redis.ConnectionError:
+            except (redis.ConnectionError, redis.TimeoutError):  # not listening, or answering, yet
                 assert time.monotonic() < deadline, "redis-server did not start"
                 time.sleep(0.02)
         client.close()

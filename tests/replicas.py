@@ -6,6 +6,7 @@ Redis is out) without a whole gateway per replica.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
@@ -50,7 +51,8 @@ async def replica(
     clock: Callable[[], float] = time.monotonic,
 ) -> AsyncIterator[Replica]:
     metrics = GatewayMetrics()
-    shared = SharedState(url, metrics, prefix=prefix, lease_s=lease_s, timeout_s=0.5)
+    # A Redis call a busy machine makes slow is no outage; a stopped Redis still fails at once.
+    shared = SharedState(url, metrics, prefix=prefix, lease_s=lease_s, timeout_s=10)
     fleet = Fleet(fleet_policy(asic_extra={"slots_per_backend": SLOTS}))
     admission = Admission(fleet, Leases(shared), refresh_s=refresh_s)
     outliers = OutlierDetector(metrics, threshold=1, clock=clock)
@@ -76,3 +78,15 @@ def lease_count(url: str, prefix: str, backend_url: str) -> int:
 async def take_all(r: Replica, n: int) -> list[Slot]:
     slots = [await r.admission.take(r.asic) for _ in range(n)]
     return [s for s in slots if s is not None]
+
+
+async def sent(leases: Leases) -> None:
+    """Return once the scripts the replica has queued so far (give-backs) have run in Redis.
+
+    Give-backs are sent in the background, one pipeline at a time in the order they were
+    called, and a pipeline's callers hear back once all of it has run (scripts a restarted
+    Redis had to load again included): a call made after them is answered after them. Waiting
+    for the count to drop instead could not tell a give-back from a lease lapsing.
+    """
+    await asyncio.sleep(0)  # a give-back spawned just now queues its script
+    await leases.occupancy([])

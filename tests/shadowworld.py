@@ -6,6 +6,7 @@ import time
 from collections.abc import Sequence
 
 import sqlalchemy as sa
+from waiting import wait_for
 
 from gateway.db.schema import shadow_drops, shadow_records
 from gateway.policy.model import Policy
@@ -55,7 +56,7 @@ def shadow_policy(
     return fleet_policy(gpu, asic, cim, routes=[route], interactive={"timeout_s": timeout_s})
 
 
-def shadow_rows(gw: GatewayServer, expected: int, timeout: float = 10.0) -> list[dict]:
+def shadow_rows(gw: GatewayServer, expected: int, timeout: float = 60.0) -> list[dict]:
     """Wait until at least `expected` shadow records are written; return them all."""
     deadline = time.monotonic() + timeout
     while True:
@@ -66,7 +67,7 @@ def shadow_rows(gw: GatewayServer, expected: int, timeout: float = 10.0) -> list
         time.sleep(0.05)
 
 
-def drop_counts(gw: GatewayServer, expected: int = 0, timeout: float = 10.0) -> dict[str, int]:
+def drop_counts(gw: GatewayServer, expected: int = 0, timeout: float = 60.0) -> dict[str, int]:
     """Wait until at least `expected` drops are written; return counts by reason."""
     deadline = time.monotonic() + timeout
     while True:
@@ -80,9 +81,11 @@ def drop_counts(gw: GatewayServer, expected: int = 0, timeout: float = 10.0) -> 
         time.sleep(0.05)
 
 
-def settle(gw: GatewayServer, timeout: float = 10.0) -> None:
+def settle(gw: GatewayServer, timeout: float = 60.0) -> None:
     """Wait until the mirror has no copy queued or in flight."""
     mirror = gw.gateway.mirror
-    deadline = time.monotonic() + timeout
-    while (mirror.pending or mirror.in_flight) and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_for(
+        lambda: not (mirror.pending or mirror.in_flight),
+        timeout,
+        lambda: f"the mirror still has {mirror.pending} copies queued, {mirror.in_flight} sent",
+    )

@@ -18,6 +18,7 @@ import orjson
 import pytest
 import yaml
 from shadowworld import shadow_rows
+from waiting import wait_for
 
 from gateway.policy.model import Policy
 from gateway.report import generate, period
@@ -204,8 +205,12 @@ def trap() -> Iterator[tuple[str, list[bytes]]]:
 
 
 @contextmanager
-def redirecting_backend(location: str) -> Iterator[str]:
-    """A backend that answers every request with a redirect to `location`, but passes probes."""
+def redirecting_backend(location: str) -> Iterator[tuple[str, list[str]]]:
+    """A backend that answers every request with a redirect to `location`, but passes probes.
+
+    Yields its URL and the paths of the GET requests (probes, power scrapes) it was sent.
+    """
+    gets: list[str] = []
 
     class Redirect(http.server.BaseHTTPRequestHandler):
         def do_POST(self) -> None:
@@ -216,6 +221,7 @@ def redirecting_backend(location: str) -> Iterator[str]:
             self.end_headers()
 
         def do_GET(self) -> None:
+            gets.append(self.path)
             body = b'{"status": "ok"}' if self.path == "/health" else b""
             self.send_response(200 if body else 404)
             self.send_header("content-length", str(len(body)))
@@ -229,14 +235,17 @@ def redirecting_backend(location: str) -> Iterator[str]:
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
+        yield f"http://127.0.0.1:{server.server_address[1]}", gets
     finally:
         server.shutdown()
         server.server_close()
 
 
 def test_the_gateway_connects_only_to_backends_of_its_policy(sims, tmp_path: Path) -> None:
-    with trap() as (elsewhere, received), redirecting_backend(f"http://{elsewhere}") as redirect:
+    with (
+        trap() as (elsewhere, received),
+        redirecting_backend(f"http://{elsewhere}") as (redirect, gets),
+    ):
         policy = fleet_policy(sims.urls("gpu"), [redirect], sims.urls("cim"))
         names = {b.name for pool in policy.pools.values() for b in pool.backends}
         address = f"http://{elsewhere}/v1"
@@ -247,7 +256,10 @@ def test_the_gateway_connects_only_to_backends_of_its_policy(sims, tmp_path: Pat
             "endpoint": address,
             "extra_body": {"base_url": address},
         }
-        with run_gateway(policy, tmp_path) as gw, gw.http() as http:
+        with (
+            run_gateway(policy, tmp_path, power_scrape_interval_s=0.2) as gw,
+            gw.http() as http,
+        ):
             chat = {"model": MODEL, "messages": HELLO, "max_tokens": 4, **pointed}
             headers = {
                 "host": elsewhere,
@@ -278,7 +290,13 @@ def test_the_gateway_connects_only_to_backends_of_its_policy(sims, tmp_path: Pat
                 while chunk := raw.recv(65536):
                     answer += chunk
             assert answer.startswith(b"HTTP/1.1 200"), answer[:300]
-            time.sleep(0.3)  # probes and scrapes go on meanwhile
+            # Probes and power scrapes go on meanwhile: wait for two more of each at the
+            # redirecting backend, so that a whole round of them came after the requests.
+            seen = {path: gets.count(path) for path in ("/health", "/metrics")}
+            wait_for(
+                lambda: all(gets.count(path) >= n + 2 for path, n in seen.items()),
+                message=lambda: f"no round of probes and scrapes followed: {gets[-4:]}",
+            )
     assert received == [], f"the gateway connected to {elsewhere}: {received[:2]}"
 
 

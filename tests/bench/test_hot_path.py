@@ -4,7 +4,9 @@ Direct, the gateway with shadow sampling at 0% and at 10%, at 8 connections, 3 s
 and one stream's chunks, timed against the upstream's gap between them.
 The bounds are generous (issue #10: a build fails when a ratio falls far below what
 docs/performance.md reports), so a busy machine does not fail them but a hot-path regression
-that halves throughput does.
+that doubles the work per request does. They bound CPU time per request, which another job on
+the machine hardly moves, rather than throughput, which it can cut by five: each path is pinned
+to a core that job may share.
 """
 
 from __future__ import annotations
@@ -30,13 +32,15 @@ pytestmark = [
     ),
 ]
 
-# Measured on the 2-core development machine (docs/performance.md): gateway / direct is
-# 0.30-0.40 for chat and 0.68-0.72 for 16-chunk streams since the gateway's own upstream client
-# (0.13-0.17 and 0.38-0.43 with aiohttp); 10% shadow keeps about 0.9 of the throughput.
-MIN_CHAT_SHARE_OF_DIRECT = 0.08
-MIN_STREAM_SHARE_OF_DIRECT = 0.2
-MIN_THROUGHPUT_KEPT_WITH_SHADOW = 0.5
-# A chunk's way through the gateway, in the upstream's gaps between chunks: measured 0.15.
+# Measured on the 2-core development machine, one core kept busy by another process: the
+# gateway spends 10.4 times the CPU per chat request that the upstream it relays to does (374
+# against 36 us), 4.4 times per 16-chunk stream (523 against 118 us), and 10% shadow sampling
+# adds 23% (460 us). The bounds are about twice that.
+MAX_CHAT_CPU_OVER_DIRECT = 20.0
+MAX_STREAM_CPU_OVER_DIRECT = 10.0
+MAX_CPU_ADDED_BY_SHADOW = 2.0
+# What the gateway adds to a chunk's way, beside direct's in the same run, in the upstream's
+# gaps between chunks: measured 0.15 of a 2 ms gap; a relay holding the stream back adds ~8.
 MAX_CHUNK_DELAY_IN_GAPS = 2
 
 
@@ -58,17 +62,20 @@ def test_every_request_through_the_gateway_succeeds(results: dict[str, Any]) -> 
             assert point["non_2xx"] == 0 and point["socket_errors"] == 0, (name, mode, point)
 
 
-def test_gateway_keeps_a_generous_share_of_direct_throughput(results: dict[str, Any]) -> None:
-    ratios = results["ratios"]
-    assert ratios["gateway/direct chat @8"] >= MIN_CHAT_SHARE_OF_DIRECT, ratios
-    assert ratios["gateway/direct stream @8"] >= MIN_STREAM_SHARE_OF_DIRECT, ratios
+def cpu_over(results: dict[str, Any], path: str, base: str, mode: str) -> float:
+    """Return the CPU one path spends per request over another's, at 8 connections."""
+    paths = results["paths"]
+    spent = paths[path][mode]["8"]["cpu_us_per_req"]
+    return float(spent / max(paths[base][mode]["8"]["cpu_us_per_req"], 1))
 
 
-def test_ten_percent_shadow_sampling_keeps_most_of_the_throughput(
-    results: dict[str, Any],
-) -> None:
-    ratios = results["ratios"]
-    assert ratios["shadow10/shadow0 chat @8"] >= MIN_THROUGHPUT_KEPT_WITH_SHADOW, ratios
+def test_gateway_spends_a_bounded_multiple_of_the_upstreams_cpu(results: dict[str, Any]) -> None:
+    assert cpu_over(results, "gateway", "direct", "chat") <= MAX_CHAT_CPU_OVER_DIRECT, results
+    assert cpu_over(results, "gateway", "direct", "stream") <= MAX_STREAM_CPU_OVER_DIRECT, results
+
+
+def test_ten_percent_shadow_sampling_adds_little_cpu(results: dict[str, Any]) -> None:
+    assert cpu_over(results, "gateway-shadow10", "gateway", "chat") <= MAX_CPU_ADDED_BY_SHADOW
     copies = results["paths"]["gateway-shadow10"]["shadow_copies"]
     assert copies.get("sent", 0) > 0, copies  # the 10% path really mirrors
 
@@ -80,7 +87,7 @@ def test_streamed_chunks_reach_the_client_as_they_are_sent(tmp_path: Path) -> No
     whole) would deliver them about half a stream late: 8 of the upstream's gaps on average.
     """
     out = tmp_path / "chunk_latency.json"
-    gap_ms = 2.0
+    gap_ms = 10.0  # wide enough that a busy machine's scheduling is not mistaken for holding
     chunk_latency.main(
         ["--streams", "1", "--seconds", "1", "--gap-ms", str(gap_ms), "--out", str(out)]
     )
@@ -88,4 +95,4 @@ def test_streamed_chunks_reach_the_client_as_they_are_sent(tmp_path: Path) -> No
     direct, through = point["direct"], point["gateway"]
     assert through["failures"] == 0 and through["events"] > 0, point
     assert through["events"] >= 0.5 * direct["events"], point
-    assert through["p50_ms"] < MAX_CHUNK_DELAY_IN_GAPS * gap_ms, point
+    assert point["added_p50_ms"] < MAX_CHUNK_DELAY_IN_GAPS * gap_ms, point

@@ -3,11 +3,20 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from waiting import until
 
 from gateway.errors import NoCapacity
 from gateway.fleet.admission import Admission
-from gateway.fleet.state import Fleet
+from gateway.fleet.state import Fleet, PoolState
 from policies import fleet_policy
+
+# Long enough that no busy machine runs out of it: only a freed slot ends these waits.
+PATIENT_S = 60.0
+
+
+async def queued(pool: PoolState, n: int) -> None:
+    """Wait until n requests wait in the pool's queue."""
+    await until(lambda: len(pool.waiters) == n, message=f"{n} waiters never queued")
 
 
 def asic_world(slots: int = 2) -> tuple[Fleet, Admission]:
@@ -25,13 +34,13 @@ def test_released_slot_goes_to_the_oldest_waiter() -> None:
         served: list[int] = []
 
         async def waiter(n: int) -> None:
-            got = await admission.wait(pool, 5)
+            got = await admission.wait(pool, PATIENT_S)
             served.append(n)
             await asyncio.sleep(0)
             admission.release(got)
 
         tasks = [asyncio.create_task(waiter(n)) for n in range(3)]
-        await asyncio.sleep(0)
+        await queued(pool, 3)
         admission.release(held)
         await asyncio.gather(*tasks)
         assert backend.in_flight == 0
@@ -60,8 +69,8 @@ def test_cancelled_waiter_never_holds_a_slot() -> None:
         pool = fleet.pools["asic"]
         backend = pool.backends[0]
         held = admission.acquire(backend)
-        task = asyncio.create_task(admission.wait(pool, 5))
-        await asyncio.sleep(0)
+        task = asyncio.create_task(admission.wait(pool, PATIENT_S))
+        await queued(pool, 1)
         admission.release(held)  # hands the slot to the waiter...
         task.cancel()  # ...which is cancelled before it runs
         await asyncio.gather(task, return_exceptions=True)
@@ -77,9 +86,9 @@ def test_dispatch_skips_ejected_backends() -> None:
         backend = pool.backends[0]
         held = admission.acquire(backend)
         backend.ejected = True
-        task = asyncio.create_task(admission.wait(pool, 5))
-        await asyncio.sleep(0)
-        admission.release(held)
+        task = asyncio.create_task(admission.wait(pool, PATIENT_S))
+        await queued(pool, 1)
+        admission.release(held)  # a slot handed over here is the waiter's on its next step
         await asyncio.sleep(0)
         assert not task.done()
         backend.ejected = False
@@ -97,8 +106,8 @@ def test_kv_memory_is_reserved_and_given_back_with_the_slot() -> None:
         backend.kv_capacity = 10.0
         big = admission.acquire(backend, 8.0)
         assert pool.most_free(kv_bytes=4.0) is None  # a slot is free, the memory is not
-        waiter = asyncio.create_task(admission.wait(pool, 5, kv_bytes=4.0))
-        await asyncio.sleep(0)
+        waiter = asyncio.create_task(admission.wait(pool, PATIENT_S, kv_bytes=4.0))
+        await queued(pool, 1)
         admission.release(big)
         small = await waiter
         assert small.backend is backend
@@ -119,14 +128,14 @@ def test_the_oldest_waiter_is_served_first_even_when_a_younger_one_fits() -> Non
         order: list[str] = []
 
         async def wait(name: str, kv: float) -> None:
-            got = await admission.wait(pool, 5, kv_bytes=kv)
+            got = await admission.wait(pool, PATIENT_S, kv_bytes=kv)
             order.append(name)
             admission.release(got)
 
         big = asyncio.create_task(wait("big", 8.0))
-        await asyncio.sleep(0)
+        await queued(pool, 1)
         small = asyncio.create_task(wait("small", 1.0))
-        await asyncio.sleep(0)
+        await queued(pool, 2)
         assert order == []  # "small" would fit now, but "big" came first
         admission.release(held)
         await asyncio.gather(big, small)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from replicas import SLOTS, lease_count, replica, take_all
+from replicas import SLOTS, lease_count, replica, sent, take_all
+from waiting import until
 
 from gateway.fleet.admission import slot_place
 from gateway.fleet.leases import Leases, Place
@@ -20,8 +21,10 @@ def test_a_dead_replicas_slots_come_free_when_its_lease_lapses(
     redis_url: str, redis_prefix: str
 ) -> None:
     async def scenario() -> tuple[int, int, int]:
-        async with replica(redis_url, redis_prefix, lease_s=0.6) as b:
-            a_cm = replica(redis_url, redis_prefix, lease_s=0.6)
+        # The lease is long enough that a's slots are still held when b first asks, however
+        # slowly the machine gets from a's death to b's take.
+        async with replica(redis_url, redis_prefix, lease_s=3.0) as b:
+            a_cm = replica(redis_url, redis_prefix, lease_s=3.0)
             a = await a_cm.__aenter__()
             await take_all(a, SLOTS)
             # a dies: no release, no more heartbeats, its connections just go away.
@@ -29,7 +32,10 @@ def test_a_dead_replicas_slots_come_free_when_its_lease_lapses(
             await a.admission.periodic.stop()
             await a.shared.redis.aclose()
             refused = len(await take_all(b, 1))
-            await asyncio.sleep(1.0)  # past the lease
+            await until(  # past the lease, b's view (refreshed from Redis) counts them free
+                lambda: b.asic.free_slots == SLOTS,
+                message=lambda: f"a's leases never lapsed: b sees {b.asic.elsewhere} held",
+            )
             after = await take_all(b, SLOTS)
             in_redis = lease_count(redis_url, redis_prefix, b.asic.url)
             for slot in after:
@@ -66,7 +72,8 @@ def test_a_shadow_budgets_places_are_fleet_wide(redis_url: str, redis_prefix: st
             second = await b.admission.take(b.asic, 0.0, budget)
             assert first is not None
             a.admission.release(first)
-            await asyncio.sleep(0.1)  # the give-back is sent in the background
+            assert a.admission.leases is not None
+            await sent(a.admission.leases)  # the give-back is sent in the background
             third = await b.admission.take(b.asic, 0.0, budget)
             assert third is not None
             b.admission.release(third)
@@ -78,7 +85,7 @@ def test_a_shadow_budgets_places_are_fleet_wide(redis_url: str, redis_prefix: st
 
 
 async def _leases(redis_url: str, redis_prefix: str) -> tuple[SharedState, Leases]:
-    shared = SharedState(redis_url, GatewayMetrics(), prefix=redis_prefix, timeout_s=0.5)
+    shared = SharedState(redis_url, GatewayMetrics(), prefix=redis_prefix, timeout_s=10)
     await shared.start()
     return shared, Leases(shared)
 
@@ -122,11 +129,8 @@ def test_a_place_is_refused_when_its_weight_would_pass_the_sets_weight_limit(
             (full,) = await leases.occupancy(["kv"])
             for lease in list(leases.held):
                 leases.drop(lease)
-            for _ in range(500):  # the give-back runs in the background
-                (after,) = await leases.occupancy(["kv"])
-                if after.places == 0:
-                    break
-                await asyncio.sleep(0.01)
+            await sent(leases)  # the give-backs run in the background
+            (after,) = await leases.occupancy(["kv"])
             return outcomes, full.weight, after.weight
         finally:
             await shared.stop()

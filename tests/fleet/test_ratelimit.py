@@ -8,6 +8,7 @@ from pathlib import Path
 
 import openai
 import pytest
+from waiting import until
 
 from gateway.fleet.ratelimit import Bucket, Draw, TokenBuckets, tenant_draws
 from gateway.fleet.sharedstate import SharedState
@@ -106,7 +107,9 @@ def test_without_redis_each_replica_spends_its_share_of_the_rate(private_redis) 
         a, b = (SharedState(url, GatewayMetrics(), prefix="p", lease_s=0.4) for _ in "ab")
         await a.start()
         await b.start()
-        await asyncio.sleep(0.3)  # a's heartbeat sees b: two replicas
+        await until(  # a's heartbeat sees b: two replicas
+            lambda: a.replicas == 2, message=lambda: f"a counts {a.replicas} replicas, not 2"
+        )
         private_redis.stop()  # type: ignore[attr-defined]
         try:
             buckets = TokenBuckets(a)

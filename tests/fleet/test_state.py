@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+from waiting import until
+
 from gateway.fleet.admission import Admission
 from gateway.fleet.state import Fleet
 from policies import fleet_policy
@@ -44,13 +46,14 @@ def test_waiters_stay_queued_in_a_pool_that_keeps_its_name() -> None:
         old = Fleet(fleet_policy(gpu=GPU[:1], gpu_extra={"slots_per_backend": 1}))
         admission = Admission(old)
         admission.acquire(old.pools["gpu"].backends[0])
-        waiting = asyncio.create_task(admission.wait(old.pools["gpu"], timeout_s=5))
-        await asyncio.sleep(0)
+        # No busy machine makes this wait run out: only the new version's slot ends it.
+        waiting = asyncio.create_task(admission.wait(old.pools["gpu"], timeout_s=60))
+        await until(lambda: old.pools["gpu"].waiters, message="the request never queued")
         new = old.reconfigure(fleet_policy(gpu=GPU[:1], gpu_extra={"slots_per_backend": 2}))
         admission.fleet = new
         assert len(new.pools["gpu"].waiters) == 1
         admission.dispatch(new.pools["gpu"])  # the new version gave the pool a second slot
-        backend = (await asyncio.wait_for(waiting, 1)).backend
+        backend = (await waiting).backend
         assert backend is new.pools["gpu"].backends[0] and backend.in_flight == 2
 
     asyncio.run(scenario())

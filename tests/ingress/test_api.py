@@ -8,6 +8,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+from waiting import wait_for
 
 from harness.gateways import GatewayServer, run_gateway
 from policies import BIG, EMBED, MODEL, fleet_policy
@@ -55,15 +56,26 @@ def test_streaming_relays_every_chunk_and_matches_the_plain_answer(gw: GatewaySe
     assert "".join(pieces) == plain.choices[0].message.content
 
 
-def test_stream_arrives_chunk_by_chunk_not_buffered(gw: GatewayServer) -> None:
-    body = {"model": BIG, "messages": PROMPT, "max_tokens": 60, "stream": True}
-    reads = 0
+def test_stream_arrives_chunk_by_chunk_not_buffered(sims, gw: GatewayServer) -> None:
+    for sim in sims.gpu:
+        sim.set_faults(slow_factor=100)  # the answer takes seconds, long after its first token
+    body = {
+        "model": BIG,
+        "messages": PROMPT,
+        "max_tokens": 200,
+        "ignore_eos": True,
+        "stream": True,
+    }
     with gw.http() as http, http.stream("POST", "/v1/chat/completions", json=body) as response:
         assert response.headers["content-type"].startswith("text/event-stream")
-        for _ in response.iter_raw():
-            reads += 1
-    # A buffered relay would arrive as one or two reads; tokens decoded over time arrive apart.
-    assert reads > 5
+        first = next(response.iter_raw())
+        decoding = sum(sim.metric("sim_active_requests") for sim in sims.gpu)
+    # A buffered relay would send nothing until the backend had finished the answer.
+    assert first.startswith(b"data: ") and decoding == 1
+    wait_for(  # the backend drops the answer its client left
+        lambda: not any(sim.metric("sim_active_requests") for sim in sims.gpu),
+        message="the backend kept decoding the abandoned answer",
+    )
 
 
 def test_completions_endpoint(gw: GatewayServer) -> None:

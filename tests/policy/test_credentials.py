@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import logging
 import socket
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 import yaml
 from shadowworld import shadow_rows
+from waiting import wait_for
 
 from gateway.errors import PolicyError
-from gateway.fleet.state import Fleet
+from gateway.fleet.state import BackendState, Fleet
 from gateway.policy import versions
 from gateway.policy.credentials import Access
 from gateway.policy.load import parse_policy, render_policy
@@ -140,11 +140,11 @@ def test_the_admin_api_refuses_an_unset_key_and_a_replica_without_it_keeps_servi
 
         # A replica that has the key applied it; this one must not serve it half-keyed.
         versions.record(gw.gateway.engine, lacking, "elsewhere", "asic needs a key")
-        deadline = time.monotonic() + 10
         reloads = "gateway_policy_reloads_total"
-        while metric_value(http.get("/metrics").text, reloads, result="invalid") < 1:
-            assert time.monotonic() < deadline, "the replica never looked at version 2"
-            time.sleep(0.05)
+        wait_for(
+            lambda: metric_value(http.get("/metrics").text, reloads, result="invalid") >= 1,
+            message="the replica never looked at version 2",
+        )
         assert gw.gateway.policy_version == 1
         assert http.get("/admin/policy", headers=AUTH).json()["version"] == 1
 
@@ -161,6 +161,31 @@ def test_the_cli_warns_of_an_unset_variable_it_cannot_see(
     (warning,) = [line for line in capsys.readouterr().out.splitlines() if "NOT_HERE" in line][:1]
     assert f"{path}:" in warning and "pools.asic.backends.0.api_key_env" in warning
     assert f"{NOT_HERE_KEY}, which is not set here" in warning
+
+
+class BackgroundRounds:
+    """Which backends the gateway's health checker probed, and its power scrape rounds, from
+    when this is made on."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.probed: set[str] = set()
+        self.scrapes = 0
+        probe, scrape = gateway.upstream.probe, gateway.meter.scrape_once
+
+        async def probing(backend: BackendState) -> bool:
+            ok = await probe(backend)
+            self.probed.add(backend.url)
+            return ok
+
+        async def scraping() -> None:
+            await scrape()
+            self.scrapes += 1
+
+        gateway.upstream.probe = probing  # type: ignore[method-assign]
+        gateway.meter.scrape_once = scraping  # type: ignore[method-assign]
+
+    def __repr__(self) -> str:
+        return f"probed {sorted(self.probed)}, {self.scrapes} scrape rounds"
 
 
 def test_the_key_reaches_every_call_to_a_backend_that_requires_it(
@@ -205,7 +230,15 @@ def test_the_key_reaches_every_call_to_a_backend_that_requires_it(
             client.embeddings.create(model=EMBED, input="hi")
         records = gw.records(5)
         copies = shadow_rows(gw, 4)
-        time.sleep(0.5)  # health probes and power scrapes go on meanwhile
+        # Health probes and power scrapes go on meanwhile: wait for a round of each from now.
+        background = BackgroundRounds(gw.gateway)
+        wait_for(
+            lambda: (
+                background.probed >= {b.url for b in gw.gateway.fleet.backends()}
+                and background.scrapes > 0
+            ),
+            message=lambda: f"no round of probes and scrapes followed: {background}",
+        )
         metrics = httpx.get(gw.url + "/metrics").text
     assert all(r["status"] == 200 and r["attempts"] == 1 for r in records), records
     assert not any(r["energy_estimated"] for r in records), "power scrapes were refused"
@@ -246,7 +279,15 @@ def test_a_refused_key_is_an_upstream_failure_not_the_clients(
         assert error["code"] == "upstream_error"
         assert "refused the gateway's credentials (401)" in error["message"]
         records = gw.records(2)
-        time.sleep(0.5)  # a few health probes
+
+        def refused(path: str) -> bool:
+            now = metric_value(asic.metrics(), "sim_unauthorized_requests_total", path=path)
+            return now > metric_value(before, "sim_unauthorized_requests_total", path=path)
+
+        wait_for(  # health probes and power scrapes, with the wrong key too
+            lambda: refused("/health") and refused("/metrics"),
+            message="the ASIC never refused a probe and a scrape",
+        )
     chat_record = next(r for r in records if r["route"] == "chat")
     assert (chat_record["attempts"], chat_record["pool"]) == (2, "gpu"), chat_record
     assert "refused the key from GATEWAY_UPSTREAM_KEY_ASIC (401)" in caplog.text

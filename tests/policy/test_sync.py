@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
+from waiting import wait_for
 
 from gateway.policy import versions
 from gateway.policy.load import parse_policy, render_policy
@@ -66,15 +67,22 @@ class Traffic:
         for thread in self._threads:
             thread.join(timeout=30)
 
-    def pools_since(self, moment: float, count: int = 12, timeout: float = 10) -> set[str]:
+    def pools_since(self, moment: float, count: int = 12) -> set[str]:
         """Wait for `count` requests started after `moment`; return the pools that served them."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            after = [p for t, p in list(self.served) if t > moment]
-            if len(after) >= count:
-                return set(after)
-            time.sleep(0.02)
-        raise AssertionError(f"fewer than {count} requests served after the change")
+
+        def after() -> list[str]:
+            pools = [p for t, p in list(self.served) if t > moment]
+            return pools if len(pools) >= count else []
+
+        return set(wait_for(after, message=f"fewer than {count} requests served after the change"))
+
+
+def reloads(gw: GatewayServer, result: str) -> float:
+    """Return how many policy reloads the gateway counted with this result."""
+    value = gw.gateway.metrics.registry.get_sample_value(
+        "gateway_policy_reloads_total", {"result": result}
+    )
+    return value or 0.0
 
 
 def test_applies_and_rollbacks_under_load_fail_no_request_and_move_traffic(
@@ -104,10 +112,10 @@ def test_applies_and_rollbacks_under_load_fail_no_request_and_move_traffic(
 
         # Another replica (or the CLI) rolls back through the database: polling picks it up.
         stored = versions.rollback(gw.gateway.engine, "ops", 2, "back to the GPU")
-        deadline = time.monotonic() + 5
-        while gw.gateway.policy_version != stored.version and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert gw.gateway.policy_version == stored.version
+        wait_for(
+            lambda: gw.gateway.policy_version == stored.version,
+            message=lambda: f"still on version {gw.gateway.policy_version}, not {stored.version}",
+        )
         assert traffic.pools_since(time.monotonic()) == {"gpu"}
 
         response = http.post("/admin/policy/rollback", json={"version": 1}, headers=AUTH)
@@ -128,15 +136,9 @@ def test_a_stored_version_this_gateway_cannot_load_is_refused_and_counted(
         before = gw.gateway.policy_version
         # Written past validation, as a replica running newer code might.
         versions.record(gw.gateway.engine, "pools: {}\n", "future", "newer schema")
-        deadline = time.monotonic() + 5
-        metrics = gw.gateway.metrics.registry
-        while time.monotonic() < deadline:
-            refused = metrics.get_sample_value(
-                "gateway_policy_reloads_total", {"result": "invalid"}
-            )
-            if refused:
-                break
-            time.sleep(0.02)
+        refused = wait_for(
+            lambda: reloads(gw, "invalid"), message="the gateway never looked at version 2"
+        )
         assert refused == 1
         assert gw.gateway.policy_version == before == 1
         with gw.http() as http:
@@ -182,13 +184,15 @@ def test_watch_applies_a_saved_valid_file_and_ignores_an_invalid_one(sims, tmp_p
         gw.gateway.policy_file.periodic.interval_s = 0.05
         first = gw.gateway.policy_version
         path.write_text("pools: [not a mapping\n")  # a half-saved file
-        time.sleep(0.5)
+        wait_for(  # the watcher read it and refused it
+            lambda: reloads(gw, "invalid"), message="the watcher never looked at the saved file"
+        )
         assert gw.gateway.policy_version == first
         doc = yaml.safe_load(render_policy(policy))
         doc["routes"][0]["pools"] = ["gpu"]
         path.write_text(yaml.safe_dump(doc))
-        deadline = time.monotonic() + 10
-        while gw.gateway.policy_version == first and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_for(
+            lambda: gw.gateway.policy_version != first, message="the valid file was never applied"
+        )
         assert gw.gateway.policy_version == first + 1
         assert gw.gateway.policy.routes[0].pools == ["gpu"]

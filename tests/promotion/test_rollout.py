@@ -35,7 +35,7 @@ def rollout_state(gw: GatewayServer) -> dict:
         return http.get("/admin/rollouts", headers=AUTH).json()[-1]
 
 
-def drive(gw: GatewayServer, until: str, seconds: float = 15.0) -> dict[str, int]:
+def drive(gw: GatewayServer, until: str, seconds: float = 60.0) -> dict[str, int]:
     """Send requests until the rollout reaches a state; return which pools served them."""
     client, pools = gw.client(), {}
     deadline = time.monotonic() + seconds

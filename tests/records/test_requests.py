@@ -7,6 +7,7 @@ from pathlib import Path
 
 import sqlalchemy as sa
 from rows import request_record
+from waiting import until
 
 from gateway.db.engine import make_engine, upgrade
 from gateway.db.schema import request_records
@@ -24,7 +25,10 @@ def test_writer_inserts_every_queued_record_in_batches(database: str) -> None:
         writer.start()
         for n in range(50):
             writer.add(request_record(n))
-        await asyncio.sleep(0.2)
+        await until(  # the background flushes write them, 7 at a time
+            lambda: metrics.registry.get_sample_value("gateway_records_written_total") == 50,
+            message="the background flushes never wrote the first 50 records",
+        )
         for n in range(50, 60):
             writer.add(request_record(n))
         await writer.stop()

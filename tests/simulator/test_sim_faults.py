@@ -7,6 +7,7 @@ import httpx
 import openai
 import orjson
 import pytest
+from waiting import wait_for
 
 from harness.simulators import start_simulator
 
@@ -76,10 +77,13 @@ def test_error_rate_fails_about_that_fraction_of_requests(sick):
 def test_added_latency_delays_every_answer(sick):
     with httpx.Client(base_url=sick.url) as client:
         client.get("/health")  # open the connection outside the measurement
-        baseline = statistics.median(_elapsed(lambda: client.get("/health")) for _ in range(5))
+        baseline = [_elapsed(lambda: client.get("/health")) for _ in range(5)]
         sick.set_faults(added_latency_ms=60)
-        delayed = statistics.median(_elapsed(lambda: client.get("/health")) for _ in range(5))
-    assert delayed > 5 * baseline
+        delayed = [_elapsed(lambda: client.get("/health")) for _ in range(5)]
+    # Every answer waited at least the latency added (a busy machine only adds to it), and the
+    # latency, not the machine, is what set them apart.
+    assert min(delayed) >= 0.060
+    assert statistics.median(delayed) > statistics.median(baseline)
 
 
 def test_hang_accepts_requests_and_never_answers(sick):
@@ -130,15 +134,16 @@ def test_slow_factor_makes_the_device_slower(sick):
     with httpx.Client(base_url=sick.url, timeout=30) as client:
         client.get("/health")
 
-        def answer():
-            client.post("/v1/chat/completions", json=_chat_body(150)).raise_for_status()
+        def answer():  # ~60 ms of decoding: many times the HTTP round trip
+            client.post("/v1/chat/completions", json=_chat_body(450)).raise_for_status()
 
-        normal = _elapsed(answer)
+        # Medians of three: one pause of a busy machine's does not decide.
+        normal = statistics.median(_elapsed(answer) for _ in range(3))
         before = sick.metric("sim_faults_injected_total", kind="slow")
         sick.set_faults(slow_factor=4.0)
-        slow = _elapsed(answer)
+        slow = statistics.median(_elapsed(answer) for _ in range(3))
     assert slow > 2 * normal
-    assert sick.metric("sim_faults_injected_total", kind="slow") == before + 1
+    assert sick.metric("sim_faults_injected_total", kind="slow") == before + 3  # one an answer
 
 
 def test_get_faults_shows_what_is_set_and_reset_clears_it(sick):
@@ -171,10 +176,7 @@ def test_a_client_that_goes_away_frees_its_slot(sick):
         lines = reply.iter_lines()  # held open: dropping the iterator closes the connection
         assert next(lines).startswith("data: ")
         assert sick.metric("sim_active_requests") == 1
-    deadline = time.monotonic() + 5
-    while sick.metric("sim_active_requests") and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert sick.metric("sim_active_requests") == 0
+    wait_for(lambda: sick.metric("sim_active_requests") == 0, message="the slot stayed taken")
 
 
 def test_fault_flags_apply_from_startup():

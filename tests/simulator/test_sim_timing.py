@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import httpx
 import orjson
 import pytest
+from waiting import until
 
 from harness.simulators import start_simulator
 
@@ -79,27 +80,31 @@ def gpu_slow():
 
 def test_time_to_first_token_grows_with_prompt_length(gpu_slow):
     short = [_run(gpu_slow.url, [_body("word " * 20, 2)])[0].first_token for _ in range(3)]
-    long = [_run(gpu_slow.url, [_body("word " * 40_000, 2)])[0].first_token for _ in range(3)]
-    # Prefill of 40k tokens is ~100x that of 20 tokens; ask for 3x.
+    long = [_run(gpu_slow.url, [_body("word " * 120_000, 2)])[0].first_token for _ in range(3)]
+    # Prefill of 120k tokens is ~300x that of 20 tokens (~200 ms of wall time); ask for 3x.
     assert statistics.median(long) > 3 * statistics.median(short)
 
 
 def test_decode_slows_as_more_sequences_decode_together(gpu_slow):
-    alone = _run(gpu_slow.url, [_body("alone", 120)])[0]
+    alone = [_run(gpu_slow.url, [_body(f"alone {i}", 120)])[0] for i in range(3)]
     together = _run(gpu_slow.url, [_body(f"crowd {i}", 120) for i in range(16)])
-    # One step: 6.7 ms alone, 6.7 + 15 x 1.0 ms with 16 decoding; ask for 1.8x.
-    assert statistics.median(t.per_token for t in together) > 1.8 * alone.per_token
-    assert all(t.tokens == 120 for t in [alone, *together])
+    # One step: 6.7 ms alone, 6.7 + 15 x 1.0 ms with 16 decoding; ask for 1.8x. Medians: one
+    # pause of a busy machine's in a run alone does not decide.
+    alone_per_token = statistics.median(t.per_token for t in alone)
+    assert statistics.median(t.per_token for t in together) > 1.8 * alone_per_token
+    assert all(t.tokens == 120 for t in [*alone, *together])
 
 
 def test_a_bigger_model_decodes_slower(gpu_slow):
-    small = _run(gpu_slow.url, [_body("size", 60)])[0]
+    small = [_run(gpu_slow.url, [_body(f"size {i}", 60)])[0].per_token for i in range(3)]
     big = _run(gpu_slow.url, [_body("size", 60, model="llama-3.1-70b-instruct")])[0]
-    assert big.per_token > 4 * small.per_token
+    # 8.75x the cost; ask for 4x of the median, which one pause of a busy machine's cannot move.
+    assert big.per_token > 4 * statistics.median(small)
 
 
 def test_requests_beyond_slots_wait_for_a_free_slot():
-    with start_simulator("gpu", speed=20, extra_args=["--slots", "2"]) as sim:
+    # Slow enough (200 decode steps: ~0.3 s) that starting four requests takes a small part.
+    with start_simulator("gpu", speed=5, extra_args=["--slots", "2"]) as sim:
         traces = _run(sim.url, [_body(f"queue {i}", 200) for i in range(4)])
     ordered = sorted(traces, key=lambda trace: trace.first_token)
     early, late = ordered[:2], ordered[2:]
@@ -142,18 +147,44 @@ def test_speed_divides_every_simulated_duration():
     durations = {}
     for speed in (10, 40):
         with start_simulator("cim", speed=speed) as sim:
-            trace = _run(sim.url, [_body("word " * 2000, 150)])[0]
+            # ~4 s simulated: 0.4 and 0.1 s of wall time, beside the HTTP round trip's few ms.
+            trace = _run(sim.url, [_body("word " * 2000, 1000)])[0]
             durations[speed] = trace.last_token
     assert durations[10] > 2 * durations[40]
 
 
 def test_requests_go_to_the_device_with_the_fewest_in_flight():
-    with start_simulator("cim", speed=10, extra_args=["--devices", "3"]) as sim:
-        # Long enough (~90 ms of wall time) that all six are in flight together.
-        traces = _run(sim.url, [_body(f"spread {i}", 300) for i in range(6)])
-        alone = _run(sim.url, [_body("alone", 5)])[0]
-    assert sorted(trace.device for trace in traces) == ["0", "0", "1", "1", "2", "2"]
-    assert alone.device == "0"
+    with start_simulator("cim", speed=1, extra_args=["--devices", "3"]) as sim:
+
+        async def scenario() -> tuple[list[str], str]:
+            async with httpx.AsyncClient(base_url=sim.url, timeout=30) as client:
+                done = asyncio.Event()
+                devices: list[str] = []
+
+                async def held(body: dict) -> None:
+                    """Send a request and keep it in flight (~10 s of answer) until `done`."""
+                    async with client.stream("POST", "/v1/chat/completions", json=body) as reply:
+                        reply.raise_for_status()
+                        devices.append(reply.headers["x-sim-device"])
+                        await done.wait()
+
+                six = [asyncio.create_task(held(_body(f"spread {i}", 3000))) for i in range(6)]
+                await until(lambda: len(devices) == 6, message=lambda: f"placed: {devices}")
+                # All six were in flight together, each placed as it arrived.
+                assert await _metric(client, "sim_active_requests") == 6
+                done.set()  # their clients go, and the devices drop them
+                await asyncio.gather(*six)
+
+                async def idle() -> bool:
+                    return not await _metric(client, "sim_active_requests")
+
+                await until(idle, message="the devices kept the abandoned requests")
+                alone = await _stream(client, _body("alone", 5))
+            return devices, alone.device
+
+        devices, alone = asyncio.run(scenario())
+    assert sorted(devices) == ["0", "0", "1", "1", "2", "2"]
+    assert alone == "0"
 
 
 async def _metric(client: httpx.AsyncClient, name: str) -> float:
@@ -165,7 +196,7 @@ async def _metric(client: httpx.AsyncClient, name: str) -> float:
     )
 
 
-async def _until_received(client: httpx.AsyncClient, count: int, timeout: float = 10.0) -> None:
+async def _until_received(client: httpx.AsyncClient, count: int, timeout: float = 60.0) -> None:
     """Wait until the devices have received `count` requests (served, running or queued)."""
     deadline = time.monotonic() + timeout
     while True:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 
 import orjson
 import pytest
 import redis
 from replicas import Replica, replica
+from waiting import until, wait_for
 
 from harness.gateways import run_gateway
 from policies import MODEL, fleet_policy
@@ -35,10 +35,7 @@ def test_ejected_backend_returns_after_passing_health_checks(sims, tmp_path: Pat
         }
         assert pools == {"gpu"}
         sims.asic[0].reset_faults()
-        deadline = time.monotonic() + 10
-        while asic.ejected and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not asic.ejected
+        wait_for(lambda: not asic.ejected, message="the backend never came back")
         raw = client.chat.completions.with_raw_response.create(
             model=MODEL, messages=PROMPT, max_tokens=2
         )
@@ -55,11 +52,7 @@ def test_an_ejection_on_one_replica_takes_the_backend_out_on_the_others(
             replica(redis_url, redis_prefix) as b,
         ):
             a.outliers.failure(a.asic)
-            for _ in range(100):
-                if b.asic.ejected:
-                    break
-                await asyncio.sleep(0.01)
-            heard = b.asic.ejected
+            heard = await until(lambda: b.asic.ejected, message="b never heard of the ejection")
             # A replica that joins now learns the ejection in force from Redis.
             async with replica(redis_url, redis_prefix) as c:
                 learned = c.asic.ejected
@@ -80,11 +73,7 @@ def test_ejections_other_replicas_announce_are_forgiven_like_its_own(
         return now[0]
 
     async def heard(r: Replica) -> None:
-        for _ in range(200):
-            if r.asic.ejected:
-                return
-            await asyncio.sleep(0.01)
-        raise AssertionError("the ejection notice never arrived")
+        await until(lambda: r.asic.ejected, message="the ejection notice never arrived")
 
     async def scenario() -> list[float]:
         async with (
@@ -116,18 +105,13 @@ def test_an_ejection_redis_says_lasts_years_is_bounded_like_one_seen_here(
             notice = {"kind": "eject", "from": "elsewhere", "url": a.asic.url, "ms": 3e10}
             client = redis.Redis.from_url(redis_url)
             try:
-                for _ in range(500):  # the replica listens once it has joined
-                    if client.pubsub_numsub(channel)[0][1]:
-                        break
-                    await asyncio.sleep(0.01)
+                await until(  # the replica listens once it has joined
+                    lambda: client.pubsub_numsub(channel)[0][1], message="a never listened"
+                )
                 client.publish(channel, orjson.dumps(notice))
             finally:
                 client.close()
-            for _ in range(500):
-                if a.asic.ejected:
-                    break
-                await asyncio.sleep(0.01)
-            assert a.asic.ejected, "the notice never arrived"
+            await until(lambda: a.asic.ejected, message="the notice never arrived")
             return a.asic.ejected_until - a.outliers.clock()
 
     assert 0 < asyncio.run(scenario()) <= 30.0  # the detector's longest ejection

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import socket
 import ssl
@@ -13,6 +14,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
+from waiting import until
 
 from gateway.upstream import http1
 from gateway.upstream.http1 import Client
@@ -128,7 +130,7 @@ def test_a_chunked_answer_arrives_chunk_by_chunk() -> None:
     async def scenario() -> list[bytes]:
         async with Backend(stream) as backend:
             client = Client()
-            response = await client.request("POST", backend.url, "/v1/chat", {}, b"{}", 2.0)
+            response = await client.request("POST", backend.url, "/v1/chat", {}, b"{}", 30.0)
             chunks = []
             async for chunk in response.chunks():
                 chunks.append(chunk)
@@ -202,43 +204,65 @@ def test_a_new_connection_closed_before_the_answer_fails_without_a_second_try() 
     assert asyncio.run(scenario()) == 1
 
 
+# A byte every GAP_S keeps a read of READ_S alive, with room for a busy machine's pauses; the
+# whole steady stream lasts longer than READ_S, so only the gaps can be what is timed.
+READ_S = 0.6
+GAP_S = 0.05
+BYTES = 20
+
+
 def test_silence_past_the_read_timeout_is_a_timeout_and_a_slow_steady_stream_is_not() -> None:
     async def slow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
         while True:
             _, body = await read_request(reader)
             if body == b"silent":
-                await asyncio.sleep(5)
+                await asyncio.Event().wait()  # never a byte
             writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
-            for _ in range(6):  # 0.6 s in all, never 0.3 s without a byte
-                await asyncio.sleep(0.1)
+            for _ in range(BYTES):
+                await asyncio.sleep(GAP_S)
                 writer.write(b"1\r\n.\r\n")
                 await writer.drain()
             if body == b"stalls":
-                await asyncio.sleep(5)
+                await asyncio.Event().wait()  # never the end
             writer.write(b"0\r\n\r\n")
             await writer.drain()
 
-    async def scenario() -> tuple[float, bytes, float]:
-        async with Backend(slow) as backend:
+    async def scenario() -> tuple[float, str, bytes, float, bytes, str, float]:
+        async with Backend(slow) as backend, asyncio.timeout(60):  # a hang fails, not the CI job
             client = Client()
             started = time.monotonic()
-            with pytest.raises(TimeoutError):
-                await client.request("POST", backend.url, "/", {}, b"silent", read_s=0.3)
+            with pytest.raises(TimeoutError) as silent:
+                await client.request("POST", backend.url, "/", {}, b"silent", read_s=READ_S)
             silent_s = time.monotonic() - started
-            response = await client.request("POST", backend.url, "/", {}, b"steady", read_s=0.3)
-            steady = await response.read()
-            response = await client.request("POST", backend.url, "/", {}, b"stalls", read_s=0.3)
             started = time.monotonic()
-            with pytest.raises(TimeoutError):
-                await response.read()
+            response = await client.request("POST", backend.url, "/", {}, b"steady", read_s=READ_S)
+            steady = await response.read()
+            steady_s = time.monotonic() - started
+            started = time.monotonic()
+            response = await client.request("POST", backend.url, "/", {}, b"stalls", read_s=READ_S)
+            before_stall = b""
+            with pytest.raises(TimeoutError) as stalled:
+                async for chunk in response.chunks():
+                    before_stall += chunk
             stalled_s = time.monotonic() - started
             await client.close()
-            return silent_s, steady, stalled_s
+            return (
+                silent_s,
+                str(silent.value),
+                steady,
+                steady_s,
+                before_stall,
+                str(stalled.value),
+                stalled_s,
+            )
 
-    silent_s, steady, stalled_s = asyncio.run(scenario())
-    assert 0.3 <= silent_s < 1.0
-    assert steady == b"......"
-    assert 0.8 <= stalled_s < 1.6  # the 0.6 s of bytes, then the 0.3 s without
+    silent_s, silent, steady, steady_s, before_stall, stalled, stalled_s = asyncio.run(scenario())
+    cut = f"no byte from the backend in {READ_S:g} s"
+    assert silent == cut and silent_s >= READ_S
+    assert steady == b"." * BYTES and steady_s > READ_S  # outlived the timeout, a byte at a time
+    # Every byte came, then the silence after them was cut: at least the bytes' time and READ_S.
+    assert before_stall == b"." * BYTES and stalled == cut
+    assert stalled_s >= BYTES * GAP_S + READ_S
 
 
 def test_a_malformed_answer_is_a_connection_error_and_the_next_request_gets_a_new_connection() -> (
@@ -332,10 +356,16 @@ def test_a_stream_read_slower_than_it_arrives_stops_being_read_from_the_backend(
     async def scenario() -> tuple[int, int]:
         async with Backend(flood) as backend:
             client = Client()
-            response = await client.request("POST", backend.url, "/", {}, b"", read_s=0.2)
+            response = await client.request("POST", backend.url, "/", {}, b"", read_s=0.5)
             chunks = response.chunks()
             received = len(await anext(chunks))
-            await asyncio.sleep(0.5)  # a slow client, not a silent backend: no timeout
+            await until(  # the client holds what the backend sent, up to where it stops reading
+                lambda: response.buffered > http1.HIGH_WATER,
+                message=lambda: f"only {response.buffered} bytes ever arrived",
+            )
+            # A slow client, not a silent backend: no timeout. A slower machine only makes the
+            # client slower still.
+            await asyncio.sleep(1.0)
             held = response.buffered
             async for chunk in chunks:
                 received += len(chunk)
@@ -387,7 +417,7 @@ def test_an_idle_connection_past_its_keepalive_is_not_reused(
             client = Client()
             for _ in range(2):
                 await post(client, backend.url)
-                await asyncio.sleep(0.1)
+                await asyncio.sleep(0.1)  # idle past the keep-alive: a slower machine idles longer
             await client.close()
             return backend.connections
 
@@ -442,11 +472,14 @@ def test_an_answer_that_ended_while_its_reading_was_paused_leaves_its_connection
     async def scenario() -> tuple[int, bytes, int]:
         async with Backend(big_then_small) as backend:
             client = Client()
-            response = await client.request("POST", backend.url, "/", {}, b"", read_s=1.0)
-            await asyncio.sleep(0.3)  # a slow reader: the rest of the answer arrives meanwhile
+            response = await client.request("POST", backend.url, "/", {}, b"")
+            ended = asyncio.Event()
+            response.on_end(ended.set)
+            # A slow reader: the rest of the answer arrives before it reads any.
+            await asyncio.wait_for(ended.wait(), 60)
             first = len(await response.read())
-            async with asyncio.timeout(3):
-                second = await post(client, backend.url, read_s=1.0)
+            async with asyncio.timeout(60):  # a connection left paused would never answer
+                second = await post(client, backend.url)
             await client.close()
             return first, second, backend.connections
 
@@ -454,6 +487,8 @@ def test_an_answer_that_ended_while_its_reading_was_paused_leaves_its_connection
 
 
 def test_an_answer_no_request_asked_for_never_reaches_the_next_request() -> None:
+    closed = {1: asyncio.Event(), 2: asyncio.Event()}
+
     async def answers_twice(
         reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int
     ) -> None:
@@ -462,6 +497,7 @@ def test_an_answer_no_request_asked_for_never_reaches_the_next_request() -> None
             writer.write(ok(b"one") + ok(b"STALE"))  # two answers to one request
             await writer.drain()
             await reader.read()
+            closed[n].set()
             return
         if n == 2:
             await read_request(reader)
@@ -471,6 +507,7 @@ def test_an_answer_no_request_asked_for_never_reaches_the_next_request() -> None
             writer.write(ok(b"STALE, while idle"))
             await writer.drain()
             await reader.read()
+            closed[n].set()
             return
         await keep_answering(reader, writer, n)
 
@@ -478,10 +515,11 @@ def test_an_answer_no_request_asked_for_never_reaches_the_next_request() -> None
         async with Backend(answers_twice) as backend:
             client = Client()
             bodies = []
-            for body in (b"1", b"2", b"3"):
+            for n, body in enumerate((b"1", b"2", b"3"), start=1):
                 response = await client.request("POST", backend.url, "/", {}, body)
                 bodies.append(await response.read())
-                await asyncio.sleep(0.1)
+                if n in closed:  # the client hangs up on the answer no request asked for
+                    await asyncio.wait_for(closed[n].wait(), 60)
             await client.close()
             return bodies, backend.connections
 
@@ -543,11 +581,13 @@ def test_a_body_cut_short_is_an_error_not_a_short_answer(answer: bytes) -> None:
 
 
 def test_a_body_that_ends_with_its_connection_reset_is_an_error() -> None:
+    headed = asyncio.Event()
+
     async def reset(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
         await read_request(reader)
         writer.write(b"HTTP/1.1 200 OK\r\n\r\npartial")
         await writer.drain()
-        await asyncio.sleep(0.05)
+        await asyncio.wait_for(headed.wait(), 60)  # reset mid-body, once the head has arrived
         sock = writer.get_extra_info("socket")
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
 
@@ -555,6 +595,7 @@ def test_a_body_that_ends_with_its_connection_reset_is_an_error() -> None:
         async with Backend(reset) as backend:
             client = Client()
             response = await client.request("POST", backend.url, "/", {}, b"")
+            headed.set()
             with pytest.raises(ConnectionError, match="reset"):
                 await response.read()
             await client.close()
@@ -584,14 +625,21 @@ def test_an_answer_head_past_its_limit_is_refused_without_waiting_for_its_end() 
 
 
 def test_closing_the_client_fails_requests_in_flight_without_sending_them_again() -> None:
+    second = asyncio.Event()
+    probed = asyncio.Event()
+
     async def slow_second(
         reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int
     ) -> None:
-        await read_request(reader)
+        _, body = await read_request(reader)
+        if body == b"probe":
+            probed.set()
+            return
         writer.write(ok(b"first"))
         await writer.drain()
         await read_request(reader)
-        await asyncio.sleep(5)
+        second.set()
+        await asyncio.Event().wait()  # never answered
 
     async def scenario() -> int:
         async with Backend(slow_second) as backend:
@@ -599,12 +647,18 @@ def test_closing_the_client_fails_requests_in_flight_without_sending_them_again(
             response = await client.request("POST", backend.url, "/", {}, b"")
             await response.read()
             pending = asyncio.ensure_future(client.request("POST", backend.url, "/", {}, b""))
-            await asyncio.sleep(0.05)
+            await asyncio.wait_for(second.wait(), 60)  # the request is with the backend
             await client.close()
             with pytest.raises(ConnectionError):
                 await pending
-            await asyncio.sleep(0.05)
-            return backend.connections
+            # Connections are accepted in the order they were made: once one made now is
+            # served, a resent request's would have been counted too.
+            probe = Client()
+            with contextlib.suppress(ConnectionError):
+                await probe.request("POST", backend.url, "/", {}, b"probe")
+            await asyncio.wait_for(probed.wait(), 60)
+            await probe.close()
+            return backend.connections - 1
 
     assert asyncio.run(scenario()) == 1
 
