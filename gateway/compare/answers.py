@@ -1,13 +1,21 @@
 """Answers: what an OpenAI response said, read from a whole JSON body or a stream's bytes.
 
 An answer is its text (or, for tool calls, the calls written out as text), its tool calls, its
-embedding vectors and its usage: what comparing two answers needs. Reading is lenient: a body
-that is not an OpenAI response reads as an empty answer rather than an error.
+embedding vectors, its usage and, when the request asked for logprobs, the tokens the model chose
+with their logprobs and top alternatives: what comparing two answers needs. Reading is lenient: a
+body that is not an OpenAI response reads as an empty answer rather than an error, and a logprob
+entry without a token string and a finite logprob is skipped.
+
+Logprobs are read from chat responses (`choices[0].logprobs.content[*]`: `token`, `logprob`,
+`top_logprobs[*].token/.logprob`; in a stream each chunk's list follows the last) and from legacy
+completions (`choices[0].logprobs`: `tokens`, `token_logprobs`, `top_logprobs` as one
+token -> logprob object a position).
 """
 
 from __future__ import annotations
 
 import base64
+import math
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -26,6 +34,19 @@ class ToolCall:
     arguments: str
 
 
+@dataclass(frozen=True, slots=True)
+class TokenChoice:
+    """A token the model chose, its logprob and the top alternatives it returned there.
+
+    `top` holds (token, logprob) pairs in the order the response gave them; it is empty when the
+    request asked for no top_logprobs.
+    """
+
+    token: str
+    logprob: float
+    top: tuple[tuple[str, float], ...] = ()
+
+
 @dataclass(slots=True)
 class Answer:
     """What an OpenAI response said, as far as comparing it goes."""
@@ -36,6 +57,7 @@ class Answer:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     finish_reason: str | None = None
+    tokens: tuple[TokenChoice, ...] = ()
 
 
 def _int(value: Any) -> int | None:
@@ -50,6 +72,75 @@ def _vector(value: Any) -> Sequence[float]:
     if isinstance(value, list):
         return [float(v) for v in value]
     return []
+
+
+def _logprob(value: Any) -> float | None:
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _chat_tokens(content: Any) -> list[TokenChoice]:
+    """Read a chat response's `logprobs.content` list."""
+    found: list[TokenChoice] = []
+    if not isinstance(content, list):
+        return found
+    for entry in content:
+        if not isinstance(entry, dict):
+            continue
+        token, logprob = entry.get("token"), _logprob(entry.get("logprob"))
+        if not isinstance(token, str) or logprob is None:
+            continue
+        top: list[tuple[str, float]] = []
+        alternatives = entry.get("top_logprobs")
+        for alternative in alternatives if isinstance(alternatives, list) else ():
+            if not isinstance(alternative, dict):
+                continue
+            other, other_logprob = alternative.get("token"), _logprob(alternative.get("logprob"))
+            if isinstance(other, str) and other_logprob is not None:
+                top.append((other, other_logprob))
+        found.append(TokenChoice(token, logprob, tuple(top)))
+    return found
+
+
+def _completion_tokens(logprobs: dict[str, Any]) -> list[TokenChoice]:
+    """Read a legacy completion's `logprobs`: parallel lists of tokens, logprobs, top maps."""
+    chosen, values, tops = (
+        logprobs.get("tokens"),
+        logprobs.get("token_logprobs"),
+        logprobs.get("top_logprobs"),
+    )
+    found: list[TokenChoice] = []
+    if not isinstance(chosen, list) or not isinstance(values, list):
+        return found
+    if not isinstance(tops, list):
+        tops = []
+    for i, (token, value) in enumerate(zip(chosen, values, strict=False)):
+        logprob = _logprob(value)
+        if not isinstance(token, str) or logprob is None:
+            continue  # e.g. the first prompt token of an echo, which has no logprob
+        alternatives = tops[i] if i < len(tops) else None
+        top: list[tuple[str, float]] = []
+        if isinstance(alternatives, dict):
+            for other, other_value in alternatives.items():
+                other_logprob = _logprob(other_value)
+                if isinstance(other, str) and other_logprob is not None:
+                    top.append((other, other_logprob))
+        found.append(TokenChoice(token, logprob, tuple(top)))
+    return found
+
+
+def _token_choices(logprobs: Any) -> list[TokenChoice]:
+    """Read a choice's `logprobs`, chat or legacy completion; anything else reads as none."""
+    if not isinstance(logprobs, dict):
+        return []
+    if "content" in logprobs:
+        return _chat_tokens(logprobs["content"])
+    return _completion_tokens(logprobs)
 
 
 def read_body(body: bytes) -> Answer:
@@ -75,6 +166,7 @@ def read_body(body: bytes) -> Answer:
         return answer
     choice = choices[0]
     answer.finish_reason = choice.get("finish_reason")
+    answer.tokens = tuple(_token_choices(choice.get("logprobs")))
     message = choice.get("message")
     if isinstance(message, dict):
         calls = []
@@ -99,6 +191,7 @@ def read_stream(data: bytes) -> Answer:
     answer = Answer()
     pieces: list[str] = []
     calls: dict[int, list[str]] = {}
+    chosen: list[TokenChoice] = []
     for event in events(data):
         payload = event.strip()
         if not payload or payload == b"[DONE]":
@@ -119,6 +212,7 @@ def read_stream(data: bytes) -> Answer:
         choice = choices[0]
         if choice.get("finish_reason"):
             answer.finish_reason = choice["finish_reason"]
+        chosen += _token_choices(choice.get("logprobs"))
         delta = choice.get("delta")
         if isinstance(delta, dict):
             if isinstance(delta.get("content"), str):
@@ -134,6 +228,7 @@ def read_stream(data: bytes) -> Answer:
         elif isinstance(choice.get("text"), str):
             pieces.append(choice["text"])
     answer.tool_calls = tuple(ToolCall(n, a) for _, (n, a) in sorted(calls.items()))
+    answer.tokens = tuple(chosen)
     answer.text = _tool_text(answer.tool_calls) if answer.tool_calls else "".join(pieces)
     return answer
 

@@ -4,21 +4,51 @@ Answers are read first (gateway/compare/answers.py). Comparators then measure a 
 answers; each is a function registered by name, so a route's policy picks the measures it
 wants and a new one plugs in with `@comparator("name")`:
 
-| name               | measures                                                        |
-| ------------------ | --------------------------------------------------------------- |
-| `exact`            | `exact_match`: the two texts are identical                      |
-| `normalized`       | `normalized_match`: equal after case, punctuation, whitespace   |
-| `rouge_l`          | `similarity`: ROUGE-L F1 over word tokens (0..1)                |
-| `edit_ratio`       | `similarity`: 1 - token edit distance / longer length (0..1)    |
-| `first_divergence` | `first_divergence`: index of the first word token that differs  |
-| `length_ratio`     | `length_ratio`: candidate tokens / primary tokens               |
-| `structure`        | `json_diff`: paths missing, extra, changed in JSON or tool calls |
-| `embedding_cosine` | `embedding_cosine`: mean cosine similarity of the vectors       |
+| name               | measures                                                          |
+| ------------------ | ----------------------------------------------------------------- |
+| `exact`            | `exact_match`: the two texts are identical                        |
+| `normalized`       | `normalized_match`: equal after case, punctuation, whitespace     |
+| `rouge_l`          | `similarity`: ROUGE-L F1 over word tokens (0..1)                  |
+| `edit_ratio`       | `similarity`: 1 - token edit distance / longer length (0..1)      |
+| `first_divergence` | `first_divergence`: index of the first word token that differs    |
+| `length_ratio`     | `length_ratio`: candidate tokens / primary tokens                 |
+| `structure`        | `json_diff`: paths missing, extra, changed in JSON or tool calls  |
+| `embedding_cosine` | `embedding_cosine`: mean cosine similarity of the vectors         |
+| `near_tie`         | `token_divergence`: index of the first model token that differs;  |
+|                    | `near_tie`: the candidate's token there is one of the primary's   |
+|                    | top alternatives (None: no divergence, or no top alternatives)    |
+| `kl`               | `kl_divergence`: mean KL(primary || candidate) per model token up |
+|                    | to the first that differs, estimated from top-k logprobs (>= 0)   |
 
 Tokens here are words and punctuation marks (`\\w+|[^\\w\\s]`): no model tokenizer is
 needed, and the same split is used for both answers. ROUGE-L and the edit distance use
 bit-parallel algorithms (Allison-Dix/Hyyrö, Myers), so long answers cost microseconds per
 token rather than a quadratic table.
+
+`near_tie` and `kl` read the model's own tokens, which an answer carries when its request asked
+for `logprobs` (and `top_logprobs` for the alternatives); without them on both answers they
+measure nothing. `near_tie` is the check vLLM's tests make between two runs of a model
+(`check_logprobs_close`): where the tokens first differ, a candidate token the primary itself
+ranked among its top alternatives is a near tie broken the other way, not a wrong answer.
+
+`kl` estimates KL divergence as llama.cpp's `llama-perplexity --kl-divergence` does (its `Mean
+KLD`), but from the top-k logprobs the two answers returned instead of full-vocabulary logits.
+It compares each position up to and including the first divergence (after it the two answers
+continue different texts) where both sides returned top alternatives:
+
+- a side knows the probabilities of its top alternatives and of its chosen token (alternatives
+  with the same text are summed);
+- the mass it does not know, 1 - their sum (at least 1e-6), is shared evenly between the
+  tokens only the other side listed and one "rest" bucket for every other token; a share is at
+  most the side's smallest top probability (a token it did not list is no likelier than the
+  last it did) and the rest bucket takes what is left;
+- every bucket is at least 1e-6 and each side is scaled to sum to 1, so the estimate is finite
+  and never negative, and identical distributions give 0;
+- KL(P || Q) = sum of p log(p / q) over the union of the two lists and the rest bucket.
+
+`kl_divergence` is the mean over the positions compared (natural log, nats), None when no
+position has top alternatives on both sides. Sources: vllm-project/vllm `tests/models/utils.py`
+(`check_logprobs_close`), ggml-org/llama.cpp `tools/perplexity/perplexity.cpp` (KLD).
 """
 
 from __future__ import annotations
@@ -32,10 +62,11 @@ from typing import Any
 
 import orjson
 
-from gateway.compare.answers import Answer, ToolCall
+from gateway.compare.answers import Answer, TokenChoice, ToolCall
 
 WORD = re.compile(r"\w+|[^\w\s]")
 MAX_DIFF_PATHS = 50
+EPSILON = 1e-6  # the least probability a KL bucket holds: log(p / q) stays finite
 
 
 @dataclass(slots=True)
@@ -50,6 +81,9 @@ class Diff:
     length_ratio: float | None = None
     json_diff: dict[str, Any] | None = None
     embedding_cosine: float | None = None
+    token_divergence: int | None = None
+    near_tie: bool | None = None
+    kl_divergence: float | None = None
     measures: dict[str, Any] = field(default_factory=dict)
 
 
@@ -64,6 +98,8 @@ DEFAULT_COMPARATORS = (
     "length_ratio",
     "structure",
     "embedding_cosine",
+    "near_tie",
+    "kl",
 )
 _DIFF_FIELDS = frozenset(f.name for f in fields(Diff)) - {"measures"}
 
@@ -339,3 +375,93 @@ def _embedding_cosine(primary: Answer, candidate: Answer) -> Mapping[str, Any]:
     if len(primary.embeddings) != len(candidate.embeddings) or len(valid) != len(scores):
         return {"embedding_cosine": None, "embedding_mismatch": True}
     return {"embedding_cosine": round(math.fsum(valid) / len(valid), 6)}
+
+
+# Logprobs ----------------------------------------------------------------------------------
+
+
+def token_divergence(
+    primary: Sequence[TokenChoice], candidate: Sequence[TokenChoice]
+) -> int | None:
+    """Return the index of the first model token whose text differs, None when none does."""
+    return first_divergence([c.token for c in primary], [c.token for c in candidate])
+
+
+def near_tie(
+    primary: Sequence[TokenChoice], candidate: Sequence[TokenChoice], at: int
+) -> bool | None:
+    """Whether the candidate's token at `at` is among the primary's top alternatives there.
+
+    None when either answer has no token there or the primary returned no alternatives.
+    """
+    if at >= len(primary) or at >= len(candidate) or not primary[at].top:
+        return None
+    chosen = candidate[at].token
+    return any(token == chosen for token, _ in primary[at].top)
+
+
+def _probability(logprob: float) -> float:
+    return math.exp(min(logprob, 0.0))
+
+
+def _known(choice: TokenChoice) -> tuple[dict[str, float], float]:
+    """Return what a position's logprobs say: known probabilities, and the smallest top one."""
+    known: dict[str, float] = {}
+    for token, logprob in choice.top:
+        known[token] = known.get(token, 0.0) + _probability(logprob)
+    known.setdefault(choice.token, _probability(choice.logprob))
+    smallest = min((_probability(logprob) for _, logprob in choice.top), default=1.0)
+    return known, smallest
+
+
+def _buckets(known: Mapping[str, float], smallest: float, support: Sequence[str]) -> list[float]:
+    """Return one side's distribution over support and a final rest bucket (see above)."""
+    missing = sum(1 for token in support if token not in known)
+    unknown = max(1.0 - math.fsum(known.values()), EPSILON)
+    share = min(unknown / (missing + 1), smallest)
+    buckets = [known.get(token, share) for token in support]
+    buckets.append(unknown - share * missing)
+    buckets = [max(b, EPSILON) for b in buckets]
+    total = math.fsum(buckets)
+    return [b / total for b in buckets]
+
+
+def top_k_kl(primary: TokenChoice, candidate: TokenChoice) -> float:
+    """Estimate KL(primary || candidate) at one position from the logprobs both returned."""
+    known_p, smallest_p = _known(primary)
+    known_q, smallest_q = _known(candidate)
+    support = [*known_p, *(token for token in known_q if token not in known_p)]
+    p = _buckets(known_p, smallest_p, support)
+    q = _buckets(known_q, smallest_q, support)
+    return max(0.0, math.fsum(a * math.log(a / b) for a, b in zip(p, q, strict=True)))
+
+
+def mean_top_k_kl(primary: Sequence[TokenChoice], candidate: Sequence[TokenChoice]) -> float | None:
+    """Mean top-k KL over positions up to the first divergence with alternatives on both sides."""
+    end = min(len(primary), len(candidate))
+    at = token_divergence(primary, candidate)
+    if at is not None:
+        end = min(end, at + 1)
+    scores = [
+        top_k_kl(p, q)
+        for p, q in zip(primary[:end], candidate[:end], strict=True)
+        if p.top and q.top
+    ]
+    return math.fsum(scores) / len(scores) if scores else None
+
+
+@comparator("near_tie")
+def _near_tie(primary: Answer, candidate: Answer) -> Mapping[str, Any]:
+    if not primary.tokens or not candidate.tokens:
+        return {}
+    at = token_divergence(primary.tokens, candidate.tokens)
+    tie = None if at is None else near_tie(primary.tokens, candidate.tokens, at)
+    return {"token_divergence": at, "near_tie": tie}
+
+
+@comparator("kl")
+def _kl(primary: Answer, candidate: Answer) -> Mapping[str, Any]:
+    if not primary.tokens or not candidate.tokens:
+        return {}
+    score = mean_top_k_kl(primary.tokens, candidate.tokens)
+    return {"kl_divergence": None if score is None else round(score, 6)}
