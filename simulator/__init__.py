@@ -6,8 +6,9 @@ docs/simulator.md for the model and its figures.
 
     profile      hardware figures as typed data       power     power curve fitted to them
     device       discrete-event engine of one device  fleet     devices driven on the clock
-    clock        scaled simulated clock               answers   deterministic text, deviations
-    tokenizer    the simulator's tokenizer            embeddings  deterministic unit vectors
+    clock        scaled simulated clock               answers   reference text, harmful errors
+    words        vocabulary, synonyms as concepts     precision near ties, noise, logprobs
+    tokenizer    the simulator's tokenizer            embeddings  concept vectors
     schema       OpenAI request validation            responses   OpenAI response bodies, SSE
     faults       injected faults                      metrics   Prometheus exposition
     exchange     raw ASGI request/response            app       the HTTP surface

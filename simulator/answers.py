@@ -1,22 +1,24 @@
 """What a device answers: deterministic text, its length, and where a device departs from it.
 
-The reference answer to a prompt is a pure function of (model, prompt): a stream of prose
-tokens drawn from a generator seeded by their hash, with a heavy-tailed natural length.
-Every reference-precision device therefore says the same thing at temperature 0.
+The reference answer to a prompt is a pure function of (model, prompt): sentences drawn from
+simulator/words.py by a generator seeded by their hash, with a heavy-tailed natural length.
+A device decodes it through its precision (simulator/precision.py):
 
-- Temperature > 0 keeps a geometric-length prefix of the reference answer, then continues
-  from a sampled stream (seeded by the request's `seed` when it gives one).
-- A low-precision device deviates on a fraction of requests (the profile's deviation
-  rate): from a uniformly drawn token on, its text follows a different stream, as a device
-  whose accumulated numeric error flips one argmax would. Structured answers (JSON mode,
-  tool calls) keep their shape; one field's value changes.
+- at temperature 0, its logit noise flips near-tie words to their synonyms (benign flips);
+- at temperature > 0, each content word is sampled from the noisy logits (same length, same
+  sentences: a sampled answer says the same thing in other words, now and then another word);
+- with the profile's `harmful_rate`, one sentence's content words are replaced by other
+  concepts (a wrong fact), or in a structured answer (JSON mode, tool calls) one field's value
+  changes; the answer keeps its shape.
+
+Each answer says which of these it is (`precision`), for the simulator's metrics and for
+benchmarks that score decisions; the gateway never sees it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from random import Random
@@ -24,24 +26,10 @@ from typing import Any
 
 import orjson
 
+from simulator.precision import TokenLogprob, decode, entry
 from simulator.tokenizer import split_tokens
+from simulator.words import CONTENT_WORDS, FUNCTION_WORDS, WORDS, concept, restyle
 
-_VOCABULARY = """
-    the of and to in is that for it as with was on be by this are or from at an which can has
-    have not but its more other one all also new may these some such than used time most then
-    each where two first make data model system value energy power memory device signal result
-    method number large small high low state order point level form change cost rate load token
-    answer reason simple fast slow test case step set use work show find give keep run read
-    write send serve route queue batch cache layer weight vector matrix input output source
-    target path node link graph table field record event clock cycle phase stage block chip card
-    array cell charge noise error range scale limit bound peak mean sum share part whole group
-    class kind type name term word line page book story idea plan goal need want help good great
-    clear early late long short near far open close light heavy warm cold city river market
-    price trade paper study review report policy rule law right left north south water air earth
-    fire stone tree plant animal people person family friend home school office room door road
-    car train
-"""
-WORDS = tuple(_VOCABULARY.split())
 _FREE_FIELDS: dict[str, dict[str, Any]] = {
     "answer": {"type": "string"},
     "summary": {"type": "string"},
@@ -59,8 +47,9 @@ NATURAL_MEDIAN_TOKENS = 100
 NATURAL_SIGMA = 0.8
 NATURAL_MIN_TOKENS = 20
 NATURAL_MAX_TOKENS = 400
-# Chance per token, per unit of temperature, that sampling leaves the greedy path.
-DEPARTURE_PER_TOKEN = 0.1
+FUNCTION_SHARE = 0.4  # of a sentence's words
+# What an answer is, against the reference: the labels of sim_answers_total.
+EXACT, BENIGN, HARMFUL, SAMPLED = "exact", "benign", "harmful", "sampled"
 
 
 def stable_seed(*parts: object) -> int:
@@ -74,7 +63,11 @@ def stable_seed(*parts: object) -> int:
 
 @dataclass(frozen=True)
 class Question:
-    """What a request asks for, as far as the content of the answer is concerned."""
+    """What a request asks for, as far as the content of the answer is concerned.
+
+    `top_logprobs` is None when the request asked for no logprobs, else how many alternatives
+    each token lists.
+    """
 
     model: str
     prompt_key: str
@@ -86,6 +79,7 @@ class Question:
     response_format: Mapping[str, Any] | None = None
     tools: Sequence[Mapping[str, Any]] | None = None
     tool_choice: Any = None
+    top_logprobs: int | None = None
 
 
 @dataclass(frozen=True)
@@ -101,12 +95,15 @@ class Answer:
     """The tokens a device will decode, in order, and how the answer ends.
 
     For a tool call the first piece is empty: it stands for the token that opens the call.
+    `logprobs` has one entry a piece when the request asked for them (never for tool calls).
     """
 
     pieces: tuple[str, ...]
     finish_reason: str
     tool_call: ToolCall | None = None
-    deviated: bool = False
+    precision: str = EXACT
+    flips: int = 0
+    logprobs: tuple[TokenLogprob, ...] | None = None
 
     @property
     def completion_tokens(self) -> int:
@@ -119,38 +116,58 @@ class Answer:
         return "".join(self.pieces)
 
 
-def compose(question: Question, *, deviation_rate: float, rng: Random) -> Answer:
-    """Compose the answer a device gives to `question`.
+def compose(question: Question, *, noise: float, harmful_rate: float, rng: Random) -> Answer:
+    """Compose the answer a device with `noise` and `harmful_rate` gives to `question`.
 
-    `rng` is the device process's generator: it decides whether this answer deviates and
-    seeds sampling when the request gives no seed.
+    `rng` is the device process's generator: it draws the numeric noise, whether this answer
+    has a harmful error, and the sampling when the request gives no seed.
     """
-    deviates = deviation_rate > 0 and rng.random() < deviation_rate
-    divergence = _Divergence(at=rng.random(), seed=rng.getrandbits(64)) if deviates else None
+    harm = Random(rng.getrandbits(64)) if harmful_rate > 0 and rng.random() < harmful_rate else None
     sampler = _sampler(question, rng)
     tool = _chosen_tool(question)
     if tool is not None:
         name = str(tool.get("name", "tool"))
-        arguments = _structured(tool.get("parameters"), question, sampler, divergence)
+        arguments = _structured(tool.get("parameters"), question, sampler, harm)
         pieces, truncated = _cut(["", *split_tokens(arguments)], question.limit)
         return Answer(
             pieces=pieces,
             finish_reason="length" if truncated else "tool_calls",
             tool_call=ToolCall(id=f"call_{rng.getrandbits(96):024x}", name=name),
-            deviated=deviates,
+            precision=_label(question, harm, 0),
         )
     schema = _json_schema(question.response_format)
     if schema is not None:
-        text = _structured(schema, question, sampler, divergence)
+        text = _structured(schema, question, sampler, harm)
         pieces, truncated = _cut(split_tokens(text), question.limit)
-        return Answer(pieces, "length" if truncated else "stop", deviated=deviates)
-    return _prose_answer(question, sampler, divergence)
+        decoded = decode(
+            pieces,
+            _margins(question),
+            structured=True,
+            noise=noise,
+            noise_rng=rng,
+            sampler=None,
+            temperature=question.temperature,
+            top=question.top_logprobs,
+        )
+        return Answer(
+            pieces,
+            "length" if truncated else "stop",
+            precision=_label(question, harm, 0),
+            logprobs=decoded.logprobs,
+        )
+    return _prose_answer(question, noise, rng, sampler, harm)
 
 
-@dataclass(frozen=True)
-class _Divergence:
-    at: float
-    seed: int
+def _label(question: Question, harm: Random | None, flips: int) -> str:
+    if harm is not None:
+        return HARMFUL
+    if question.temperature > 0:
+        return SAMPLED
+    return BENIGN if flips else EXACT
+
+
+def _margins(question: Question) -> Random:
+    return Random(stable_seed("margins", question.model, question.prompt_key))
 
 
 def _sampler(question: Question, rng: Random) -> Random | None:
@@ -162,29 +179,59 @@ def _sampler(question: Question, rng: Random) -> Random | None:
 
 
 def _prose_answer(
-    question: Question, sampler: Random | None, divergence: _Divergence | None
+    question: Question, noise: float, rng: Random, sampler: Random | None, harm: Random | None
 ) -> Answer:
     reference = Random(stable_seed("text", question.model, question.prompt_key))
     natural = _natural_length(reference)
-    if sampler is not None:
-        kept = _departure(sampler, question.temperature)
-        natural = _natural_length(sampler)
     target = math.inf if question.ignore_eos else max(natural, question.min_tokens)
     length = int(min(target, question.limit))
-    pieces = _prose(reference, length, opening=True)
-    if sampler is not None and kept < length:
-        pieces[kept:] = _prose(sampler, length - kept, opening=kept == 0)
-    if divergence is not None:
-        at = int(divergence.at * length)
-        tail = _prose(Random(divergence.seed), length - at, opening=at == 0)
-        if tail[0] == pieces[at]:
-            tail[0] = _other_word(tail[0])
-        pieces[at:] = tail
+    decoded = decode(
+        _prose(reference, length, opening=True),
+        _margins(question),
+        structured=False,
+        noise=noise,
+        noise_rng=rng,
+        sampler=sampler,
+        temperature=question.temperature,
+        top=question.top_logprobs,
+    )
+    pieces, logprobs = list(decoded.pieces), decoded.logprobs
+    if harm is not None:
+        changed = _wrong_fact(pieces, harm)
+        if logprobs is not None:
+            entries = list(logprobs)
+            for index in changed:
+                top = question.top_logprobs or 0
+                entries[index] = entry(pieces[index], harm.getrandbits(32), top)
+            logprobs = tuple(entries)
     return Answer(
         pieces=tuple(pieces),
         finish_reason="length" if target > question.limit else "stop",
-        deviated=divergence is not None,
+        precision=_label(question, harm, decoded.flips),
+        flips=decoded.flips,
+        logprobs=logprobs,
     )
+
+
+def _wrong_fact(pieces: list[str], harm: Random) -> list[int]:
+    """Replace the content words of one sentence with other concepts; return where."""
+    sentences: list[list[int]] = [[]]
+    for index, piece in enumerate(pieces):
+        if concept(piece.strip()) is not None:
+            sentences[-1].append(index)
+        if piece == ".":
+            sentences.append([])
+    sentences = [words for words in sentences if words]
+    if not sentences:
+        return []
+    chosen = sentences[int(harm.random() * len(sentences))]
+    for index in chosen:
+        old = concept(pieces[index].strip())
+        word = CONTENT_WORDS[int(harm.random() * len(CONTENT_WORDS))]
+        while concept(word) == old:
+            word = CONTENT_WORDS[int(harm.random() * len(CONTENT_WORDS))]
+        pieces[index] = restyle(pieces[index], word)
+    return chosen
 
 
 def _natural_length(rng: Random) -> int:
@@ -192,20 +239,13 @@ def _natural_length(rng: Random) -> int:
     return max(NATURAL_MIN_TOKENS, min(NATURAL_MAX_TOKENS, length))
 
 
-def _departure(sampler: Random, temperature: float) -> int:
-    chance = min(1.0, DEPARTURE_PER_TOKEN * temperature)
-    if chance >= 1.0:
-        return 0
-    # log1p keeps a tiny chance (temperature 1e-50) from rounding to log(1) = 0.
-    return int(min(math.log(1.0 - sampler.random()) / math.log1p(-chance), sys.maxsize))
-
-
 def _prose(rng: Random, count: int, *, opening: bool) -> list[str]:
     """Draw `count` tokens of sentences; `opening` means no space before the first word."""
     pieces: list[str] = []
     left = 0
     while len(pieces) < count:
-        word = WORDS[int(rng.random() * len(WORDS))]
+        words = FUNCTION_WORDS if rng.random() < FUNCTION_SHARE else CONTENT_WORDS
+        word = words[int(rng.random() * len(words))]
         if left == 0:
             left = 5 + int(rng.random() * 12)
             word = word.capitalize()
@@ -217,13 +257,6 @@ def _prose(rng: Random, count: int, *, opening: bool) -> list[str]:
             pieces.append(",")
     del pieces[count:]
     return pieces
-
-
-def _other_word(piece: str) -> str:
-    word = piece.strip().lower()
-    index = WORDS.index(word) if word in WORDS else 0
-    replacement = WORDS[(index + 1) % len(WORDS)]
-    return piece.replace(piece.strip(), replacement) if piece.strip() else replacement
 
 
 def _cut(pieces: list[str], limit: int) -> tuple[tuple[str, ...], bool]:
@@ -262,20 +295,19 @@ def _structured(
     schema: Any,
     question: Question,
     sampler: Random | None,
-    divergence: _Divergence | None,
+    harm: Random | None,
 ) -> str:
-    """Return a JSON object (as text) that fits `schema`; a deviating device alters one field."""
+    """Return a JSON object (as text) that fits `schema`; a harmful error alters one field."""
     rng = sampler or Random(stable_seed("json", question.model, question.prompt_key))
     if isinstance(schema, Mapping) and schema.get("properties"):
         value = _value(schema, rng, depth=0)
     else:
         value = _free_object(rng)
-    if divergence is not None and isinstance(value, dict) and value:
-        drift = Random(divergence.seed)
-        key = sorted(value)[int(drift.random() * len(value))]
+    if harm is not None and isinstance(value, dict) and value:
+        key = sorted(value)[int(harm.random() * len(value))]
         properties = schema.get("properties") if isinstance(schema, Mapping) else None
         field_schema = (properties or _FREE_FIELDS).get(key)
-        value[key] = _different_value(value[key], field_schema, drift)
+        value[key] = _different_value(value[key], field_schema, harm)
     return orjson.dumps(value).decode()
 
 

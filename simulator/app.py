@@ -69,7 +69,7 @@ class SimulatorApp:
         self.fleet = fleet
         self.metrics = SimulatorMetrics(profile, fleet, instance=instance)
         self.faults = Faults()
-        # Separate streams, so injecting faults does not change which answers deviate.
+        # Separate streams, so injecting faults does not change the answers.
         self.rng = Random(seed)
         self.fault_rng = Random(seed + 1)
         self.embedding_rng = Random(seed + 2)
@@ -190,8 +190,12 @@ class SimulatorApp:
 
     async def _generate(self, exchange: Exchange, request: GenerationRequest) -> None:
         """Answer a chat or text completion: decode it on a device, then reply or stream."""
+        precision = self.profile.precision
         answer = compose(
-            request.question, deviation_rate=self.profile.precision.deviation_rate, rng=self.rng
+            request.question,
+            noise=precision.logit_noise,
+            harmful_rate=precision.harmful_rate,
+            rng=self.rng,
         )
         drop_after = self.faults.drop_after_tokens
         job = Job(request.model, request.prompt_tokens, answer.completion_tokens)
@@ -202,7 +206,7 @@ class SimulatorApp:
             elif await run.finished():
                 run.stop_watching()
                 build = chat_completion if request.endpoint == "chat" else text_completion
-                self._count(request.prompt_tokens, answer.completion_tokens, answer.deviated)
+                self._count(request.prompt_tokens, answer)
                 body = build(request.model.name, answer, request.prompt_tokens)
                 await exchange.respond_json(200, body, run.headers)
         finally:
@@ -238,7 +242,7 @@ class SimulatorApp:
                 break
             await run.progressed()
         if job.state is JobState.DONE:
-            self._count(request.prompt_tokens, answer.completion_tokens, answer.deviated)
+            self._count(request.prompt_tokens, answer)
             await exchange.end_stream(encoder.closing(request.prompt_tokens))
 
     async def _embeddings(self, exchange: Exchange) -> None:
@@ -254,7 +258,7 @@ class SimulatorApp:
                 embed(request.model.name, text, dimensions, noise=noise, rng=self.embedding_rng)
                 for text in request.inputs
             ]
-            self._count(request.prompt_tokens, 0, deviated=noise > 0)
+            self.metrics.prompt_tokens += request.prompt_tokens
             body = embedding_list(
                 request.model.name,
                 vectors,
@@ -265,10 +269,11 @@ class SimulatorApp:
         finally:
             run.close()
 
-    def _count(self, prompt_tokens: int, completion_tokens: int, deviated: bool) -> None:
+    def _count(self, prompt_tokens: int, answer: Answer) -> None:
         self.metrics.prompt_tokens += prompt_tokens
-        self.metrics.completion_tokens += completion_tokens
-        self.metrics.deviations += int(deviated)
+        self.metrics.completion_tokens += answer.completion_tokens
+        self.metrics.answers[answer.precision] += 1
+        self.metrics.flipped_tokens += answer.flips
 
 
 class _Run:

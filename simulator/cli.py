@@ -25,7 +25,8 @@ FIGURE_FLAGS = {
     "idle_w": "power.idle_w",
     "batch1_w": "power.batch1_w",
     "max_w": "power.max_w",
-    "deviation_rate": "precision.deviation_rate",
+    "logit_noise": "precision.logit_noise",
+    "harmful_rate": "precision.harmful_rate",
     "embedding_noise": "precision.embedding_noise",
 }
 
@@ -47,7 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--speed", type=float, default=1.0, help="divide every simulated duration by this"
     )
-    parser.add_argument("--seed", type=int, default=0, help="seed of deviations and sampling")
+    parser.add_argument(
+        "--seed", type=int, default=0, help="seed of numeric noise, errors and sampling"
+    )
     parser.add_argument("--log-level", default="warning")
     parser.add_argument(
         "--api-key",
@@ -67,7 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
         "idle-w",
         "batch1-w",
         "max-w",
-        "deviation-rate",
+        "logit-noise",
+        "harmful-rate",
         "embedding-noise",
     ):
         figures.add_argument(f"--{name}", type=float)

@@ -1,12 +1,25 @@
-"""Embedding vectors: a deterministic unit vector per (model, input), noisy on analog parts."""
+"""Embedding vectors: the sum of a text's concepts, so texts that mean the same embed alike.
+
+Each concept (a pair of synonyms in simulator/words.py, or any other word of four letters or more
+that is not a function word) has a fixed random direction per model; a text's vector is the unit
+sum of its concepts' directions. Rewording with synonyms leaves the vector as it was, a changed
+fact moves it, as a sentence-embedding model does. Analog parts add noise to every component.
+"""
 
 from __future__ import annotations
 
 import math
+import re
 from functools import lru_cache
 from random import Random
 
+import numpy as np
+
 from simulator.answers import stable_seed
+from simulator.words import FUNCTION_WORDS, concept
+
+_WORD = re.compile(r"\w+")
+_SKIPPED = frozenset(FUNCTION_WORDS)
 
 
 def embed(model: str, text: str, dimensions: int, *, noise: float, rng: Random) -> list[float]:
@@ -17,17 +30,32 @@ def embed(model: str, text: str, dimensions: int, *, noise: float, rng: Random) 
     """
     reference = _reference(model, text, dimensions)
     if noise <= 0:
-        return list(reference)
+        return reference.tolist()
     spread = noise / math.sqrt(dimensions)
-    return _unit([value + rng.gauss(0.0, spread) for value in reference])
+    error = np.random.default_rng(rng.getrandbits(64)).standard_normal(dimensions)
+    noisy = reference + spread * error
+    return (noisy / np.linalg.norm(noisy)).tolist()
 
 
 @lru_cache(maxsize=4096)
-def _reference(model: str, text: str, dimensions: int) -> tuple[float, ...]:
-    draw = Random(stable_seed("embedding", model, text))
-    return tuple(_unit([draw.gauss(0.0, 1.0) for _ in range(dimensions)]))
+def _reference(model: str, text: str, dimensions: int) -> np.ndarray:
+    keys = [_key(word) for word in _WORD.findall(text.lower()) if word not in _SKIPPED]
+    total = np.zeros(dimensions)
+    for key in keys or [text]:
+        total += _direction(model, key, dimensions)
+    norm = np.linalg.norm(total)
+    return total / norm if norm > 0 else _direction(model, text, dimensions)
 
 
-def _unit(vector: list[float]) -> list[float]:
-    norm = math.sqrt(math.fsum(value * value for value in vector))
-    return [value / norm for value in vector]
+def _key(word: str) -> str:
+    found = concept(word)
+    return word if found is None else f"concept:{found}"
+
+
+@lru_cache(maxsize=65536)
+def _direction(model: str, key: str, dimensions: int) -> np.ndarray:
+    draw = np.random.default_rng(stable_seed("embedding", model, key))
+    vector = draw.standard_normal(dimensions)
+    vector /= np.linalg.norm(vector)
+    vector.flags.writeable = False
+    return vector

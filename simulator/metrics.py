@@ -33,7 +33,8 @@ class SimulatorMetrics:
         self.unauthorized: Counter[str] = Counter()
         self.prompt_tokens = 0
         self.completion_tokens = 0
-        self.deviations = 0
+        self.answers: Counter[str] = Counter()  # by precision: exact, benign, harmful, sampled
+        self.flipped_tokens = 0
         self.inflight = 0
         self.peak_inflight = 0
 
@@ -107,11 +108,24 @@ class SimulatorMetrics:
                 "Completion tokens of answered requests.",
                 self.completion_tokens,
             ),
-            ("sim_deviations_total", "Answers that departed from the reference.", self.deviations),
+            (
+                "sim_flipped_tokens_total",
+                "Tokens of temperature-0 answers that numeric noise flipped to a near tie.",
+                self.flipped_tokens,
+            ),
         )
         for name, help_text, value in totals:
             _family(lines, name, "counter", help_text)
             lines.append(f"{name} {value}")
+        _family(
+            lines,
+            "sim_answers_total",
+            "counter",
+            "Answers by how they stand to the reference: exact, benign (near-tie flips only),"
+            " harmful (a wrong fact or field) or sampled. Never visible to the gateway's answers.",
+        )
+        for precision, count in sorted(self.answers.items()):
+            lines.append(f'sim_answers_total{{precision="{precision}"}} {count}')
         _family(lines, "sim_clock_seconds", "gauge", "Simulated seconds since start.")
         lines.append(f"sim_clock_seconds {self.fleet.clock.now():.6f}")
         _family(lines, "sim_clock_speed", "gauge", "Simulated seconds per wall-clock second.")

@@ -67,9 +67,15 @@ class PowerFigures(_Figures):
 
 
 class Precision(_Figures):
-    """How often and how much the device's answers differ from the reference GPU's."""
+    """How the device's numerics move its answers from the noiseless reference.
 
-    deviation_rate: float = Field(ge=0, le=1)
+    `logit_noise` is the standard deviation, in logits, that its arithmetic adds where two
+    tokens compete (simulator/precision.py); `harmful_rate` the share of answers with a wrong
+    fact or field; `embedding_noise` the error of each embedding component, relative to its size.
+    """
+
+    logit_noise: float = Field(ge=0)
+    harmful_rate: float = Field(default=0.0, ge=0, le=1)
     embedding_noise: float = Field(default=0.0, ge=0)
 
 

@@ -12,6 +12,7 @@ from typing import Any
 import orjson
 
 from simulator.answers import Answer
+from simulator.precision import TokenLogprob
 from simulator.profile import ModelSpec
 
 DONE = b"data: [DONE]\n\n"
@@ -52,7 +53,7 @@ def chat_completion(model: str, answer: Answer, prompt_tokens: int) -> dict[str,
             {
                 "index": 0,
                 "message": message,
-                "logprobs": None,
+                "logprobs": chat_logprobs(answer.logprobs),
                 "finish_reason": answer.finish_reason,
             }
         ],
@@ -71,11 +72,46 @@ def text_completion(model: str, answer: Answer, prompt_tokens: int) -> dict[str,
             {
                 "index": 0,
                 "text": answer.text,
-                "logprobs": None,
+                "logprobs": text_logprobs(answer.logprobs),
                 "finish_reason": answer.finish_reason,
             }
         ],
         "usage": usage(prompt_tokens, answer.completion_tokens),
+    }
+
+
+def chat_logprobs(entries: Sequence[TokenLogprob] | None) -> dict[str, Any] | None:
+    """Return a chat choice's `logprobs` object (None when they were not asked for)."""
+    if entries is None:
+        return None
+    return {"content": [_chat_entry(entry) for entry in entries], "refusal": None}
+
+
+def _chat_entry(entry: TokenLogprob) -> dict[str, Any]:
+    return {
+        "token": entry.token,
+        "logprob": entry.logprob,
+        "bytes": list(entry.token.encode()),
+        "top_logprobs": [
+            {"token": token, "logprob": logprob, "bytes": list(token.encode())}
+            for token, logprob in entry.top
+        ],
+    }
+
+
+def text_logprobs(entries: Sequence[TokenLogprob] | None, offset: int = 0) -> dict[str, Any] | None:
+    """Return a legacy completion's `logprobs` object, text offsets counted from `offset`."""
+    if entries is None:
+        return None
+    offsets = []
+    for entry in entries:
+        offsets.append(offset)
+        offset += len(entry.token)
+    return {
+        "tokens": [entry.token for entry in entries],
+        "token_logprobs": [entry.logprob for entry in entries],
+        "top_logprobs": [dict(entry.top) for entry in entries],
+        "text_offset": offsets,
     }
 
 
@@ -155,6 +191,9 @@ class ChunkEncoder:
         if start == 0 and stop > 0:
             out.append(self._opening())
             start = 1
+        if self.answer.logprobs is not None:
+            out.extend(self._with_logprobs(index) for index in range(start, stop))
+            return b"".join(out)
         prefix, suffix = self._prefix, self._suffix
         for index in range(start, stop):
             out.append(prefix + orjson.dumps(pieces[index]) + suffix)
@@ -197,9 +236,28 @@ class ChunkEncoder:
             }
         else:
             choice = {"index": 0, "delta": {"role": "assistant", "content": first}}
-        choice["logprobs"] = None
+        choice["logprobs"] = self._logprobs(0)
         choice["finish_reason"] = None
         return self._event({"choices": [choice]})
+
+    def _with_logprobs(self, index: int) -> bytes:
+        piece = self.answer.pieces[index]
+        if self.chat:
+            choice: dict[str, Any] = {"index": 0, "delta": {"content": piece}}
+        else:
+            choice = {"index": 0, "text": piece}
+        choice["logprobs"] = self._logprobs(index)
+        choice["finish_reason"] = None
+        return self._event({"choices": [choice]})
+
+    def _logprobs(self, index: int) -> dict[str, Any] | None:
+        entries = self.answer.logprobs
+        if entries is None:
+            return None
+        if self.chat:
+            return chat_logprobs(entries[index : index + 1])
+        offset = sum(len(piece) for piece in self.answer.pieces[:index])
+        return text_logprobs(entries[index : index + 1], offset)
 
     def _event(self, fields: dict[str, Any], *, with_null_usage: bool = True) -> bytes:
         payload = {**self.envelope, **fields}

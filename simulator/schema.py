@@ -24,6 +24,7 @@ TOKENS_PER_MESSAGE = 3
 TOKENS_PER_REPLY = 3
 # OpenAI's default for the legacy completions endpoint.
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+MAX_TOP_LOGPROBS = 20  # OpenAI's bound on top_logprobs
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 
 
@@ -81,6 +82,7 @@ def parse_chat(body: Any, profile: Profile) -> GenerationRequest:
             response_format=response_format,
             tools=tools,
             tool_choice=tool_choice,
+            top_logprobs=_chat_logprobs(body),
         ),
         stream=_stream(body),
         include_usage=_include_usage(body),
@@ -110,7 +112,7 @@ def parse_completion(body: Any, profile: Profile) -> GenerationRequest:
         endpoint="completions",
         model=model,
         prompt_tokens=prompt_tokens,
-        question=_question(body, model, prompt_key, limit),
+        question=_question(body, model, prompt_key, limit, top_logprobs=_completion_logprobs(body)),
         stream=_stream(body),
         include_usage=_include_usage(body),
     )
@@ -270,6 +272,36 @@ def _question(
         seed=seed,
         **structure,
     )
+
+
+def _chat_logprobs(body: Mapping[str, Any]) -> int | None:
+    """Return how many alternatives each token lists, or None when no logprobs are asked."""
+    wanted = body.get("logprobs")
+    if wanted is not None and not isinstance(wanted, bool):
+        raise InvalidRequest(f"'logprobs' must be a boolean, not {wanted!r}", param="logprobs")
+    top = body.get("top_logprobs")
+    if top is not None:
+        if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MAX_TOP_LOGPROBS:
+            raise InvalidRequest(
+                f"'top_logprobs' must be an integer from 0 to {MAX_TOP_LOGPROBS}, not {top!r}",
+                param="top_logprobs",
+            )
+        if not wanted:
+            raise InvalidRequest(
+                "'top_logprobs' needs 'logprobs' set to true", param="top_logprobs"
+            )
+    return (top or 0) if wanted else None
+
+
+def _completion_logprobs(body: Mapping[str, Any]) -> int | None:
+    wanted = body.get("logprobs")
+    if wanted is None:
+        return None
+    if isinstance(wanted, bool) or not isinstance(wanted, int) or not 0 <= wanted <= 5:
+        raise InvalidRequest(
+            f"'logprobs' must be an integer from 0 to 5, not {wanted!r}", param="logprobs"
+        )
+    return wanted
 
 
 def _stream(body: Mapping[str, Any]) -> bool:

@@ -1,12 +1,14 @@
-"""Answers: deterministic at temperature 0, sampled above it, deviating at the profile's rate."""
+"""Answers: the reference at temperature 0 without noise, flipped at near ties by noise, sampled
+above temperature 0, and now and then wrong at the profile's harmful rate."""
 
 import json
 from random import Random
 
 import pytest
 
-from simulator.answers import Question, compose
+from simulator.answers import BENIGN, EXACT, HARMFUL, SAMPLED, Question, compose
 from simulator.tokenizer import count_tokens
+from simulator.words import concept, synonym
 
 MODEL = "llama-3.1-8b-instruct"
 WEATHER_TOOL = {
@@ -33,8 +35,12 @@ def _greedy(prompt: str, **fields) -> Question:
     )
 
 
-def _answer(question: Question, *, rate: float = 0.0, seed: int = 0):
-    return compose(question, deviation_rate=rate, rng=Random(seed))
+def _answer(question: Question, *, noise: float = 0.0, harmful: float = 0.0, seed: int = 0):
+    return compose(question, noise=noise, harmful_rate=harmful, rng=Random(seed))
+
+
+def _concepts(pieces) -> list:
+    return [concept(piece.strip()) or piece.strip() for piece in pieces]
 
 
 def test_temperature_zero_gives_the_same_text_whatever_the_process_seed():
@@ -79,36 +85,125 @@ def test_sampling_is_reproducible_with_a_request_seed():
 
 def test_a_vanishing_temperature_samples_the_reference_text_instead_of_failing():
     tiny = Question(model=MODEL, prompt_key="hi", limit=1000, temperature=1.86e-54, seed=3)
-    sampled, greedy = _answer(tiny).pieces, _answer(_greedy("hi")).pieces
-    common = min(len(sampled), len(greedy))
-    assert common > 0 and sampled[:common] == greedy[:common]
+    # As good as greedy decoding of the same noisy logits.
+    assert _answer(tiny, noise=0.3).text == _answer(_greedy("hi"), noise=0.3).text
 
 
 def test_sampling_without_a_seed_varies_between_requests():
     sampled = Question(model=MODEL, prompt_key="hi", limit=200, temperature=1.0)
     rng = Random(0)
-    texts = {compose(sampled, deviation_rate=0, rng=rng).text for _ in range(5)}
+    texts = {compose(sampled, noise=0.0, harmful_rate=0.0, rng=rng).text for _ in range(5)}
     assert len(texts) == 5
 
 
-def test_deviations_happen_at_the_given_rate():
+def test_a_sampled_answer_says_the_same_thing_in_other_words():
+    sampled = Question(model=MODEL, prompt_key="story", limit=1000, temperature=0.7, seed=1)
+    answer, reference = _answer(sampled), _answer(_greedy("story"))
+    assert answer.precision == SAMPLED and answer.text != reference.text
+    same = sum(
+        a == b for a, b in zip(_concepts(answer.pieces), _concepts(reference.pieces), strict=True)
+    )
+    assert same / len(reference.pieces) > 0.9
+
+
+def test_noise_flips_near_ties_at_about_a_fifth_of_its_level_per_content_word():
     rng = Random(3)
-    deviated = [
-        compose(_greedy(f"p{i}", limit=32), deviation_rate=0.15, rng=rng).deviated
-        for i in range(2000)
-    ]
-    assert sum(deviated) / len(deviated) == pytest.approx(0.15, abs=0.03)
+    flips = content = 0
+    for i in range(400):
+        answer = compose(_greedy(f"p{i}"), noise=0.1, harmful_rate=0.0, rng=rng)
+        flips += answer.flips
+        content += sum(concept(piece.strip()) is not None for piece in answer.pieces)
+    assert 0.012 < flips / content < 0.028
 
 
-def test_a_deviating_answer_keeps_its_length_and_differs_from_some_token_on():
+def test_a_flip_puts_the_synonym_in_place_and_keeps_the_rest():
+    rng = Random(0)
+    flipped = 0
+    for i in range(100):
+        reference = _answer(_greedy(f"p{i}"))
+        noisy = compose(_greedy(f"p{i}"), noise=0.3, harmful_rate=0.0, rng=rng)
+        changed = [(a, b) for a, b in zip(reference.pieces, noisy.pieces, strict=True) if a != b]
+        assert len(changed) == noisy.flips
+        assert all(synonym(a.strip()).lower() == b.strip().lower() for a, b in changed)
+        assert noisy.precision == (BENIGN if changed else EXACT)
+        flipped += bool(changed)
+    assert 50 < flipped < 100
+
+
+def test_agreement_falls_with_answer_length():
+    def exact_share(length: int) -> float:
+        rng = Random(5)
+        answers = [
+            compose(
+                _greedy(f"q{i}", limit=length, ignore_eos=True), noise=0.03, harmful_rate=0, rng=rng
+            )
+            for i in range(400)
+        ]
+        return sum(answer.precision == EXACT for answer in answers) / len(answers)
+
+    short, long = exact_share(20), exact_share(400)
+    assert short > 0.9 > long + 0.2
+
+
+def test_a_harmful_error_changes_the_concepts_of_one_sentence():
     rng = Random(0)
     for i in range(50):
-        reference = _answer(_greedy(f"p{i}", limit=64))
-        deviating = compose(_greedy(f"p{i}", limit=64), deviation_rate=1.0, rng=rng)
-        assert deviating.completion_tokens == reference.completion_tokens
-        pairs = zip(reference.pieces, deviating.pieces, strict=True)
-        split = next(k for k, (a, b) in enumerate(pairs) if a != b)
-        assert reference.pieces[:split] == deviating.pieces[:split]
+        reference = _answer(_greedy(f"p{i}"))
+        wrong = compose(_greedy(f"p{i}"), noise=0.0, harmful_rate=1.0, rng=rng)
+        assert wrong.precision == HARMFUL
+        assert wrong.completion_tokens == reference.completion_tokens
+        differ = [
+            k
+            for k, (a, b) in enumerate(
+                zip(_concepts(reference.pieces), _concepts(wrong.pieces), strict=True)
+            )
+            if a != b
+        ]
+        assert differ
+        assert "." not in reference.pieces[differ[0] : differ[-1]]  # one sentence
+
+
+def test_harmful_errors_happen_at_the_given_rate():
+    rng = Random(3)
+    answers = [
+        compose(_greedy(f"p{i}", limit=32), noise=0.0, harmful_rate=0.05, rng=rng)
+        for i in range(2000)
+    ]
+    share = sum(answer.precision == HARMFUL for answer in answers) / len(answers)
+    assert share == pytest.approx(0.05, abs=0.015)
+
+
+def test_logprobs_match_the_text_and_do_not_depend_on_how_many_alternatives_are_asked():
+    few = _answer(_greedy("hi", top_logprobs=2), noise=0.3, seed=4)
+    many = _answer(_greedy("hi", top_logprobs=20), noise=0.3, seed=4)
+    assert few.text == many.text
+    assert [entry.token for entry in few.logprobs] == list(few.pieces)
+    for a, b in zip(few.logprobs, many.logprobs, strict=True):
+        assert a.logprob == b.logprob <= 0
+        assert len(a.top) == 2 and len(b.top) == 20 and a.top == b.top[:2]
+        assert a.top[0] == (a.token, a.logprob)  # greedy: the emitted token ranks first
+        values = [value for _, value in b.top]
+        assert values == sorted(values, reverse=True)
+
+
+def test_a_flipped_token_is_a_near_tie_in_the_references_logprobs():
+    flips = 0
+    for i in range(20):
+        reference = _answer(_greedy(f"near {i}", top_logprobs=5))
+        noisy = _answer(_greedy(f"near {i}", top_logprobs=5), noise=0.5, seed=i)
+        pairs = zip(reference.pieces, noisy.pieces, strict=True)
+        for at in (k for k, (a, b) in enumerate(pairs) if a != b):
+            assert noisy.pieces[at] == reference.logprobs[at].top[1][0]
+            assert noisy.logprobs[at].top[0][0] == noisy.pieces[at]
+            flips += 1
+    assert flips > 10
+
+
+def test_no_logprobs_unless_asked_and_none_for_tool_calls():
+    assert _answer(_greedy("hi")).logprobs is None
+    assert _answer(_greedy("w", tools=[WEATHER_TOOL], top_logprobs=3)).logprobs is None
+    json_answer = _answer(_greedy("j", response_format={"type": "json_object"}, top_logprobs=1))
+    assert [entry.token for entry in json_answer.logprobs] == list(json_answer.pieces)
 
 
 def test_json_mode_returns_a_json_object():
@@ -140,13 +235,18 @@ def test_tool_choice_none_answers_in_prose():
     assert answer.tool_call is None
 
 
-def test_a_deviating_tool_call_changes_a_value_but_not_the_fields():
+def test_a_harmful_tool_call_changes_a_value_but_not_the_fields():
     rng = Random(0)
     changed = 0
     for i in range(30):
         question = _greedy(f"weather {i}", tools=[WEATHER_TOOL])
-        reference = json.loads(_answer(question).text)
-        deviating = json.loads(compose(question, deviation_rate=1.0, rng=rng).text)
-        assert set(deviating) == set(reference)
-        changed += deviating != reference
+        reference = json.loads(_answer(question, noise=0.3).text)
+        wrong = json.loads(compose(question, noise=0.3, harmful_rate=1.0, rng=rng).text)
+        assert set(wrong) == set(reference)
+        changed += wrong != reference
     assert changed == 30
+
+
+def test_noise_never_flips_a_structured_answer():
+    question = _greedy("j", response_format={"type": "json_object"})
+    assert _answer(question, noise=2.0).text == _answer(question).text

@@ -29,3 +29,14 @@ def test_noise_moves_the_vector_slightly_and_keeps_it_unit_length():
     assert noisy != clean
     assert 0.99 < _dot(clean, noisy) < 1.0
     assert math.isclose(_dot(noisy, noisy), 1.0, rel_tol=1e-9)
+
+
+def test_a_rewording_with_synonyms_embeds_alike_and_a_changed_fact_does_not():
+    def vector(text):
+        return embed("bge-large-en-v1.5", text, 1024, noise=0.0, rng=Random(0))
+
+    said = vector("The big market is near the river, and the price is low.")
+    reworded = vector("The large bazaar is close to the stream; the fare is low.")
+    wrong = vector("The big market is far from the river, and the price is high.")
+    assert _dot(said, reworded) > 0.999
+    assert 0.3 < _dot(said, wrong) < 0.9

@@ -1,10 +1,10 @@
-"""Precision: every GPU says the same thing; ASIC rarely and CIM often departs from it."""
+"""Precision over HTTP: near-tie flips by each device's noise, harmful errors counted apart,
+logprobs that match the text."""
 
 import asyncio
 import json
 
 import httpx
-import pytest
 
 from harness.simulators import start_simulator
 
@@ -43,36 +43,96 @@ def _content(response: httpx.Response) -> str:
     return response.json()["choices"][0]["message"]["content"]
 
 
-def test_temperature_zero_text_is_the_same_on_every_gpu_process_and_device(gpu):
+def test_a_noiseless_device_gives_the_same_text_on_every_process_and_device():
     bodies = [_body(f"question {i}") for i in range(24)]
-    reference = _sequential(gpu.url, bodies)
-    with start_simulator("gpu", speed=1000, seed=99, extra_args=["--devices", "3"]) as other:
+    quiet = ["--logit-noise", "0"]
+    with start_simulator("gpu", speed=1000, seed=1, extra_args=quiet) as one:
+        reference = _sequential(one.url, bodies)
+    with start_simulator(
+        "gpu", speed=1000, seed=99, extra_args=[*quiet, "--devices", "3"]
+    ) as other:
         assert _concurrent(other.url, bodies) == reference
 
 
-def test_cim_answers_diverge_at_close_to_its_deviation_rate(gpu, cim):
-    bodies = [_body(f"analog {i}") for i in range(400)]
-    reference = _sequential(gpu.url, bodies)
-    answers = _sequential(cim.url, bodies)  # in order, so the process seed fixes the draws
-    rate = sum(a != b for a, b in zip(answers, reference, strict=True)) / len(bodies)
-    assert rate == pytest.approx(0.15, abs=0.06)
+def test_devices_depart_from_the_reference_in_order_of_their_noise(gpu, asic, cim):
+    bodies = [_body(f"analog {i}", max_tokens=100) for i in range(150)]
+    with start_simulator("gpu", speed=1000, extra_args=["--logit-noise", "0"]) as noiseless:
+        reference = _sequential(noiseless.url, bodies)
+    departed = {}
+    for device in (gpu, asic, cim):
+        answers = _sequential(device.url, bodies)
+        departed[device] = sum(a != b for a, b in zip(answers, reference, strict=True))
+    # bf16 nondeterminism is small but not nothing; int8 and analog parts flip far more often.
+    assert 0 < departed[gpu] < 30 < departed[asic] < departed[cim]
 
 
-def test_asic_answers_rarely_differ_from_the_gpu(gpu, asic):
-    bodies = [_body(f"digital {i}") for i in range(150)]
-    reference = _sequential(gpu.url, bodies)
-    answers = _sequential(asic.url, bodies)
-    assert sum(a != b for a, b in zip(answers, reference, strict=True)) <= 6
+def test_the_simulator_counts_each_answer_by_how_it_stands_to_the_reference():
+    bodies = [_body(f"count {i}", max_tokens=60) for i in range(40)]
+    bodies += [_body(f"sampled {i}", temperature=0.7) for i in range(5)]
+    with start_simulator("cim", speed=1000, extra_args=["--harmful-rate", "0.5"]) as sim:
+        _sequential(sim.url, bodies)
+        text = httpx.get(f"{sim.url}/metrics").text
+    counts = {
+        line.split('"')[1]: float(line.split()[-1])
+        for line in text.splitlines()
+        if line.startswith("sim_answers_total{")
+    }
+    assert sum(counts.values()) == 45
+    assert counts["harmful"] > 5 and counts["benign"] > 5 and counts.get("sampled", 0) <= 5
+    flipped = next(
+        line for line in text.splitlines() if line.startswith("sim_flipped_tokens_total")
+    )
+    assert float(flipped.split()[-1]) >= counts["benign"]
 
 
-def test_a_diverging_answer_departs_from_some_token_on(gpu, cim):
-    bodies = [_body(f"prefix {i}", max_tokens=40) for i in range(200)]
-    reference = _sequential(gpu.url, bodies)
-    answers = _sequential(cim.url, bodies)
-    diverged = [(a, b) for a, b in zip(answers, reference, strict=True) if a != b]
-    assert diverged
-    # Divergence starts anywhere: some answers share a long common start with the reference.
-    assert any(a[:20] == b[:20] for a, b in diverged)
+def test_chat_logprobs_match_the_text_whole_and_streamed(asic):
+    body = _body("logprobs please", logprobs=True, top_logprobs=3, max_tokens=30)
+    with httpx.Client(base_url=asic.url, timeout=30) as client:
+        whole = client.post("/v1/chat/completions", json=body).json()["choices"][0]
+        with client.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as reply:
+            chunks = [
+                json.loads(line[6:]) for line in reply.iter_lines() if line.startswith("data: {")
+            ]
+    content = whole["logprobs"]["content"]
+    assert "".join(entry["token"] for entry in content) == whole["message"]["content"]
+    assert all(len(entry["top_logprobs"]) == 3 for entry in content)
+    assert all(entry["bytes"] == list(entry["token"].encode()) for entry in content)
+    streamed = [
+        entry
+        for chunk in chunks
+        for choice in chunk["choices"]
+        for entry in (choice.get("logprobs") or {}).get("content") or []
+    ]
+    assert [entry["token"] for entry in streamed] == [
+        piece["delta"].get("content")
+        for chunk in chunks
+        for piece in chunk["choices"]
+        if piece["delta"].get("content") is not None
+    ]
+    assert all(entry["logprob"] <= 0 for entry in streamed)
+
+
+def test_legacy_completion_logprobs_and_bad_logprob_fields(gpu):
+    with httpx.Client(base_url=gpu.url, timeout=30) as client:
+        reply = client.post(
+            "/v1/completions",
+            json={
+                "model": CHAT,
+                "prompt": "once",
+                "max_tokens": 8,
+                "temperature": 0,
+                "logprobs": 2,
+            },
+        ).json()["choices"][0]
+        assert "".join(reply["logprobs"]["tokens"]) == reply["text"]
+        assert all(len(top) == 2 for top in reply["logprobs"]["top_logprobs"])
+        assert reply["logprobs"]["text_offset"][0] == 0
+        refused = client.post("/v1/chat/completions", json=_body("x", top_logprobs=2))
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "top_logprobs"
+        too_many = client.post(
+            "/v1/chat/completions", json=_body("x", logprobs=True, top_logprobs=21)
+        )
+        assert too_many.status_code == 400
 
 
 def test_sampled_text_is_reproducible_with_a_seed_and_varies_without(gpu):
@@ -82,13 +142,13 @@ def test_sampled_text_is_reproducible_with_a_seed_and_varies_without(gpu):
     assert len(set(_sequential(gpu.url, [unseeded] * 3))) == 3
 
 
-def test_cim_json_answers_stay_valid_but_some_fields_differ(gpu, cim):
+def test_cim_json_answers_stay_valid_but_some_fields_are_wrong(gpu, cim):
     bodies = [_body(f"json {i}", response_format={"type": "json_object"}) for i in range(200)]
     bodies = [{**body, "max_tokens": 200} for body in bodies]
     reference = [json.loads(text) for text in _sequential(gpu.url, bodies)]
     answers = [json.loads(text) for text in _sequential(cim.url, bodies)]
     differing = [(a, b) for a, b in zip(answers, reference, strict=True) if a != b]
-    assert 0 < len(differing) < 100
+    assert 0 < len(differing) < 30  # harmful errors only: a schema leaves no near ties
     assert all(a.keys() == b.keys() for a, b in differing)
 
 

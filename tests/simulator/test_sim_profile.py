@@ -34,8 +34,9 @@ def test_gpu_has_the_most_slots_and_context_and_cim_the_fewest():
     assert gpu.slots > asic.slots > cim.slots
     assert gpu.max_context > asic.max_context > cim.max_context
     assert gpu.power.max_w > asic.power.max_w > cim.power.max_w
-    assert gpu.precision.deviation_rate < asic.precision.deviation_rate
-    assert asic.precision.deviation_rate < cim.precision.deviation_rate
+    assert 0 < gpu.precision.logit_noise < asic.precision.logit_noise < cim.precision.logit_noise
+    assert gpu.precision.harmful_rate == asic.precision.harmful_rate == 0
+    assert cim.precision.harmful_rate > 0
 
 
 def test_the_70b_model_costs_about_eight_times_the_8b():

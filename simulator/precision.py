@@ -1,0 +1,181 @@
+"""Precision: how a device's numerics move its answer away from the reference, token by token.
+
+The reference answer (simulator/answers.py) is what a noiseless model decodes greedily. At every
+position of it the reference model also has a runner-up, and a margin between the two logits:
+
+- a content word's runner-up is its synonym (simulator/words.py), at a margin drawn from an
+  exponential distribution (mean `MEAN_MARGIN` logits), so a few positions are near ties;
+- function words, punctuation and every token of a structured answer (JSON, tool calls) are
+  `FIRM`: the model is sure of them, as schema-constrained decoding is.
+
+A device adds Gaussian noise of its `logit_noise` (in logits) to the runner-up's logit, as
+accumulated rounding in bf16, int8 or analog arithmetic does. Where the noise exceeds the margin
+the argmax flips: a benign flip, the synonym in place of the word, the rest unchanged. Per content
+token the chance is about 0.2 x logit_noise, so answers of the same device disagree more often
+the longer they are. Sampling (temperature > 0) draws each content token from the noisy logits
+over the word, its synonym and a few other words, scaled by the temperature.
+
+Harmful errors (a changed fact or field) are not near ties; simulator/answers.py makes them.
+Figures are the simulator's own assumptions, documented in docs/simulator.md.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from random import Random
+
+from simulator.words import WORDS, restyle, synonym
+
+MEAN_MARGIN = 2.0
+FIRM = 12.0
+# Other words sit this far below the runner-up, one logit apart; the rest of the vocabulary is
+# lumped into one logit of its own (what a top-k list leaves out).
+OTHER_GAP = 4.0
+OTHERS = 4  # words beyond the top two that sampling may pick
+REST = -10.0
+_STRIDE = 7919  # prime: alternatives of one position are spread over the vocabulary
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """A decoded token's log probability and the most likely tokens at its position."""
+
+    token: str
+    logprob: float
+    top: tuple[tuple[str, float], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Decoded:
+    """A device's tokens, how many of them flipped from the reference, and their logprobs."""
+
+    pieces: tuple[str, ...]
+    flips: int
+    logprobs: tuple[TokenLogprob, ...] | None
+
+
+def decode(
+    reference: Sequence[str],
+    margins: Random,
+    *,
+    structured: bool,
+    noise: float,
+    noise_rng: Random,
+    sampler: Random | None,
+    temperature: float,
+    top: int | None,
+) -> Decoded:
+    """Decode `reference` on a device.
+
+    `margins` is the reference model's stream for this prompt (the same on every device);
+    `noise_rng` the device's own; `sampler` draws sampled tokens; `top` is how many
+    alternatives each token's logprobs list (None: logprobs were not asked for).
+    """
+    pieces: list[str] = []
+    logprobs: list[TokenLogprob] | None = None if top is None else []
+    flips = 0
+    for piece in reference:
+        margin = margins.expovariate(1.0 / MEAN_MARGIN)
+        alt = margins.getrandbits(32)
+        word = piece.strip()
+        runner = None if structured or not word else synonym(word)
+        if runner is None:
+            pieces.append(piece)
+            if logprobs is not None:
+                logprobs.append(_entry(piece, None, FIRM, alt, piece, 0.0, top or 0))
+            continue
+        runner_up = restyle(piece, runner)
+        gap = margin - (noise_rng.gauss(0.0, noise) if noise > 0 else 0.0)
+        if sampler is not None:
+            chosen, logit = _sample(piece, runner_up, gap, alt, sampler, temperature)
+        elif gap < 0:
+            chosen, logit = runner_up, -gap
+            flips += 1
+        else:
+            chosen, logit = piece, 0.0
+        pieces.append(chosen)
+        if logprobs is not None:
+            logprobs.append(_entry(piece, runner_up, gap, alt, chosen, logit, top or 0))
+    return Decoded(tuple(pieces), flips, None if logprobs is None else tuple(logprobs))
+
+
+def entry(piece: str, alt: int, top: int) -> TokenLogprob:
+    """Return the logprobs of a token the device is sure of (a harmful error's)."""
+    word = piece.strip()
+    runner = synonym(word) if word else None
+    runner_up = restyle(piece, runner) if runner else None
+    return _entry(piece, runner_up, MEAN_MARGIN if runner_up else FIRM, alt, piece, 0.0, top)
+
+
+def _others(piece: str, runner_up: str | None, alt: int, count: int) -> list[str]:
+    """The position's next most likely words after the top two, most likely first."""
+    taken = {piece.strip().lower(), (runner_up or "").strip().lower()}
+    found: list[str] = []
+    j = 0
+    while len(found) < count:
+        word = WORDS[(alt + j * _STRIDE) % len(WORDS)]
+        j += 1
+        if word not in taken:
+            taken.add(word)
+            found.append(restyle(piece, word) if piece.strip() else word)
+    return found
+
+
+def _other_logit(gap: float, rank: int) -> float:
+    """The logit of the rank-th other word (from 1), the reference's token being at 0."""
+    return -(max(gap, 0.0) + OTHER_GAP + rank)
+
+
+def _sample(
+    piece: str, runner_up: str, gap: float, alt: int, sampler: Random, temperature: float
+) -> tuple[str, float]:
+    """Draw a token from the noisy logits at `temperature`; return it with its logit."""
+    candidates = [(piece, 0.0), (runner_up, -gap)]
+    candidates += [
+        (word, _other_logit(gap, rank))
+        for rank, word in enumerate(_others(piece, runner_up, alt, OTHERS), start=1)
+    ]
+    best = max(0.0, -gap)  # noise may put the runner-up first
+    weights = [math.exp((logit - best) / temperature) for _, logit in candidates]
+    draw = sampler.random() * sum(weights)
+    for candidate, weight in zip(candidates, weights, strict=True):
+        draw -= weight
+        if draw < 0:
+            return candidate
+    return candidates[0]
+
+
+def _entry(
+    piece: str,
+    runner_up: str | None,
+    gap: float,
+    alt: int,
+    chosen: str,
+    logit: float,
+    top: int,
+) -> TokenLogprob:
+    """Logprobs at one position: the same whatever `top` is, as a real server's are."""
+    ranked = [(piece, 0.0)]
+    if runner_up is not None:
+        ranked.append((runner_up, -gap))
+    total = math.log(
+        sum(math.exp(value) for _, value in ranked)
+        + math.exp(_other_logit(gap, 0)) * _OTHERS_WEIGHT
+        + _REST_WEIGHT
+    )
+    if top > len(ranked):
+        others = _others(piece, runner_up, alt, top - len(ranked))
+        ranked += [(word, _other_logit(gap, rank)) for rank, word in enumerate(others, start=1)]
+    if len(ranked) > 1 and ranked[1][1] > 0:
+        ranked[0], ranked[1] = ranked[1], ranked[0]  # the noise put the runner-up first
+    return TokenLogprob(
+        chosen, logit - total, tuple((token, value - total) for token, value in ranked[:top])
+    )
+
+
+# Words beyond the top two are listed up to OpenAI's 20 alternatives; their weight in the
+# normalisation is fixed, so a token's logprob does not depend on how many were asked for.
+_OTHERS_WEIGHT = sum(math.exp(-rank) for rank in range(1, 20))
+_REST_WEIGHT = math.exp(REST)
