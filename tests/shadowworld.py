@@ -27,13 +27,17 @@ def shadow_policy(
     rate: float = 1.0,
     budget: dict | None = None,
     compare: dict | None = None,
-    noise: float | None = None,
+    noise: float | None = 0.0,
     noise_budget: dict | None = None,
     timeout_s: float = 5,
     pools: Sequence[str] = ("gpu",),
     target: str = "cim",
 ) -> Policy:
-    """One 8B route served by `pools`, copying `rate` of its requests to `target`."""
+    """One 8B route served by `pools`, copying `rate` of its requests to `target`.
+
+    `noise` is its noise floor's share, off by default so that a test counts only the copies
+    it asks for; None names no noise floor, so the route gets the default one.
+    """
     route: dict = {
         "name": "chat",
         "match": {"models": [MODEL]},

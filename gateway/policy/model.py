@@ -205,13 +205,24 @@ class ShadowTarget(Strict):
     budget: ShadowBudget = ShadowBudget()
 
 
+# The share of a shadowed route's samples that also get a noise (A/A) copy when its policy
+# names no noise floor.
+DEFAULT_NOISE_SHARE = 0.25
+
+
 class NoiseFloor(Strict):
-    """A same-pool (A/A) sample: how much two backends of the primary's own pool disagree."""
+    """A same-pool (A/A) sample: how much two answers of the primary's own pool disagree.
+
+    The copy goes to another backend of the pool that served the primary; when no other one can
+    take it (a single-backend pool, the others ejected or full), the backend that answered is
+    asked again, which measures its own nondeterminism.
+    """
 
     share: float = Field(
         ge=0,
         le=1,
-        description="Share of the route's shadow samples also sent to a second primary backend.",
+        description="Share of the route's shadow samples also sent to the primary's own pool "
+        "(another backend, else the same one again); 0 turns the noise floor off.",
     )
     compare: Comparison = Comparison()
     budget: ShadowBudget = ShadowBudget(max_concurrent=2, max_slot_share=0.1)
@@ -246,8 +257,8 @@ class Canary(Strict):
 class Route(Strict):
     """A rule: the requests it matches, the pools allowed in preference order, and the fallback.
 
-    `shadow` lists the candidate pools that get a sampled copy; `noise_floor` measures the
-    primary pool against itself so the candidates' diffs can be judged against it.
+    `shadow` lists the candidate pools that get a sampled copy; the noise floor (`noise`)
+    measures the primary pool against itself so the candidates' diffs can be judged against it.
     """
 
     name: str = Field(min_length=1)
@@ -260,11 +271,30 @@ class Route(Strict):
         "learned cost model picks, among pools predicted to meet the SLO.",
     )
     shadow: list[ShadowTarget] = []
-    noise_floor: NoiseFloor | None = None
+    noise_floor: NoiseFloor | None = Field(
+        default=None,
+        description="The A/A sample. A route with shadow targets has one even when this is not "
+        f"given: share {DEFAULT_NOISE_SHARE}, the default budget, compared as its first target; "
+        "share 0 turns it off.",
+    )
     canary: Canary | None = Field(
         default=None,
         description="A candidate being rolled out: it serves this share of the route first.",
     )
+
+    @property
+    def noise(self) -> NoiseFloor | None:
+        """Return the noise floor the route samples, or None when it has none.
+
+        A route that shadows something has one unless its policy turns it off (`share: 0`):
+        the policy's `noise_floor`, or else DEFAULT_NOISE_SHARE of its samples, measured with
+        its first target's comparison settings so the floor measures what the candidates do.
+        """
+        if self.noise_floor is not None:
+            return self.noise_floor if self.noise_floor.share > 0 else None
+        if not self.shadow:
+            return None
+        return NoiseFloor(share=DEFAULT_NOISE_SHARE, compare=self.shadow[0].compare)
 
 
 class Promotion(Strict):

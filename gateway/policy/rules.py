@@ -1,9 +1,9 @@
 """The policy's cross-reference rules: what every field may be alone, checked against the rest.
 
 A route must name pools, SLO classes and tenants that the policy defines, a shadow target must
-serve the route's models with comparators that exist, a noise floor needs a second backend to
-compare with. Each rule gives the field path it concerns and a sentence that names the bad
-value and what was expected; the loader places them in the file.
+serve the route's models with comparators that exist, a noise floor a policy gives needs shadow
+samples to be a share of. Each rule gives the field path it concerns and a sentence that names
+the bad value and what was expected; the loader places them in the file.
 """
 
 from __future__ import annotations
@@ -233,25 +233,21 @@ def _shadow_errors(
                 )
             )
         errors.extend(_comparison_errors(at, target.compare))
+    # A route without one gets the default floor (Route.noise), measured as its first target.
+    # A pool with a single backend needs no second one: that backend is asked again.
     noise = route.noise_floor
     if noise is None:
         return errors
     at = (*where, "noise_floor")
+    errors.extend(_comparison_errors(at, noise.compare))
+    if noise.share == 0:
+        return errors  # turned off: nothing is sampled, nothing to relate to the targets
     if not route.shadow:
         errors.append(
             (
                 at,
                 f"route {route.name!r} keeps a noise floor but shadows no pool; the noise floor "
                 "is a share of its shadow samples",
-            )
-        )
-    serving = [*route.pools, *([route.fallback] if route.fallback else [])]
-    if not any(len(policy.pools[p].backends) > 1 for p in serving if p in policy.pools):
-        errors.append(
-            (
-                at,
-                f"route {route.name!r} keeps a noise floor, but none of its pools "
-                f"({', '.join(serving)}) has a second backend to compare against",
             )
         )
     method = _similarity_of(noise.compare)
@@ -265,5 +261,4 @@ def _shadow_errors(
                     "one method so candidates are judged against a comparable floor",
                 )
             )
-    errors.extend(_comparison_errors(at, noise.compare))
     return errors

@@ -297,13 +297,16 @@ class Mirror:
         pool = self._fleet().pools.get(candidate)
         if pool is None:
             return "no_slot"
-        if plan.kind == NOISE and len(pool.backends) < 2:
-            return "no_second_backend"
         allowed = int(plan.budget.max_slot_share * sum(b.slots for b in pool.backends))
         if self._pool_in_flight[candidate] >= self._share(allowed):
             return "no_slot"
         exclude = frozenset({job.primary_backend}) if plan.kind == NOISE else frozenset()
         backend = pool.most_free(exclude, job.kv_bytes)
+        if backend is None and exclude:
+            # No other backend can take the noise copy (the pool has one, or the others are
+            # ejected or full): the one that answered is asked again, measuring its own
+            # nondeterminism.
+            backend = pool.most_free(frozenset(), job.kv_bytes)
         return "no_slot" if backend is None else (backend, allowed)
 
     async def _mirror(self, job: ShadowJob, plan: ShadowPlan) -> None:

@@ -3,8 +3,10 @@
 Each shadow target of the request's route is considered on its own: the target's filters must
 admit the request, its pool must serve the model with enough context, and a hash of the
 decision id and the pool must fall below its `sample_rate`, so a request's fate is
-reproducible in every process and independent per target. A noise (A/A) copy, to a second
-backend of the primary's own pool, is added to `noise_floor.share` of the sampled requests.
+reproducible in every process and independent per target. A noise (A/A) copy, to the
+primary's own pool (another backend, else the same one again), is added to the share of the
+sampled requests that the route's noise floor (`Route.noise`) gives: every route with shadow
+targets has one unless its policy turns it off.
 """
 
 from __future__ import annotations
@@ -58,7 +60,8 @@ def sample(
     """Decide which copies a routed request gets; `key` (the decision id) makes it reproducible.
 
     A target is considered only when its filters admit the request and its pool serves the
-    model with enough context. A noise (A/A) copy is added to `share` of the sampled requests.
+    model with enough context. A noise (A/A) copy is added to the noise floor's `share` of the
+    sampled requests.
     """
     need = tokens_needed(profile, policy)
     plans = []
@@ -73,7 +76,7 @@ def sample(
             continue
         if target.sample_rate > 0 and draw(key, target.pool) < target.sample_rate:
             plans.append(ShadowPlan(CANDIDATE, target.pool, target.budget, target.compare))
-    noise = route.noise_floor
-    if plans and noise is not None and draw(key, NOISE) < noise.share:
+    noise = route.noise if plans else None
+    if noise is not None and draw(key, NOISE) < noise.share:
         plans.append(ShadowPlan(NOISE, None, noise.budget, noise.compare))
     return tuple(plans)

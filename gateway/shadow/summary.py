@@ -54,6 +54,7 @@ def _accuracy(candidates: Sequence[Mapping[str, Any]], noise: Sequence[Mapping[s
         "mean_similarity": mean(ok, "similarity"),
         "noise_samples": len(noise),
         "noise_exact_match_rate": share(noise_ok, "exact_match"),
+        "noise_normalized_match_rate": share(noise_ok, "normalized_match"),
         "noise_mean_similarity": mean(noise_ok, "similarity"),
     }
 
@@ -65,7 +66,8 @@ def summarize_rows(
 
     Noise (A/A) records belong to a route, not a candidate: each candidate of the route is
     shown beside the same noise floor. Temperature-0 and sampled traffic are split out under
-    `greedy` and `sampled`, since only greedy answers are expected to match exactly.
+    `greedy` and `sampled`, candidates and noise floor alike, since only greedy answers are
+    expected to match exactly: a sampled candidate is judged against the sampled floor.
     """
     candidates: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
     noise: dict[str, list[Mapping[str, Any]]] = {}

@@ -205,6 +205,8 @@ def test_the_key_reaches_every_call_to_a_backend_that_requires_it(
                 "budget": {"max_concurrent": 8, "max_slot_share": 1.0},
             }
         ],
+        # Every request's A/A copy too: the ASIC, the pool's only backend, is asked again.
+        "noise_floor": {"share": 1.0, "budget": {"max_concurrent": 8, "max_slot_share": 1.0}},
     }
     embed = {"name": "embed", "match": {"models": [EMBED]}, "pools": ["gpu"]}
     policy = keyed(
@@ -229,7 +231,7 @@ def test_the_key_reaches_every_call_to_a_backend_that_requires_it(
             assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
             client.embeddings.create(model=EMBED, input="hi")
         records = gw.records(5)
-        copies = shadow_rows(gw, 4)
+        copies = shadow_rows(gw, 8)
         # Health probes and power scrapes go on meanwhile: wait for a round of each from now.
         background = BackgroundRounds(gw.gateway)
         wait_for(
@@ -242,8 +244,12 @@ def test_the_key_reaches_every_call_to_a_backend_that_requires_it(
         metrics = httpx.get(gw.url + "/metrics").text
     assert all(r["status"] == 200 and r["attempts"] == 1 for r in records), records
     assert not any(r["energy_estimated"] for r in records), "power scrapes were refused"
-    # Each copy was answered by the shadow pool, which answers only its own key.
-    assert [(c["candidate_status"], c["candidate_error"]) for c in copies] == [(200, None)] * 4
+    # Each copy was answered by the shadow pool or the ASIC again, each taking only its own key.
+    assert (
+        sorted((c["kind"], c["candidate_backend"]) for c in copies)
+        == [("candidate", "cim-0")] * 4 + [("noise", "asic-0")] * 4
+    )
+    assert [(c["candidate_status"], c["candidate_error"]) for c in copies] == [(200, None)] * 8
     assert metric_value(metrics, "gateway_backend_ejections_total") == 0
     for sim in keyed_sims.all():
         assert metric_value(sim.metrics(), "sim_unauthorized_requests_total") == 0, sim.url

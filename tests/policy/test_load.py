@@ -7,6 +7,7 @@ import yaml
 
 from gateway.errors import PolicyError
 from gateway.policy.load import load_policy, parse_policy
+from gateway.policy.model import DEFAULT_NOISE_SHARE, NoiseFloor
 
 DEFAULT = Path(__file__).resolve().parents[2] / "policies" / "default.yaml"
 
@@ -173,15 +174,39 @@ def test_a_shadow_target_must_serve_the_routes_model() -> None:
         parse_policy(yaml.safe_dump(doc))
 
 
-def test_a_noise_floor_needs_shadow_samples_and_a_second_backend() -> None:
+def test_a_noise_floor_needs_shadow_samples_unless_it_is_off() -> None:
     doc = default_doc()
     doc["routes"][2]["noise_floor"] = {"share": 0.5}  # chat-70b shadows nothing
-    doc["pools"]["gpu"]["backends"] = doc["pools"]["gpu"]["backends"][:1]
-    with pytest.raises(PolicyError) as info:
+    with pytest.raises(PolicyError, match="route 'chat-70b' keeps a noise floor but shadows no"):
         parse_policy(yaml.safe_dump(doc))
-    message = str(info.value)
-    assert "route 'chat-70b' keeps a noise floor but shadows no pool" in message
-    assert "none of its pools (gpu) has a second backend" in message
+    doc["routes"][2]["noise_floor"] = {"share": 0}
+    assert parse_policy(yaml.safe_dump(doc)).routes[2].noise is None
+
+
+def test_every_shadowed_route_has_a_noise_floor_measured_as_its_first_target() -> None:
+    doc = default_doc()
+    short = doc["routes"][0]  # chat-8b-short names no noise floor
+    assert "noise_floor" not in short
+    short["shadow"][0]["compare"] = {"comparators": ["exact", "edit_ratio"], "store_text": True}
+    routes = {r.name: r for r in parse_policy(yaml.safe_dump(doc)).routes}
+    noise = routes["chat-8b-short"].noise
+    assert noise is not None and noise.share == DEFAULT_NOISE_SHARE == 0.25
+    assert noise.compare == routes["chat-8b-short"].shadow[0].compare
+    assert noise.budget == NoiseFloor(share=0.25).budget
+    # A floor the policy gives is the one sampled; a route that shadows nothing has none.
+    assert routes["chat-8b"].noise == routes["chat-8b"].noise_floor
+    assert routes["chat-70b"].noise is None
+    short["noise_floor"] = {"share": 0}
+    assert parse_policy(yaml.safe_dump(doc)).routes[0].noise is None
+
+
+def test_a_single_backend_pool_keeps_a_noise_floor_by_asking_its_backend_again() -> None:
+    doc = default_doc()
+    doc["pools"]["gpu"]["backends"] = doc["pools"]["gpu"]["backends"][:1]
+    # chat-8b-short: the single ASIC, falling back to the single GPU.
+    doc["routes"][0]["noise_floor"] = {"share": 0.5}
+    policy = parse_policy(yaml.safe_dump(doc))
+    assert [r.noise.share for r in policy.routes[:2] if r.noise is not None] == [0.5, 0.25]
 
 
 def test_noise_floor_and_targets_must_measure_similarity_the_same_way() -> None:

@@ -23,11 +23,12 @@ from gateway.db.engine import make_engine, upgrade
 from gateway.exchange import Exchange
 from gateway.fleet.state import Fleet
 from gateway.metrics import GatewayMetrics
+from gateway.policy.model import DEFAULT_NOISE_SHARE, NoiseFloor
 from gateway.routing.classify import RequestProfile
 from gateway.routing.router import RouteDecision
 from gateway.shadow.mirror import Mirror
 from gateway.shadow.records import ShadowWriter
-from gateway.shadow.sample import ShadowPlan, sample, stable_fraction
+from gateway.shadow.sample import NOISE, ShadowPlan, sample, stable_fraction
 from harness.gateways import run_gateway
 from harness.metrics import metric_value, parse_metrics
 from harness.simulators import start_simulator
@@ -119,6 +120,40 @@ def test_noise_copies_are_a_share_of_the_sampled_requests() -> None:
     assert abs(len(noise) - 500) < 4 * math.sqrt(2000 * 0.25 * 0.75)
 
 
+def test_a_shadowed_route_without_a_noise_floor_gets_the_default_one() -> None:
+    policy = shadow_policy(["http://g:1"], ["http://a:2"], ["http://c:3"], noise=None)
+    route = policy.routes[0]
+    assert route.noise_floor is None
+
+    def kinds(noise_draw: float) -> list[str]:
+        def draw(key: str, salt: str) -> float:
+            return noise_draw if salt == NOISE else 0.0
+
+        return [plan.kind for plan in sample(profile(), route, policy, "k", draw)]
+
+    assert kinds(DEFAULT_NOISE_SHARE - 1e-9) == ["candidate", "noise"]
+    assert kinds(DEFAULT_NOISE_SHARE) == ["candidate"]
+    # The floor measures what the candidate is measured by, within its own (default) budget.
+    noise = next(
+        p for p in sample(profile(), route, policy, "k", lambda k, s: 0.0) if p.pool is None
+    )
+    assert noise.compare == route.shadow[0].compare
+    assert noise.budget == NoiseFloor(share=1).budget
+    # The hash draws it for a quarter of the sampled requests, the same ones every time.
+    drawn = {
+        k for k in keys(2000) if any(p.kind == NOISE for p in sample(profile(), route, policy, k))
+    }
+    assert drawn == {k for k in keys(2000) if stable_fraction(k, NOISE) < DEFAULT_NOISE_SHARE}
+    assert abs(len(drawn) - 500) < 4 * math.sqrt(2000 * 0.25 * 0.75)
+
+
+def test_a_noise_floor_of_share_0_is_off() -> None:
+    policy = shadow_policy(["http://g:1"], ["http://a:2"], ["http://c:3"], noise=0.0)
+    route = policy.routes[0]
+    plans = sample(profile(), route, policy, "k", lambda key, salt: 0.0)
+    assert route.noise is None and [p.kind for p in plans] == ["candidate"]
+
+
 # Budgets without a network ----------------------------------------------------------------
 
 
@@ -204,8 +239,8 @@ def test_drops_are_written_as_counts_per_minute(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def deviant_cim() -> Iterator:
-    """A CIM part whose every answer departs from the reference at some token."""
-    with start_simulator("cim", seed=11, extra_args=["--deviation-rate", "1"]) as sim:
+    """A CIM part that gets a fact wrong in every answer: each departs from the reference."""
+    with start_simulator("cim", seed=11, extra_args=["--harmful-rate", "1"]) as sim:
         yield sim
 
 
@@ -427,19 +462,55 @@ def test_failing_candidate_gets_each_copy_once_marked_and_unchanged(sims, tmp_pa
     assert not ejected  # a candidate's failures never touch the live fleet's health
 
 
-def test_noise_needs_a_second_backend_of_the_primary_pool(sims, tmp_path: Path) -> None:
+def test_a_single_backend_pool_is_asked_again_for_its_noise_floor(sims, tmp_path: Path) -> None:
+    (asic,) = sims.asic
     policy = shadow_policy(
-        sims.urls("gpu"), sims.urls("asic"), sims.urls("cim"), pools=("asic", "gpu"), noise=1.0
+        sims.urls("gpu"), sims.urls("asic"), sims.urls("cim"), pools=("asic",), noise=1.0
     )
+    answered = asic.metric("sim_requests_total", status="200")
     with run_gateway(policy, tmp_path) as gw:
-        raw = gw.client().chat.completions.with_raw_response.create(
-            model=MODEL, messages=PROMPT, max_tokens=4, temperature=0
-        )
-        rows = shadow_rows(gw, 1)
-        drops = drop_counts(gw, 1)
-    assert raw.headers["x-gateway-pool"] == "asic"
-    assert [r["kind"] for r in rows] == ["candidate"]
-    assert drops == {"no_second_backend": 1}
+        client = gw.client()
+        served = [
+            client.chat.completions.with_raw_response.create(
+                model=MODEL, messages=PROMPT, max_tokens=8, temperature=temperature
+            ).headers["x-gateway-pool"]
+            for temperature in (0, 0.8)
+        ]
+        rows = shadow_rows(gw, 4)
+        settle(gw)
+        drops = drop_counts(gw)
+    assert served == ["asic", "asic"] and drops == {}
+    noise = [r for r in rows if r["kind"] == "noise"]
+    assert sorted(r["sampled"] for r in noise) == [False, True]
+    for row in noise:
+        # The ASIC has one backend: the one that served the primary answers the copy too.
+        assert (row["primary_pool"], row["primary_backend"]) == ("asic", "asic-0")
+        assert (row["candidate_pool"], row["candidate_backend"]) == ("asic", "asic-0")
+        assert (row["candidate_status"], row["candidate_error"]) == (200, None)
+        assert row["exact_match"] is not None
+    # Two primaries and their two noise copies; the candidate copies went to the CIM part.
+    wait_for(
+        lambda: asic.metric("sim_requests_total", status="200") - answered == 4,
+        message=lambda: f"{asic.metric('sim_requests_total', status='200') - answered} answers",
+    )
+
+
+def test_a_noise_copy_asks_the_same_backend_while_the_others_are_ejected(
+    sims, tmp_path: Path
+) -> None:
+    policy = shadow_policy(sims.urls("gpu"), sims.urls("asic"), sims.urls("cim"), noise=1.0)
+    with run_gateway(policy, tmp_path) as gw:
+        gpu = gw.gateway.fleet.pools["gpu"].backends
+        gw.gateway.outliers.eject(gpu[1], 3600)  # out for the whole test
+        for _ in range(2):
+            gw.client().chat.completions.create(
+                model=MODEL, messages=PROMPT, max_tokens=4, temperature=0
+            )
+        rows = shadow_rows(gw, 4)
+        drops = drop_counts(gw)
+    noise = [r for r in rows if r["kind"] == "noise"]
+    assert drops == {} and len(noise) == 2
+    assert {(r["primary_backend"], r["candidate_backend"]) for r in noise} == {("gpu-0", "gpu-0")}
 
 
 def test_a_failed_primary_is_not_copied(sims, tmp_path: Path) -> None:

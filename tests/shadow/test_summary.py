@@ -26,7 +26,8 @@ def test_summary_reports_candidates_beside_their_routes_noise_floor() -> None:
             candidate_error="upstream_timeout", candidate_e2e_ms=1500.0),
         row(sampled=True, temperature=0.8, exact_match=False, similarity=0.25),
         row(kind="noise", candidate_pool="gpu", exact_match=True, similarity=1.0),
-        row(kind="noise", candidate_pool="gpu", sampled=True, exact_match=False, similarity=0.5),
+        row(kind="noise", candidate_pool="gpu", sampled=True, exact_match=False,
+            normalized_match=False, similarity=0.5),
         row(candidate_pool="asic", exact_match=True, similarity=1.0),
     ]  # fmt: skip
     drops = [
@@ -57,6 +58,59 @@ def test_summary_reports_candidates_beside_their_routes_noise_floor() -> None:
         0.0,
         1,
     )
+
+
+def test_the_noise_floor_is_reported_apart_for_greedy_and_sampled_copies() -> None:
+    # On a single-backend pool the A/A copy is the same backend asked again: greedy answers
+    # agree, sampled ones differ as a sampled candidate's would.
+    same = {
+        "kind": "noise",
+        "candidate_pool": "asic",
+        "primary_pool": "asic",
+        "primary_backend": "asic-0",
+        "candidate_backend": "asic-0",
+    }
+    rows = [
+        row(exact_match=True, normalized_match=True, similarity=1.0),
+        row(sampled=True, temperature=1.0, exact_match=False, normalized_match=False,
+            similarity=0.4),
+        row(**same, exact_match=True, normalized_match=True, similarity=1.0),
+        row(**same, exact_match=True, normalized_match=True, similarity=1.0),
+        row(**same, sampled=True, temperature=None, exact_match=False, normalized_match=True,
+            similarity=0.6),
+        row(**same, sampled=True, temperature=0.7, exact_match=False, normalized_match=False,
+            similarity=0.4),
+        row(**same, sampled=True, temperature=0.7, exact_match=None, normalized_match=None,
+            similarity=None, candidate_status=None, candidate_error="upstream_timeout"),
+    ]  # fmt: skip
+    (cim,) = summarize_rows(rows, [])
+    floor = {k: v for k, v in cim.items() if k.startswith("noise_") and k != "noise_dropped"}
+    assert floor == {
+        "noise_samples": 5,
+        "noise_exact_match_rate": 0.5,
+        "noise_normalized_match_rate": 0.75,
+        "noise_mean_similarity": 0.75,
+    }
+    assert cim["greedy"] == {
+        "samples": 1,
+        "exact_match_rate": 1.0,
+        "normalized_match_rate": 1.0,
+        "mean_similarity": 1.0,
+        "noise_samples": 2,
+        "noise_exact_match_rate": 1.0,
+        "noise_normalized_match_rate": 1.0,
+        "noise_mean_similarity": 1.0,
+    }
+    assert cim["sampled"] == {
+        "samples": 1,
+        "exact_match_rate": 0.0,
+        "normalized_match_rate": 0.0,
+        "mean_similarity": 0.4,
+        "noise_samples": 3,  # the timed-out copy was sent, but measured nothing
+        "noise_exact_match_rate": 0.0,
+        "noise_normalized_match_rate": 0.5,
+        "noise_mean_similarity": pytest.approx(0.5),
+    }
 
 
 def test_summary_filters_by_route_candidate_and_time(database: str) -> None:
