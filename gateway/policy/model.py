@@ -301,7 +301,17 @@ class Promotion(Strict):
     """When shadow evidence promotes a candidate pool (see docs/promotion.md)."""
 
     quality_margin: float = Field(
-        default=0.01, ge=0, le=1, description="Agreement may be this far below the noise floor."
+        default=0.002,
+        ge=0,
+        le=1,
+        description="Share of temperature-0 answers that may depart in meaning beyond the"
+        " noise floor's share.",
+    )
+    sampled_quality_margin: float = Field(
+        default=0.01,
+        ge=0,
+        le=1,
+        description="The same for sampled answers (temperature > 0).",
     )
     latency_margin: float = Field(
         default=0.10, ge=0, description="Candidate p95 may exceed the primary's by this share."

@@ -16,6 +16,7 @@ import sqlalchemy as sa
 
 from gateway.db.schema import promotion_evaluations, request_records, shadow_records
 from gateway.policy.model import Policy
+from gateway.promotion.departures import Tolerance, compared, departs, tolerance
 from gateway.promotion.judge import Criteria, Evidence, Verdict, judge
 from gateway.shadow.sample import CANDIDATE, NOISE
 
@@ -25,6 +26,7 @@ def criteria(policy: Policy) -> Criteria:
     p = policy.promotion
     return Criteria(
         quality_margin=p.quality_margin,
+        sampled_quality_margin=p.sampled_quality_margin,
         latency_margin=p.latency_margin,
         max_error_rate=p.max_error_rate,
         alpha=p.alpha,
@@ -34,13 +36,19 @@ def criteria(policy: Policy) -> Criteria:
 
 
 def gather(rows: Iterable[dict[str, Any]]) -> dict[tuple[str, str], Evidence]:
-    """Fold shadow rows into evidence per (route, candidate pool); noise rows go to every
-    candidate of their route as its floor."""
+    """Fold shadow rows into evidence per (route, candidate pool).
+
+    Compared pairs are split into temperature-0 and sampled traffic; each kind's noise-floor
+    pairs set the tolerance its pairs are held to (gateway/promotion/departures.py), and are
+    the floor of every candidate of their route.
+    """
     evidence: dict[tuple[str, str], Evidence] = {}
-    noise: dict[str, list[dict[str, Any]]] = {}
+    noise: dict[tuple[str, bool], list[dict[str, Any]]] = {}
+    pairs: dict[tuple[str, str, bool], list[dict[str, Any]]] = {}
     for r in rows:
         if r["kind"] == NOISE:
-            noise.setdefault(r["route"], []).append(r)
+            if compared(r):
+                noise.setdefault((r["route"], bool(r["sampled"])), []).append(r)
             continue
         e = evidence.setdefault(
             (r["route"], r["candidate_pool"]), Evidence(r["route"], r["candidate_pool"])
@@ -52,9 +60,8 @@ def gather(rows: Iterable[dict[str, Any]]) -> dict[tuple[str, str], Evidence]:
         if r["candidate_error"] is not None:
             e.errors += 1
             continue
-        if not r["sampled"] and r["exact_match"] is not None:
-            e.compared += 1
-            e.agree += bool(r["exact_match"])
+        if compared(r):
+            pairs.setdefault((r["route"], r["candidate_pool"], bool(r["sampled"])), []).append(r)
         for name, value in (
             ("primary_ttft_ms", r["primary_ttft_ms"]),
             ("candidate_ttft_ms", r["candidate_ttft_ms"]),
@@ -67,12 +74,31 @@ def gather(rows: Iterable[dict[str, Any]]) -> dict[tuple[str, str], Evidence]:
         if primary_cost is not None and candidate_cost is not None:
             e.priced += 1
             e.cheaper += candidate_cost < primary_cost
+    tolerances = {key: tolerance(floor) for key, floor in noise.items()}
     for e in evidence.values():
-        for r in noise.get(e.route, ()):
-            if not r["sampled"] and r["exact_match"] is not None and r["candidate_error"] is None:
-                e.noise_compared += 1
-                e.noise_agree += bool(r["exact_match"])
+        for sampled, agreement in ((False, e.greedy), (True, e.sampled)):
+            floor = noise.get((e.route, sampled), [])
+            held_to = tolerances.get((e.route, sampled), Tolerance())
+            own = pairs.get((e.route, e.candidate, sampled), [])
+            agreement.compared = len(own)
+            agreement.departed = sum(departs(r, held_to) for r in own)
+            agreement.exact = sum(bool(r["exact_match"]) for r in own)
+            agreement.noise_compared = len(floor)
+            agreement.noise_departed = sum(departs(r, held_to) for r in floor)
+            agreement.noise_exact = sum(bool(r["exact_match"]) for r in floor)
+            agreement.tolerance = held_to.describe()
     return evidence
+
+
+# What gather and the report read of each shadow record.
+MEASURES = (
+    "exact_match",
+    "similarity",
+    "near_tie",
+    "json_diff",
+    "embedding_cosine",
+    "semantic_similarity",
+)
 
 
 def _means(rows: list[dict[str, Any]], evidence: dict[tuple[str, str], Evidence]) -> None:
@@ -111,7 +137,7 @@ def load_evidence(
             c.kind,
             c.candidate_pool,
             c.sampled,
-            c.exact_match,
+            *(c[name] for name in MEASURES),
             c.candidate_error,
             c.primary_ttft_ms,
             c.candidate_ttft_ms,

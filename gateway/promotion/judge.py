@@ -9,8 +9,13 @@ sequences", 2021); a p95 is read off a latency histogram at the levels that sequ
 
 Criteria, each a non-inferiority test against a margin from the policy:
 
-- quality: the candidate's agreement with the primary is at most `quality_margin` below how
-  often two backends of the primary's own pool agree (the noise floor);
+- quality: the share of the candidate's temperature-0 answers that depart in meaning from the
+  primary's (gateway/promotion/departures.py) is at most `quality_margin` above the share of
+  the noise floor's (the primary's own pool asked again), so near-tie flips a bf16 GPU makes
+  too are no evidence against an int8 or analog part;
+- quality_sampled: the same on sampled traffic (temperature > 0), with
+  `sampled_quality_margin`: two samples differ in words, and the noise floor's samples say how
+  much; judged only where sampled pairs were compared;
 - latency: the candidate's p95 time to first token and end to end are at most
   `latency_margin` above the primary's;
 - errors: the candidate's error rate is at most `max_error_rate`.
@@ -31,13 +36,33 @@ from typing import Any
 
 PROMOTE, HOLD, REJECT = "promote", "hold", "reject"
 PASS, FAIL, UNDECIDED = "pass", "fail", "undecided"
+# Each check in an operator's words: what it is, and what failing it means.
+NAMES = {
+    "quality": "quality at temperature 0",
+    "quality_sampled": "quality of sampled answers",
+    "ttft_p95": "p95 time to first token",
+    "e2e_p95": "p95 end-to-end latency",
+    "errors": "error rate",
+    "benefit": "cost benefit",
+}
+FAILED = {
+    "quality": "its temperature-0 answers depart in meaning from the primary's more often than"
+    " two answers of the primary's own pool do",
+    "quality_sampled": "its sampled answers depart in meaning from the primary's more often"
+    " than two samples of the primary's own pool do",
+    "ttft_p95": "its p95 time to first token is slower than the margin allows",
+    "e2e_p95": "its p95 end-to-end latency is slower than the margin allows",
+    "errors": "it fails more requests than allowed",
+    "benefit": "it is not cheaper than the primary on most requests",
+}
 
 
 @dataclass(frozen=True, slots=True)
 class Criteria:
     """Margins and evidence requirements for a promotion."""
 
-    quality_margin: float = 0.01
+    quality_margin: float = 0.002
+    sampled_quality_margin: float = 0.01
     latency_margin: float = 0.10
     max_error_rate: float = 0.01
     alpha: float = 0.05
@@ -87,15 +112,39 @@ class Histogram:
 
 
 @dataclass(slots=True)
+class Agreement:
+    """Compared pairs of one kind of traffic (temperature 0, or sampled), the candidate's and
+    the noise floor's, and how many of each departed in meaning or matched exactly."""
+
+    compared: int = 0
+    departed: int = 0
+    exact: int = 0
+    noise_compared: int = 0
+    noise_departed: int = 0
+    noise_exact: int = 0
+    tolerance: str = ""  # what made a pair depart, in words
+
+    def scaled(self, factor: int) -> Agreement:
+        """Return the counts as they would read with factor times the pairs at the same rates."""
+        return Agreement(
+            max(self.compared, 1) * factor,
+            self.departed * factor,
+            self.exact * factor,
+            max(self.noise_compared, 1) * factor,
+            self.noise_departed * factor,
+            self.noise_exact * factor,
+            self.tolerance,
+        )
+
+
+@dataclass(slots=True)
 class Evidence:
     """What the shadow records of one route and candidate pool say."""
 
     route: str
     candidate: str
-    agree: int = 0  # candidate copies that matched the primary (temperature 0)
-    compared: int = 0  # candidate copies compared (temperature 0)
-    noise_agree: int = 0  # noise-floor copies that matched (temperature 0)
-    noise_compared: int = 0
+    greedy: Agreement = field(default_factory=Agreement)  # temperature 0
+    sampled: Agreement = field(default_factory=Agreement)  # temperature > 0
     errors: int = 0  # candidate copies that failed
     sent: int = 0  # candidate copies sent
     primary_ttft_ms: Histogram = field(default_factory=Histogram)
@@ -206,31 +255,33 @@ def quantile_interval(hist: Histogram, q: float, alpha: float) -> tuple[float, f
     return (hist.edge_at(low, upper=False), hist.edge_at(high, upper=True))
 
 
-def _quality(e: Evidence, c: Criteria, alpha: float) -> Check:
-    if e.compared == 0 or e.noise_compared == 0:
+def _quality(name: str, a: Agreement, margin: float, alpha: float, traffic: str) -> Check:
+    if a.compared == 0 or a.noise_compared == 0:
         return Check(
-            "quality",
+            name,
             UNDECIDED,
             None,
             None,
-            -c.quality_margin,
-            min(e.compared, e.noise_compared),
-            "needs temperature-0 copies to the candidate and to the noise floor",
+            margin,
+            min(a.compared, a.noise_compared),
+            f"needs {traffic} pairs from the candidate ({a.compared}) and from the noise floor"
+            f" ({a.noise_compared})",
         )
-    p_c, p_n = e.agree / e.compared, e.noise_agree / e.noise_compared
-    c_low, c_high = bernoulli_interval(e.agree, e.compared, alpha / 2)
-    n_low, n_high = bernoulli_interval(e.noise_agree, e.noise_compared, alpha / 2)
-    diff = p_c - p_n
+    p_c, p_n = a.departed / a.compared, a.noise_departed / a.noise_compared
+    c_low, c_high = bernoulli_interval(a.departed, a.compared, alpha / 2)
+    n_low, n_high = bernoulli_interval(a.noise_departed, a.noise_compared, alpha / 2)
     low, high = c_low - n_high, c_high - n_low
-    result = PASS if low > -c.quality_margin else FAIL if high < -c.quality_margin else UNDECIDED
+    result = PASS if high <= margin else FAIL if low > margin else UNDECIDED
     return Check(
-        "quality",
+        name,
         result,
-        diff,
+        p_c - p_n,
         (low, high),
-        -c.quality_margin,
-        min(e.compared, e.noise_compared),
-        f"agreement {p_c:.3f} vs noise floor {p_n:.3f}",
+        margin,
+        min(a.compared, a.noise_compared),
+        f"{p_c:.2%} of {a.compared} {traffic} pairs depart in meaning, {p_n:.2%} of the"
+        f" noise floor's {a.noise_compared}; exact match {a.exact / a.compared:.1%} against"
+        f" {a.noise_exact / a.noise_compared:.1%} ({a.tolerance or 'default tolerance'})",
     )
 
 
@@ -292,21 +343,15 @@ def _benefit(e: Evidence, c: Criteria, alpha: float) -> Check:
 
 
 def _samples_needed(e: Evidence, checks: list[Check], c: Criteria, alpha: float) -> int | None:
-    """Estimate how many more samples would decide the undecided checks, if estimates hold."""
+    """Estimate how many more pairs would decide the undecided checks, if estimates hold."""
     undecided = {ch.name for ch in checks if ch.result == UNDECIDED}
     if not undecided - {"ttft_p95", "e2e_p95"}:
         return None  # quantile checks narrow with the others; no closed form of their own
     for factor in (2**k for k in range(1, 9)):
         scaled = _scaled(e, factor)
-        rechecked = {
-            "quality": _quality(scaled, c, alpha),
-            "errors": _errors(scaled, c, alpha),
-            "benefit": _benefit(scaled, c, alpha),
-        }
+        rechecked = {check.name: check for check in _counted_checks(scaled, c, alpha)}
         if all(rechecked[name].result != UNDECIDED for name in undecided if name in rechecked):
-            return max(
-                0, min(scaled.compared, scaled.noise_compared) - min(e.compared, e.noise_compared)
-            )
+            return max(0, _pairs(scaled) - _pairs(e))
     return None
 
 
@@ -316,10 +361,8 @@ def _scaled(e: Evidence, factor: int) -> Evidence:
     return Evidence(
         e.route,
         e.candidate,
-        agree=grow(e.agree),
-        compared=grow(max(e.compared, 1)),
-        noise_agree=grow(e.noise_agree),
-        noise_compared=grow(max(e.noise_compared, 1)),
+        greedy=e.greedy.scaled(factor) if e.greedy.compared else e.greedy,
+        sampled=e.sampled.scaled(factor) if e.sampled.compared else e.sampled,
         errors=grow(e.errors),
         sent=grow(max(e.sent, 1)),
         cheaper=grow(e.cheaper),
@@ -327,18 +370,37 @@ def _scaled(e: Evidence, factor: int) -> Evidence:
     )
 
 
+def _pairs(e: Evidence) -> int:
+    """Compared pairs on both sides: the fewer of the candidate's and the noise floor's."""
+    return min(
+        e.greedy.compared + e.sampled.compared, e.greedy.noise_compared + e.sampled.noise_compared
+    )
+
+
+def _counted_checks(e: Evidence, c: Criteria, each: float) -> list[Check]:
+    """The checks on counts: quality (per kind of traffic), errors and benefit."""
+    checks = [_quality("quality", e.greedy, c.quality_margin, each, "temperature-0")]
+    if e.sampled.compared:
+        checks.append(
+            _quality("quality_sampled", e.sampled, c.sampled_quality_margin, each, "sampled")
+        )
+    return [*checks, _errors(e, c, each), _benefit(e, c, each)]
+
+
 def judge(e: Evidence, c: Criteria, now: float, alpha: float | None = None) -> Verdict:
     """Decide promote, hold or reject for one route and candidate from its evidence."""
     alpha = c.alpha if alpha is None else alpha
-    # The criteria share the error budget (a union bound): each gets alpha / 5.
-    each = alpha / 5
+    # The criteria share the error budget (a union bound): each of at most six gets alpha / 6.
+    each = alpha / 6
+    counted = _counted_checks(e, c, each)
     checks = [
-        _quality(e, c, each),
+        *counted[:-2],
         _latency("ttft_p95", e.primary_ttft_ms, e.candidate_ttft_ms, c, each),
         _latency("e2e_p95", e.primary_e2e_ms, e.candidate_e2e_ms, c, each),
-        _errors(e, c, each),
-        _benefit(e, c, each),
+        *counted[-2:],
     ]
+    if not e.greedy.compared and e.sampled.compared:
+        checks.pop(0)  # sampled traffic only: its own check decides quality
     window = 0.0 if e.first_ts is None else now - e.first_ts
     benefit = {
         "energy_j_saved_per_request": _saved(e.primary_energy_j, e.candidate_energy_j),
@@ -348,9 +410,9 @@ def judge(e: Evidence, c: Criteria, now: float, alpha: float | None = None) -> V
     failed = [ch.name for ch in checks if ch.result == FAIL]
     if failed:
         verdict.outcome = REJECT
-        verdict.reason = "failed: " + ", ".join(failed)
+        verdict.reason = "rejected: " + "; ".join(FAILED[name] for name in failed)
         return verdict
-    samples = min(e.compared, e.noise_compared)
+    samples = _pairs(e)
     if all(ch.result == PASS for ch in checks):
         if samples < c.min_samples:
             verdict.reason = f"{samples} samples, {c.min_samples} required"
@@ -365,7 +427,7 @@ def judge(e: Evidence, c: Criteria, now: float, alpha: float | None = None) -> V
             verdict.reason = "every criterion passes"
         return verdict
     undecided = [ch.name for ch in checks if ch.result == UNDECIDED]
-    verdict.reason = "not enough evidence yet: " + ", ".join(undecided)
+    verdict.reason = "not enough evidence yet on " + ", ".join(NAMES[n] for n in undecided)
     verdict.samples_needed = _samples_needed(e, checks, c, each)
     return verdict
 

@@ -214,6 +214,7 @@ def build(
         },
         "criteria": {
             "quality_margin": rules.quality_margin,
+            "sampled_quality_margin": rules.sampled_quality_margin,
             "latency_margin": rules.latency_margin,
             "max_error_rate": rules.max_error_rate,
             "alpha": rules.alpha,
@@ -679,12 +680,12 @@ def plain_check(check: Mapping[str, Any]) -> str:
     if estimate is None or interval is None:
         return f"{name} {result}: {check['detail']}."
     low, high = interval
-    if name == "quality":
+    if name in ("quality", "quality_sampled"):
+        traffic = "Temperature-0" if name == "quality" else "Sampled"
         return (
-            f"Quality {result}: {check['detail']} (temperature-0 copies, {n} on the smaller "
-            f"side); the candidate is "
-            f"{estimate * 100:+.1f} points from the floor (95% interval {low * 100:+.1f} to "
-            f"{high * 100:+.1f}), and may be at most {abs(threshold) * 100:.1f} below it."
+            f"{traffic} quality {result}: {check['detail']}. The candidate departs "
+            f"{estimate * 100:+.2f} points more often than the noise floor (interval "
+            f"{low * 100:+.2f} to {high * 100:+.2f}); at most {threshold * 100:.1f} allowed."
         )
     if name in ("ttft_p95", "e2e_p95"):
         what = "time to first token" if name == "ttft_p95" else "end-to-end latency"

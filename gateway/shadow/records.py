@@ -68,6 +68,10 @@ class ShadowRecord:
     length_ratio: float | None = None
     json_diff: str | None = None
     embedding_cosine: float | None = None
+    token_divergence: int | None = None
+    near_tie: bool | None = None
+    kl_divergence: float | None = None
+    semantic_similarity: float | None = None
     measures: str | None = None
     primary_energy_j: float | None = None
     candidate_energy_j: float | None = None

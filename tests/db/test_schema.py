@@ -47,8 +47,8 @@ def test_drift_between_migrations_and_code_is_reported(database: str) -> None:
     """The comparison above would notice a migration that forgot an index of the code."""
     command.downgrade(alembic_config(database), "0006")
     drift = schema_drift(database)
-    assert ("add_index", "ix_shadow_records_route_ts") in {
-        (d[0], d[1].name) for d in drift if isinstance(d, tuple)
+    assert "ix_shadow_records_route_ts" in {
+        d[1].name for d in drift if isinstance(d, tuple) and d[0] == "add_index"
     }
 
 

@@ -61,11 +61,13 @@ def shadow_history(
 def test_evaluations_are_judged_stored_and_listed(database: str) -> None:
     engine = make_engine(database)
     policy = load_policy(ROOT / "policies/default.yaml")
-    shadow_history(engine, 3000)
+    # Non-inferiority within 0.2 points needs thousands of pairs on each side.
+    shadow_history(engine, 8000)
     shadow_history(engine, 3000, agree_every=10, route="worse")
     verdicts = {v.route: v for v in evaluate(engine, policy, now=NOW)}
     assert verdicts["chat"].outcome == PROMOTE, verdicts["chat"].reason
-    assert verdicts["worse"].outcome == REJECT and "quality" in verdicts["worse"].reason
+    assert verdicts["worse"].outcome == REJECT
+    assert "temperature-0 answers depart in meaning" in verdicts["worse"].reason
     listed = {entry["route"]: entry for entry in latest(engine)}
     assert listed["chat"]["outcome"] == PROMOTE
     assert {c["name"] for c in listed["worse"]["checks"]} >= {"quality", "ttft_p95", "errors"}
@@ -80,7 +82,7 @@ def test_a_candidate_that_costs_more_is_not_promoted(database: str) -> None:
     shadow_history(engine, 3000, cheaper=False)
     (verdict,) = evaluate(engine, load_policy(ROOT / "policies/default.yaml"), now=NOW)
     engine.dispose()
-    assert verdict.outcome == REJECT and "benefit" in verdict.reason
+    assert verdict.outcome == REJECT and "not cheaper than the primary" in verdict.reason
 
 
 def test_cli_and_admin_api_show_the_verdicts(tmp_path: Path) -> None:
@@ -100,7 +102,7 @@ def test_cli_and_admin_api_show_the_verdicts(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     (verdict,) = json.loads(result.stdout)
-    assert verdict["outcome"] == HOLD  # 600 samples: not enough to tell a 1-point margin
+    assert verdict["outcome"] == HOLD  # 600 samples: not enough to tell a 0.2-point margin
     assert verdict["samples_needed"] is None or verdict["samples_needed"] > 0
     with run_gateway(fleet_policy(), tmp_path, admin_token="t") as gw, gw.http() as http:
         listed = http.get("/admin/promotions", headers={"authorization": "Bearer t"}).json()

@@ -6,10 +6,13 @@ import pytest
 
 from gateway.promotion.judge import (
     FAIL,
+    FAILED,
     HOLD,
     PASS,
     PROMOTE,
     REJECT,
+    UNDECIDED,
+    Agreement,
     Criteria,
     Evidence,
     Histogram,
@@ -22,8 +25,11 @@ WEEK = 7 * 86400.0
 
 def evidence(
     n: int = 100_000,
-    agreement: float = 0.97,
-    floor: float = 0.97,
+    departing: float = 0.0,
+    floor: float = 0.0,
+    sampled_share: float = 0.0,
+    sampled_departing: float = 0.01,
+    sampled_floor: float = 0.01,
     slowdown: float = 1.0,
     cheaper: float = 0.9,
     error_rate: float = 0.001,
@@ -35,11 +41,11 @@ def evidence(
     # Counts at exactly their rates, so each test's truth is also its estimate.
     e.sent = n
     e.errors = round(n * error_rate)
-    e.compared = n - e.errors
-    e.agree = round(e.compared * agreement)
-    e.noise_compared = n // 4
-    e.noise_agree = round(e.noise_compared * floor)
-    e.priced = e.compared
+    compared = n - e.errors
+    sampled = round(compared * sampled_share)
+    e.greedy = _agreement(compared - sampled, departing, floor)
+    e.sampled = _agreement(sampled, sampled_departing, sampled_floor)
+    e.priced = compared
     e.cheaper = round(e.priced * cheaper)
     for _ in range(n):
         e.primary_ttft_ms.add(rng.lognormvariate(4.4, 0.5))
@@ -47,6 +53,19 @@ def evidence(
         e.primary_e2e_ms.add(rng.lognormvariate(7.8, 0.6))
         e.candidate_e2e_ms.add(slowdown * rng.lognormvariate(7.8, 0.6))
     return e
+
+
+def _agreement(compared: int, departing: float, floor: float) -> Agreement:
+    noise = compared // 4
+    return Agreement(
+        compared=compared,
+        departed=round(compared * departing),
+        exact=round(compared * 0.4),
+        noise_compared=noise,
+        noise_departed=round(noise * floor),
+        noise_exact=round(noise * 0.9),
+        tolerance="semantic similarity below 0.980",
+    )
 
 
 def results(verdict) -> dict[str, str]:
@@ -68,7 +87,8 @@ def test_the_same_evidence_is_held_until_the_minimum_window_passes() -> None:
 @pytest.mark.parametrize(
     ("truth", "failed"),
     [
-        ({"agreement": 0.94}, "quality"),
+        ({"departing": 0.006}, "quality"),
+        ({"sampled_share": 0.5, "sampled_departing": 0.04}, "quality_sampled"),
         ({"slowdown": 1.4}, "ttft_p95"),
         ({"error_rate": 0.05}, "errors"),
         ({"cheaper": 0.2}, "benefit"),
@@ -78,14 +98,18 @@ def test_a_candidate_failing_one_criterion_is_rejected_naming_it(truth: dict, fa
     verdict = judge(evidence(**truth), Criteria(), now=WEEK + 1)
     assert verdict.outcome == REJECT
     assert results(verdict)[failed] == FAIL
-    assert failed in verdict.reason
+    assert verdict.reason.startswith("rejected: ") and FAILED[failed] in verdict.reason
 
 
 def test_little_evidence_holds_with_an_estimate_of_samples_needed() -> None:
-    verdict = judge(evidence(n=2000), Criteria(), now=WEEK + 1)
+    verdict = judge(evidence(n=2000, departing=0.001, floor=0.001), Criteria(), now=WEEK + 1)
     assert verdict.outcome == HOLD
-    assert verdict.reason.startswith("not enough evidence yet")
-    assert verdict.samples_needed is not None and verdict.samples_needed > 2000
+    assert verdict.reason.startswith("not enough evidence yet on quality at temperature 0")
+    assert verdict.samples_needed is not None and verdict.samples_needed > 0
+    # At the same rates, that many more noise-floor pairs (a quarter of the copies) decide it.
+    pairs = 2000 // 4 + verdict.samples_needed
+    enough = evidence(n=4 * pairs, departing=0.001, floor=0.001)
+    assert results(judge(enough, Criteria(), now=WEEK + 1))["quality"] != UNDECIDED
 
 
 def test_a_candidate_no_cheaper_than_the_primary_is_never_promoted() -> None:
@@ -96,9 +120,41 @@ def test_a_candidate_no_cheaper_than_the_primary_is_never_promoted() -> None:
 
 def test_no_noise_floor_means_no_quality_verdict() -> None:
     e = evidence(n=5000)
-    e.noise_compared = e.noise_agree = 0
+    e.greedy.noise_compared = e.greedy.noise_departed = 0
     verdict = judge(e, Criteria(), now=WEEK + 1)
-    assert verdict.outcome == HOLD and results(verdict)["quality"] == "undecided"
+    assert verdict.outcome == HOLD and results(verdict)["quality"] == UNDECIDED
+    assert "quality at temperature 0" in verdict.reason
+
+
+def test_many_exact_mismatches_are_no_evidence_against_a_candidate_whose_meaning_holds() -> None:
+    # An int8 part: its answers match the primary's exactly far less often than the GPU's own
+    # do, yet depart in meaning no more often. Exact match would hold it for ever.
+    e = evidence()
+    e.greedy.exact = round(e.greedy.compared * 0.35)
+    verdict = judge(e, Criteria(), now=WEEK + 1)
+    assert verdict.outcome == PROMOTE, verdict.reason
+    assert "exact match 35.0% against 90.0%" in verdict.checks[0].detail
+
+
+def test_sampled_traffic_is_judged_against_its_own_noise_floor() -> None:
+    # Samples differ from each other far more than greedy answers: the same departure rate
+    # that would fail at temperature 0 passes against the sampled floor.
+    both = evidence(sampled_share=0.7, sampled_departing=0.012, sampled_floor=0.01)
+    verdict = judge(both, Criteria(), now=WEEK + 1)
+    assert results(verdict)["quality_sampled"] == PASS
+    assert verdict.outcome == PROMOTE, verdict.reason
+    only_sampled = evidence(sampled_share=1.0)
+    checks = results(judge(only_sampled, Criteria(), now=WEEK + 1))
+    assert "quality" not in checks and checks["quality_sampled"] == PASS
+
+
+def test_harmful_errors_hidden_in_sampled_traffic_are_found() -> None:
+    # 0.5% harmful answers in the sampled share, none in the temperature-0 share.
+    verdict = judge(
+        evidence(sampled_share=0.7, sampled_departing=0.01 + 0.03), Criteria(), now=WEEK + 1
+    )
+    assert verdict.outcome == REJECT
+    assert results(verdict) == {**results(verdict), "quality": PASS, "quality_sampled": FAIL}
 
 
 def test_bernoulli_sequence_covers_the_truth_at_every_look() -> None:

@@ -1,0 +1,59 @@
+"""Departures: which compared pairs disagree in meaning, against the noise floor's tolerance."""
+
+from __future__ import annotations
+
+import json
+
+from gateway.promotion.departures import (
+    MIN_DIFFERING,
+    SAME_MEANING,
+    SAME_WORDS,
+    Tolerance,
+    departs,
+    tolerance,
+)
+
+
+def pair(**measures: object) -> dict:
+    return {"exact_match": False, "candidate_error": None, **measures}
+
+
+def test_an_exact_match_never_departs_whatever_else_was_measured() -> None:
+    assert not departs(pair(exact_match=True, semantic_similarity=0.1), Tolerance())
+
+
+def test_semantic_similarity_decides_where_it_was_measured() -> None:
+    tol = Tolerance()
+    assert not departs(pair(semantic_similarity=0.995, near_tie=False, similarity=0.2), tol)
+    assert departs(pair(semantic_similarity=0.9, near_tie=True, similarity=0.99), tol)
+
+
+def test_without_meaning_a_near_tie_at_the_first_difference_does_not_depart() -> None:
+    tol = Tolerance()
+    assert not departs(pair(near_tie=True, similarity=0.5), tol)
+    assert departs(pair(near_tie=False, similarity=0.5), tol)
+    assert not departs(pair(near_tie=None, similarity=0.97), tol)
+
+
+def test_a_changed_json_field_departs_even_if_the_texts_embed_alike() -> None:
+    diff = json.dumps({"missing": [], "extra": [], "changed": ["$.unit"]})
+    assert departs(pair(json_diff=diff, semantic_similarity=0.99), Tolerance())
+    same = json.dumps({"missing": [], "extra": [], "changed": []})
+    assert not departs(pair(json_diff=same, semantic_similarity=0.99), Tolerance())
+
+
+def test_the_tolerance_is_the_noise_floors_first_percentile_capped() -> None:
+    # Sampled answers of one pool: their similarity spreads from 0.90 to 1.0.
+    noisy = [pair(semantic_similarity=0.90 + 0.1 * i / 999, similarity=0.8) for i in range(1000)]
+    tol = tolerance(noisy)
+    assert 0.900 <= tol.meaning < 0.902 and tol.noise_pairs == 1000
+    assert tol.words == 0.8
+    # Greedy answers of a bf16 pool that differ only by flips: fully similar, so the cap holds.
+    flips = [pair(semantic_similarity=1.0, similarity=0.99) for _ in range(MIN_DIFFERING)]
+    assert tolerance(flips).meaning == SAME_MEANING and tolerance(flips).words == SAME_WORDS
+
+
+def test_too_few_noise_pairs_give_the_default_tolerance() -> None:
+    few = [pair(semantic_similarity=0.5) for _ in range(MIN_DIFFERING - 1)]
+    assert tolerance(few) == Tolerance()
+    assert "too few noise-floor pairs" in tolerance(few).describe()
