@@ -14,6 +14,11 @@ gateway's limits on what a connection may take before any route sees it.
 - A client that reads nothing of its answer for `write_timeout_s` (the connection's send buffer
   stays full) is disconnected: the request then ends as a client that went away, and its
   backend slot comes back.
+
+A refusal closes the connection lingering, as nginx does: the answer goes out, then the write
+side is shut and what the client is still sending is read and dropped for up to `LINGER_S`.
+Closing at once would leave its bytes unread, and the kernel would answer them with a reset
+that can discard the refusal before the client reads it.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from gateway.errors import GatewayError, HeadersTooLarge, InvalidHttp, TooManyCo
 from gateway.settings import Settings
 
 log = logging.getLogger(__name__)
+LINGER_S = 2.0
 
 _NOT_HTTP = InvalidHttp(
     "The request is not valid HTTP/1.1 (its request line or a framing header such as "
@@ -66,6 +72,7 @@ class HttpProtocol(HttpToolsProtocol):
         self._head_bytes = 0
         self._in_head = True
         self._stalled: asyncio.TimerHandle | None = None
+        self._refused = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -82,13 +89,15 @@ class HttpProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return  # lingering: read and dropped
         if self._in_head:
             self._head_bytes += len(data)
         super().data_received(data)
         # Counted per read, checked once the parser has seen it: a read that ends the head
         # carries the start of the body too. The parser holds at most the limit and one read.
         over = self._in_head and self._head_bytes > self.limits.max_head_bytes
-        if over and not self.transport.is_closing():
+        if over and not self._refused and not self.transport.is_closing():
             self._refuse(
                 HeadersTooLarge(
                     f"the request line and headers exceed {self.limits.max_head_bytes} bytes"
@@ -140,4 +149,9 @@ class HttpProtocol(HttpToolsProtocol):
             b"connection: close\r\n\r\n" % len(body)
         )
         self.transport.write(b"".join(head) + body)
-        self.transport.close()
+        self._refused = True
+        if not self.transport.can_write_eof():
+            self.transport.close()
+            return
+        self.transport.write_eof()
+        asyncio.get_running_loop().call_later(LINGER_S, self.transport.close)

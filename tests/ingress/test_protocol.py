@@ -42,6 +42,21 @@ def test_a_head_over_the_limit_is_refused_with_431_before_it_ends(tmp_path: Path
     assert error["code"] == "request_header_fields_too_large" and "4096" in error["message"]
 
 
+def test_a_refused_client_still_sending_gets_its_answer_and_no_reset(tmp_path: Path) -> None:
+    with run_gateway(OFFLINE, tmp_path, max_header_bytes=4096) as gw, connect(gw) as raw:
+        raw.sendall(b"GET /healthz HTTP/1.1\r\nhost: gw\r\nx-filler: " + b"a" * 5000)
+        data = b""
+        while b"}}" not in data:  # the whole 431 answer, before the connection ends
+            data += raw.recv(65536)
+        assert data.startswith(b"HTTP/1.1 431")
+        # The client goes on sending what it had: the gateway reads and drops it (a close
+        # with those bytes unread would answer them with a reset), then ends the connection.
+        for _ in range(4):
+            raw.sendall(b"a" * 65536)
+        raw.shutdown(socket.SHUT_WR)
+        assert raw.recv(65536) == b""
+
+
 def test_a_head_within_the_limit_is_served(tmp_path: Path) -> None:
     with run_gateway(OFFLINE, tmp_path, max_header_bytes=4096) as gw, gw.http() as http:
         assert http.get("/healthz", headers={"x-filler": "a" * 3000}).status_code == 200
