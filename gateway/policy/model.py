@@ -330,7 +330,10 @@ class Promotion(Strict):
         default=0.99, ge=0, le=1, description="Share of the canary's requests meeting the SLO."
     )
     guard_min_agreement: float = Field(
-        default=0.95, ge=0, le=1, description="Agreement on the reverse shadow sample."
+        default=0.95,
+        ge=0,
+        le=1,
+        description="Share of reverse-shadow pairs that do not depart in meaning.",
     )
     guard_min_requests: int = Field(
         default=20, ge=1, description="Canary requests a step needs before it can advance."

@@ -3,8 +3,8 @@
 An operator starts a rollout (`gateway promote apply ROUTE CANDIDATE`); the candidate becomes the
 route's canary at the first weight of `promotion.rollout_steps`. After each `step_minutes` the
 guards are checked on what the canary served in that step: its error rate, its SLO attainment,
-and its agreement with the former primary on a reverse shadow sample (the former primary answers
-copies of the canary's requests). Passing guards move to the next weight; at the last, the
+and its agreement in meaning with the former primary on a reverse shadow sample (the former
+primary answers copies of the canary's requests; gateway/promotion/departures.py). Passing guards move to the next weight; at the last, the
 candidate becomes the route's first pool. A breach goes back to the previous weight at once,
 stops the rollout and records why. Every change is a new policy version, so the policy history is
 the audit trail; the `rollouts` table keeps each rollout's steps.
@@ -29,7 +29,8 @@ from gateway.policy import check, versions
 from gateway.policy.apply import apply
 from gateway.policy.load import PolicyLoader, to_yaml
 from gateway.policy.model import Policy
-from gateway.promotion.evidence import latest
+from gateway.promotion.departures import Tolerance, departs
+from gateway.promotion.evidence import MEASURES, latest
 from gateway.records.slo import meets_slo
 from gateway.shadow.sample import CANDIDATE
 
@@ -197,11 +198,11 @@ def guards(engine: sa.Engine, policy: Policy, route: str, candidate: str, since:
             )
         ).all()
         copies = conn.execute(
-            sa.select(s.exact_match).where(
+            sa.select(*(s[name] for name in MEASURES)).where(
                 s.route == route,
                 s.primary_pool == candidate,
                 s.kind == CANDIDATE,
-                s.sampled.is_(False),
+                s.candidate_error.is_(None),
                 s.exact_match.is_not(None),
                 s.ts >= since,
             )
@@ -217,7 +218,8 @@ def guards(engine: sa.Engine, policy: Policy, route: str, candidate: str, since:
         errors=errors,
         slo_met=met,
         compared=len(copies),
-        agreed=sum(bool(m) for (m,) in copies),
+        # Held to the default tolerance: the step is too short to measure a noise floor of its own.
+        agreed=sum(not departs(dict(copy._mapping), Tolerance()) for copy in copies),
     )
 
 
