@@ -268,6 +268,14 @@ class GatewayMetrics:
             namespace=NAMESPACE,
             registry=r,
         )
+        self.shadow_embeddings = Counter(
+            "shadow_embeddings",
+            "Differing answer pairs sent to the embedding route for semantic similarity, by"
+            " outcome: measured, over_budget, no_backend, no_slot, failed.",
+            ("model", "outcome"),
+            namespace=NAMESPACE,
+            registry=r,
+        )
         self.shadow_exact_matches = Counter(
             "shadow_exact_matches",
             "Compared copies whose text matched the primary's exactly.",

@@ -26,10 +26,13 @@ bit-parallel algorithms (Allison-Dix/Hyyrö, Myers), so long answers cost micros
 token rather than a quadratic table.
 
 `near_tie` and `kl` read the model's own tokens, which an answer carries when its request asked
-for `logprobs` (and `top_logprobs` for the alternatives); without them on both answers they
-measure nothing. `near_tie` is the check vLLM's tests make between two runs of a model
-(`check_logprobs_close`): where the tokens first differ, a candidate token the primary itself
-ranked among its top alternatives is a near tie broken the other way, not a wrong answer.
+for `logprobs` (and `top_logprobs` for the alternatives). `near_tie` is the check vLLM's tests
+make between two runs of a model (`check_logprobs_close`): where the tokens first differ, a
+candidate token the primary itself ranked among its top alternatives is a near tie broken the
+other way, not a wrong answer. Shadow copies ask for logprobs; a client's answer has them only
+when the client asked. Without them on the primary, `near_tie` looks from the other side: the
+candidate's tokens are aligned on the primary's text, and where they leave it, the text going
+on with one of the candidate's own top alternatives is the near tie. `kl` needs both.
 
 `kl` estimates KL divergence as llama.cpp's `llama-perplexity --kl-divergence` does (its `Mean
 KLD`), but from the top-k logprobs the two answers returned instead of full-vocabulary logits.
@@ -400,6 +403,26 @@ def near_tie(
     return any(token == chosen for token, _ in primary[at].top)
 
 
+def text_near_tie(text: str, candidate: Sequence[TokenChoice]) -> tuple[int | None, bool | None]:
+    """Where the candidate's tokens first leave `text` (an answer without logprobs, such as a
+    client's that asked none), and whether the text goes on there with one of the candidate's
+    top alternatives: the near tie seen from the candidate's side.
+
+    The answer is aligned on its text, so a token that is a prefix of the one the text holds
+    (" big" where it says " bigger") counts as the same; (None, None) when the tokens spell it.
+    """
+    offset = 0
+    for at, choice in enumerate(candidate):
+        if text.startswith(choice.token, offset):
+            offset += len(choice.token)
+            continue
+        if not choice.top:
+            return at, None
+        rest = text[offset:]
+        return at, any(token and rest.startswith(token) for token, _ in choice.top)
+    return (None, None) if offset == len(text) else (len(candidate), None)
+
+
 def _probability(logprob: float) -> float:
     return math.exp(min(logprob, 0.0))
 
@@ -452,6 +475,9 @@ def mean_top_k_kl(primary: Sequence[TokenChoice], candidate: Sequence[TokenChoic
 
 @comparator("near_tie")
 def _near_tie(primary: Answer, candidate: Answer) -> Mapping[str, Any]:
+    if candidate.tokens and not primary.tokens and primary.text is not None:
+        at, tie = text_near_tie(primary.text, candidate.tokens)
+        return {"token_divergence": at, "near_tie": tie}
     if not primary.tokens or not candidate.tokens:
         return {}
     at = token_divergence(primary.tokens, candidate.tokens)

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from gateway.compare.measures import DEFAULT_COMPARATORS
 
 PositiveFloat = Annotated[float, Field(gt=0)]
+PositiveInt = Annotated[int, Field(gt=0)]
 NonNegativeFloat = Annotated[float, Field(ge=0)]
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # The only variables a policy may take an upstream key from (gateway/policy/credentials.py).
@@ -183,10 +184,31 @@ class ShadowBudget(Strict):
     )
 
 
+class SemanticSimilarity(Strict):
+    """Embed differing answers on the fleet's own embedding route and keep their similarity."""
+
+    model: str = Field(min_length=1, description="An embedding model a live pool serves.")
+    max_per_second: PositiveFloat = Field(
+        default=5.0, description="Answer pairs embedded per second, at most."
+    )
+    max_concurrent: PositiveInt = Field(default=2, description="Embedding requests at once.")
+
+
 class Comparison(Strict):
     """Which comparators measure a copy against the primary, and whether raw texts are kept."""
 
     comparators: list[str] = list(DEFAULT_COMPARATORS)
+    logprobs: int = Field(
+        default=5,
+        ge=0,
+        le=20,
+        description="Top logprobs a copy asks for when the client asked none (0: none); the"
+        " client's answer never changes.",
+    )
+    semantic_similarity: SemanticSimilarity | None = Field(
+        default=None,
+        description="Measure differing answers' semantic similarity with this embedding model.",
+    )
     store_text: bool = Field(
         default=False, description="Keep both raw answers on the shadow record."
     )

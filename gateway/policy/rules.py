@@ -136,8 +136,21 @@ def reference_errors(policy: Policy) -> list[Finding]:
     return errors
 
 
-def _comparison_errors(where: tuple[str | int, ...], comparison: Comparison) -> list[Finding]:
+def _comparison_errors(
+    where: tuple[str | int, ...], comparison: Comparison, policy: Policy
+) -> list[Finding]:
     errors: list[Finding] = []
+    semantic = comparison.semantic_similarity
+    if semantic is not None and not any(
+        pool.live and semantic.model in pool.models for pool in policy.pools.values()
+    ):
+        errors.append(
+            (
+                (*where, "compare", "semantic_similarity", "model"),
+                f"semantic similarity needs embedding model {semantic.model!r}, which no live"
+                " pool serves",
+            )
+        )
     for k, name in enumerate(comparison.comparators):
         if name not in COMPARATORS:
             errors.append(
@@ -232,14 +245,14 @@ def _shadow_errors(
                     f"less than one slot; use at least {1 / slots:.3g}",
                 )
             )
-        errors.extend(_comparison_errors(at, target.compare))
+        errors.extend(_comparison_errors(at, target.compare, policy))
     # A route without one gets the default floor (Route.noise), measured as its first target.
     # A pool with a single backend needs no second one: that backend is asked again.
     noise = route.noise_floor
     if noise is None:
         return errors
     at = (*where, "noise_floor")
-    errors.extend(_comparison_errors(at, noise.compare))
+    errors.extend(_comparison_errors(at, noise.compare, policy))
     if noise.share == 0:
         return errors  # turned off: nothing is sampled, nothing to relate to the targets
     if not route.shadow:

@@ -47,6 +47,7 @@ from gateway.routing.classify import RequestProfile
 from gateway.routing.router import tokens_needed
 from gateway.shadow.records import ShadowRecord, ShadowWriter
 from gateway.shadow.sample import CANDIDATE, NOISE, Sampler, ShadowPlan, sample, stable_fraction
+from gateway.shadow.semantic import Embedder
 from gateway.upstream.client import PATHS, Upstream
 from gateway.upstream.metering import EnergyMeter
 from gateway.upstream.sse import StreamTally
@@ -145,6 +146,26 @@ def _sampling(endpoint: str, body: bytes) -> tuple[float | None, float | None, b
     return temperature, top_p, payload.get("seed") is not None, sampled
 
 
+def copy_body(endpoint: str, body: bytes, top: int) -> bytes:
+    """Return the body a copy sends: the client's, asking for `top` logprobs if it asked none.
+
+    The copy's answer is only compared, so asking more of it changes nothing the client sees.
+    """
+    if top <= 0 or endpoint not in ("chat", "completions"):
+        return body
+    try:
+        payload = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return body
+    if not isinstance(payload, dict) or payload.get("logprobs"):
+        return body
+    if endpoint == "chat":
+        payload["logprobs"], payload["top_logprobs"] = True, top
+    else:
+        payload["logprobs"] = min(top, 5)  # the legacy endpoint's bound
+    return orjson.dumps(payload)
+
+
 class Mirror:
     """Send sampled copies to candidate pools within their budgets, and record the diffs."""
 
@@ -183,6 +204,7 @@ class Mirror:
         self._in_flight: Counter[tuple[str, str, str]] = Counter()
         self._pool_in_flight: Counter[str] = Counter()
         self._tasks: list[asyncio.Task[None]] = []
+        self.embedder = Embedder(upstream, admission, metrics, fleet)
 
     @property
     def in_flight(self) -> int:
@@ -341,7 +363,7 @@ class Mirror:
         started = self._clock()
         self.meter.open(backend, span, started)
         try:
-            outcome = await self._send(job, backend)
+            outcome = await self._send(job, plan, backend)
         except BaseException:
             self.meter.abandon(backend, span)
             raise
@@ -351,7 +373,10 @@ class Mirror:
             self.admission.release(slot)
         # Reading and comparing two answers is CPU the event loop need not spend: a long pair
         # takes milliseconds, and requests arriving meanwhile would wait for them.
-        record = await asyncio.to_thread(self._account, job, plan, backend, outcome)
+        record, texts = await asyncio.to_thread(self._account, job, plan, backend, outcome)
+        semantic = plan.compare.semantic_similarity
+        if semantic is not None and record.exact_match is False and texts is not None:
+            record.semantic_similarity = await self.embedder.similarity(semantic, *texts)
 
         def deliver(energy_j: float | None, cost: float | None, estimated: bool) -> None:
             record.candidate_energy_j, record.candidate_cost_usd = energy_j, cost
@@ -368,7 +393,9 @@ class Mirror:
             deliver=deliver,
         )
 
-    async def _send(self, job: ShadowJob, backend: BackendState) -> CandidateOutcome:
+    async def _send(
+        self, job: ShadowJob, plan: ShadowPlan, backend: BackendState
+    ) -> CandidateOutcome:
         """Send the copy once and read the whole answer, timing it as the forwarder does."""
         clock = self._clock
         started = clock()
@@ -380,7 +407,7 @@ class Mirror:
             response = await self.upstream.send(
                 backend,
                 PATHS[job.endpoint],
-                job.body,
+                copy_body(job.endpoint, job.body, plan.compare.logprobs),
                 backend.shadow_headers,
                 job.timeout_s,
                 job.deadline_s,
@@ -417,8 +444,9 @@ class Mirror:
 
     def _account(
         self, job: ShadowJob, plan: ShadowPlan, backend: BackendState, outcome: CandidateOutcome
-    ) -> ShadowRecord:
-        """Compare the two answers, update the metrics and return the shadow record.
+    ) -> tuple[ShadowRecord, tuple[str, str] | None]:
+        """Compare the two answers, update the metrics and return the shadow record, with the
+        two texts when both sides have one.
 
         Runs in a worker thread: it reads only the job and the outcome, and metrics are
         thread-safe.
@@ -474,6 +502,9 @@ class Mirror:
             length_ratio=diff.length_ratio,
             json_diff=None if diff.json_diff is None else orjson.dumps(diff.json_diff).decode(),
             embedding_cosine=diff.embedding_cosine,
+            token_divergence=diff.token_divergence,
+            near_tie=diff.near_tie,
+            kl_divergence=diff.kl_divergence,
             measures=orjson.dumps(diff.measures).decode() if diff.measures else None,
         )
         if plan.compare.store_text and (primary.text is not None or candidate.text is not None):
@@ -481,7 +512,9 @@ class Mirror:
             record.candidate_text = _clip(candidate.text)
             record.text_expires_at = self._wall() + plan.compare.text_retention_h * 3600
         self._observe(labels, outcome, diff)
-        return record
+        if primary.text is None or candidate.text is None:
+            return record, None
+        return record, (primary.text, candidate.text)
 
     def _observe(self, labels: tuple[str, str, str], outcome: CandidateOutcome, diff: Diff) -> None:
         m = self.metrics

@@ -2,7 +2,9 @@
 
 Reads shadow records and drop counts (with the primaries' measured energy and cost from their
 request records) and folds them into one entry per route and candidate: samples and drops,
-agreement beside the route's noise floor, latency percentiles, energy and cost.
+agreement beside the route's noise floor (exact and normalized match, word similarity, near
+ties at the first difference, KL from logprobs, semantic similarity), latency percentiles,
+energy and cost.
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ _SUMMARY_COLUMNS = (
     "similarity",
     "length_ratio",
     "embedding_cosine",
+    "near_tie",
+    "kl_divergence",
+    "semantic_similarity",
     "primary_e2e_ms",
     "candidate_e2e_ms",
     "primary_ttft_ms",
@@ -52,10 +57,16 @@ def _accuracy(candidates: Sequence[Mapping[str, Any]], noise: Sequence[Mapping[s
         "exact_match_rate": share(ok, "exact_match"),
         "normalized_match_rate": share(ok, "normalized_match"),
         "mean_similarity": mean(ok, "similarity"),
+        "near_tie_rate": share(ok, "near_tie"),
+        "mean_kl_divergence": mean(ok, "kl_divergence"),
+        "mean_semantic_similarity": mean(ok, "semantic_similarity"),
         "noise_samples": len(noise),
         "noise_exact_match_rate": share(noise_ok, "exact_match"),
         "noise_normalized_match_rate": share(noise_ok, "normalized_match"),
         "noise_mean_similarity": mean(noise_ok, "similarity"),
+        "noise_near_tie_rate": share(noise_ok, "near_tie"),
+        "noise_mean_kl_divergence": mean(noise_ok, "kl_divergence"),
+        "noise_mean_semantic_similarity": mean(noise_ok, "semantic_similarity"),
     }
 
 

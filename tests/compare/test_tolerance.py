@@ -332,3 +332,21 @@ def test_the_default_comparators_measure_near_ties_and_kl_from_read_answers() ->
     assert (diff.token_divergence, diff.near_tie) == (1, True)
     assert diff.kl_divergence is not None and diff.kl_divergence > 0
     assert diff.exact_match is False and diff.first_divergence == 1
+
+
+def test_a_primary_without_logprobs_is_aligned_on_its_text_for_the_near_tie() -> None:
+    candidate = (
+        TokenChoice("The", -0.01, (("The", -0.01),)),
+        TokenChoice(" big", -0.4, ((" big", -0.4), (" large", -1.1), (" small", -6.0))),
+        TokenChoice(" city", -0.02, ((" city", -0.02),)),
+    )
+    flipped = compare(Answer(text="The large city"), Answer(text="The big city", tokens=candidate))
+    assert (flipped.token_divergence, flipped.near_tie) == (1, True)
+    wrong = compare(Answer(text="The old city"), Answer(text="The big city", tokens=candidate))
+    assert (wrong.token_divergence, wrong.near_tie) == (1, False)
+    same = compare(Answer(text="The big city"), Answer(text="The big city", tokens=candidate))
+    assert (same.token_divergence, same.near_tie) == (None, None)
+    longer = compare(
+        Answer(text="The big city hall"), Answer(text="The big city", tokens=candidate)
+    )
+    assert (longer.token_divergence, longer.near_tie) == (3, None)

@@ -23,16 +23,17 @@ from gateway.db.engine import make_engine, upgrade
 from gateway.exchange import Exchange
 from gateway.fleet.state import Fleet
 from gateway.metrics import GatewayMetrics
-from gateway.policy.model import DEFAULT_NOISE_SHARE, NoiseFloor
+from gateway.policy.model import DEFAULT_NOISE_SHARE, NoiseFloor, SemanticSimilarity
 from gateway.routing.classify import RequestProfile
 from gateway.routing.router import RouteDecision
-from gateway.shadow.mirror import Mirror
+from gateway.shadow.mirror import Mirror, copy_body
 from gateway.shadow.records import ShadowWriter
 from gateway.shadow.sample import NOISE, ShadowPlan, sample, stable_fraction
+from gateway.shadow.semantic import Embedder
 from harness.gateways import run_gateway
 from harness.metrics import metric_value, parse_metrics
 from harness.simulators import start_simulator
-from policies import MODEL, fleet_policy
+from policies import EMBED, MODEL, fleet_policy
 
 
 def profile(prompt_tokens: int = 100, tenant: str = "anonymous", **kw: object) -> RequestProfile:
@@ -234,6 +235,42 @@ def test_drops_are_written_as_counts_per_minute(tmp_path: Path) -> None:
     assert [tuple(r) for r in rows] == [(120.0, "rate", 5)]
 
 
+def test_a_copy_asks_for_logprobs_only_where_the_client_asked_none() -> None:
+    chat = orjson.dumps({"model": MODEL, "messages": [], "temperature": 0})
+    assert orjson.loads(copy_body("chat", chat, 5)) == {
+        **orjson.loads(chat),
+        "logprobs": True,
+        "top_logprobs": 5,
+    }
+    asked = orjson.dumps({"model": MODEL, "messages": [], "logprobs": True, "top_logprobs": 2})
+    assert copy_body("chat", asked, 5) == asked
+    legacy = orjson.dumps({"model": MODEL, "prompt": "x"})
+    assert orjson.loads(copy_body("completions", legacy, 8))["logprobs"] == 5
+    embeddings = orjson.dumps({"model": EMBED, "input": "x"})
+    assert copy_body("embeddings", embeddings, 5) == embeddings
+    assert copy_body("chat", chat, 0) == chat
+    assert copy_body("chat", b"not json", 5) == b"not json"
+
+
+def test_embeddings_for_meaning_keep_to_their_budget() -> None:
+    policy = shadow_policy(["http://g:1"], ["http://a:2"], ["http://c:3"])
+    fleet, metrics = Fleet(policy), GatewayMetrics()
+    now = [0.0]
+    embedder = Embedder(None, None, metrics, lambda: fleet, clock=lambda: now[0])  # type: ignore[arg-type]
+    unknown = SemanticSimilarity(model="no-such-model", max_per_second=1)
+    # Within budget, but no live pool serves the model: nothing is sent, the pair keeps none.
+    assert asyncio.run(embedder.similarity(unknown, "a", "b")) is None
+    # The budget's one token is spent: the next pair in the same second is not embedded.
+    assert asyncio.run(embedder.similarity(unknown, "a", "b")) is None
+    outcomes = {
+        outcome: metrics.registry.get_sample_value(
+            "gateway_shadow_embeddings_total", {"model": "no-such-model", "outcome": outcome}
+        )
+        for outcome in ("no_backend", "over_budget", "measured")
+    }
+    assert outcomes == {"no_backend": 1.0, "over_budget": 1.0, "measured": None}
+
+
 # End to end, with simulators --------------------------------------------------------------
 
 
@@ -292,6 +329,48 @@ def test_candidate_and_noise_records_carry_correct_diffs(sims, deviant_cim, tmp_
         assert row["candidate_pool"] == row["primary_pool"] == "gpu"
         assert row["candidate_backend"] != row["primary_backend"]
         assert row["exact_match"] is True and row["similarity"] == 1.0
+
+
+def test_copies_ask_for_logprobs_and_differing_pairs_are_embedded_for_meaning(
+    sims, deviant_cim, tmp_path
+) -> None:
+    compare = {"store_text": True, "semantic_similarity": {"model": EMBED}}
+    policy = shadow_policy(
+        sims.urls("gpu"), sims.urls("asic"), [deviant_cim.url], compare=compare, noise=1.0
+    )
+    with run_gateway(policy, tmp_path) as gw:
+        client = gw.client()
+        for i in range(4):
+            answer = client.chat.completions.create(
+                model=MODEL,
+                messages=[{"role": "user", "content": f"Facts {i} about analog arrays."}],
+                max_tokens=60,
+                temperature=0,
+            )
+            assert answer.choices[0].logprobs is None  # the client asked none, and got none
+        rows = shadow_rows(gw, 8)
+        samples = parse_metrics(gw.http().get("/metrics").text)
+    candidates = [r for r in rows if r["kind"] == "candidate"]
+    noise = [r for r in rows if r["kind"] == "noise"]
+    assert len(candidates) == len(noise) == 4
+    for row in candidates:
+        # Every CIM answer here has a wrong fact: the copy's logprobs place its first
+        # difference, and the embeddings see the meaning change.
+        assert row["exact_match"] is False and row["token_divergence"] is not None
+        assert row["near_tie"] is not None
+        assert row["semantic_similarity"] is not None and row["semantic_similarity"] < 0.98
+    for row in noise:
+        # Two GPU answers: exact, or near-tie flips that mean the same.
+        if row["exact_match"]:
+            assert row["semantic_similarity"] is None and row["token_divergence"] is None
+        else:
+            assert row["near_tie"] is True and row["semantic_similarity"] > 0.99
+    measured = sum(
+        value
+        for name, labels, value in samples
+        if name == "gateway_shadow_embeddings_total" and labels["outcome"] == "measured"
+    )
+    assert measured == 4 + sum(not r["exact_match"] for r in noise)
 
 
 def test_streamed_primary_is_captured_as_it_is_relayed(sims, tmp_path: Path) -> None:
@@ -454,7 +533,12 @@ def test_failing_candidate_gets_each_copy_once_marked_and_unchanged(sims, tmp_pa
     assert len(upstream.seen) == 3
     for headers, received in upstream.seen:
         assert headers["x-gateway-shadow"] == "1"
-        assert received == body  # sampling parameters and all, byte for byte
+        # Sampling parameters and all, plus the logprobs every copy asks for.
+        assert orjson.loads(received) == {
+            **orjson.loads(body),
+            "logprobs": True,
+            "top_logprobs": 5,
+        }
     assert [(r["candidate_status"], r["candidate_error"]) for r in rows] == [
         (500, "upstream_error")
     ] * 3

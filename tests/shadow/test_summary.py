@@ -77,9 +77,9 @@ def test_the_noise_floor_is_reported_apart_for_greedy_and_sampled_copies() -> No
         row(**same, exact_match=True, normalized_match=True, similarity=1.0),
         row(**same, exact_match=True, normalized_match=True, similarity=1.0),
         row(**same, sampled=True, temperature=None, exact_match=False, normalized_match=True,
-            similarity=0.6),
+            similarity=0.6, near_tie=True, semantic_similarity=0.99, kl_divergence=0.02),
         row(**same, sampled=True, temperature=0.7, exact_match=False, normalized_match=False,
-            similarity=0.4),
+            similarity=0.4, near_tie=False, semantic_similarity=0.97),
         row(**same, sampled=True, temperature=0.7, exact_match=None, normalized_match=None,
             similarity=None, candidate_status=None, candidate_error="upstream_timeout"),
     ]  # fmt: skip
@@ -90,7 +90,20 @@ def test_the_noise_floor_is_reported_apart_for_greedy_and_sampled_copies() -> No
         "noise_exact_match_rate": 0.5,
         "noise_normalized_match_rate": 0.75,
         "noise_mean_similarity": 0.75,
+        "noise_near_tie_rate": 0.5,
+        "noise_mean_kl_divergence": 0.02,
+        "noise_mean_semantic_similarity": pytest.approx(0.98),
     }
+    tolerance = ("near_tie_rate", "mean_kl_divergence", "mean_semantic_similarity")
+    for kind in ("greedy", "sampled"):
+        for key in tolerance:
+            assert cim[kind].pop(key) is None  # the candidate's copies measured none
+    assert [cim["greedy"].pop(f"noise_{key}") for key in tolerance] == [None, None, None]
+    assert [cim["sampled"].pop(f"noise_{key}") for key in tolerance] == [
+        0.5,
+        0.02,
+        pytest.approx(0.98),
+    ]
     assert cim["greedy"] == {
         "samples": 1,
         "exact_match_rate": 1.0,
