@@ -52,7 +52,7 @@ def _promotion(args: argparse.Namespace, settings: Settings) -> int:
 
     from gateway.promotion.calibration import calibrate
 
-    result = calibrate(runs=args.runs, seed=args.seed)
+    result = calibrate(runs=args.runs, seed=args.seed, pairs=args.pairs)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))
     print(json.dumps({k: v for k, v in result.items() if k != "scenarios"}, indent=2))
@@ -85,9 +85,16 @@ def add(commands: argparse._SubParsersAction) -> None:
     )
     routing.set_defaults(run=_routing)
     promotion = bench.add_parser(
-        "promotion", help="calibrate the judge on simulated shadow streams"
+        "promotion",
+        help="calibrate the judge on scenarios run through the simulator's precision model",
     )
     promotion.add_argument("--out", type=Path, required=True, help="where to write the JSON")
     promotion.add_argument("--runs", type=int, default=200, help="simulated runs per scenario")
     promotion.add_argument("--seed", type=int, default=0)
+    promotion.add_argument(
+        "--pairs",
+        type=int,
+        default=1500,
+        help="prompts answered by the simulator's precision model to measure each scenario",
+    )
     promotion.set_defaults(run=_promotion)

@@ -52,7 +52,10 @@ class Tolerance:
             if self.noise_pairs
             else "the default (too few noise-floor pairs to measure one)"
         )
-        return f"semantic similarity below {self.meaning:.3f}, {source}"
+        return (
+            f"semantic similarity below {self.meaning:.3f}, or without embeddings ROUGE-L below"
+            f" {self.words:.3f} and no near tie; {source}"
+        )
 
 
 def tolerance(noise: Iterable[Row]) -> Tolerance:
