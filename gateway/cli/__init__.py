@@ -1,4 +1,4 @@
-"""The `gateway` command: serve, migrate, change policies, explain, train, bench, promote, report.
+"""The `gateway` command: serve, db, policy, explain, model, bench, promote, precision, report.
 
 One module per command group; each adds its commands to the parser here.
 """
@@ -10,11 +10,11 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from gateway.cli import bench, db, explain, model, policy, promote, report, serve
+from gateway.cli import bench, db, explain, model, policy, precision, promote, report, serve
 from gateway.errors import GatewayError, InvalidRequest, PolicyError
 from gateway.settings import Settings
 
-GROUPS = (serve, db, policy, explain, model, bench, promote, report)
+GROUPS = (serve, db, policy, explain, model, bench, promote, precision, report)
 
 
 def parser() -> argparse.ArgumentParser:

@@ -100,6 +100,7 @@ def _apply(args: argparse.Namespace, settings: Settings) -> int:
         message=args.message,
         access=_access(settings),
         serving=False,
+        precision_gate="override" if args.override_precision_gate else "check",
     )
     for warning in applied.warnings:
         print(f"warning: {warning}")
@@ -195,6 +196,12 @@ def add(commands: argparse._SubParsersAction) -> None:
     apply.add_argument("file")
     apply.add_argument("-m", "--message", required=True, help="why this change")
     apply.add_argument("--author", help="who (default: the OS user)")
+    apply.add_argument(
+        "--override-precision-gate",
+        action="store_true",
+        help="let a shadow-only pool go live without a passing precision check (the version's "
+        "message records it)",
+    )
     apply.set_defaults(run=_apply)
     history = policy.add_parser("history", help="list stored versions, newest first")
     history.add_argument("--limit", type=int, default=50)

@@ -50,7 +50,13 @@ def _rollout(args: argparse.Namespace, settings: Settings) -> int:
     author = operator()
     if args.promote_command == "apply":
         result: object = rollout.start(
-            engine, policy, args.route, args.candidate, author=author, force=args.force
+            engine,
+            policy,
+            args.route,
+            args.candidate,
+            author=author,
+            force=args.force,
+            override_precision_gate=args.override_precision_gate,
         )
     elif args.promote_command == "rollback":
         result = rollout.stop(engine, args.route, author=author)
@@ -82,6 +88,12 @@ def add(commands: argparse._SubParsersAction) -> None:
     promote_apply.add_argument("candidate")
     promote_apply.add_argument(
         "--force", action="store_true", help="start without a promote verdict"
+    )
+    promote_apply.add_argument(
+        "--override-precision-gate",
+        action="store_true",
+        help="start a shadow-only candidate without a passing precision check (the rollout's "
+        "policy version records it)",
     )
     promote_apply.set_defaults(run=_rollout)
     promote_rollback = promote.add_parser(

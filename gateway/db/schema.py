@@ -1,9 +1,9 @@
 """The database schema: every table the gateway keeps, in one place, as the migrations build it.
 
 Rows are written by their owners (request and shadow records, policy versions, cost models,
-promotion verdicts, rollouts) and read by the judge, the reports and the admin API; retention
-deletes the old ones. `gateway/db/migrations/` creates exactly these tables: a test compares the
-two.
+promotion verdicts, rollouts, precision checks) and read by the judge, the reports and the admin
+API; retention deletes the old ones. `gateway/db/migrations/` creates exactly these tables: a
+test compares the two.
 """
 
 from __future__ import annotations
@@ -202,4 +202,18 @@ rollouts = sa.Table(
     sa.Column("started", sa.Float, nullable=False),
     sa.Column("step_started", sa.Float, nullable=False),
     sa.Column("history", sa.Text, nullable=False, comment="JSON list of {ts, event, weight}."),
+)
+
+
+precision_checks = sa.Table(
+    "precision_checks",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True),
+    sa.Column("ts", sa.Float, nullable=False, comment="Unix seconds."),
+    sa.Column("pool", sa.String(64), nullable=False, comment="The candidate pool checked."),
+    sa.Column("reference", sa.String(64), nullable=False),
+    sa.Column("suite", sa.Text, nullable=False, comment="The suite file, as named."),
+    sa.Column("verdict", sa.String(16), nullable=False, comment="pass or fail"),
+    sa.Column("result", sa.Text, nullable=False, comment="JSON: the check's figures and reasons."),
+    sa.Index("ix_precision_checks_pool_ts", "pool", "ts"),
 )

@@ -92,6 +92,7 @@ def admin_router(gateway: Gateway) -> APIRouter:
             request.candidate or "",
             author="admin-api",
             force=request.force,
+            override_precision_gate=request.override_precision_gate,
         )
         await gateway.policy_watcher.sync()
         return started
@@ -139,6 +140,7 @@ def admin_router(gateway: Gateway) -> APIRouter:
                 author=change.author,
                 message=change.message,
                 access=gateway.access,
+                precision_gate="override" if change.override_precision_gate else "check",
             )
         except PolicyError as exc:
             return JSONResponse({"errors": [_problem(p) for p in exc.problems]}, 422)
@@ -219,6 +221,11 @@ class PolicyChange(PolicyCandidate):
 
     message: str = Field(min_length=1)
     author: str = "admin-api"
+    override_precision_gate: bool = Field(
+        default=False,
+        description="Let a shadow-only pool go live without a passing precision check; the "
+        "version's message records it.",
+    )
 
 
 class RollbackRequest(BaseModel):
@@ -235,6 +242,11 @@ class RolloutRequest(BaseModel):
     route: str
     candidate: str | None = None
     force: bool = False
+    override_precision_gate: bool = Field(
+        default=False,
+        description="Start a shadow-only candidate without a passing precision check; the "
+        "rollout's policy version records it.",
+    )
 
 
 class ExplainRequest(BaseModel):

@@ -6,20 +6,38 @@ one is refused with every problem located, and nothing changes), a text that is 
 is not stored again, and any other is stored as the new active version, in one transaction.
 Serving it is then the caller's: a running gateway syncs at once and tells the other replicas,
 the CLI tells them through Redis, and every replica polls the store in any case.
+
+**The precision gate.** A pool that the active version marks `live: false` (shadow-only) goes
+live only when its newest precision check passed (`gateway precision check`, stored in
+`precision_checks`; docs/precision.md). An operator may override the gate; the override is
+written into the stored version's message, so `gateway policy history` shows who let which pool
+through without one.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Literal
 
 import sqlalchemy as sa
+import yaml
 
-from gateway.errors import Problem
+from gateway.db.schema import precision_checks
+from gateway.errors import PolicyError, PolicyStoreUnavailable, Problem
 from gateway.policy import versions
 from gateway.policy.check import validate
 from gateway.policy.credentials import Access
-from gateway.policy.load import content_hash
+from gateway.policy.load import PolicyLoader, content_hash, locator
+from gateway.policy.model import Policy
 from gateway.policy.versions import PolicyVersion
+
+# How an apply treats a shadow-only pool going live: refuse it without a passing precision
+# check ("check"), let it through and record that in the version's message ("override"), or
+# leave it to the caller, which checked already (a rollout, gated when it started: "checked").
+PrecisionGate = Literal["check", "override", "checked"]
+SUITE_HINT = "suites/chat.jsonl"
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,15 +58,92 @@ def apply(
     message: str,
     access: Access | None = None,
     serving: bool = True,
+    precision_gate: PrecisionGate = "check",
 ) -> Applied:
     """Validate a policy text and make it the active version; raise PolicyError if invalid.
 
     `access` and `serving` say whose upstream keys and rules the policy is checked against
-    (gateway/policy/check.py): a serving gateway's refuses a policy breaking them.
+    (gateway/policy/check.py): a serving gateway's refuses a policy breaking them. A pool the
+    active version keeps shadow-only may go live only past the precision gate (above).
     """
     checked = validate(text, source, access, serving=serving)
-    checked.accepted()
+    policy = checked.accepted()
     active = versions.active(engine)
     if active is not None and active.hash == content_hash(text):
         return Applied(active, False, checked.warnings)
+    if active is not None and precision_gate != "checked":
+        ungated = uncleared(engine, going_live(active.content, policy))
+        if ungated and precision_gate == "check":
+            at = locator(text, source)
+            problems = [
+                at(("pools", pool, "live"), refusal(pool, why, active.version))
+                for pool, why in ungated.items()
+            ]
+            listed = "\n  ".join(map(str, problems))
+            raise PolicyError(f"policy refused by the precision gate:\n  {listed}", problems)
+        if ungated:
+            message += overridden(ungated, author)
     return Applied(versions.record(engine, text, author, message), True, checked.warnings)
+
+
+def going_live(active_content: str, policy: Policy) -> list[str]:
+    """Return the pools the active text keeps shadow-only (`live: false`) and policy makes live."""
+    try:
+        doc: Any = yaml.load(active_content, Loader=PolicyLoader)
+        pools = doc["pools"]
+        shadow_only = {name for name, spec in pools.items() if spec.get("live", True) is False}
+    except (yaml.YAMLError, KeyError, TypeError, AttributeError):
+        return []  # a stored version is valid where it was applied; nothing to compare if not
+    return [name for name, spec in policy.pools.items() if spec.live and name in shadow_only]
+
+
+def newest_check(engine: sa.Engine, pool: str) -> dict[str, Any] | None:
+    """Return a pool's newest stored precision check (ts, reference, suite, verdict), or None."""
+    c = precision_checks.c
+    query = (
+        sa.select(c.ts, c.reference, c.suite, c.verdict)
+        .where(c.pool == pool)
+        .order_by(c.id.desc())
+        .limit(1)
+    )
+    try:
+        with engine.connect() as conn:
+            row = conn.execute(query).first()
+    except sa.exc.SQLAlchemyError as exc:
+        raise PolicyStoreUnavailable(
+            f"the precision checks cannot be read ({type(exc).__name__}); run `gateway db "
+            "upgrade` if the table is missing"
+        ) from exc
+    return None if row is None else dict(row._mapping)
+
+
+def uncleared(engine: sa.Engine, pools: Iterable[str]) -> dict[str, str]:
+    """Return, for each pool whose newest precision check did not pass, why in words."""
+    found = {}
+    for pool in pools:
+        check = newest_check(engine, pool)
+        if check is None:
+            found[pool] = "it has no precision check"
+        elif check["verdict"] != "pass":
+            ran = datetime.fromtimestamp(check["ts"], UTC).strftime("%Y-%m-%d %H:%M UTC")
+            found[pool] = (
+                f"its newest precision check ({ran}, {check['suite']} against "
+                f"{check['reference']!r}) is {check['verdict']!r}"
+            )
+    return found
+
+
+def refusal(pool: str, why: str, version: int | None = None, change: str = "go live") -> str:
+    """Say why a shadow-only pool may not go live, and what the operator can do."""
+    where = "the active version" if version is None else f"the active version ({version})"
+    return (
+        f"pool {pool!r} is live: false in {where} and would {change}, but {why}: run `gateway "
+        f"precision check --pool {pool} --suite {SUITE_HINT}` until it passes, or override the "
+        "gate (--override-precision-gate, or override_precision_gate in the admin API), which "
+        "the policy history records"
+    )
+
+
+def overridden(pools: Iterable[str], author: str) -> str:
+    """Return what a version's message says of a precision gate overridden for `pools`."""
+    return f" [precision gate overridden for {', '.join(sorted(pools))} by {author}]"

@@ -4,10 +4,11 @@ An operator starts a rollout (`gateway promote apply ROUTE CANDIDATE`); the cand
 route's canary at the first weight of `promotion.rollout_steps`. After each `step_minutes` the
 guards are checked on what the canary served in that step: its error rate, its SLO attainment,
 and its agreement in meaning with the former primary on a reverse shadow sample (the former
-primary answers copies of the canary's requests; gateway/promotion/departures.py). Passing guards move to the next weight; at the last, the
-candidate becomes the route's first pool. A breach goes back to the previous weight at once,
-stops the rollout and records why. Every change is a new policy version, so the policy history is
-the audit trail; the `rollouts` table keeps each rollout's steps.
+primary answers copies of the canary's requests; gateway/promotion/departures.py). Passing
+guards move to the next weight; at the last, the candidate becomes the route's first pool. A
+breach goes back to the previous weight at once, stops the rollout and records why. Every change
+is a new policy version, so the policy history is the audit trail; the `rollouts` table keeps
+each rollout's steps.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from gateway.db.schema import request_records, rollouts, shadow_records
 from gateway.errors import InvalidRequest
 from gateway.periodic import Periodic
 from gateway.policy import check, versions
-from gateway.policy.apply import apply
+from gateway.policy.apply import apply, overridden, refusal, uncleared
 from gateway.policy.load import PolicyLoader, to_yaml
 from gateway.policy.model import Policy
 from gateway.promotion.departures import Tolerance, departs
@@ -117,8 +118,15 @@ def promoted(doc: dict[str, Any], route: str, pool: str) -> dict[str, Any]:
 
 
 def _store(engine: sa.Engine, content: str, author: str, message: str) -> int:
-    """Apply a rollout's policy text; return the version it became."""
-    return apply(engine, content, "rollout", author=author, message=message).version.version
+    """Apply a rollout's policy text; return the version it became.
+
+    The precision gate was passed (or overridden, and recorded) when the rollout started, so
+    the step that makes the candidate live at the end is not refused for it.
+    """
+    applied = apply(
+        engine, content, "rollout", author=author, message=message, precision_gate="checked"
+    )
+    return applied.version.version
 
 
 def _active_doc(engine: sa.Engine) -> dict[str, Any]:
@@ -137,9 +145,14 @@ def start(
     *,
     author: str,
     force: bool = False,
+    override_precision_gate: bool = False,
     now: float | None = None,
 ) -> dict[str, Any]:
-    """Begin rolling `candidate` out on `route` at the first step's weight."""
+    """Begin rolling `candidate` out on `route` at the first step's weight.
+
+    A shadow-only candidate (`live: false`) needs a passing newest precision check, unless the
+    gate is overridden; the override is written into the rollout's first policy version.
+    """
     now = time.time() if now is None else now
     if not force:
         verdicts = {(v["route"], v["candidate"]): v["outcome"] for v in latest(engine)}
@@ -163,12 +176,9 @@ def start(
     if candidate == former:
         raise InvalidRequest(f"{candidate!r} already serves route {route!r} first")
     weight = policy.promotion.rollout_steps[0]
-    version = _store(
-        engine,
-        to_yaml(with_canary(doc, route, candidate, weight)),
-        author,
-        f"rollout of {candidate} on {route}: {weight:.0%}",
-    )
+    message = f"rollout of {candidate} on {route}: {weight:.0%}"
+    message += _precision_gate(engine, doc, route, candidate, author, override_precision_gate)
+    version = _store(engine, to_yaml(with_canary(doc, route, candidate, weight)), author, message)
     history = [{"ts": now, "event": "started", "weight": weight, "policy_version": version}]
     with engine.begin() as conn:
         conn.execute(
@@ -185,6 +195,31 @@ def start(
             )
         )
     return status(engine)[-1]
+
+
+def _precision_gate(
+    engine: sa.Engine,
+    doc: dict[str, Any],
+    route: str,
+    candidate: str,
+    author: str,
+    override: bool,
+) -> str:
+    """Refuse a shadow-only candidate without a passing precision check; return what to record.
+
+    The text returned is appended to the rollout's first policy version's message: empty when
+    the gate had nothing to say, the override and its author when it was overridden.
+    """
+    spec = doc["pools"].get(candidate)
+    if not isinstance(spec, dict) or spec.get("live", True) is not False:
+        return ""
+    ungated = uncleared(engine, [candidate])
+    if not ungated:
+        return ""
+    if not override:
+        change = f"take a share of route {route!r}'s live traffic as its canary"
+        raise InvalidRequest(refusal(candidate, ungated[candidate], change=change))
+    return overridden(ungated, author)
 
 
 def guards(engine: sa.Engine, policy: Policy, route: str, candidate: str, since: float) -> Guards:

@@ -1,9 +1,9 @@
 """The report's numbers: read the records of a period and fold them into plain values.
 
 `collect` is the one edge that reads the database. Everything else is a pure function of rows
-(dictionaries with the columns of request_records, shadow_records and shadow_drops), so the
-numbers can be checked against rows built by hand. Values that could not be measured are None,
-never zero.
+(dictionaries with the columns of request_records, shadow_records and shadow_drops, and the
+stored precision checks' results), so the numbers can be checked against rows built by hand.
+Values that could not be measured are None, never zero.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from gateway.costmodel.model import CostModel, Prediction
 from gateway.db.schema import cost_models, request_records, shadow_drops, shadow_records
 from gateway.policy.model import Policy
-from gateway.promotion import evidence
+from gateway.promotion import evidence, precision
 from gateway.promotion.judge import FAIL, PASS, Criteria, judge
 from gateway.records.slo import meets_slo
 from gateway.report.period import Period
@@ -63,6 +63,7 @@ def collect(
         stored_verdicts=stored,
         predict=predict,
         now=now,
+        checks=precision.newest(engine, until=period.until),
     )
 
 
@@ -164,8 +165,12 @@ def build(
     stored_verdicts: Sequence[Mapping[str, Any]],
     predict: Predict,
     now: float,
+    checks: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
-    """Fold the rows of the period (and the history before it) into the report's numbers."""
+    """Fold the rows of the period (and the history before it) into the report's numbers.
+
+    `checks` are each pool's newest precision check by the end of the period.
+    """
     previous = period.previous()
     this_requests = _within(requests, period)
     before_requests = _within(requests, previous)
@@ -222,6 +227,7 @@ def build(
             "min_window_days": rules.min_window_s / 86400,
         },
         "candidates": candidates,
+        "precision_checks": [precision_check(c) for c in checks],
     }
 
 
@@ -356,6 +362,31 @@ def _fleet_change(current: Mapping[str, Any], before: Mapping[str, Any]) -> dict
     return {
         name: _delta(current[name], before[name]) for name in ("requests", "energy_j", "cost_usd")
     }
+
+
+# Precision checks --------------------------------------------------------------------------
+
+_CHECK_FIELDS = (
+    "pool",
+    "reference",
+    "suite",
+    "ts",
+    "prompts",
+    "compared",
+    "top1_agreement",
+    "mean_kl",
+    "near_tie_share",
+    "harmful_share",
+    "noise_harmful_share",
+    "ci",
+    "verdict",
+    "reasons",
+)
+
+
+def precision_check(result: Mapping[str, Any]) -> dict[str, Any]:
+    """Return what the report shows of a stored precision check: its figures and verdict."""
+    return {name: result.get(name) for name in _CHECK_FIELDS}
 
 
 # Per route and candidate -------------------------------------------------------------------

@@ -167,3 +167,40 @@ def test_unbounded_intervals_are_null_in_json() -> None:
         "interval": [0.5, None],
         "n": [None, 1],
     }
+
+
+def test_the_report_shows_each_pools_newest_precision_check(tmp_path: Path) -> None:
+    from gateway.policy.load import load_policy
+    from gateway.promotion import precision
+
+    url = f"sqlite:///{tmp_path / 'gateway.db'}"
+    upgrade(url)
+    engine = make_engine(url)
+    policy, period = load_policy(ROOT / "policies/default.yaml"), week(WEEK)
+    generate(engine, policy, period, tmp_path / "none", now=period.until)
+    assert "No precision check had been run" in (tmp_path / "none/report.html").read_text()
+
+    def checked(pool: str, departing: int, ts: float) -> dict:
+        same = {"exact_match": True, "similarity": 1.0, "kl_divergence": 0.0}
+        wrong = {"exact_match": False, "similarity": 0.9, "semantic_similarity": 0.7}
+        body = {"model": "llama-3.1-8b-instruct", "messages": [{"role": "user", "content": "q"}]}
+        suite = precision.Suite("suites/chat.jsonl", tuple((n, body) for n in range(240)))
+        outcomes = [
+            precision.Outcome(n, {**(wrong if n < departing else same), "candidate_error": None})
+            for n in range(240)
+        ]
+        plan = precision.Plan(pool, "gpu", "bge-large-en-v1.5", "gpu")
+        return {**precision.judge_check(plan, suite, outcomes), "ts": ts}
+
+    precision.store(engine, checked("cim", 12, period.since + 3600))
+    precision.store(engine, checked("asic", 0, period.since + 7200))
+    precision.store(engine, checked("asic", 30, period.until + 60))  # after the week: not shown
+    report = generate(engine, policy, period, tmp_path / "out", now=period.until)
+    engine.dispose()
+    shown = [(c["pool"], c["verdict"], c["harmful_share"]) for c in report["precision_checks"]]
+    assert shown == [("asic", "pass", 0.0), ("cim", "fail", 0.05)]
+    page = (tmp_path / "out/report.html").read_text()
+    assert "<h2>Precision checks</h2>" in page
+    assert "12 of 240 answers (5.0%, 95% interval" in page
+    stored = json.loads((tmp_path / "out/report.json").read_text())["precision_checks"]
+    assert stored[1]["reasons"] == report["precision_checks"][1]["reasons"]

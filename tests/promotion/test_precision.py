@@ -1,0 +1,352 @@
+"""Precision checks: a suite replayed on real simulated hardware, judged, stored, and the gate."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from command import ROOT, gateway
+
+from gateway.db.engine import make_engine
+from gateway.errors import InvalidRequest
+from gateway.policy import versions
+from gateway.policy.apply import apply
+from gateway.policy.load import render_policy, to_yaml
+from gateway.policy.model import Policy
+from gateway.promotion import precision, rollout
+from gateway.promotion.precision import Limits, Outcome, Plan, Suite, judge_check
+from harness.databases import scratch_database
+from harness.gateways import run_gateway
+from harness.simulators import SimulatorProcess, start_simulator
+from policies import BIG, EMBED, MODEL, fleet_policy
+
+# The default policy's model table: bge-large-en-v1.5 is an embedding model, so checks measure
+# semantic similarity on the GPU pool that serves it.
+MODELS = {
+    MODEL: {"params_b": 8},
+    BIG: {"params_b": 70},
+    EMBED: {"params_b": 0.335, "kind": "embedding"},
+}
+CHAT_ONLY = [{"name": "chat", "match": {"models": [MODEL]}, "pools": ["gpu"]}]
+KEYS = (
+    "pool",
+    "reference",
+    "prompts",
+    "top1_agreement",
+    "mean_kl",
+    "near_tie_share",
+    "harmful_share",
+    "noise_top1_agreement",
+    "noise_harmful_share",
+    "ci",
+    "verdict",
+    "reasons",
+)
+SPEED = 1000.0
+
+
+@dataclass
+class Fleet:
+    """One simulated backend per pool kind; the CIM part gets a fact wrong in 30% of answers."""
+
+    gpu: SimulatorProcess
+    asic: SimulatorProcess
+    cim: SimulatorProcess
+
+    def policy(self, **extra: Any) -> Policy:
+        urls = ([self.gpu.url], [self.asic.url], [self.cim.url])
+        return fleet_policy(*urls, models=MODELS, **extra)
+
+
+@pytest.fixture(scope="module")
+def fleet() -> Iterator[Fleet]:
+    with contextlib.ExitStack() as stack:
+        yield Fleet(
+            stack.enter_context(start_simulator("gpu", speed=SPEED, seed=1)),
+            stack.enter_context(start_simulator("asic", speed=SPEED, seed=3)),
+            stack.enter_context(
+                start_simulator("cim", speed=SPEED, seed=4, extra_args=["--harmful-rate", "0.3"])
+            ),
+        )
+
+
+@dataclass
+class Ran:
+    """A `gateway precision check` run: its exit status, output, result file and database."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+    result: dict[str, Any]
+    database: str
+
+
+def check(database: str, out: Path, *args: str) -> Ran:
+    """Run `gateway precision check` as an operator does, against `database`."""
+    done = gateway("precision", "check", *args, "--out", str(out), env={"DATABASE_URL": database})
+    result = json.loads(out.read_text()) if out.exists() else {}
+    return Ran(done.returncode, done.stdout, done.stderr, result, database)
+
+
+def write(path: Path, policy: Policy) -> str:
+    path.write_text(render_policy(policy))
+    return str(path)
+
+
+def made_live(policy: Policy, pool: str) -> str:
+    """Return the policy's text with `pool` live."""
+    doc = policy.model_dump(mode="json", exclude_defaults=True)
+    doc["pools"][pool].pop("live", None)
+    return to_yaml(doc)
+
+
+@pytest.fixture(scope="module")
+def asic_check(fleet: Fleet, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ran]:
+    """The int8 ASIC on the whole chat suite, with the policy file named on the command line."""
+    tmp = tmp_path_factory.mktemp("asic")
+    with scratch_database(None, tmp) as url:
+        policy = write(tmp / "policy.yaml", fleet.policy())
+        yield check(
+            url,
+            tmp / "asic.json",
+            "--pool",
+            "asic",
+            "--suite",
+            "suites/chat.jsonl",
+            "--policy",
+            policy,
+        )
+
+
+@pytest.fixture(scope="module")
+def cim_check(fleet: Fleet, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ran]:
+    """The CIM part on the chat suite's first 60 prompts, with the database's active policy."""
+    tmp = tmp_path_factory.mktemp("cim")
+    suite = tmp / "chat-60.jsonl"
+    suite.write_text("".join((ROOT / "suites/chat.jsonl").read_text().splitlines(True)[:60]))
+    with scratch_database(None, tmp) as url:
+        engine = make_engine(url)
+        apply(engine, render_policy(fleet.policy()), "policy.yaml", author="t", message="fleet")
+        engine.dispose()
+        yield check(url, tmp / "cim.json", "--pool", "cim", "--suite", str(suite))
+
+
+def test_an_int8_asic_passes_the_chat_suite_though_its_words_differ(asic_check: Ran) -> None:
+    assert asic_check.returncode == 0, asic_check.stderr
+    r = asic_check.result
+    assert (r["pool"], r["reference"], r["verdict"]) == ("asic", "gpu", "pass")
+    assert r["prompts"] == r["compared"] == 240 and r["candidate_errors"] == 0
+    assert r["embedding_model"] == EMBED
+    # Int8 flips near ties in most answers, each to a synonym: the words differ, the meaning not.
+    assert r["top1_agreement"] < 0.8 < r["noise_top1_agreement"]
+    assert r["near_tie_share"] > 0.9
+    assert r["harmful_share"] == 0.0 and r["ci"]["harmful_share"][1] <= 0.03
+    assert "PASS" in asic_check.stdout
+    engine = make_engine(asic_check.database)
+    assert [(c["pool"], c["verdict"]) for c in precision.newest(engine)] == [("asic", "pass")]
+    engine.dispose()
+
+
+def test_a_cim_part_that_gets_facts_wrong_fails_and_says_why(cim_check: Ran) -> None:
+    assert cim_check.returncode == 1, cim_check.stderr
+    r = cim_check.result
+    assert all(key in r for key in KEYS)
+    assert set(r["ci"]) >= {"top1_agreement", "harmful_share"}
+    assert (r["pool"], r["reference"], r["verdict"]) == ("cim", "gpu", "fail")
+    # Not for want of prompts: even the interval's lower end is beyond the 3 points allowed.
+    assert r["ci"]["harmful_share"][0] > 0.03 and r["noise_harmful_share"] == 0.0
+    assert "depart in meaning from the reference's" in r["reasons"][0]
+    assert r["departures"] and all("line" in d for d in r["departures"])
+    assert r["policy"] == "policy version 1"  # the database's active version, no --policy
+    engine = make_engine(cim_check.database)
+    assert [(c["pool"], c["verdict"]) for c in precision.newest(engine)] == [("cim", "fail")]
+    engine.dispose()
+
+
+@pytest.mark.parametrize("suite", ["suites/json.jsonl", "suites/tools.jsonl"])
+def test_the_json_and_tool_call_suites_run_and_compare_every_answer(
+    fleet: Fleet, tmp_path: Path, suite: str
+) -> None:
+    policy = write(tmp_path / "policy.yaml", fleet.policy())
+    unmigrated = f"sqlite:///{tmp_path / 'empty.db'}"
+    ran = check(
+        unmigrated, tmp_path / "out.json", "--pool", "asic", "--suite", suite, "--policy", policy
+    )
+    r = ran.result
+    assert all(key in r for key in KEYS)
+    assert r["prompts"] == r["compared"] >= 205 and r["candidate_errors"] == 0
+    # Every token of a structured answer is firm: int8 noise changes none of them.
+    assert r["top1_agreement"] == 1.0 and r["verdict"] == "pass" and ran.returncode == 0
+    # Without the table the check is written to --out all the same, and says it was not stored.
+    assert "not stored" in ran.stderr
+
+
+def test_a_check_that_cannot_start_exits_2_and_says_why(fleet: Fleet, tmp_path: Path) -> None:
+    policy = write(tmp_path / "policy.yaml", fleet.policy())
+    database = f"sqlite:///{tmp_path / 'g.db'}"
+    unknown = check(
+        database,
+        tmp_path / "o.json",
+        "--pool",
+        "npu",
+        "--suite",
+        "suites/chat.jsonl",
+        "--policy",
+        policy,
+    )
+    assert unknown.returncode == 2
+    assert "no pool 'npu' (pools: gpu, asic, cim)" in unknown.stderr
+    missing = check(
+        database,
+        tmp_path / "o.json",
+        "--pool",
+        "cim",
+        "--suite",
+        str(tmp_path / "none.jsonl"),
+        "--policy",
+        policy,
+    )
+    assert missing.returncode == 2 and "cannot read the suite" in missing.stderr
+    assert not (tmp_path / "o.json").exists()
+
+
+# The figures, from outcomes built by hand ---------------------------------------------------
+
+PLAN = Plan("cim", "gpu", EMBED, "gpu")
+
+
+def outcomes(n: int, *, error_at: int | None = None) -> list[Outcome]:
+    same = {
+        "exact_match": True,
+        "similarity": 1.0,
+        "near_tie": None,
+        "json_diff": None,
+        "embedding_cosine": None,
+        "semantic_similarity": None,
+        "kl_divergence": 0.0,
+        "candidate_error": None,
+    }
+    found = []
+    for line in range(1, n + 1):
+        failed = {**same, "exact_match": None, "candidate_error": "HTTP 500"}
+        found.append(Outcome(line, failed if line == error_at else same, same))
+    return found
+
+
+def suite_of(n: int) -> Suite:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+    return Suite("suite.jsonl", tuple((line, body) for line in range(1, n + 1)))
+
+
+def test_a_failed_request_to_the_candidate_fails_the_check_by_default() -> None:
+    result = judge_check(PLAN, suite_of(240), outcomes(240, error_at=7))
+    assert result["verdict"] == "fail" and result["errors"] == [{"line": 7, "error": "HTTP 500"}]
+    assert "1 of 240 requests to the candidate failed (HTTP 500 ×1)" in " ".join(result["reasons"])
+    lenient = judge_check(PLAN, suite_of(240), outcomes(240, error_at=7), Limits(0.03, 0.01))
+    assert lenient["verdict"] == "pass"
+
+
+def test_a_suite_too_small_to_show_the_limit_fails_and_says_how_many_prompts_would() -> None:
+    result = judge_check(PLAN, suite_of(60), outcomes(60))
+    assert result["verdict"] == "fail" and result["harmful_share"] == 0.0
+    assert "a suite needs at least 205 prompts" in result["reasons"][1]
+    assert judge_check(PLAN, suite_of(205), outcomes(205))["verdict"] == "pass"
+
+
+# The gate -----------------------------------------------------------------------------------
+
+
+def test_a_policy_apply_making_a_shadow_only_pool_live_needs_its_check_to_pass(
+    fleet: Fleet, asic_check: Ran, database: str, tmp_path: Path
+) -> None:
+    engine = make_engine(database)
+    shadow_only = fleet.policy(asic_extra={"live": False}, routes=CHAT_ONLY)
+    apply(engine, render_policy(shadow_only), "policy.yaml", author="ana", message="asic shadow")
+    live = write(tmp_path / "live.yaml", fleet.policy(routes=CHAT_ONLY))
+    env = {"DATABASE_URL": database}
+    refused = gateway("policy", "apply", live, "-m", "asic goes live", env=env)
+    assert refused.returncode == 2
+    assert "pools.asic.live: pool 'asic' is live: false in the active version" in refused.stderr
+    assert "gateway precision check --pool asic --suite suites/chat.jsonl" in refused.stderr
+    assert versions.active_version(engine) == 1
+    precision.store(engine, asic_check.result)
+    accepted = gateway("policy", "apply", live, "-m", "asic goes live", env=env)
+    assert accepted.returncode == 0, accepted.stderr
+    active = versions.active(engine)
+    assert active is not None and (active.version, active.message) == (2, "asic goes live")
+    engine.dispose()
+
+
+def test_an_override_lets_the_pool_go_live_and_the_history_says_who(
+    fleet: Fleet, database: str, tmp_path: Path
+) -> None:
+    engine = make_engine(database)
+    shadow_only = fleet.policy(asic_extra={"live": False}, routes=CHAT_ONLY)
+    apply(engine, render_policy(shadow_only), "policy.yaml", author="ana", message="asic shadow")
+    live = write(tmp_path / "live.yaml", fleet.policy(routes=CHAT_ONLY))
+    env = {"DATABASE_URL": database}
+    forced = gateway(
+        "policy",
+        "apply",
+        live,
+        "-m",
+        "vendor says fine",
+        "--author",
+        "bo",
+        "--override-precision-gate",
+        env=env,
+    )
+    assert forced.returncode == 0, forced.stderr
+    history = gateway("policy", "history", env=env).stdout
+    assert "vendor says fine [precision gate overridden for asic by bo]" in history
+    engine.dispose()
+
+
+def test_a_rollout_of_a_shadow_only_candidate_is_gated_too(
+    fleet: Fleet, cim_check: Ran, database: str, tmp_path: Path
+) -> None:
+    engine = make_engine(database)
+    routes = [{**CHAT_ONLY[0], "shadow": [{"pool": "cim", "sample_rate": 0.2}]}]
+    policy = fleet.policy(routes=routes)
+    apply(engine, render_policy(policy), "policy.yaml", author="ana", message="cim shadows chat")
+    with pytest.raises(InvalidRequest, match=r"'cim' .* but it has no precision check"):
+        rollout.start(engine, policy, "chat", "cim", author="ana", force=True)
+    precision.store(engine, cim_check.result)
+    with pytest.raises(InvalidRequest, match=r"newest precision check .* is 'fail'"):
+        rollout.start(engine, policy, "chat", "cim", author="ana", force=True)
+    env = {"DATABASE_URL": database, "GATEWAY_POLICY": write(tmp_path / "p.yaml", policy)}
+    started = gateway(
+        "promote", "apply", "chat", "cim", "--force", "--override-precision-gate", env=env
+    )
+    assert started.returncode == 0, started.stderr
+    active = versions.active(engine)
+    assert active is not None and active.message.startswith("rollout of cim on chat: 5%")
+    assert "[precision gate overridden for cim by " in active.message
+    engine.dispose()
+
+
+def test_the_admin_api_refuses_a_pool_going_live_unless_overridden(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    auth = {"authorization": "Bearer t"}
+    live = made_live(fleet.policy(routes=CHAT_ONLY), "cim")
+    with (
+        run_gateway(fleet.policy(routes=CHAT_ONLY), tmp_path, admin_token="t") as gw,
+        gw.http() as http,
+    ):
+        change = {"yaml": live, "message": "cim live", "author": "ops"}
+        refused = http.put("/admin/policy", json=change, headers=auth)
+        forced = http.put(
+            "/admin/policy", json={**change, "override_precision_gate": True}, headers=auth
+        )
+        listed = http.get("/admin/policy/versions", headers=auth).json()
+    assert refused.status_code == 422
+    (problem,) = refused.json()["errors"]
+    assert problem["path"] == "pools.cim.live" and "precision check" in problem["message"]
+    assert forced.status_code == 200, forced.text
+    assert listed["versions"][0]["message"] == "cim live [precision gate overridden for cim by ops]"
