@@ -2,9 +2,10 @@
 
 Starts the default fleet's simulators (at 20x speed) and the gateway on free ports with a fresh
 SQLite database under reports/demo/, sends a minute of mixed chat traffic with the official
-openai client (shadow copies, noise floor and energy metering all live), stops everything
-cleanly, then stretches the recorded timestamps over the last complete week, so the minute reads
-as a week, and writes reports/demo/report.html, report.md and report.json.
+openai client (shadow copies, noise floor and energy metering all live), runs the precision
+checks of the ASIC and the CIM part, stops everything cleanly, then stretches the recorded
+timestamps over the last complete week, so the minute reads as a week, and writes
+reports/demo/report.html, report.md and report.json.
 """
 
 from __future__ import annotations
@@ -154,6 +155,19 @@ def main() -> int:
         stop.set()
         for sender in senders:
             sender.join()
+        # Precision checks of the ASIC and of the CIM part, stored for the report's section.
+        for pool in ("asic", "cim"):
+            checked = subprocess.run(
+                [python, "-m", "gateway", "precision", "check", "--pool", pool, "--suite",
+                 str(ROOT / "suites" / "chat.jsonl"), "--out", str(OUT / f"precision-{pool}.json")],
+                env=env,
+                capture_output=True,
+                text=True,
+            )  # fmt: skip
+            if checked.returncode not in (0, 1):
+                raise SystemExit(f"precision check of {pool} failed to run: {checked.stderr}")
+            verdict = "passes" if checked.returncode == 0 else "fails"
+            print(f"precision check: {pool} {verdict}")
         gateway.send_signal(signal.SIGTERM)
         gateway.wait(timeout=60)
     finally:
@@ -171,6 +185,8 @@ def main() -> int:
                 sa.text(f"update {table} set ts = :start + (ts - :t0) * :scale"),
                 {"start": week.since, "t0": t0, "scale": scale},
             )
+        # The precision checks ran after the traffic: at the end of the week.
+        conn.execute(sa.text("update precision_checks set ts = :end"), {"end": week.until - 60})
         # The cost model versions trained during the minute were trained during the week.
         conn.execute(
             sa.text("update cost_models set created = :start + (created - :t0) * :scale"),

@@ -39,6 +39,15 @@ for port in 9101 9102 9201 9301; do
 done
 echo "simulators up: gpu :9101 :9102, asic :9201, cim :9301 (logs in run/)"
 
+# Precision checks before the CIM part may go live (docs/precision.md), as the gateway starts: the
+# ASIC's passes, the CIM part's fails; both are stored for the weekly report and the gate.
+for pool in asic cim; do
+    "$PY" -m gateway precision check --pool "$pool" --suite suites/chat.jsonl \
+        --out "run/precision-$pool.json" >"run/precision-$pool.log" 2>&1 &
+    pids+=($!)
+done
+echo "precision checks of asic and cim running: run/precision-asic.json, run/precision-cim.json"
+
 "$PY" -m gateway serve --host "${GATEWAY_HOST:-127.0.0.1}" --port "${GATEWAY_PORT:-8080}" --watch &
 pids+=($!)
 wait "${pids[-1]}"

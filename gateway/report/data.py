@@ -514,10 +514,14 @@ def accuracy(answered: Sequence[Row], noise: Sequence[Row]) -> dict[str, Any]:
         "exact_match_rate": share(answered, "exact_match"),
         "normalized_match_rate": share(answered, "normalized_match"),
         "mean_similarity": mean(answered, "similarity"),
+        "near_tie_rate": share(answered, "near_tie"),
+        "mean_semantic_similarity": mean(answered, "semantic_similarity"),
         "noise_samples": len(noise),
         "noise_exact_match_rate": share(noise, "exact_match"),
         "noise_normalized_match_rate": share(noise, "normalized_match"),
         "noise_mean_similarity": mean(noise, "similarity"),
+        "noise_near_tie_rate": share(noise, "near_tie"),
+        "noise_mean_semantic_similarity": mean(noise, "semantic_similarity"),
     }
 
 

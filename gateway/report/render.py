@@ -215,9 +215,35 @@ def markdown(report: Mapping[str, Any]) -> str:
         f"- {o['pool']} {o['target']}: {percent(o['mape'])} on {number(o['requests'])} requests"
         for o in model["observed"]
     ]
+    lines += ["", *_precision_markdown(report.get("precision_checks") or [])]
     for c in report["candidates"]:
         lines += ["", *_candidate_markdown(c)]
     return "\n".join(lines) + "\n"
+
+
+def _precision_markdown(checks: list[Mapping[str, Any]]) -> list[str]:
+    lines = ["## Precision checks", ""]
+    if not checks:
+        return [*lines, "No precision check was run by the end of this period."]
+    lines += [
+        _row("pool", "reference", "prompts", "top-1 agreement", "harmful", "mean KL", "verdict"),
+        _row(*["---"] * 7),
+    ]
+    for check in checks:
+        lines.append(
+            _row(
+                check["pool"],
+                check["reference"],
+                number(check["prompts"]),
+                percent(check["top1_agreement"]),
+                percent(check["harmful_share"]),
+                number(check["mean_kl"]),
+                check["verdict"],
+            )
+        )
+    for check in checks:
+        lines += [f"- {check['pool']}: {reason}" for reason in check["reasons"] or ()]
+    return lines
 
 
 def _candidate_markdown(c: Mapping[str, Any]) -> list[str]:
