@@ -26,7 +26,7 @@ from typing import Any
 
 import orjson
 
-from simulator.precision import TokenLogprob, decode, entry
+from simulator.precision import Decoded, TokenLogprob, decode, entry
 from simulator.tokenizer import split_tokens
 from simulator.words import CONTENT_WORDS, FUNCTION_WORDS, WORDS, concept, restyle
 
@@ -139,16 +139,7 @@ def compose(question: Question, *, noise: float, harmful_rate: float, rng: Rando
     if schema is not None:
         text = _structured(schema, question, sampler, harm)
         pieces, truncated = _cut(split_tokens(text), question.limit)
-        decoded = decode(
-            pieces,
-            _margins(question),
-            structured=True,
-            noise=noise,
-            noise_rng=rng,
-            sampler=None,
-            temperature=question.temperature,
-            top=question.top_logprobs,
-        )
+        decoded = _decode(question, pieces, noise, rng, None, structured=True)
         return Answer(
             pieces,
             "length" if truncated else "stop",
@@ -166,8 +157,26 @@ def _label(question: Question, harm: Random | None, flips: int) -> str:
     return BENIGN if flips else EXACT
 
 
-def _margins(question: Question) -> Random:
-    return Random(stable_seed("margins", question.model, question.prompt_key))
+def _decode(
+    question: Question,
+    pieces: Sequence[str],
+    noise: float,
+    rng: Random,
+    sampler: Random | None,
+    *,
+    structured: bool,
+) -> Decoded:
+    """Decode the reference's pieces on a device, with this prompt's margins."""
+    return decode(
+        pieces,
+        Random(stable_seed("margins", question.model, question.prompt_key)),
+        structured=structured,
+        noise=noise,
+        noise_rng=rng,
+        sampler=sampler,
+        temperature=question.temperature,
+        top=question.top_logprobs,
+    )
 
 
 def _sampler(question: Question, rng: Random) -> Random | None:
@@ -185,16 +194,8 @@ def _prose_answer(
     natural = _natural_length(reference)
     target = math.inf if question.ignore_eos else max(natural, question.min_tokens)
     length = int(min(target, question.limit))
-    decoded = decode(
-        _prose(reference, length, opening=True),
-        _margins(question),
-        structured=False,
-        noise=noise,
-        noise_rng=rng,
-        sampler=sampler,
-        temperature=question.temperature,
-        top=question.top_logprobs,
-    )
+    prose = _prose(reference, length, opening=True)
+    decoded = _decode(question, prose, noise, rng, sampler, structured=False)
     pieces, logprobs = list(decoded.pieces), decoded.logprobs
     if harm is not None:
         changed = _wrong_fact(pieces, harm)
