@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
+
+import orjson
 
 from gateway.errors import InvalidRequest, SloNotAllowed, Unauthorized, shown
 from gateway.policy.model import Policy, Tenant
@@ -15,8 +18,24 @@ ENDPOINTS = {
     "/v1/embeddings": "embeddings",
 }
 
-CHARS_PER_TOKEN = 4.0
+# Characters per token of Llama 3's tokenizer by script (docs/operations.md): English 3.94
+# (arXiv:2407.21783), Chinese 1.26 (measured on 429k characters of modern Chinese). Other
+# scripts have no checked figure here: 2, on the high side, since a prompt estimated too short
+# can be sent to a pool whose context it overflows.
+LATIN_CHARS_PER_TOKEN = 4.0
+CJK_CHARS_PER_TOKEN = 1.26
+OTHER_CHARS_PER_TOKEN = 2.0
+# Kana, CJK ideographs (and extension A, compatibility), Hangul syllables, fullwidth forms.
+_CJK = re.compile(
+    "[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff\uff00-\uffef]"
+)
+# A part that is not text (an image, audio, a file) on a vision or audio model: a high-detail
+# image is 765 tokens on OpenAI's models; counted at about that.
+NON_TEXT_PART_TOKENS = 1000
 MESSAGE_OVERHEAD_TOKENS = 4
+# What one answer's usage may move a model's ratio: its observed ratio is first bounded to
+# between half and twice the current one, so one odd request cannot swing every tenant's.
+MAX_RATIO_STEP = 2.0
 MAX_MODEL_CHARS = 128  # the width of the records' model column
 MAX_SEQUENCES = 128  # answers one request may ask for (n, best_of)
 
@@ -41,20 +60,32 @@ class RequestProfile:
     token_ratio: float = 1.0
 
 
+def text_tokens(text: str) -> float:
+    """Estimate the tokens of a text from its characters, script by script."""
+    if text.isascii():
+        return len(text) / LATIN_CHARS_PER_TOKEN
+    rest = _CJK.sub("", text)
+    latin = len(rest.encode("ascii", "ignore"))
+    return (
+        latin / LATIN_CHARS_PER_TOKEN
+        + (len(text) - len(rest)) / CJK_CHARS_PER_TOKEN
+        + (len(rest) - latin) / OTHER_CHARS_PER_TOKEN
+    )
+
+
 class TokenEstimator:
     """Estimate prompt tokens from characters, corrected per model by the usage backends report.
 
-    Counting characters costs nothing and needs no tokenizer; the per-model ratio learned from
-    the `usage` that backends report corrects it for each model's real tokenizer.
+    Counting characters by script costs nothing and needs no tokenizer; the per-model ratio
+    learned from the `usage` that backends report corrects it for each model's real tokenizer.
     """
 
     def __init__(self, smoothing: float = 0.05):
         self._smoothing = smoothing
         self._ratio: dict[str, float] = {}
 
-    def estimate(self, model: str, chars: int, messages: int = 0) -> int:
-        """Return the estimated prompt tokens for this many characters and chat messages."""
-        raw = chars / CHARS_PER_TOKEN + messages * MESSAGE_OVERHEAD_TOKENS
+    def estimate(self, model: str, raw: float) -> int:
+        """Return the prompt tokens of a request whose parts count `raw` tokens by script."""
         return math.ceil(raw * self._ratio.get(model, 1.0))
 
     def observe(self, model: str, estimated: int, actual: int, ratio: float) -> None:
@@ -69,6 +100,7 @@ class TokenEstimator:
             return
         current = self._ratio.get(model, 1.0)
         observed = actual / (estimated / ratio)
+        observed = min(max(observed, current / MAX_RATIO_STEP), current * MAX_RATIO_STEP)
         self._ratio[model] = current + self._smoothing * (observed - current)
 
     def ratio(self, model: str) -> float:
@@ -76,48 +108,70 @@ class TokenEstimator:
         return self._ratio.get(model, 1.0)
 
 
-def _text_chars(content: Any) -> int:
-    """Count the characters of a message content: a string or a list of parts."""
+def _content_tokens(content: Any) -> float:
+    """Estimate a message content: a string, or a list of text and other parts."""
     if isinstance(content, str):
-        return len(content)
+        return text_tokens(content)
+    total = 0.0
     if isinstance(content, list):
-        total = 0
         for part in content:
-            if isinstance(part, dict):
-                text = part.get("text")
-                if isinstance(text, str):
-                    total += len(text)
-        return total
-    return 0
+            if not isinstance(part, dict):
+                continue
+            text = part.get("text")
+            total += text_tokens(text) if isinstance(text, str) else NON_TEXT_PART_TOKENS
+    return total
 
 
-def _prompt_size(endpoint: str, payload: dict[str, Any]) -> tuple[int, int]:
-    """Validate the prompt field of a body; return (characters, messages)."""
+def _message_tokens(message: dict[str, Any]) -> float:
+    """Estimate everything of a chat message that its template renders: content, name, calls."""
+    tokens = MESSAGE_OVERHEAD_TOKENS + _content_tokens(message.get("content"))
+    name = message.get("name")
+    if isinstance(name, str):
+        tokens += text_tokens(name)
+    calls = message.get("tool_calls")
+    if isinstance(calls, list):
+        for call in calls:
+            function = call.get("function") if isinstance(call, dict) else None
+            if isinstance(function, dict):
+                for key in ("name", "arguments"):
+                    value = function.get(key)
+                    if isinstance(value, str):
+                        tokens += text_tokens(value)
+    return tokens
+
+
+def _prompt_tokens(endpoint: str, payload: dict[str, Any]) -> float:
+    """Validate the prompt of a body; return its tokens as estimated by script, every part the
+    backend will tokenize counted (messages, names, tool calls, tool definitions)."""
     if endpoint == "chat":
         messages = payload.get("messages")
         if not isinstance(messages, list) or not messages:
             raise InvalidRequest(
                 "'messages' must be a non-empty array of messages", param="messages"
             )
-        chars = 0
+        tokens = 0.0
         for i, message in enumerate(messages):
             if not isinstance(message, dict) or not isinstance(message.get("role"), str):
                 raise InvalidRequest(
                     f"messages[{i}] must be an object with a string 'role'", param=f"messages[{i}]"
                 )
-            chars += _text_chars(message.get("content"))
-        return chars, len(messages)
+            tokens += _message_tokens(message)
+        for field in ("tools", "functions"):
+            # Chat templates render tool definitions into the prompt, as JSON or close to it.
+            if isinstance(payload.get(field), list) and payload[field]:
+                tokens += text_tokens(orjson.dumps(payload[field]).decode())
+        return tokens
     field = "prompt" if endpoint == "completions" else "input"
     value = payload.get(field)
     if isinstance(value, str):
-        return len(value), 0
+        return text_tokens(value)
     if isinstance(value, list) and value:
         if all(isinstance(v, str) for v in value):
-            return sum(len(v) for v in value), 0
+            return sum(text_tokens(v) for v in value)
         if all(isinstance(v, int) for v in value):
-            return int(len(value) * CHARS_PER_TOKEN), 0
+            return float(len(value))
         if all(isinstance(v, list) for v in value):
-            return int(sum(len(v) for v in value) * CHARS_PER_TOKEN), 0
+            return float(sum(len(v) for v in value))
     raise InvalidRequest(
         f"'{field}' must be a string or a non-empty array of strings or token ids", param=field
     )
@@ -221,7 +275,7 @@ def classify(
         raise InvalidRequest(f"'stream' must be true or false, got {shown(stream)}", param="stream")
     if stream and endpoint == "embeddings":
         raise InvalidRequest("embeddings cannot be streamed", param="stream")
-    chars, messages = _prompt_size(endpoint, payload)
+    raw_tokens = _prompt_tokens(endpoint, payload)
     default_class = (tenant and tenant.default_slo_class) or policy.default_slo_class
     slo_name = headers.get("x-slo-class", default_class)
     if tenant is not None and tenant.slo_classes and slo_name not in tenant.slo_classes:
@@ -249,7 +303,7 @@ def classify(
     return RequestProfile(
         endpoint=endpoint,
         model=model,
-        prompt_tokens=estimator.estimate(model, chars, messages),
+        prompt_tokens=estimator.estimate(model, raw_tokens),
         token_ratio=estimator.ratio(model),
         max_tokens=max_tokens,
         sequences=1 if endpoint == "embeddings" else _sequences(payload, max_tokens),

@@ -3,11 +3,18 @@
 Failures before the first byte reaches the client are retried once on another backend or the
 route's fallback pool. After that the response is committed: a broken stream ends with an
 OpenAI-style error event, never as a silently truncated answer.
+
+A prompt a backend refuses as too long for its context (400 or 413 from vLLM and SGLang, 422
+from TGI, with their usual messages) is the estimate's mistake, not the backend's: it is sent
+again, before the first byte, to a pool of the route (or its fallback) with a larger context,
+waiting for a slot there as the request would have, and the client sees the refusal only when
+no larger pool exists.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -33,6 +40,17 @@ Send = Callable[[dict[str, Any]], Any]
 Receive = Callable[[], Any]
 
 MAX_ATTEMPTS = 2
+# What serving engines say when a prompt does not fit (see the docstring).
+CONTEXT_REFUSALS = frozenset({400, 413, 422})
+_TOO_LONG = re.compile(
+    rb"context.length|maximum context|context window|longer than the model|must be <= ",
+    re.IGNORECASE,
+)
+
+
+def too_long(status: int, body: bytes) -> bool:
+    """Say whether an answer is a backend refusing a prompt too long for its context."""
+    return status in CONTEXT_REFUSALS and _TOO_LONG.search(body[:4096]) is not None
 
 
 def error_detail(body: bytes, backend: BackendState, limit: int = 200) -> str:
@@ -181,6 +199,16 @@ class Forwarder:
                 else:
                     head = await self.upstream.read(backend, response)
                     self.outliers.success(backend)
+                    if too_long(response.status, head):
+                        larger = await self._larger(ex, policy, fleet, backend)
+                        if larger is not None:
+                            response.release()
+                            self.meter.abandon(backend, ex.decision_id)
+                            self.admission.release(slot)
+                            self.metrics.child(self.metrics.retries, backend.pool).inc()
+                            ex.fallback_reason = "context_overflow"
+                            slot = larger
+                            continue
                 # A stream counts as a success only once it ends with [DONE] (_relay_stream):
                 # a backend that cuts its streams mid-answer must reach the ejection threshold.
                 return slot, response, head, chunks
@@ -210,6 +238,33 @@ class Forwarder:
                 self.admission.release(slot)
                 ex.backend = None
                 raise
+
+    async def _larger(
+        self, ex: Exchange, policy: Policy, fleet: Fleet, refused: BackendState
+    ) -> Slot | None:
+        """Take a slot on a pool of the route with a larger context than the one that refused
+        the prompt: a free one now, else the first such pool's queue; None when there is none."""
+        assert ex.profile is not None and ex.decision is not None
+        route, context = ex.decision.route, policy.pools[refused.pool].max_context
+        names = [*route.pools, *([route.fallback] if route.fallback else [])]
+        larger = [n for n in names if n in fleet.pools and policy.pools[n].max_context > context]
+        if not larger:
+            return None
+        smaller = frozenset(
+            b.name
+            for name, pool in fleet.pools.items()
+            if name not in larger
+            for b in pool.backends
+        )
+        slot = await self._take_any(ex, policy, fleet, smaller)
+        if slot is not None:
+            return slot
+        try:
+            return await self.admission.wait(
+                fleet.pools[larger[0]], ex.decision.queue_budget_s, ex.decision.kv_bytes
+            )
+        except NoCapacity:
+            return None
 
     def _prediction(self, ex: Exchange, backend: BackendState, fleet: Fleet) -> Prediction:
         """Return the cost model's estimate for the pool that finally serves the request."""

@@ -7,7 +7,7 @@ from collections import deque
 import pytest
 
 from gateway.errors import InvalidRequest, SloNotAllowed, Unauthorized
-from gateway.routing.classify import TokenEstimator, classify
+from gateway.routing.classify import TokenEstimator, classify, text_tokens
 from policies import MODEL, fleet_policy
 
 
@@ -93,12 +93,12 @@ def test_completions_and_embeddings_read_their_prompt_fields() -> None:
 
 def test_estimator_calibrates_toward_reported_usage() -> None:
     est = TokenEstimator(smoothing=0.2)
-    first = est.estimate(MODEL, 4000)
+    first = est.estimate(MODEL, 1000.0)
     for _ in range(60):
-        est.observe(MODEL, est.estimate(MODEL, 4000), 1500, est.ratio(MODEL))
+        est.observe(MODEL, est.estimate(MODEL, 1000.0), 1500, est.ratio(MODEL))
     assert first == 1000
-    assert est.estimate(MODEL, 4000) == pytest.approx(1500, rel=0.02)
-    assert est.estimate("other-model", 4000) == 1000
+    assert est.estimate(MODEL, 1000.0) == pytest.approx(1500, rel=0.02)
+    assert est.estimate("other-model", 1000.0) == 1000
 
 
 def test_estimator_stays_calibrated_with_many_requests_in_flight() -> None:
@@ -107,10 +107,65 @@ def test_estimator_stays_calibrated_with_many_requests_in_flight() -> None:
     rng = random.Random(1)
     for _ in range(20_000):
         chars = rng.randint(1000, 3000)
-        in_flight.append((est.estimate(MODEL, chars), est.ratio(MODEL), int(chars / 4 * 1.3)))
+        in_flight.append((est.estimate(MODEL, chars / 4), est.ratio(MODEL), int(chars / 4 * 1.3)))
         if len(in_flight) > 200:
             est.observe(MODEL, *in_flight.popleft())
     assert est.ratio(MODEL) == pytest.approx(1.3, rel=0.01)
+
+
+def test_one_odd_request_moves_the_ratio_by_a_bounded_step() -> None:
+    # Usage 88 times the estimate (tool schemas the estimate missed, say): one observation
+    # moves the model's ratio by at most a smoothing step toward twice the current one.
+    est = TokenEstimator(smoothing=0.05)
+    est.observe(MODEL, 80, 7_040, 1.0)
+    assert est.ratio(MODEL) == pytest.approx(1.05)
+    est.observe(MODEL, 7_040, 80, est.ratio(MODEL))
+    assert est.ratio(MODEL) == pytest.approx(1.05 - 0.05 * 1.05 / 2)
+
+
+def test_text_is_estimated_by_script() -> None:
+    assert text_tokens("a" * 400) == 100
+    chinese = "能源效率的硬件路由网关" * 800  # 8,800 characters
+    assert text_tokens(chinese) == pytest.approx(8_800 / 1.26)
+    assert text_tokens("energy 能源") == pytest.approx(7 / 4 + 2 / 1.26)
+    assert text_tokens("привет") == pytest.approx(6 / 2)
+
+
+def test_every_part_the_backend_tokenizes_is_counted() -> None:
+    est = TokenEstimator()
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "description": "x" * 4000}},
+            },
+        },
+    }
+    plain = classify("chat", chat(), {}, fleet_policy(), est).prompt_tokens
+    with_tools = classify("chat", chat(tools=[tool]), {}, fleet_policy(), est).prompt_tokens
+    assert with_tools - plain > 1000  # the schema's 4,000 characters
+    call = {
+        "role": "assistant",
+        "content": None,
+        "name": "n" * 400,
+        "tool_calls": [
+            {"id": "c", "type": "function", "function": {"name": "f", "arguments": "y" * 4000}}
+        ],
+    }
+    image = {
+        "role": "user",
+        "content": [
+            {"type": "text", "text": "what is this"},
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64," + "A" * 100_000}},
+        ],
+    }
+    body = chat()
+    body["messages"] = [*body["messages"], call, image]
+    tokens = classify("chat", body, {}, fleet_policy(), est).prompt_tokens
+    # The call's arguments and name (1,100), the image (1,000, not its 100 kB of base64).
+    assert 2_100 < tokens - plain < 2_200
 
 
 def test_tenant_from_key_and_required_keys() -> None:
