@@ -6,7 +6,7 @@ import contextlib
 import os
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -39,17 +39,24 @@ def pytest_report_header() -> str:
 
 @dataclass
 class SimFleet:
-    """Simulator processes standing in for the default policy's pools."""
+    """Simulator processes standing in for the default policy's pools (gpu_70b for `gpu-70b`)."""
 
     gpu: list
     asic: list
     cim: list
+    gpu_70b: list = field(default_factory=list)
 
     def all(self) -> list:
-        return [*self.gpu, *self.asic, *self.cim]
+        return [*self.gpu, *self.asic, *self.cim, *self.gpu_70b]
 
-    def urls(self, kind: str) -> list[str]:
-        return [s.url for s in getattr(self, kind)]
+    def urls(self, pool: str) -> list[str]:
+        return [s.url for s in getattr(self, pool.replace("-", "_"))]
+
+
+# The shared fleet decodes without numeric noise, so that end-to-end tests may compare two
+# answers to one prompt; precision is tested with the profiles' noise where it is the subject
+# (tests/simulator, tests/promotion, tests/shadow's own simulators). Harmful errors stay.
+EXACT = ["--logit-noise", "0"]
 
 
 @pytest.fixture(scope="session")
@@ -58,9 +65,19 @@ def sim_processes() -> Iterator[SimFleet]:
 
     with contextlib.ExitStack() as stack:
         fleet = SimFleet(
-            gpu=[stack.enter_context(start_simulator("gpu", seed=s)) for s in (1, 2)],
-            asic=[stack.enter_context(start_simulator("asic", seed=3))],
-            cim=[stack.enter_context(start_simulator("cim", seed=4))],
+            gpu=[
+                stack.enter_context(start_simulator("gpu", seed=s, extra_args=EXACT))
+                for s in (1, 2)
+            ],
+            asic=[stack.enter_context(start_simulator("asic", seed=3, extra_args=EXACT))],
+            cim=[stack.enter_context(start_simulator("cim", seed=4, extra_args=EXACT))],
+            gpu_70b=[
+                stack.enter_context(
+                    start_simulator(
+                        "gpu", seed=5, extra_args=[*EXACT, "--models", "llama-3.1-70b-instruct"]
+                    )
+                )
+            ],
         )
         yield fleet
 

@@ -29,6 +29,7 @@ from gateway.errors import (
 from gateway.exchange import Exchange
 from gateway.fleet.ratelimit import admit_tenant, settle_tenant
 from gateway.ingress.body import BodyDeadlines, Receive, Scope
+from gateway.ingress.responses import ResponsesRelay, to_chat
 from gateway.ingress.telemetry import Telemetry
 from gateway.policy.model import Policy, Tenant
 from gateway.routing.classify import ENDPOINTS, MAX_MODEL_CHARS, RequestProfile, classify
@@ -37,6 +38,7 @@ from gateway.runtime import Gateway
 from gateway.shadow.sample import ShadowPlan
 
 log = logging.getLogger(__name__)
+RESPONSES_PATH = "/v1/responses"
 
 Send = Callable[[dict[str, Any]], Any]
 
@@ -94,7 +96,8 @@ def decision_ids() -> Iterator[str]:
 
 
 class Ingress:
-    """Serve /v1/chat/completions, /v1/completions, /v1/embeddings and /v1/models."""
+    """Serve /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses (through chat
+    completions, gateway/ingress/responses.py) and /v1/models."""
 
     def __init__(self, gateway: Gateway):
         self.gateway = gateway
@@ -112,9 +115,11 @@ class Ingress:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path, method = scope["path"], scope["method"]
         endpoint = ENDPOINTS.get(path)
-        if endpoint is not None and method == "POST":
+        if path == RESPONSES_PATH and method == "POST":
+            await self._serve("chat", scope, receive, send, responses=True)
+        elif endpoint is not None and method == "POST":
             await self._serve(endpoint, scope, receive, send)
-        elif endpoint is not None:
+        elif endpoint is not None or path == RESPONSES_PATH:
             await _refuse(send, MethodNotAllowed(f"{path} takes POST, not {method}", allow="POST"))
         elif path == "/v1/models" and method == "GET":
             await _respond(send, 200, self._models())
@@ -134,7 +139,9 @@ class Ingress:
         ]
         return orjson.dumps({"object": "list", "data": data})
 
-    async def _serve(self, endpoint: str, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _serve(
+        self, endpoint: str, scope: Scope, receive: Receive, send: Send, *, responses: bool = False
+    ) -> None:
         gw = self.gateway
         clock = gw.clock
         ex = Exchange(next(self._ids), endpoint, time.time(), clock())
@@ -152,6 +159,10 @@ class Ingress:
                 raise InvalidRequest(f"the request body is not valid JSON: {exc}") from None
             if isinstance(payload, dict) and isinstance(payload.get("model"), str):
                 ex.model = payload["model"][:MAX_MODEL_CHARS]
+            if responses:
+                request, payload = payload, to_chat(payload)
+                body = orjson.dumps(payload)
+                send = ResponsesRelay(send, ex.decision_id, request, bool(payload.get("stream")))
             headers = {
                 name.decode("latin-1"): value.decode("latin-1")
                 for name, value in scope["headers"]

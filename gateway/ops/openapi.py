@@ -228,6 +228,60 @@ def _schemas(models: list[str]) -> dict[str, Any]:
                 },
             },
         },
+        "ResponseRequest": {
+            "type": "object",
+            "required": ["model", "input"],
+            "description": "OpenAI's Responses API, served through chat completions.",
+            "properties": {
+                "model": model,
+                "instructions": {"type": "string"},
+                "input": {
+                    "anyOf": [
+                        {"type": "string", "minLength": 1},
+                        {
+                            "type": "array",
+                            "minItems": 1,
+                            "items": {
+                                "type": "object",
+                                "required": ["role", "content"],
+                                "properties": {
+                                    "role": {"enum": ["system", "developer", "user", "assistant"]},
+                                    "content": {"type": "string"},
+                                },
+                            },
+                        },
+                    ]
+                },
+                "max_output_tokens": TOKENS,
+                "stream": common["stream"],
+                "temperature": common["temperature"],
+                "top_p": common["top_p"],
+            },
+        },
+        "Response": {
+            "type": "object",
+            "required": ["id", "object", "status", "output"],
+            "properties": {
+                "id": {"type": "string"},
+                "object": {"const": "response"},
+                "status": {"enum": ["completed", "incomplete"]},
+                "model": {"type": "string"},
+                "output": {"type": "array", "items": {"type": "object", "required": ["type"]}},
+                "usage": {"type": ["object", "null"]},
+            },
+        },
+        "ResponseEvent": {
+            "type": "object",
+            "required": ["event", "data"],
+            "properties": {
+                "event": {"type": "string", "description": "The event's type."},
+                "data": {
+                    "type": "string",
+                    "description": "The event as JSON, with its type and sequence_number: "
+                    "response.created first, response.completed last.",
+                },
+            },
+        },
         "StreamEvent": {
             "type": "object",
             "required": ["data"],
@@ -268,7 +322,8 @@ def _served(schema: str, streams: bool) -> dict[str, Any]:
     }
     if streams:
         # Before OpenAPI 3.2, a stream's schema describes each of its events.
-        content["text/event-stream"] = {"schema": {"$ref": "#/components/schemas/StreamEvent"}}
+        event = "ResponseEvent" if schema == "Response" else "StreamEvent"
+        content["text/event-stream"] = {"schema": {"$ref": f"#/components/schemas/{event}"}}
     headers = {
         name: {"description": text, "schema": {"type": "string"}}
         for name, text in ROUTING_HEADERS.items()
@@ -321,6 +376,9 @@ def v1_paths(policy: Policy) -> dict[str, Any]:
         ),
         "/v1/embeddings": _generation(
             "Embed texts", "EmbeddingRequest", "EmbeddingList", False, security
+        ),
+        "/v1/responses": _generation(
+            "Answer in the Responses API", "ResponseRequest", "Response", True, security
         ),
         "/v1/models": {
             "get": {

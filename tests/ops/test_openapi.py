@@ -60,7 +60,13 @@ def test_the_description_covers_v1_ops_and_admin_with_the_served_models(tmp_path
     (tmp_path / "docs").mkdir()
     with run_gateway(fleet_policy(), tmp_path / "docs", docs=True) as gw, gw.http() as http:
         assert http.get("/docs").status_code == 200
-    v1 = {"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models"}
+    v1 = {
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/embeddings",
+        "/v1/responses",
+        "/v1/models",
+    }
     assert v1 | {"/healthz", "/readyz", "/metrics", "/admin/policy"} <= set(doc["paths"])
     model = doc["components"]["schemas"]["ChatCompletionRequest"]["properties"]["model"]
     assert model["enum"] == fleet_policy().served_models()
