@@ -30,7 +30,8 @@ def test_a_gateway_started_before_its_database_is_migrated_becomes_ready_once_it
             return answer if answer.status_code == 200 else None
 
         after = wait_for(ready, message=lambda: f"never ready: {http.get('/readyz').json()}")
-        version = gw.gateway.policy_version
+        # The policy file is stored by the next policy sync, which readiness does not wait for.
+        version = wait_for(lambda: gw.gateway.policy_version)
     assert before.status_code == 503 and before.json()["database"] is False
     assert after.json()["database"] is True
     assert version == 1  # the policy file became the first stored version
