@@ -1,10 +1,10 @@
 """Soak: minutes of steady traffic, shadowed and faulted, then a count of everything left behind.
 
-Runs real processes on loopback: the simulated fleet of policies/default.yaml (two GPUs, an ASIC
-card, a CIM part; tests/simproc.py) and one or two `gateway serve` processes
-(tests/gatewayserver.py) on that policy with every shadow target sampled at 10%. Two replicas
-share Redis (and, given `--database-url`, PostgreSQL, in a schema of their own that is dropped
-after). An open loop sends chat at a steady rate, alternating between replicas: 8B and 70B,
+Runs real processes on loopback: the simulated fleet of policies/default.yaml (two GPUs, the 70B
+model's GPU backend, an ASIC card, a CIM part; tests/simproc.py) and one or two `gateway serve`
+processes (tests/gatewayserver.py) on that policy with every shadow target sampled at 10%. Two
+replicas share Redis (and, given `--database-url`, PostgreSQL, in a schema of their own that is
+dropped after). An open loop sends chat at a steady rate, alternating between replicas: 8B and 70B,
 short and long prompts, half of them streamed. Every minute one backend gets a fault for 15 s
 through the simulator's `/admin/faults`, in turn: streams dropped mid-answer (ASIC), 5xx
 (ASIC), a hang (a GPU), slowness (ASIC), refused connections (the other GPU).
@@ -66,8 +66,15 @@ ROOT = Path(__file__).resolve().parent.parent
 SMALL, BIG = "llama-3.1-8b-instruct", "llama-3.1-70b-instruct"
 REDIS_URL = "redis://127.0.0.1:6379/0"
 
-# The default policy's backends, by the names the soak's policy gives them: (profile, seed).
-FLEET = {"gpu-0": ("gpu", 1), "gpu-1": ("gpu", 2), "asic-0": ("asic", 3), "cim-0": ("cim", 4)}
+# The default policy's backends, by the names the soak's policy gives them (POOL-INDEX):
+# (profile, seed, simulator flags).
+FLEET: dict[str, tuple[str, int, list[str]]] = {
+    "gpu-0": ("gpu", 1, []),
+    "gpu-1": ("gpu", 2, []),
+    "gpu-70b-0": ("gpu", 5, ["--models", BIG]),
+    "asic-0": ("asic", 3, []),
+    "cim-0": ("cim", 4, []),
+}
 
 OK, EXPECTED, UNEXPECTED = "ok", "expected", "unexpected"
 
@@ -354,7 +361,7 @@ def soak_policy(urls: dict[str, str], shadow_rate: float) -> dict[str, Any]:
     for pool in doc["pools"].values():
         pool["backends"] = []
     for name, url in urls.items():
-        doc["pools"][name.split("-")[0]]["backends"].append({"name": name, "url": url})
+        doc["pools"][name.rsplit("-", 1)[0]]["backends"].append({"name": name, "url": url})
     for route in doc["routes"]:
         for target in route.get("shadow", []):
             target["sample_rate"] = shadow_rate
@@ -367,8 +374,10 @@ def deployment(soak: Soak, workdir: Path) -> Iterator[Deployment]:
     prefix = f"soak-{uuid.uuid4().hex[:12]}" if soak.replicas > 1 else None
     with contextlib.ExitStack() as stack:
         sims = {
-            name: stack.enter_context(start_simulator(profile, speed=soak.speed, seed=seed))
-            for name, (profile, seed) in FLEET.items()
+            name: stack.enter_context(
+                start_simulator(profile, speed=soak.speed, seed=seed, extra_args=flags)
+            )
+            for name, (profile, seed, flags) in FLEET.items()
         }
         policy = workdir / "policy.yaml"
         urls = {name: sim.url for name, sim in sims.items()}

@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "reports" / "demo"
 SECONDS = float(os.environ.get("DEMO_SECONDS", "60"))
 SPEED = "20"
+BIG = "llama-3.1-70b-instruct"
 WORDS = [
     "energy",
     "memory",
@@ -73,7 +74,7 @@ def traffic(base_url: str, stop: threading.Event, seed: int) -> None:
         # A refused request is part of the week too.
         with contextlib.suppress(openai.APIError):
             client.chat.completions.create(
-                model="llama-3.1-8b-instruct",
+                model=BIG if rng.random() < 0.1 else "llama-3.1-8b-instruct",
                 messages=[{"role": "user", "content": prompt}],
                 max_tokens=rng.randint(30, 120),
                 temperature=0 if rng.random() < 0.9 else 0.7,
@@ -87,15 +88,19 @@ def main() -> int:
         stale.unlink()
     url = f"sqlite:///{database}"
     python = sys.executable
-    ports = {
-        f"{kind}:{i}": free_port() for kind, i in (("gpu", 0), ("gpu", 1), ("asic", 0), ("cim", 0))
-    }
+    # One simulator per backend of the default policy: pool, profile, models it serves, seed
+    # (as scripts/run-local.sh gives them), port.
+    sims = [
+        ("gpu", "gpu", "", 1, free_port()),
+        ("gpu", "gpu", "", 2, free_port()),
+        ("gpu-70b", "gpu", BIG, 5, free_port()),
+        ("asic", "asic", "", 3, free_port()),
+        ("cim", "cim", "", 4, free_port()),
+    ]
     doc = yaml.safe_load((ROOT / "policies" / "default.yaml").read_text())
-    for pool in ("gpu", "asic", "cim"):
-        doc["pools"][pool]["backends"] = [
-            {"url": f"http://127.0.0.1:{port}"}
-            for key, port in ports.items()
-            if key.startswith(pool + ":")
+    for name, pool in doc["pools"].items():
+        pool["backends"] = [
+            {"url": f"http://127.0.0.1:{port}"} for p, *_, port in sims if p == name
         ]
     policy = OUT / "policy.yaml"
     policy.write_text(yaml.safe_dump(doc, sort_keys=False))
@@ -110,7 +115,7 @@ def main() -> int:
     )
     processes = []
     try:
-        for n, (key, port) in enumerate(ports.items()):
+        for _, profile, models, seed, port in sims:
             processes.append(
                 subprocess.Popen(
                     [
@@ -118,19 +123,20 @@ def main() -> int:
                         "-m",
                         "simulator",
                         "--profile",
-                        key.split(":")[0],
+                        profile,
+                        *(["--models", models] if models else []),
                         "--port",
                         str(port),
                         "--speed",
                         SPEED,
                         "--seed",
-                        str(n + 1),
+                        str(seed),
                     ],
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.DEVNULL,
                 )
             )
-        for port in ports.values():
+        for *_, port in sims:
             wait_for(f"http://127.0.0.1:{port}/metrics")
         gateway_port = free_port()
         gateway = subprocess.Popen(

@@ -22,14 +22,15 @@ trap stop EXIT INT TERM
 # Serve the file as it is now (a new version only if it changed), and apply later saves live.
 "$PY" -m gateway policy apply "$GATEWAY_POLICY" -m "make run" --author "${USER:-make-run}" >/dev/null
 
-# One simulator process per backend of the default policy: two GPUs, one ASIC card, one CIM part.
-for sim in gpu:9101:1 gpu:9102:2 asic:9201:3 cim:9301:4; do
-    IFS=: read -r profile port seed <<<"$sim"
+# One simulator process per backend of the default policy: two GPUs, the 70B model's GPU backend,
+# one ASIC card, one CIM part (profile:port:seed[:models]).
+for sim in gpu:9101:1 gpu:9102:2 gpu:9111:5:llama-3.1-70b-instruct asic:9201:3 cim:9301:4; do
+    IFS=: read -r profile port seed models <<<"$sim"
     "$PY" -m simulator --profile "$profile" --host 127.0.0.1 --port "$port" --seed "$seed" \
-        --speed "$SPEED" >"run/sim-$profile-$port.log" 2>&1 &
+        --speed "$SPEED" ${models:+--models "$models"} >"run/sim-$profile-$port.log" 2>&1 &
     pids+=($!)
 done
-for port in 9101 9102 9201 9301; do
+for port in 9101 9102 9111 9201 9301; do
     for _ in $(seq 100); do
         if "$PY" -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$port/health', timeout=1)" 2>/dev/null; then
             break
@@ -37,7 +38,7 @@ for port in 9101 9102 9201 9301; do
         sleep 0.1
     done
 done
-echo "simulators up: gpu :9101 :9102, asic :9201, cim :9301 (logs in run/)"
+echo "simulators up: gpu :9101 :9102, gpu-70b :9111, asic :9201, cim :9301 (logs in run/)"
 
 # Precision checks before the CIM part may go live (docs/precision.md), as the gateway starts: the
 # ASIC's passes, the CIM part's fails; both are stored for the weekly report and the gate.

@@ -25,7 +25,8 @@ def pool(kind: str, urls: Sequence[str], models: Sequence[str], **extra: object)
         "backends": [{"url": u} for u in urls],
         "models": list(models),
         "max_context": {"gpu": 131072, "asic": 8192, "cim": 4096}.get(kind, 8192),
-        "memory_gb": 80,
+        # An H200's: the models, 8B each as the policy gives no sizes, fit with half of it for KV.
+        "memory_gb": 141,
         "slots_per_backend": {"gpu": 32, "asic": 16, "cim": 4}.get(kind, 8),
         "compute_tflops": 989,
         "bandwidth_gbs": 3350,

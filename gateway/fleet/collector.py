@@ -1,10 +1,17 @@
-"""The fleet's gauges: slots, waiters and health per pool, read from the live state when scraped."""
+"""The fleet's gauges: slots, waiters and health per pool, read from the live state when scraped.
+
+Each backend also has an info series, `gateway_backend_info{pool, backend, kind, precision,
+driver, runtime, firmware} 1`, with the versions its pool's policy entry gives (empty when not
+given). Versions are labels of their own series rather than of the load gauges, so an upgrade
+starts one new info series instead of breaking every backend series in two; a query joins them
+(`* on (pool, backend) group_left (driver) gateway_backend_info`).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from gateway.fleet.state import Fleet
@@ -17,7 +24,7 @@ class FleetCollector(Collector):
     def __init__(self, fleet: Callable[[], Fleet]):
         self.fleet = fleet
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[Metric]:
         in_flight = GaugeMetricFamily(
             f"{NAMESPACE}_pool_in_flight_requests", "Requests holding a slot.", labels=["pool"]
         )
@@ -35,11 +42,20 @@ class FleetCollector(Collector):
             "Requests and shadow copies holding a slot of the backend, this replica's.",
             labels=["pool", "backend"],
         )
+        info = InfoMetricFamily(
+            f"{NAMESPACE}_backend",
+            "What a backend runs on, from its pool's policy entry: driver, runtime, firmware.",
+            labels=["pool", "backend"],
+        )
         for pool in self.fleet().pools.values():
+            spec = pool.spec
+            hardware = {"kind": spec.kind, "precision": spec.precision}
+            hardware |= {k: v or "" for k, v in spec.versions().items()}
             in_flight.add_metric([pool.name], sum(b.in_flight for b in pool.backends))
             free.add_metric([pool.name], sum(max(b.free_slots, 0) for b in pool.healthy()))
             queued.add_metric([pool.name], len(pool.waiters))
             healthy.add_metric([pool.name], len(pool.healthy()))
             for backend in pool.backends:
                 backend_in_flight.add_metric([pool.name, backend.name], backend.in_flight)
-        yield from (in_flight, free, queued, healthy, backend_in_flight)
+                info.add_metric([pool.name, backend.name], hardware)
+        yield from (in_flight, free, queued, healthy, backend_in_flight, info)

@@ -1,11 +1,13 @@
 """Check a policy before it is applied: the loader's errors, plus warnings an operator should read.
 
-Errors (from the loader) make a policy invalid: it is never applied. Warnings name things that
-load but are probably not what the operator meant: a route that can never match because an
-earlier one takes all of its requests, a model a route matches but none of its pools serves, a
-prompt range longer than every pool's context, an SLO target that no allowed pool can meet even by
-the capability matrix's own figures, a fallback missing some of a route's models, a pool no route
-uses.
+Errors make a policy invalid: it is never applied. They are the loader's, and the memory check
+(a pool whose models, KV cache and runtime margin do not fit a backend's memory,
+gateway/policy/rules.py). Warnings name things that load but are probably not what the operator
+meant: a route that can never match because an earlier one takes all of its requests, a model a
+route matches but none of its pools serves, a prompt range longer than every pool's context, an
+SLO target that no allowed pool can meet even by the capability matrix's own figures, a route
+without a fallback or whose fallback is not a GPU pool, a fallback missing some of a route's
+models, a pool no route uses.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from gateway.policy.credentials import Access
 from gateway.policy.load import locator, parse_policy
 from gateway.policy.model import Match, Policy, Route
 from gateway.policy.physics import physics
-from gateway.policy.rules import Finding
+from gateway.policy.rules import Finding, memory_errors
 
 
 @dataclass(frozen=True)
@@ -60,15 +62,16 @@ def validate(
         problems = exc.problems or [Problem(source, "(top level)", str(exc))]
         return Validation(None, problems)
     at = locator(text, source)
+    refused = [at(path, message) for path, message in memory_errors(policy)]
     found = [at(path, message) for path, message in warnings(policy)]
     if access is None:
-        return Validation(policy, [], found)
+        return Validation(policy, refused, found)
     if serving:
-        refused = [at(p, m) for p, m in access.findings(policy)]
+        refused += [at(p, m) for p, m in access.findings(policy)]
         return Validation(policy, refused, found)
     where = "here; every gateway that serves this policy needs it"
     doubtful = [at(p, m) for p, m in access.findings(policy, where)]
-    return Validation(policy, [], found + doubtful)
+    return Validation(policy, refused, found + doubtful)
 
 
 def warnings(policy: Policy) -> list[Finding]:
@@ -133,6 +136,24 @@ def _serving_warnings(policy: Policy, where: tuple[str | int, ...], route: Route
             )
         )
     fallback = policy.pools.get(route.fallback) if route.fallback else None
+    if route.fallback is None:
+        found.append(
+            (
+                (*where, "fallback"),
+                f"route {route.name!r} has no fallback: when its pools "
+                f"({', '.join(route.pools)}) are full past the queue budget, its requests are "
+                "refused (429 no_capacity)",
+            )
+        )
+    elif fallback is not None and fallback.kind != "gpu":
+        found.append(
+            (
+                (*where, "fallback"),
+                f"route {route.name!r} falls back to pool {route.fallback!r}, of kind "
+                f"{fallback.kind!r}, not gpu: the fallback serves what the route's pools cannot, "
+                "and GPUs serve any model at reference precision",
+            )
+        )
     if fallback is not None and not route.match.models:
         served = {m for pool in pools for m in pool.models}
         missing = sorted(served - set(fallback.models))

@@ -19,6 +19,10 @@ from gateway.compare.measures import DEFAULT_COMPARATORS
 PositiveFloat = Annotated[float, Field(gt=0)]
 PositiveInt = Annotated[int, Field(gt=0)]
 NonNegativeFloat = Annotated[float, Field(ge=0)]
+# A driver, runtime or firmware version: a label of the backend's metrics, so short and printable.
+Version = Annotated[
+    str, Field(min_length=1, max_length=64, pattern=r"^[\x21-\x7e]( ?[\x21-\x7e])*$")
+]
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # The only variables a policy may take an upstream key from (gateway/policy/credentials.py).
 KEY_PREFIX = "GATEWAY_UPSTREAM_KEY_"
@@ -103,7 +107,10 @@ class Pool(Strict):
     backends: list[Backend] = Field(min_length=1)
     models: list[str] = Field(min_length=1)
     max_context: int = Field(gt=0, description="Longest prompt plus output, in tokens.")
-    memory_gb: PositiveFloat
+    memory_gb: PositiveFloat = Field(
+        description="Memory of one backend, in GB: its models' weights, its KV cache and a 10% "
+        "runtime margin must fit in it."
+    )
     slots_per_backend: int = Field(gt=0, description="Concurrent requests one backend takes.")
     precision: str = "bf16"
     compute_tflops: PositiveFloat
@@ -122,6 +129,25 @@ class Pool(Strict):
         default=None,
         description="Memory of one backend for KV cache, after weights; default half of memory.",
     )
+    driver: Version | None = Field(
+        default=None, description="Driver version of the backends, e.g. '550.90.07'."
+    )
+    runtime: Version | None = Field(
+        default=None, description="Inference engine and its version, e.g. 'vllm 0.6.3'."
+    )
+    firmware: Version | None = Field(default=None, description="Firmware version of the devices.")
+
+    @field_validator("driver", "runtime", "firmware", mode="before")
+    @classmethod
+    def _quoted(cls, value: object) -> object:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            # YAML reads 1.10 as the number 1.1: a version written bare would lose its digits.
+            raise ValueError(f"write a version as a quoted string, e.g. '{value}'")
+        return value
+
+    def versions(self) -> dict[str, str | None]:
+        """Return the driver, runtime and firmware versions the policy gives (None: not given)."""
+        return {"driver": self.driver, "runtime": self.runtime, "firmware": self.firmware}
 
     def kv_capacity_bytes(self) -> float:
         """Return the KV-cache memory of one backend, in bytes."""
@@ -417,7 +443,8 @@ class Policy(Strict):
     default_slo_class: str
     routes: list[Route] = Field(min_length=1)
     models: dict[str, ModelSpec] = Field(
-        default_factory=dict, description="Model sizes for the cost model's prior."
+        default_factory=dict,
+        description="Model sizes for the cost model's prior and the memory check.",
     )
     promotion: Promotion = Promotion()
     tenants: list[Tenant] = []

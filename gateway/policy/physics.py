@@ -1,4 +1,8 @@
-"""The physics prior: roofline timing and a power curve from a pool's nominal figures.
+"""The physics of a pool: what its memory holds, and a prior of roofline timing and power.
+
+Memory: one backend holds the weights of every model its pool serves (params × bytes per
+parameter of the pool's precision), its KV cache, and a runtime margin; `footprint` adds them up
+for the policy's memory check (gateway/policy/rules.py).
 
 Prefill is compute-bound: 2·params FLOPs per prompt token at a fraction of peak compute. Decode is
 bandwidth-bound: each step reads the weights once for the whole batch, plus each sequence's KV
@@ -10,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gateway.policy.model import Pool
+from gateway.policy.model import Policy, Pool
 
 # Fraction of peak compute a prefill reaches (model FLOPs utilisation).
 PREFILL_MFU = 0.5
@@ -20,6 +24,13 @@ PREFILL_FIXED_S = 0.010
 TYPICAL_CONTEXT_TOKENS = 1024
 # Power exponent of the sub-linear curve P(n) = idle + (max - idle) · (n / slots)^POWER_EXPONENT.
 POWER_EXPONENT = 0.5
+
+# Share of a backend's memory that neither weights nor KV cache may use: the CUDA context and
+# the engine's own buffers, activations of the largest batch, and allocator fragmentation. It is
+# what vLLM leaves by default (gpu_memory_utilization 0.9), and grows with the device as
+# activations and fragmentation do, where a fixed figure would be too much for an 8 GB part and
+# too little for a backend of several GPUs.
+RUNTIME_MARGIN = 0.10
 
 BYTES_PER_PARAM = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5}
 
@@ -73,3 +84,31 @@ def physics(pool: Pool, params_b: float, kv_bytes_per_token: float) -> Physics:
         max_w=pool.power.max_w,
         slots=pool.slots_per_backend,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Footprint:
+    """What one backend of a pool must hold, in bytes: each model's weights, KV cache, margin."""
+
+    weights: dict[str, float]  # by model, largest first
+    kv_cache: float
+    margin: float
+    memory: float
+
+    @property
+    def total(self) -> float:
+        return sum(self.weights.values()) + self.kv_cache + self.margin
+
+    def fits(self) -> bool:
+        # A relative tolerance, so that figures adding up to the memory exactly are not refused
+        # for the rounding of their float sum.
+        return self.total <= self.memory * (1 + 1e-9)
+
+
+def footprint(pool: Pool, policy: Policy) -> Footprint:
+    """Return the memory one backend of `pool` needs for its models, KV cache and runtime."""
+    size = bytes_per_param(pool.precision)
+    weights = {model: policy.params_b(model) * 1e9 * size for model in pool.models}
+    ordered = dict(sorted(weights.items(), key=lambda item: -item[1]))
+    memory = pool.memory_gb * 1e9
+    return Footprint(ordered, pool.kv_capacity_bytes(), memory * RUNTIME_MARGIN, memory)

@@ -4,12 +4,18 @@ A route must name pools, SLO classes and tenants that the policy defines, a shad
 serve the route's models with comparators that exist, a noise floor a policy gives needs shadow
 samples to be a share of. Each rule gives the field path it concerns and a sentence that names
 the bad value and what was expected; the loader places them in the file.
+
+`memory_errors` checks physics rather than references: a pool whose models, KV cache and runtime
+margin do not fit one backend's memory describes hardware that cannot exist. It is checked when
+a policy is validated or applied (gateway/policy/check.py), not when a stored version is loaded,
+so replicas upgraded over a version stored before the check keep serving it.
 """
 
 from __future__ import annotations
 
 from gateway.compare.measures import COMPARATORS, SIMILARITY
-from gateway.policy.model import Comparison, Policy, Route
+from gateway.policy.model import DEFAULT_PARAMS_B, Comparison, Policy, Route
+from gateway.policy.physics import RUNTIME_MARGIN, footprint
 
 # A field path and what is wrong (or doubtful) there.
 Finding = tuple[tuple[str | int, ...], str]
@@ -133,6 +139,35 @@ def reference_errors(policy: Policy) -> list[Finding]:
         if r.max is not None and r.max < r.min:
             errors.append(((*where, "match", "prompt_tokens"), f"max {r.max} is below min {r.min}"))
         errors.extend(_shadow_errors(policy, where, route, tenants))
+    return errors
+
+
+def memory_errors(policy: Policy) -> list[Finding]:
+    """Find pools whose models' weights, KV cache and runtime margin exceed a backend's memory."""
+    errors: list[Finding] = []
+    for name, pool in policy.pools.items():
+        need = footprint(pool, policy)
+        if need.fits():
+            continue
+        held = []
+        for i, (model, weights) in enumerate(need.weights.items()):
+            figures = [f"{weights / 1e9:.1f} GB" + (f" in {pool.precision}" if i == 0 else "")]
+            if model not in policy.models:
+                figures.append(f"{DEFAULT_PARAMS_B:g}B assumed, not in models")
+            held.append(f"{model} ({', '.join(figures)})")
+        kv = f"{need.kv_cache / 1e9:.1f} GB of KV cache"
+        if pool.kv_cache_gb is None:
+            kv += " (half its memory: kv_cache_gb is not given)"
+        errors.append(
+            (
+                ("pools", name, "memory_gb"),
+                f"pool {name!r} holds {', '.join(held)} and {kv} plus a runtime margin of "
+                f"{need.margin / 1e9:.1f} GB ({RUNTIME_MARGIN:.0%} of memory): "
+                f"{need.total / 1e9:.1f} GB, more than its {pool.memory_gb:g} GB; serve fewer "
+                "or smaller models there, at a lower precision, with less KV cache, or on "
+                "backends with more memory",
+            )
+        )
     return errors
 
 

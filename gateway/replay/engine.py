@@ -143,7 +143,7 @@ class Replay:
         self.policy = strategy.policy
         self.model = model
         self.fleet = Fleet(self.policy)
-        self.world = build_world(self.policy, self.fleet)
+        self.world = build_world(self.policy, self.fleet, model)
         self.passages = [
             Passage(str(i), START_S + r.arrival_s, r, request_profile(self.policy, r, model))
             for i, r in enumerate(requests)

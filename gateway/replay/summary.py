@@ -45,7 +45,7 @@ def summarize(replay: Replay) -> dict[str, object]:
     ttft = [p.ttft_s * 1e3 for p in served if p.ttft_s is not None]
     tpot = [p.tpot_s * 1e3 for p in served if p.tpot_s is not None]
     pools = Counter(p.pool for p in served)
-    live = [name for name, pool in policy.pools.items() if pool.live]
+    live = [n for n, pool in policy.pools.items() if pool.live and replay.model in pool.models]
     tokens: Counter[str] = Counter()
     concurrency: Counter[str] = Counter()
     for p in served:

@@ -1,4 +1,6 @@
-"""The simulated world a replay runs against: one simulator device per backend of each live pool.
+"""The simulated world a replay runs against: a simulator device per backend of each live pool
+that serves the replayed model (a pool of other models would only idle, and the oracle leaves it
+out of the fleet too).
 
 The world is the only part of a replay that knows the hardware's true figures: each backend is a
 `simulator.device.Device` built from the bundled simulator profile of its pool's kind, so its
@@ -48,12 +50,14 @@ def profile_for(kind: str) -> Profile:
     return load_profile(kind)
 
 
-def build_world(policy: Policy, fleet: Fleet) -> dict[str, SimulatedBackend]:
-    """Put a fresh simulated device behind every backend of every live pool, keyed by name."""
+def build_world(policy: Policy, fleet: Fleet, model: str) -> dict[str, SimulatedBackend]:
+    """Put a fresh simulated device behind every backend of every live pool serving `model`."""
     world: dict[str, SimulatedBackend] = {}
     for pool in fleet.pools.values():
         if not pool.spec.live:
             continue  # shadow-only pools serve nothing live, and shadow copies are not replayed
+        if model not in pool.spec.models:
+            continue  # the router never sends it a request of the trace
         profile = profile_for(pool.spec.kind)
         for backend in pool.backends:
             device = Device(len(world), profile.timing, profile.slots, PowerCurve(profile.power))

@@ -216,6 +216,7 @@ def build(
             "slo": slo_attainment(this_requests, policy),
             "cost_model": cost_model_error(this_requests, cost_model),
             "change": _fleet_change(fleet, fleet_numbers(before_requests)),
+            "hardware": hardware(policy),
         },
         "criteria": {
             "quality_margin": rules.quality_margin,
@@ -287,6 +288,22 @@ def fleet_numbers(requests: Sequence[Row]) -> dict[str, Any]:
         "cost_usd": total(requests, "cost_usd"),
         "pools": pools,
     }
+
+
+def hardware(policy: Policy) -> list[dict[str, Any]]:
+    """Return what each pool of the policy runs on: kind, precision, memory and versions."""
+    return [
+        {
+            "pool": name,
+            "kind": pool.kind,
+            "live": pool.live,
+            "backends": len(pool.backends),
+            "precision": pool.precision,
+            "memory_gb": pool.memory_gb,
+            **pool.versions(),
+        }
+        for name, pool in policy.pools.items()
+    ]
 
 
 def slo_attainment(requests: Sequence[Row], policy: Policy) -> list[dict[str, Any]]:

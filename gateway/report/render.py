@@ -199,6 +199,22 @@ def markdown(report: Mapping[str, Any]) -> str:
                 usd(p["cost_usd_per_1k_tokens"]),
             )
         )
+    lines += [
+        "",
+        _row("pool", "kind", "backends", "precision", "memory", "driver", "runtime", "firmware"),
+        _row(*["---"] * 8),
+    ]
+    for h in fleet["hardware"]:
+        lines.append(
+            _row(
+                h["pool"] + ("" if h["live"] else " (shadow-only)"),
+                h["kind"],
+                number(h["backends"]),
+                h["precision"],
+                f"{number(h['memory_gb'])} GB",
+                *(h[k] or "–" for k in ("driver", "runtime", "firmware")),
+            )
+        )
     lines += ["", _row("SLO class", "requests", "met", "attainment"), _row(*["---"] * 4)]
     for s in fleet["slo"]:
         lines.append(

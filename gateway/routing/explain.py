@@ -7,7 +7,7 @@ from typing import Any
 
 from gateway.errors import GatewayError
 from gateway.fleet.state import Fleet
-from gateway.policy.model import Policy
+from gateway.policy.model import Policy, Pool
 from gateway.routing.classify import TokenEstimator, classify
 from gateway.routing.ranking import CostRanker
 from gateway.routing.router import decide
@@ -22,7 +22,10 @@ def explain(
     ranker: CostRanker,
     estimator: TokenEstimator,
 ) -> dict[str, Any]:
-    """Classify and route a request as the gateway would; return the decision and its reasons."""
+    """Classify and route a request as the gateway would; return the decision and its reasons.
+
+    `pools` says what each pool the route may use runs on: its kind, precision and versions.
+    """
     headers = {k.lower(): v for k, v in headers.items()}
     try:
         profile = classify(endpoint, body, headers, policy, estimator)
@@ -30,6 +33,8 @@ def explain(
     except GatewayError as exc:
         return {"decision": None, "status": exc.status, **exc.document()}
     backend = decision.backend
+    route = decision.route
+    considered = [*route.pools, route.fallback, route.canary.pool if route.canary else None]
     return {
         "decision": {
             "route": decision.route.name,
@@ -46,5 +51,15 @@ def explain(
             for pool, p in decision.predictions.items()
         },
         "trace": decision.explain(),
+        "pools": {
+            name: hardware(policy.pools[name])
+            for name in dict.fromkeys(considered)
+            if name is not None and name in policy.pools
+        },
         "cost_model_version": ranker.model_version(),
     }
+
+
+def hardware(pool: Pool) -> dict[str, Any]:
+    """Return what a pool runs on: kind, precision, and its driver, runtime and firmware."""
+    return {"kind": pool.kind, "precision": pool.precision, **pool.versions()}

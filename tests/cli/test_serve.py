@@ -31,8 +31,8 @@ def migrated_fleet(sims, tmp_path: Path, **settings: str) -> dict[str, str]:
     Records are flushed only every 30 s, so what a stop finds unwritten it must flush itself.
     """
     doc = yaml.safe_load((ROOT / "policies/default.yaml").read_text())
-    for kind in ("gpu", "asic", "cim"):
-        doc["pools"][kind]["backends"] = [{"url": u} for u in sims.urls(kind)]
+    for name, pool in doc["pools"].items():
+        pool["backends"] = [{"url": u} for u in sims.urls(name)]
     policy = tmp_path / "policy.yaml"
     policy.write_text(yaml.safe_dump(doc))
     env = {

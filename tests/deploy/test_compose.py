@@ -38,6 +38,7 @@ def test_compose_has_the_whole_stack(compose: dict) -> None:
         "lb",
         "sim-gpu-0",
         "sim-gpu-1",
+        "sim-gpu-70b-0",
         "sim-asic-0",
         "sim-cim-0",
         "prometheus",

@@ -9,6 +9,7 @@ from shadowworld import PROMPT, settle, shadow_policy, shadow_rows
 
 from gateway.report.period import parse_since
 from harness.gateways import run_gateway
+from harness.metrics import parse_metrics
 from policies import MODEL, fleet_policy
 
 TOKEN = "s3cret-admin-token"
@@ -104,3 +105,39 @@ def test_traffic_fills_the_shadow_summary(sims, tmp_path: Path) -> None:
     assert by_candidate == [] and later.json() == []
     assert 'gateway_shadow_sent_total{candidate="cim",kind="candidate",route="chat"} 4.0' in metrics
     assert 'gateway_shadow_compared_total{candidate="gpu",kind="noise",route="chat"} 4.0' in metrics
+
+
+VERSIONS = {"driver": "550.90.07", "runtime": "vllm 0.6.3", "firmware": "96.00.99.00.01"}
+
+
+def test_a_pools_versions_are_in_explain_and_in_its_backends_metric_labels(
+    sims, tmp_path: Path
+) -> None:
+    policy = fleet_policy(sims.urls("gpu"), sims.urls("asic"), sims.urls("cim"), gpu_extra=VERSIONS)
+    body = {"model": MODEL, "max_tokens": 8, "messages": PROMPT}
+    with run_gateway(policy, tmp_path, admin_token=TOKEN) as gw, gw.http() as http:
+        explained = http.post("/admin/explain", json={"body": body}, headers=AUTH).json()
+        metrics = parse_metrics(http.get("/metrics").text)
+    # chat-8b-short: the ASIC first, the GPU as its second pool and fallback.
+    assert explained["pools"] == {
+        "asic": {
+            "kind": "asic",
+            "precision": "bf16",
+            "driver": None,
+            "runtime": None,
+            "firmware": None,
+        },
+        "gpu": {"kind": "gpu", "precision": "bf16", **VERSIONS},
+    }
+    info = {
+        labels["backend"]: labels for name, labels, _ in metrics if name == "gateway_backend_info"
+    }
+    assert set(info) == {"gpu-0", "gpu-1", "asic-0", "cim-0"}
+    assert info["gpu-0"] == {
+        "pool": "gpu",
+        "backend": "gpu-0",
+        "kind": "gpu",
+        "precision": "bf16",
+        **VERSIONS,
+    }
+    assert (info["asic-0"]["driver"], info["asic-0"]["runtime"]) == ("", "")

@@ -65,7 +65,8 @@ def test_validate_reports_errors_and_warnings_without_applying(tmp_path: Path) -
             "/admin/policy/validate", json={"yaml": render_policy(fleet_policy())}, headers=AUTH
         ).json()
         assert good["valid"] is True and good["errors"] == []
-        assert [w["path"] for w in good["warnings"]] == ["pools.cim"]  # no route uses it
+        # chat-70b has no fallback, and no route uses the CIM pool.
+        assert [w["path"] for w in good["warnings"]] == ["routes.2.fallback", "pools.cim"]
         bad = http.post("/admin/policy/validate", json={"yaml": "pools: ["}, headers=AUTH).json()
         assert bad["valid"] is False and "not valid YAML" in bad["errors"][0]["message"]
         assert gw.gateway.policy_version == 1

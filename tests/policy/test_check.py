@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from gateway.policy.check import validate
-from gateway.policy.load import json_schema, render_policy
+from gateway.policy.load import json_schema, parse_policy, render_policy
 from policies import BIG, MODEL, fleet_policy
 
 Edit = Callable[[dict], None]
@@ -19,6 +19,7 @@ Edit = Callable[[dict], None]
 def base() -> dict:
     doc = yaml.safe_load(render_policy(fleet_policy()))
     doc["routes"][1]["shadow"] = [{"pool": "cim", "sample_rate": 0.1}]
+    doc["routes"][2]["fallback"] = "gpu"  # chat-70b: without one it warns
     return doc
 
 
@@ -88,6 +89,21 @@ ERRORS: dict[str, tuple[Edit, str]] = {
         lambda d: d["pools"]["gpu"]["backends"][0].update(url="gpu0:9000"),
         "must start with http:// or https://",
     ),
+    "models that do not fit a backend's memory": (
+        lambda d: d.update(models={BIG: {"params_b": 70}}),
+        f"pools.gpu.memory_gb: pool 'gpu' holds {BIG} (140.0 GB in bf16), {MODEL} (16.0 GB, 8B "
+        "assumed, not in models), bge-large-en-v1.5 (16.0 GB, 8B assumed, not in models) and "
+        "70.5 GB of KV cache (half its memory: kv_cache_gb is not given) plus a runtime margin "
+        "of 14.1 GB (10% of memory): 256.6 GB, more than its 141 GB",
+    ),
+    "KV cache that does not fit beside the weights": (
+        lambda d: d["pools"]["asic"].update(kv_cache_gb=100),
+        "pools.asic.memory_gb: pool 'asic' holds",
+    ),
+    "version written as a number": (
+        lambda d: d["pools"]["gpu"].update(firmware=1.10),
+        "pools.gpu.firmware: Value error, write a version as a quoted string, e.g. '1.1'",
+    ),
 }
 
 
@@ -125,6 +141,15 @@ WARNINGS: dict[str, tuple[Edit, str]] = {
         lambda d: d["routes"][1].update(shadow=[]),
         "pools.cim: pool 'cim' is not used by any route",
     ),
+    "route without a fallback": (
+        lambda d: d["routes"][2].pop("fallback"),
+        "routes.2.fallback: route 'chat-70b' has no fallback: when its pools (gpu) are full past "
+        "the queue budget, its requests are refused (429 no_capacity)",
+    ),
+    "fallback that is not a GPU pool": (
+        lambda d: d["routes"][3].update(fallback="asic"),
+        "routes.3.fallback: route 'embeddings' falls back to pool 'asic', of kind 'asic', not gpu",
+    ),
 }
 
 
@@ -136,9 +161,22 @@ def test_a_doubtful_policy_is_valid_with_a_warning(kind: str) -> None:
     assert any(expected in w for w in warnings), warnings
 
 
+def test_a_version_stored_before_the_memory_check_still_loads_but_validates_no_more() -> None:
+    doc = base()
+    doc["pools"]["asic"]["kv_cache_gb"] = 100
+    text = yaml.safe_dump(doc, sort_keys=False)
+    # Replicas upgraded over it keep serving it; the next apply has to fix it.
+    assert parse_policy(text).pools["asic"].kv_cache_gb == 100
+    result = validate(text, "p.yaml")
+    assert not result.valid and [e.path for e in result.errors] == ["pools.asic.memory_gb"]
+    lines = text.splitlines()
+    at = next(i for i in range(lines.index("  asic:"), len(lines)) if "memory_gb:" in lines[i])
+    assert result.errors[0].location.startswith(f"p.yaml:{at + 1}:")
+
+
 def test_warnings_name_file_line_and_column() -> None:
     text = render_policy(fleet_policy())
-    (warning,) = validate(text, "p.yaml").warnings
+    (warning,) = [w for w in validate(text, "p.yaml").warnings if w.path == "pools.cim"]
     line = text.splitlines().index("  cim:") + 2  # where the pool's mapping starts
     assert warning.location == f"p.yaml:{line}:5"
 

@@ -20,11 +20,11 @@ def test_default_policy_is_the_realistic_fleet() -> None:
     policy = load_policy(DEFAULT)
     assert {p.kind for p in policy.pools.values()} == {"gpu", "asic", "cim"}
     assert not policy.pools["cim"].live
-    assert policy.pools["gpu"].models == [
-        "llama-3.1-8b-instruct",
-        "llama-3.1-70b-instruct",
-        "bge-large-en-v1.5",
-    ]
+    assert policy.pools["gpu"].models == ["llama-3.1-8b-instruct", "bge-large-en-v1.5"]
+    # 140 GB of weights in bf16: a pool of its own, each backend four GPUs.
+    big = policy.pools["gpu-70b"]
+    assert (big.kind, big.models, big.memory_gb) == ("gpu", ["llama-3.1-70b-instruct"], 320)
+    assert [r.pools for r in policy.routes if r.name == "chat-70b"] == [["gpu-70b"]]
     assert "llama-3.1-70b-instruct" not in policy.pools["asic"].models
     short = policy.routes[0]
     assert short.pools[0] == "asic" and short.fallback == "gpu"

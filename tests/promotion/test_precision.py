@@ -23,13 +23,13 @@ from gateway.promotion.precision import Limits, Outcome, Plan, Suite, judge_chec
 from harness.databases import scratch_database
 from harness.gateways import run_gateway
 from harness.simulators import SimulatorProcess, start_simulator
-from policies import BIG, EMBED, MODEL, fleet_policy
+from policies import EMBED, MODEL, fleet_policy
 
 # The default policy's model table: bge-large-en-v1.5 is an embedding model, so checks measure
-# semantic similarity on the GPU pool that serves it.
+# semantic similarity on the GPU pool that serves it. The 70B model, which no check here asks
+# for, is left out: at its size the test fleet's one GPU pool could not hold it beside the others.
 MODELS = {
     MODEL: {"params_b": 8},
-    BIG: {"params_b": 70},
     EMBED: {"params_b": 0.335, "kind": "embedding"},
 }
 CHAT_ONLY = [{"name": "chat", "match": {"models": [MODEL]}, "pools": ["gpu"]}]

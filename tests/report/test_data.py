@@ -50,6 +50,38 @@ def test_fleet_numbers_are_sums_of_the_weeks_requests(written) -> None:
     assert fleet["change"]["requests"] == {"previous": 5, "change": 55}
 
 
+def test_the_fleet_section_says_what_each_pool_runs_on(written, tmp_path: Path) -> None:
+    world, report, engine = written
+    assert [(h["pool"], h["kind"], h["driver"]) for h in report["fleet"]["hardware"]] == [
+        ("gpu", "gpu", None),
+        ("gpu-70b", "gpu", None),
+        ("asic", "asic", None),
+        ("cim", "cim", None),
+    ]
+    versions = {"driver": "550.90.07", "runtime": "vllm 0.6.3", "firmware": "96.00.99.00.01"}
+    pools = dict(world.policy.pools)
+    pools["gpu-70b"] = pools["gpu-70b"].model_copy(update=versions)
+    policy = world.policy.model_copy(update={"pools": pools})
+    out = tmp_path / "versions"
+    generate(engine, policy, world.period, out, now=world.period.until + 3600)
+    hardware = {
+        h["pool"]: h for h in json.loads((out / "report.json").read_text())["fleet"]["hardware"]
+    }
+    assert hardware["gpu-70b"] == {
+        "pool": "gpu-70b",
+        "kind": "gpu",
+        "live": True,
+        "backends": 1,
+        "precision": "bf16",
+        "memory_gb": 320,
+        **versions,
+    }
+    assert hardware["cim"]["live"] is False and hardware["cim"]["precision"] == "analog-int4"
+    row = "| gpu-70b | gpu | 1 | bf16 | 320 GB | 550.90.07 | vllm 0.6.3 | 96.00.99.00.01 |"
+    assert row in (out / "report.md").read_text()
+    assert "<td>vllm 0.6.3</td>" in (out / "report.html").read_text()
+
+
 def test_slo_attainment_counts_successes_within_every_measured_target(written) -> None:
     world, report, _ = written
     week = in_week(world, world.requests)
