@@ -133,6 +133,9 @@ def test_a_failing_candidate_is_rolled_back_and_the_reason_recorded(sims, tmp_pa
             admin_token=TOKEN,
             rollout_check_interval_s=0.1,
             policy_poll_interval_s=0.1,
+            # Probes failing too would eject the canary before any request reached it, and a
+            # canary given no requests waits: the guards must see the canary's own failures.
+            health_check_interval_s=3600,
         ) as gw,
         gw.http() as http,
     ):
