@@ -457,33 +457,53 @@ def test_an_https_backend_with_a_private_ca_named_in_ssl_cert_file(
 
 
 def test_an_answer_that_ended_while_its_reading_was_paused_leaves_its_connection_reading() -> None:
-    """The whole answer arrives while the reader sleeps: the connection goes back un-paused."""
-    big = b"x" * (http1.HIGH_WATER + http1.HIGH_WATER // 2)  # ends in the read that pauses
+    """The read that pauses the connection also ends the answer: it goes back un-paused.
 
-    async def big_then_small(
+    The backend writes up to the high-water mark, waits until the client holds those bytes
+    unread, then writes a short tail: one read crosses the mark and ends the answer, however
+    the kernel split what came before.
+    """
+    head_and_mark = ok(b"x" * (http1.HIGH_WATER + 100))[:-100]
+    tail = b"x" * 100
+    tail_written = asyncio.Event()
+    may_end = asyncio.Event()
+
+    async def mark_then_tail(
         reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int
     ) -> None:
-        for body in (big, b"second"):
-            await read_request(reader)
-            writer.write(ok(body))
-            await writer.drain()
+        await read_request(reader)
+        writer.write(head_and_mark)
+        await writer.drain()
+        await may_end.wait()
+        writer.write(tail)
+        await writer.drain()
+        tail_written.set()
+        await read_request(reader)
+        writer.write(ok(b"second"))
+        await writer.drain()
         await reader.read()
 
     async def scenario() -> tuple[int, bytes, int]:
-        async with Backend(big_then_small) as backend:
+        async with Backend(mark_then_tail) as backend:
             client = Client()
             response = await client.request("POST", backend.url, "/", {}, b"")
             ended = asyncio.Event()
             response.on_end(ended.set)
+            await until(
+                lambda: response.buffered == http1.HIGH_WATER,
+                message=lambda: f"{response.buffered} of {http1.HIGH_WATER} bytes held",
+            )
+            may_end.set()
             # A slow reader: the rest of the answer arrives before it reads any.
             await asyncio.wait_for(ended.wait(), 60)
             first = len(await response.read())
             async with asyncio.timeout(60):  # a connection left paused would never answer
                 second = await post(client, backend.url)
             await client.close()
+            assert tail_written.is_set()
             return first, second, backend.connections
 
-    assert asyncio.run(scenario()) == (len(big), b"second", 1)
+    assert asyncio.run(scenario()) == (http1.HIGH_WATER + 100, b"second", 1)
 
 
 def test_an_answer_no_request_asked_for_never_reaches_the_next_request() -> None:
