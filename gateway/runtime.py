@@ -116,6 +116,7 @@ class Gateway:
             interval_s=settings.power_scrape_interval_s,
             clock=clock,
             load_share=self._load_share,
+            on_room=lambda pool: self.admission.dispatch(self.fleet.pools[pool]),
         )
         self.costmodel = CostModel(policy)
         self.learner = Learner(
@@ -235,7 +236,7 @@ class Gateway:
     def _load_share(self, url: str) -> float:
         """Return the part of a backend's load that is this replica's requests (1 alone)."""
         for backend in self.fleet.backends():
-            if backend.url == url and backend.elsewhere:
+            if backend.url == url and (backend.elsewhere or backend.external):
                 return backend.in_flight / backend.load
         return 1.0
 

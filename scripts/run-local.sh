@@ -27,7 +27,8 @@ trap stop EXIT INT TERM
 for sim in gpu:9101:1 gpu:9102:2 gpu:9111:5:llama-3.1-70b-instruct asic:9201:3 cim:9301:4; do
     IFS=: read -r profile port seed models <<<"$sim"
     "$PY" -m simulator --profile "$profile" --host 127.0.0.1 --port "$port" --seed "$seed" \
-        --speed "$SPEED" ${models:+--models "$models"} >"run/sim-$profile-$port.log" 2>&1 &
+        --speed "$SPEED" ${models:+--models "$models"} $([ "$profile" = gpu ] && echo --engine vllm) \
+        >"run/sim-$profile-$port.log" 2>&1 &
     pids+=($!)
 done
 for port in 9101 9102 9111 9201 9301; do

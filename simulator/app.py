@@ -8,9 +8,11 @@
     POST /v1/embeddings
     GET  /admin/faults            the faults now injected
     POST /admin/faults            change them (partial update; {"reset": true} clears)
+    GET  /admin/external-load     the requests other clients keep in flight
+    POST /admin/external-load     change them (partial update: requests, prompt_tokens, ...)
 
 Faults apply to `/v1/*` and `/health`, never to `/admin/*` or `/metrics`. With an API key, every
-endpoint but `/admin/faults` wants `Authorization: Bearer KEY` and answers 401 without it: stricter
+endpoint but `/admin/*` wants `Authorization: Bearer KEY` and answers 401 without it: stricter
 than vLLM (which guards /v1 only), so a client's tests prove it sends its key on every call.
 """
 
@@ -34,6 +36,7 @@ from simulator.errors import (
     UnknownUrl,
 )
 from simulator.exchange import Exchange, Receive, Scope, Send
+from simulator.external import ExternalLoad, apply_external_load, update_external_load
 from simulator.faults import Faults, update_faults
 from simulator.fleet import Fleet
 from simulator.metrics import CONTENT_TYPE, SimulatorMetrics
@@ -63,11 +66,13 @@ class SimulatorApp:
         faults: Faults | None = None,
         instance: str = "0",
         api_key: str | None = None,
+        engine: str | None = None,
     ):
         self.profile = profile
         self._expected = None if not api_key else f"Bearer {api_key}".encode()
         self.fleet = fleet
-        self.metrics = SimulatorMetrics(profile, fleet, instance=instance)
+        self.metrics = SimulatorMetrics(profile, fleet, instance=instance, engine=engine)
+        self.external = ExternalLoad()
         self.faults = Faults()
         # Separate streams, so injecting faults does not change the answers.
         self.rng = Random(seed)
@@ -80,6 +85,10 @@ class SimulatorApp:
             "/health": ({"GET": self._health}, True),
             "/metrics": ({"GET": self._metrics}, False),
             "/admin/faults": ({"GET": self._get_faults, "POST": self._post_faults}, False),
+            "/admin/external-load": (
+                {"GET": self._get_external, "POST": self._post_external},
+                False,
+            ),
             "/v1/models": ({"GET": self._models}, True),
             "/v1/chat/completions": ({"POST": self._chat}, True),
             "/v1/completions": ({"POST": self._completions}, True),
@@ -100,6 +109,7 @@ class SimulatorApp:
         counted = path.startswith("/v1/")
         if counted:
             self.metrics.request_started()
+            exchange.on_end(lambda: self.metrics.request_ended(str(exchange.status or "none")))
         try:
             await self._dispatch(exchange)
         except ApiError as error:
@@ -107,12 +117,11 @@ class SimulatorApp:
                 raise  # a response has started: the server must abort the connection
             await exchange.respond_error(error)
         finally:
-            if counted:
-                self.metrics.request_ended(str(exchange.status or "none"))
+            exchange.end()
 
     async def _dispatch(self, exchange: Exchange) -> None:
         path, method = exchange.path, exchange.method
-        if self._expected is not None and path != "/admin/faults":
+        if self._expected is not None and not path.startswith("/admin/"):
             self._authorize(exchange)
         route = self._routes.get(path)
         if route is None and path.startswith("/v1/models/"):
@@ -181,6 +190,18 @@ class SimulatorApp:
     async def _post_faults(self, exchange: Exchange) -> None:
         self.set_faults(update_faults(self.faults, await exchange.json()))
         await exchange.respond_json(200, self.faults.model_dump())
+
+    def set_external_load(self, load: ExternalLoad) -> None:
+        """Keep `load` of other clients on the devices from now on."""
+        self.external = load
+        apply_external_load(self.fleet, self.metrics, load)
+
+    async def _get_external(self, exchange: Exchange) -> None:
+        await exchange.respond_json(200, self.external.model_dump())
+
+    async def _post_external(self, exchange: Exchange) -> None:
+        self.set_external_load(update_external_load(self.external, await exchange.json()))
+        await exchange.respond_json(200, self.external.model_dump())
 
     async def _chat(self, exchange: Exchange) -> None:
         await self._generate(exchange, parse_chat(await exchange.json(), self.profile))
@@ -291,7 +312,12 @@ class _Run:
         device = fleet.place()
         fleet.submit(device, job)
         self.headers = [(DEVICE_HEADER, str(device.index).encode())]
-        self._watcher = exchange.on_disconnect(lambda: fleet.cancel(job))
+        self._stop_watching = exchange.on_disconnect(lambda: self._gone(exchange))
+
+    def _gone(self, exchange: Exchange) -> None:
+        # The client left: the request stops counting at once, before any later arrival.
+        self._fleet.cancel(self.job)
+        exchange.end()
 
     async def progressed(self) -> None:
         """Wait until the device has decoded more of the job (or dropped it)."""
@@ -306,9 +332,9 @@ class _Run:
 
     def stop_watching(self) -> None:
         """Stop watching for the client going away (the response is about to complete)."""
-        self._watcher.cancel()
+        self._stop_watching()
 
     def close(self) -> None:
         """Stop watching and withdraw the job if it is still on its device."""
-        self._watcher.cancel()
+        self._stop_watching()
         self._fleet.cancel(self.job)

@@ -8,7 +8,9 @@ from collections.abc import Sequence
 
 from pydantic import ValidationError
 
+from simulator.engines import ENGINES
 from simulator.errors import ProfileError
+from simulator.external import ExternalLoad
 from simulator.faults import Faults
 from simulator.profile import apply_overrides, bundled_profiles, load_profile
 from simulator.server import bind, run
@@ -17,6 +19,7 @@ from simulator.server import bind, run
 FIGURE_FLAGS = {
     "slots": "slots",
     "max_context": "max_context",
+    "kv_cache_tokens": "kv_cache_tokens",
     "prefill_fixed_ms": "timing.prefill_fixed_ms",
     "prefill_per_token_us": "timing.prefill_per_token_us",
     "host_transfer_per_token_us": "timing.host_transfer_per_token_us",
@@ -54,13 +57,28 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-level", default="warning")
     parser.add_argument(
         "--api-key",
-        help="require Authorization: Bearer KEY on every endpoint but /admin/faults",
+        help="require Authorization: Bearer KEY on every endpoint but /admin/*",
     )
+
+    parser.add_argument(
+        "--engine",
+        choices=ENGINES,
+        help="publish this serving engine's load series on /metrics, with its real names",
+    )
+    shared = parser.add_argument_group(
+        "load of other clients (also settable at run time: POST /admin/external-load)"
+    )
+    shared.add_argument(
+        "--external-load", type=int, default=0, help="requests other clients keep in flight"
+    )
+    shared.add_argument("--external-prompt-tokens", type=int, default=512)
+    shared.add_argument("--external-output-tokens", type=int, default=256)
 
     figures = parser.add_argument_group("profile overrides")
     figures.add_argument("--slots", type=int)
     figures.add_argument("--models", help="comma-separated model names")
     figures.add_argument("--max-context", type=int)
+    figures.add_argument("--kv-cache-tokens", type=int, help="KV cache of each device, tokens")
     for name in (
         "prefill-fixed-ms",
         "prefill-per-token-us",
@@ -113,6 +131,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         error = exc.errors()[0]
         flag = "--" + str(error["loc"][0]).replace("_", "-")
         parser.error(f"{flag} {error['input']} is not valid: {error['msg']}")
+    try:
+        external = ExternalLoad(
+            requests=args.external_load,
+            prompt_tokens=args.external_prompt_tokens,
+            output_tokens=args.external_output_tokens,
+        )
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        field = str(error["loc"][0])
+        flag = "--external-" + ("load" if field == "requests" else field.replace("_", "-"))
+        parser.error(f"{flag} {error['input']} is not valid: {error['msg']}")
     if args.devices < 1:
         parser.error(f"--devices must be at least 1, got {args.devices}")
     if not 0 < args.speed < float("inf"):
@@ -135,6 +164,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         on_ready=announce,
         log_level=args.log_level,
         api_key=args.api_key,
+        engine=args.engine,
+        external_load=external,
     )
     return 0
 

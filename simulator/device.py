@@ -13,7 +13,13 @@ for every member and lasts
 where N counts the sequences decoding on the whole device when the step starts, and
 `scale` is the model's cost relative to the 8B reference. A request holds its slot from
 admission until its last token; nothing is preempted. Power follows the number of slots in
-use and is integrated into an energy counter over simulated time.
+use and is integrated into an energy counter over simulated time. The KV cache a running
+request reserves (its prompt and output tokens) is counted against `kv_cache_tokens`, which
+the engines' series report (simulator/engines.py); it does not hold requests back.
+
+Requests of other clients (`set_external`, simulator/external.py) never end: each takes a
+slot, decodes in the batch (N counts it), draws power and reserves its KV cache; past the
+slots they wait, ahead of every later arrival.
 
 The engine reads no clock: its owner advances it to a simulated instant and it processes
 every event due by then in order, so coarse timers only change when tokens are delivered,
@@ -109,9 +115,17 @@ class _DecodeBatch:
 class Device:
     """A simulated accelerator: slots, an arrival-order queue, decode batches, power, energy."""
 
-    def __init__(self, index: int, timing: Timing, slots: int, power: PowerCurve):
+    def __init__(
+        self,
+        index: int,
+        timing: Timing,
+        slots: int,
+        power: PowerCurve,
+        kv_cache_tokens: int = 262144,
+    ):
         self.index = index
         self.slots = slots
+        self.kv_cache_tokens = kv_cache_tokens
         self.power = power
         self.slow_factor = 1.0
         self.time = 0.0
@@ -126,29 +140,56 @@ class Device:
         self._queue: deque[Job] = deque()
         self._prefills: list[tuple[float, int, Job]] = []
         self._batches: dict[str, _DecodeBatch] = {}
-        self._active = 0
+        self._holding: set[Job] = set()  # the jobs holding a slot
+        self._kv_tokens = 0
+        self.external = 0  # requests of other clients on this device
+        self._external_tokens = 0  # the KV cache each of them reserves
         self._decoding = 0
         self._order = itertools.count()
 
     @property
     def active(self) -> int:
-        """Return the number of requests holding a slot."""
-        return self._active
+        """Return the number of requests holding a slot, other clients' included."""
+        return len(self._holding) + self.external_running
+
+    @property
+    def external_running(self) -> int:
+        """Return how many requests of other clients hold a slot."""
+        return min(self.external, self.slots)
+
+    @property
+    def external_waiting(self) -> int:
+        """Return how many requests of other clients wait for a slot."""
+        return self.external - self.external_running
 
     @property
     def queued(self) -> int:
-        """Return the number of requests waiting for a slot."""
-        return len(self._queue)
+        """Return the number of requests waiting for a slot, other clients' included."""
+        return len(self._queue) + self.external_waiting
 
     @property
     def inflight(self) -> int:
         """Return the number of requests on this device, running or waiting."""
-        return self._active + len(self._queue)
+        return self.active + self.queued
+
+    @property
+    def kv_usage(self) -> float:
+        """Return the share of the KV cache the running requests reserve (at most 1)."""
+        reserved = self._kv_tokens + self.external_running * self._external_tokens
+        return min(1.0, reserved / self.kv_cache_tokens)
+
+    def holding(self) -> list[Job]:
+        """Return the jobs holding a slot."""
+        return list(self._holding)
+
+    def waiting(self) -> list[Job]:
+        """Return the jobs waiting for a slot, in arrival order."""
+        return list(self._queue)
 
     @property
     def power_w(self) -> float:
         """Return the board power right now."""
-        return self.power.watts(self._active)
+        return self.power.watts(self.active)
 
     def submit(self, job: Job, now: float) -> None:
         """Queue `job` at simulated instant `now`; it starts as soon as a slot is free."""
@@ -157,6 +198,12 @@ class Device:
         job.arrived_at = now
         job.state = JobState.QUEUED
         self._queue.append(job)
+        self._admit(now)
+
+    def set_external(self, requests: int, kv_tokens: int, now: float) -> None:
+        """From `now`, carry `requests` of other clients, each reserving `kv_tokens`."""
+        self.advance(now)
+        self.external, self._external_tokens = requests, kv_tokens
         self._admit(now)
 
     def cancel(self, job: Job, now: float) -> None:
@@ -168,7 +215,7 @@ class Device:
         if job.state is JobState.QUEUED:
             self._queue.remove(job)
         else:
-            self._active -= 1
+            self._release(job)
             batch = job._batch
             if batch is not None and job in batch.members:
                 batch.members.remove(job)
@@ -216,15 +263,16 @@ class Device:
         return at, due
 
     def _integrate(self, until: float) -> None:
-        self.energy_j += self.power.watts(self._active) * (until - self.time)
+        self.energy_j += self.power.watts(self.active) * (until - self.time)
         self.time = until
 
     def _admit(self, at: float) -> None:
-        while self._queue and self._active < self.slots:
+        while self._queue and self.active < self.slots:
             job = self._queue.popleft()
             job.state = JobState.PREFILL
             job.admitted_at = at
-            self._active += 1
+            self._holding.add(job)
+            self._kv_tokens += job.prompt_tokens + job.output_tokens
             duration = (
                 self.slow_factor
                 * job.model.cost_scale
@@ -283,13 +331,20 @@ class Device:
         duration = (
             self.slow_factor
             * batch.scale
-            * (self._decode_fixed_s + self._decode_per_seq_s * (self._decoding - 1))
+            * (
+                self._decode_fixed_s
+                + self._decode_per_seq_s * (self._decoding + self.external_running - 1)
+            )
         )
         batch.step_end = at + duration
 
     def _finish(self, job: Job, at: float) -> None:
         job.state = JobState.DONE
         job.finished_at = at
-        self._active -= 1
+        self._release(job)
         self.served += 1
         job._notify()
+
+    def _release(self, job: Job) -> None:
+        self._holding.discard(job)
+        self._kv_tokens -= job.prompt_tokens + job.output_tokens

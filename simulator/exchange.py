@@ -2,12 +2,12 @@
 
 Raw ASGI keeps the per-token cost of a stream to one `send` call. Cutting a connection
 without a (complete) response is what faults need and what ASGI cannot express, so the
-server hands each request its transport under the `TRANSPORT_EXTENSION` scope extension.
+server hands each request its transport under the `TRANSPORT_EXTENSION` scope extension,
+with the callbacks to run the moment the connection is lost.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
 
@@ -37,6 +37,17 @@ class Exchange:
         self._send = send
         self._body: bytes | None = None
         self._disconnected = False
+        self._on_end: Callable[[], None] | None = None
+
+    def on_end(self, callback: Callable[[], None]) -> None:
+        """Call `callback` once, when the exchange ends: answered, or its client gone."""
+        self._on_end = callback
+
+    def end(self) -> None:
+        """End the exchange (once, however often called)."""
+        callback, self._on_end = self._on_end, None
+        if callback is not None:
+            callback()
 
     async def body(self) -> bytes:
         """Return the whole request body."""
@@ -116,22 +127,31 @@ class Exchange:
             if message["type"] == "http.disconnect":
                 self._disconnected = True
 
-    def on_disconnect(self, callback: Callable[[], None]) -> asyncio.Task[None]:
-        """Call `callback` if the client goes away; cancel the returned task to stop watching."""
+    def on_disconnect(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call `callback` as soon as the connection is lost; return what stops watching.
 
-        async def watch() -> None:
-            await self.wait_disconnect()
-            callback()
+        It runs in the server's own `connection_lost`, before any request that arrived in
+        the same loop turn is handled: a client that went away never overlaps its successor.
+        """
+        lost: list[Callable[[], None]] = self._extension()["lost"]
+        lost.append(callback)
 
-        return asyncio.get_running_loop().create_task(watch())
+        def stop() -> None:
+            if callback in lost:
+                lost.remove(callback)
 
-    async def sever(self) -> None:
-        """Close the connection now, without a response or in the middle of one."""
-        transport = self.scope.get("extensions", {}).get(TRANSPORT_EXTENSION, {}).get("transport")
-        if transport is None:
+        return stop
+
+    def _extension(self) -> dict[str, Any]:
+        extension: dict[str, Any] | None = self.scope.get("extensions", {}).get(TRANSPORT_EXTENSION)
+        if extension is None:
             raise RuntimeError(
                 "the server did not expose its transport; run the simulator with simulator.server"
             )
-        transport.close()
+        return extension
+
+    async def sever(self) -> None:
+        """Close the connection now, without a response or in the middle of one."""
+        self._extension()["transport"].close()
         # Returning before the server notices would make it log a missing response.
         await self.wait_disconnect()

@@ -22,7 +22,13 @@ class Fleet:
             raise ValueError(f"a fleet needs at least one device, got {devices}")
         self.clock = clock
         self.devices = [
-            Device(index, profile.timing, profile.slots, PowerCurve(profile.power))
+            Device(
+                index,
+                profile.timing,
+                profile.slots,
+                PowerCurve(profile.power),
+                profile.kv_cache_tokens,
+            )
             for index in range(devices)
         ]
         self._timers: list[asyncio.TimerHandle | None] = [None] * devices
@@ -50,6 +56,15 @@ class Fleet:
         now = self.clock.now()
         for device in self.devices:
             device.advance(now)
+            self._wake_later(device)
+
+    def set_external(self, requests: int, kv_tokens: int) -> None:
+        """Spread `requests` of other clients over the devices, each reserving `kv_tokens`."""
+        now = self.clock.now()
+        count = len(self.devices)
+        for device in self.devices:
+            share = requests // count + (1 if device.index < requests % count else 0)
+            device.set_external(share, kv_tokens, now)
             self._wake_later(device)
 
     def set_slow_factor(self, factor: float) -> None:

@@ -6,7 +6,9 @@ so the gateway reads a simulated fleet exactly as it reads a real one:
     DCGM_FI_DEV_POWER_USAGE                 gauge, W
     DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION    counter, mJ, integrated over simulated time
 
-The `sim_*` series describe the simulator itself, for tests and dashboards.
+With `--engine`, the series a serving engine publishes about its load follow them
+(simulator/engines.py). The `sim_*` series describe the simulator itself, for tests and
+dashboards.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import socket
 from collections import Counter
 
+from simulator import engines
 from simulator.fleet import Fleet
 from simulator.profile import Profile
 
@@ -23,9 +26,10 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 class SimulatorMetrics:
     """Counters kept by the request handlers, plus the fleet's live readings."""
 
-    def __init__(self, profile: Profile, fleet: Fleet, *, instance: str):
+    def __init__(self, profile: Profile, fleet: Fleet, *, instance: str, engine: str | None = None):
         self.profile = profile
         self.fleet = fleet
+        self.engine = engine
         self.instance = instance
         self.hostname = socket.gethostname()
         self.requests: Counter[str] = Counter()
@@ -35,18 +39,24 @@ class SimulatorMetrics:
         self.completion_tokens = 0
         self.answers: Counter[str] = Counter()  # by precision: exact, benign, harmful, sampled
         self.flipped_tokens = 0
-        self.inflight = 0
+        self.inflight = 0  # HTTP requests on /v1
+        self.external = 0  # requests of other clients (simulator/external.py)
         self.peak_inflight = 0
 
     def request_started(self) -> None:
         """Count a request received and not yet answered."""
         self.inflight += 1
-        self.peak_inflight = max(self.peak_inflight, self.inflight)
+        self.peak_inflight = max(self.peak_inflight, self.inflight + self.external)
 
     def request_ended(self, status: str) -> None:
         """Count a request answered (or abandoned) with `status`."""
         self.inflight -= 1
         self.requests[status] += 1
+
+    def external_changed(self, requests: int) -> None:
+        """Count `requests` of other clients in flight from now on."""
+        self.external = requests
+        self.peak_inflight = max(self.peak_inflight, self.inflight + self.external)
 
     def render(self) -> bytes:
         """Return the exposition text, with power and energy brought up to now."""
@@ -74,12 +84,20 @@ class SimulatorMetrics:
             _family(lines, name, "gauge", help_text)
             for device in self.fleet.devices:
                 lines.append(f'{name}{{gpu="{device.index}"}} {getattr(device, attribute)}')
+        if self.engine is not None:
+            models = [model.name for model in self.profile.models if model.kind == "chat"]
+            lines.extend(engines.render(self.engine, self.fleet.devices, models))
         _family(lines, "sim_device_requests_total", "counter", "Requests served per device.")
         for device in self.fleet.devices:
             lines.append(f'sim_device_requests_total{{gpu="{device.index}"}} {device.served}')
 
-        _family(lines, "sim_inflight_requests", "gauge", "Requests received, not yet answered.")
-        lines.append(f"sim_inflight_requests {self.inflight}")
+        _family(
+            lines,
+            "sim_inflight_requests",
+            "gauge",
+            "Requests received, and other clients' kept, not yet answered.",
+        )
+        lines.append(f"sim_inflight_requests {self.inflight + self.external}")
         _family(
             lines,
             "sim_peak_inflight_requests",
@@ -90,6 +108,13 @@ class SimulatorMetrics:
         _family(lines, "sim_requests_total", "counter", "Requests on /v1/* by response status.")
         for status, count in sorted(self.requests.items()):
             lines.append(f'sim_requests_total{{status="{status}"}} {count}')
+        _family(
+            lines,
+            "sim_external_requests",
+            "gauge",
+            "Requests of other clients (--external-load) kept in flight.",
+        )
+        lines.append(f"sim_external_requests {self.external}")
         _family(lines, "sim_faults_injected_total", "counter", "Faults injected, by kind.")
         for kind, count in sorted(self.faults.items()):
             lines.append(f'sim_faults_injected_total{{kind="{kind}"}} {count}')

@@ -87,6 +87,8 @@ class Profile(_Figures):
     device_label_prefix: str = "sim"
     slots: int = Field(gt=0)
     max_context: int = Field(gt=0)
+    # Tokens of KV cache per device; a request reserves its prompt and output while it runs.
+    kv_cache_tokens: int = Field(default=262144, gt=0)
     timing: Timing
     power: PowerFigures
     precision: Precision

@@ -14,6 +14,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from simulator.app import SimulatorApp
 from simulator.clock import ScaledClock
 from simulator.exchange import TRANSPORT_EXTENSION
+from simulator.external import ExternalLoad
 from simulator.faults import Faults
 from simulator.fleet import Fleet
 from simulator.profile import Profile
@@ -23,11 +24,21 @@ GRACEFUL_SHUTDOWN_S = 1
 
 
 class _TransportExposingProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol, handing each request its transport so faults can cut it."""
+    """uvicorn's httptools protocol, handing each request its transport so faults can cut it,
+    and calling the request's `lost` callbacks as the connection is lost."""
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        self.scope["extensions"] = {TRANSPORT_EXTENSION: {"transport": self.transport}}
+        self._lost: list[Callable[[], None]] = []
+        self.scope["extensions"] = {
+            TRANSPORT_EXTENSION: {"transport": self.transport, "lost": self._lost}
+        }
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        # uvicorn only wakes the request's task here; a client gone must stop counting now.
+        for callback in list(getattr(self, "_lost", ())):
+            callback()
+        super().connection_lost(exc)
 
 
 class _Server(uvicorn.Server):
@@ -72,13 +83,23 @@ async def serve(
     on_ready: Callable[[str], None] = print,
     log_level: str = "warning",
     api_key: str | None = None,
+    engine: str | None = None,
+    external_load: ExternalLoad | None = None,
 ) -> None:
     """Run a simulator on the bound socket `sock` until SIGINT or SIGTERM."""
     fleet = Fleet(profile, devices, ScaledClock(speed))
     port = sock.getsockname()[1]
     app = SimulatorApp(
-        profile, fleet, seed=seed, faults=faults, instance=str(port), api_key=api_key
+        profile,
+        fleet,
+        seed=seed,
+        faults=faults,
+        instance=str(port),
+        api_key=api_key,
+        engine=engine,
     )
+    if external_load is not None:
+        app.set_external_load(external_load)
     config = uvicorn.Config(
         app,
         http=_TransportExposingProtocol,

@@ -42,6 +42,16 @@ class FleetCollector(Collector):
             "Requests and shadow copies holding a slot of the backend, this replica's.",
             labels=["pool", "backend"],
         )
+        external = GaugeMetricFamily(
+            f"{NAMESPACE}_backend_external_requests",
+            "Requests of other clients the backend's serving engine reports beyond the gateway's.",
+            labels=["pool", "backend"],
+        )
+        engine_full = GaugeMetricFamily(
+            f"{NAMESPACE}_backend_engine_full",
+            "1 while the backend's serving engine queues or has its KV cache full: sent nothing.",
+            labels=["pool", "backend"],
+        )
         info = InfoMetricFamily(
             f"{NAMESPACE}_backend",
             "What a backend runs on, from its pool's policy entry: driver, runtime, firmware.",
@@ -57,5 +67,10 @@ class FleetCollector(Collector):
             healthy.add_metric([pool.name], len(pool.healthy()))
             for backend in pool.backends:
                 backend_in_flight.add_metric([pool.name, backend.name], backend.in_flight)
+                if spec.engine is not None:
+                    labels = [pool.name, backend.name]
+                    external.add_metric(labels, backend.external)
+                    engine_full.add_metric(labels, 1 if backend.engine_full else 0)
                 info.add_metric([pool.name, backend.name], hardware)
-        yield from (in_flight, free, queued, healthy, backend_in_flight, info)
+        yield from (in_flight, free, queued, healthy, backend_in_flight, external, engine_full)
+        yield info

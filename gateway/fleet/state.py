@@ -23,7 +23,10 @@ class BackendState:
     """One upstream server: its slots and KV-cache memory in use, and its outlier state.
 
     `in_flight` and `kv_reserved` are this replica's; `elsewhere` and `kv_elsewhere` what the
-    other replicas hold, as last seen through shared state (always 0 for a single process).
+    other replicas hold, as last seen through shared state (always 0 for a single process);
+    `external` the requests of other clients its serving engine reported beyond all of those,
+    and `engine_full` why the engine takes nothing more now ('' when it has room or reports
+    nothing).
 
     It also carries the headers every call to it sends (its credential among them), built once
     with the fleet, so the request path only picks the right set. They stay out of repr, so a
@@ -36,6 +39,7 @@ class BackendState:
     slots: int
     kv_capacity: float = float("inf")
     metrics_url: str = ""
+    engine_url: str = ""
     api_key_env: str | None = None
     auth: dict[str, str] = field(default_factory=dict, repr=False)
     headers: dict[str, str] = field(default_factory=lambda: dict(REQUEST_HEADERS), repr=False)
@@ -43,10 +47,14 @@ class BackendState:
         default_factory=lambda: REQUEST_HEADERS | SHADOW_HEADER, repr=False
     )
     metrics_auth: dict[str, str] = field(default_factory=dict, repr=False)
+    engine_auth: dict[str, str] = field(default_factory=dict, repr=False)
     in_flight: int = 0
     kv_reserved: float = 0.0
     elsewhere: int = 0
     kv_elsewhere: float = 0.0
+    external: int = 0
+    external_seen: int = 0  # what the last scrape alone made of the others' requests
+    engine_full: str = ""
     ejected: bool = False
     ejected_until: float = 0.0
     consecutive_failures: int = 0
@@ -59,11 +67,18 @@ class BackendState:
 
     @property
     def free_slots(self) -> int:
-        return self.slots - self.in_flight - self.elsewhere
+        if self.engine_full:
+            return min(0, self.slots - self.load)
+        return self.slots - self.load
 
     @property
     def load(self) -> int:
-        """Requests the backend serves now, every replica's included."""
+        """Requests the backend serves now: every replica's, and other clients' it reported."""
+        return self.in_flight + self.elsewhere + self.external
+
+    @property
+    def gateway_load(self) -> int:
+        """Requests every replica of the gateway has on the backend now."""
         return self.in_flight + self.elsewhere
 
     def fits(self, kv_bytes: float) -> bool:
@@ -87,11 +102,13 @@ CONFIGURED = (
     "slots",
     "kv_capacity",
     "metrics_url",
+    "engine_url",
     "api_key_env",
     "auth",
     "headers",
     "shadow_headers",
     "metrics_auth",
+    "engine_auth",
 )
 
 
@@ -101,6 +118,7 @@ def backend_state(
     """Build the state of one backend of a policy, with its credential from `access`."""
     auth = access.authorization(backend) if access is not None else {}
     metrics_url = backend.metrics_url or backend.url + "/metrics"
+    engine_url = backend.engine_metrics_url or backend.url + "/metrics"
     return BackendState(
         backend.name,
         backend.url,
@@ -108,11 +126,13 @@ def backend_state(
         pool.slots_per_backend,
         pool.kv_capacity_bytes(),
         metrics_url=metrics_url,
+        engine_url=engine_url,
         api_key_env=backend.api_key_env,
         auth=auth,
         headers=REQUEST_HEADERS | auth,
         shadow_headers=REQUEST_HEADERS | SHADOW_HEADER | auth,
         metrics_auth=auth if credentials.same_origin(backend.url, metrics_url) else {},
+        engine_auth=auth if credentials.same_origin(backend.url, engine_url) else {},
     )
 
 

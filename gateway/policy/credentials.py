@@ -64,9 +64,13 @@ class Access:
         for name, pool in policy.pools.items():
             for i, backend in enumerate(pool.backends):
                 at: tuple[str | int, ...] = ("pools", name, "backends", i)
-                urls = [backend.url, *([backend.metrics_url] if backend.metrics_url else [])]
-                for key, url in zip(("url", "metrics_url"), urls, strict=False):
-                    if self.hosts and not host_matches(url, self.hosts):
+                urls = {
+                    "url": backend.url,
+                    "metrics_url": backend.metrics_url,
+                    "engine_metrics_url": backend.engine_metrics_url,
+                }
+                for key, url in urls.items():
+                    if url and self.hosts and not host_matches(url, self.hosts):
                         found.append(
                             (
                                 (*at, key),

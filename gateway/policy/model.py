@@ -43,6 +43,11 @@ class Backend(Strict):
         default=None,
         description="Prometheus endpoint with the DCGM power series; default URL/metrics.",
     )
+    engine_metrics_url: str | None = Field(
+        default=None,
+        description="Prometheus endpoint with the serving engine's load series (its pool's "
+        "`engine`); default URL/metrics, where vLLM, SGLang and TGI serve them.",
+    )
     api_key_env: str | None = Field(
         default=None,
         description="Environment variable holding the key sent upstream as Authorization: "
@@ -136,6 +141,12 @@ class Pool(Strict):
         default=None, description="Inference engine and its version, e.g. 'vllm 0.6.3'."
     )
     firmware: Version | None = Field(default=None, description="Firmware version of the devices.")
+    engine: Literal["vllm", "sglang", "tgi", "triton"] | None = Field(
+        default=None,
+        description="Serving engine of the backends, whose own load series (requests running "
+        "and waiting, KV cache in use) the metering scrape reads: load other clients put on a "
+        "shared backend takes its slots. null: the gateway's own bookkeeping only.",
+    )
 
     @field_validator("driver", "runtime", "firmware", mode="before")
     @classmethod

@@ -197,16 +197,3 @@ class BackendLedger:
     def pending(self) -> list[Span]:
         """Return the spans still waiting for their energy."""
         return list(self._spans.values())
-
-
-def read_counter_j(text: str, metric: str) -> float | None:
-    """Sum a cumulative energy counter in millijoules over all series; return joules."""
-    total, seen = 0.0, False
-    for line in text.splitlines():
-        if line.startswith(metric) and line[len(metric) : len(metric) + 1] in ("{", " "):
-            try:
-                total += float(line.rsplit(None, 1)[1])
-            except (IndexError, ValueError):
-                continue
-            seen = True
-    return total / 1000.0 if seen else None

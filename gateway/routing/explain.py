@@ -24,7 +24,8 @@ def explain(
 ) -> dict[str, Any]:
     """Classify and route a request as the gateway would; return the decision and its reasons.
 
-    `pools` says what each pool the route may use runs on: its kind, precision and versions.
+    `pools` says what each pool the route may use runs on (its kind, precision, versions and
+    serving engine) and the load of each of its backends now.
     """
     headers = {k.lower(): v for k, v in headers.items()}
     try:
@@ -52,7 +53,7 @@ def explain(
         },
         "trace": decision.explain(),
         "pools": {
-            name: hardware(policy.pools[name])
+            name: hardware(policy.pools[name]) | {"backends": load(fleet, name)}
             for name in dict.fromkeys(considered)
             if name is not None and name in policy.pools
         },
@@ -61,5 +62,28 @@ def explain(
 
 
 def hardware(pool: Pool) -> dict[str, Any]:
-    """Return what a pool runs on: kind, precision, and its driver, runtime and firmware."""
-    return {"kind": pool.kind, "precision": pool.precision, **pool.versions()}
+    """Return what a pool runs on: kind, precision, driver, runtime, firmware and engine."""
+    return {
+        "kind": pool.kind,
+        "precision": pool.precision,
+        **pool.versions(),
+        "engine": pool.engine,
+    }
+
+
+def load(fleet: Fleet, pool: str) -> list[dict[str, Any]]:
+    """Return each backend's load now: the gateway's requests, other clients', free slots."""
+    state = fleet.pools.get(pool)
+    return [
+        {
+            "backend": b.name,
+            "slots": b.slots,
+            "in_flight": b.in_flight,
+            "other_replicas": b.elsewhere,
+            "external": b.external,
+            "free_slots": max(b.free_slots, 0),
+            "engine_full": b.engine_full or None,
+            "ejected": b.ejected,
+        }
+        for b in (state.backends if state is not None else [])
+    ]

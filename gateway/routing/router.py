@@ -153,7 +153,8 @@ def _canary_pool(
 def _full_reason(pool: PoolState) -> str:
     if any(b.free_slots > 0 for b in pool.healthy()):
         return "no KV-cache memory free"
-    return "no free slot"
+    engines = [f"{b.name}: {b.engine_full}" for b in pool.healthy() if b.engine_full]
+    return "no free slot" + (f" ({'; '.join(engines)})" if engines else "")
 
 
 def _candidates(route: Route, fleet: Fleet, with_fallback: bool) -> list[PoolState]:

@@ -1,10 +1,15 @@
-"""Metering: scrape each backend's energy counter and put energy and cost on request records.
+"""Metering: scrape each backend's energy counter and its engine's load, once an interval.
 
 The edge around gateway/records/energy.py. Every interval it reads each metered backend's Prometheus
 endpoint, feeds the readings and the spans of requests (and of shadow copies, which are counted
 in pool energy too) to that backend's ledger, and delivers each one's energy and cost once known.
 Pools that report no power (or whose scrapes keep failing) get an estimate from the capability
 matrix's nominal figures, and their records say so (`energy_estimated`).
+
+The same round reads the load series of pools that name their serving `engine`
+(gateway/upstream/engines.py): requests the engine runs or queues beyond the gateway's own take
+the backend's slots (`BackendState.external`), and an engine that queues or whose KV cache is
+full takes nothing more (`engine_full`) until a scrape sees it has room again.
 """
 
 from __future__ import annotations
@@ -18,7 +23,8 @@ from dataclasses import dataclass
 from gateway.fleet.state import BackendState, Fleet
 from gateway.metrics import GatewayMetrics
 from gateway.policy.model import Pool
-from gateway.records.energy import BackendLedger, Span, read_counter_j
+from gateway.records.energy import BackendLedger, Span
+from gateway.upstream import engines, exposition
 from gateway.upstream.client import Upstream
 
 log = logging.getLogger(__name__)
@@ -65,8 +71,10 @@ class EnergyMeter:
         interval_s: float = 1.0,
         clock: Callable[[], float] = time.perf_counter,
         load_share: Callable[[str], float] = lambda url: 1.0,
+        on_room: Callable[[str], None] = lambda pool: None,
     ):
         self._fleet = fleet
+        self._on_room = on_room
         self._load_share = load_share
         self._upstream = upstream
         self._metrics = metrics
@@ -150,29 +158,66 @@ class EnergyMeter:
         pending.deliver(span.energy_j, cost, False)
 
     async def scrape_once(self) -> None:
-        """Read every metered backend's energy counter and release the records now known."""
-        targets = [
+        """Read every metered backend's energy counter and every engine's load; release the
+        records now known, and wake the queues of pools whose engines have room again."""
+        fleet = self._fleet()
+        power = [
             (backend, pool.spec)
-            for pool in self._fleet().pools.values()
+            for pool in fleet.pools.values()
             if pool.spec.power_metrics is not None
             for backend in pool.backends
         ]
-        readings = await asyncio.gather(
-            *(self._fetch(b.metrics_url, b.metrics_auth) for b, _ in targets)
+        engine = [
+            (backend, pool.spec.engine)
+            for pool in fleet.pools.values()
+            if pool.spec.engine is not None
+            for backend in pool.backends
+        ]
+        wanted = {b.metrics_url: b.metrics_auth for b, _ in power}
+        wanted |= {b.engine_url: b.engine_auth for b, _ in engine}
+        ours = {b.url: b.gateway_load for b, _ in engine}
+        readings = dict(
+            zip(
+                wanted,
+                await asyncio.gather(*(self._fetch(url, auth) for url, auth in wanted.items())),
+                strict=True,
+            )
         )
-        for (backend, pool), (now, text) in zip(targets, readings, strict=True):
+        for backend, pool in power:
+            now, text = readings[backend.metrics_url]
             assert pool.power_metrics is not None
             counter = (
-                None if text is None else read_counter_j(text, pool.power_metrics.energy_counter)
+                None if text is None else exposition.total(text, pool.power_metrics.energy_counter)
             )
             if counter is None:
                 self._scrape_failed(backend.url)
                 continue
             self._failures[backend.url] = 0
             ledger = self._ledgers.setdefault(backend.url, BackendLedger(pool.power.idle_w))
-            ledger.reading(now, counter, self._load_share(backend.url))
+            ledger.reading(now, counter / 1000.0, self._load_share(backend.url))  # mJ
             for span in ledger.settle():
                 self._release(span)
+        roomier: set[str] = set()
+        for backend, name in engine:
+            _, text = readings[backend.engine_url]
+            load = None if text is None else engines.read_engine(text, name)
+            before = backend.free_slots
+            if load is None:  # nothing reported: the gateway's own bookkeeping decides
+                backend.external = backend.external_seen = 0
+                backend.engine_full = ""
+            else:
+                # A request of ours on its way to the engine is in our count, not yet in its:
+                # the estimate of the others' falls for a moment. It falls only once a second
+                # scrape agrees, and ours is the smaller of the counts around the scrape.
+                gateway = min(ours[backend.url], backend.gateway_load)
+                seen = max(0, load.requests - gateway)
+                backend.external = max(seen, backend.external_seen)
+                backend.external_seen = seen
+                backend.engine_full = engines.full_reason(load)
+            if backend.free_slots > before:
+                roomier.add(backend.pool)
+        for pool_name in roomier:
+            self._on_room(pool_name)
 
     def _scrape_failed(self, url: str) -> None:
         failures = self._failures.get(url, 0) + 1

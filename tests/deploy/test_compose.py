@@ -101,6 +101,8 @@ def test_compose_policy_is_the_default_fleet_on_simulator_services(compose: dict
             assert command[command.index("--profile") + 1] == pool.kind
             assert command[command.index("--port") + 1] == port
             assert command[command.index("--host") + 1] == "0.0.0.0"
+            engine = command[command.index("--engine") + 1] if "--engine" in command else None
+            assert engine == pool.engine, f"{host} publishes the load series of {engine}"
 
 
 def test_load_balancer_and_prometheus_reach_every_replica(compose: dict) -> None:

@@ -225,6 +225,8 @@ def test_policy_is_the_compose_fleet_on_the_simulator_pods() -> None:
             assert command[command.index("--profile") + 1] == pool.kind
             assert command[command.index("--port") + 1] == port
             assert command[command.index("--host") + 1] == "0.0.0.0"
+            engine = command[command.index("--engine") + 1] if "--engine" in command else None
+            assert engine == pool.engine, f"{statefulset} publishes the load series of {engine}"
             (service_port,) = headless["spec"]["ports"]
             assert str(service_port["port"]) == port
             assert named_port(sim, service_port["targetPort"]) == int(port)

@@ -119,16 +119,24 @@ def test_a_pools_versions_are_in_explain_and_in_its_backends_metric_labels(
         explained = http.post("/admin/explain", json={"body": body}, headers=AUTH).json()
         metrics = parse_metrics(http.get("/metrics").text)
     # chat-8b-short: the ASIC first, the GPU as its second pool and fallback.
-    assert explained["pools"] == {
+    pools = {name: dict(entry) for name, entry in explained["pools"].items()}
+    backends = {name: entry.pop("backends") for name, entry in pools.items()}
+    assert pools == {
         "asic": {
             "kind": "asic",
             "precision": "bf16",
             "driver": None,
             "runtime": None,
             "firmware": None,
+            "engine": None,
         },
-        "gpu": {"kind": "gpu", "precision": "bf16", **VERSIONS},
+        "gpu": {"kind": "gpu", "precision": "bf16", **VERSIONS, "engine": None},
     }
+    # Each backend's load now, as the decision saw it: nothing in flight, every slot free.
+    assert [(b["backend"], b["free_slots"]) for b in backends["gpu"]] == [
+        ("gpu-0", 32),
+        ("gpu-1", 32),
+    ]
     info = {
         labels["backend"]: labels for name, labels, _ in metrics if name == "gateway_backend_info"
     }

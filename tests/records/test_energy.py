@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.records.energy import BackendLedger, read_counter_j
+from gateway.records.energy import BackendLedger
 
 
 def ledger_with_idle(idle_w: float = 100.0) -> BackendLedger:
@@ -92,17 +92,6 @@ def test_counter_reset_drops_one_interval_only() -> None:
     ledger.reading(3.0, 105.0)
     (span,) = ledger.settle()
     assert span.energy_j == pytest.approx(100.0 + 50.0)  # [2, 3] is half idle
-
-
-def test_reads_and_sums_dcgm_energy_over_devices() -> None:
-    text = (
-        "# TYPE DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION counter\n"
-        'DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{gpu="0",UUID="a"} 1500\n'
-        'DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{gpu="1",UUID="b"} 2500\n'
-        'DCGM_FI_DEV_POWER_USAGE{gpu="0"} 250.5\n'
-    )
-    assert read_counter_j(text, "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION") == pytest.approx(4.0)
-    assert read_counter_j(text, "DCGM_FI_DEV_TOTAL_ENERGY") is None
 
 
 def test_replicas_sharing_a_backend_split_its_energy_once_between_them() -> None:

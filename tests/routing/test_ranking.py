@@ -122,3 +122,15 @@ def test_output_length_window_forgets_old_lengths() -> None:
     for n in (1000, 10, 20, 30):
         outputs.observe("chat", n)
     assert outputs.expect("chat", None) == 20
+
+
+def test_other_clients_requests_on_a_backend_count_in_its_predicted_load() -> None:
+    """A backend shared with other clients decodes in a larger batch than ours alone."""
+    _, fleet, ranker = world("min_latency")
+    gpu = fleet.pools["gpu"]
+    alone = ranker.predict(profile(), "chat", gpu)
+    gpu.backends[0].external = 20  # its engine reports 20 requests the gateway did not send
+    shared = ranker.predict(profile(), "chat", gpu)
+    assert (alone.concurrent, shared.concurrent) == (1, 21)
+    assert shared.tpot_s > alone.tpot_s
+    assert shared.marginal_energy_j < alone.marginal_energy_j  # a warm batch is cheap at the margin

@@ -203,3 +203,46 @@ def test_advancing_in_coarse_or_fine_steps_gives_the_same_timeline():
     for a, b in zip(coarse_jobs, fine_jobs, strict=True):
         assert a.finished_at == pytest.approx(b.finished_at)
     assert math.isclose(coarse.energy_j, fine.energy_j, rel_tol=1e-9)
+
+
+def test_other_clients_requests_take_slots_and_later_arrivals_wait_behind_them():
+    device = _device(slots=4)
+    device.set_external(3, kv_tokens=100, now=0.0)
+    first, second = Job(CHAT, 10, 5), Job(CHAT, 10, 5)
+    device.submit(first, 0.0)
+    device.submit(second, 0.0)
+    assert (device.active, device.queued) == (4, 1)
+    assert (first.state, second.state) == (JobState.PREFILL, JobState.QUEUED)
+    device.set_external(5, kv_tokens=100, now=0.001)  # more clients: they wait ahead
+    _run(device)
+    assert first.state is JobState.DONE and second.state is JobState.QUEUED
+    assert (device.external_running, device.external_waiting) == (4, 1)
+    device.set_external(0, kv_tokens=100, now=1.0)
+    _run(device)
+    assert second.state is JobState.DONE and second.admitted_at == 1.0
+
+
+def test_other_clients_requests_decode_in_the_batch_and_draw_power():
+    alone, shared = _device(slots=8), _device(slots=8)
+    shared.set_external(4, kv_tokens=0, now=0.0)
+    jobs = []
+    for device in (alone, shared):
+        job = Job(CHAT, 10, 11)
+        device.submit(job, 0.0)
+        _run(device)
+        jobs.append(job)
+    assert _decode_time_per_token(jobs[0]) == pytest.approx(0.006)
+    assert _decode_time_per_token(jobs[1]) == pytest.approx(0.006 + 4 * 0.0005)
+    assert shared.power_w > alone.power_w  # both idle of their own: 4 others still run
+
+
+def test_kv_usage_is_what_running_requests_reserve():
+    device = Device(0, TIMING, 4, PowerCurve(POWER), kv_cache_tokens=1000)
+    device.set_external(1, kv_tokens=300, now=0.0)
+    job = Job(CHAT, prompt_tokens=400, output_tokens=100)
+    device.submit(job, 0.0)
+    assert device.kv_usage == pytest.approx(0.8)
+    _run(device)
+    assert device.kv_usage == pytest.approx(0.3)
+    device.set_external(4, kv_tokens=300, now=1.0)
+    assert device.kv_usage == 1.0  # reserved past its size: full, not more

@@ -1,0 +1,66 @@
+"""Serving engines' load series, in the names and shapes each engine publishes them."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.upstream.engines import KV_FULL, EngineLoad, full_reason, read_engine
+
+
+def test_vllm_is_read_by_its_current_kv_name_and_by_the_name_before_0_9() -> None:
+    current = (
+        "# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
+        "# TYPE vllm:num_requests_running gauge\n"
+        'vllm:num_requests_running{engine="0",model_name="llama"} 5.0\n'
+        'vllm:num_requests_waiting{engine="0",model_name="llama"} 0.0\n'
+        'vllm:kv_cache_usage_perc{engine="0",model_name="llama"} 0.42\n'
+    )
+    assert read_engine(current, "vllm") == EngineLoad(5, 0, 0.42)
+    older = current.replace("kv_cache_usage_perc", "gpu_cache_usage_perc")
+    assert read_engine(older, "vllm") == EngineLoad(5, 0, 0.42)
+
+
+def test_sglang_and_tgi_are_read_by_their_own_names() -> None:
+    sglang = (
+        'sglang:num_running_reqs{model_name="a"} 2\n'
+        'sglang:num_running_reqs{model_name="b"} 1\n'
+        'sglang:num_queue_reqs{model_name="a"} 4\n'
+        'sglang:token_usage{model_name="a"} 0.5\n'
+        'sglang:token_usage{model_name="b"} 0.25\n'  # a ratio: the fullest, not the sum
+    )
+    assert read_engine(sglang, "sglang") == EngineLoad(3, 4, 0.5)
+    tgi = "tgi_batch_current_size 7\ntgi_queue_size 1\ntgi_batch_current_max_tokens 9000\n"
+    assert read_engine(tgi, "tgi") == EngineLoad(7, 1, None)
+
+
+def test_triton_is_read_by_the_labels_of_its_request_and_kv_block_series() -> None:
+    text = (
+        'nv_trt_llm_request_metrics{model="ensemble",request_type="active",version="1"} 6\n'
+        'nv_trt_llm_request_metrics{model="ensemble",request_type="max",version="1"} 64\n'
+        'nv_trt_llm_request_metrics{model="ensemble",request_type="waiting",version="1"} 2\n'
+        'nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="max",model="e"} 4096\n'
+        'nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="fraction",model="e"} 0.25\n'
+    )
+    assert read_engine(text, "triton") == EngineLoad(6, 2, 0.25)
+
+
+def test_metrics_without_the_engines_series_report_nothing() -> None:
+    dcgm_only = 'DCGM_FI_DEV_POWER_USAGE{gpu="0"} 250\n'
+    assert read_engine(dcgm_only, "vllm") is None
+    assert read_engine("vllm:num_requests_running 1\n", "sglang") is None
+
+
+@pytest.mark.parametrize(
+    ("load", "full"),
+    [
+        (EngineLoad(3, 0, 0.5), ""),
+        (EngineLoad(3, 0, None), ""),
+        (EngineLoad(3, 1, 0.1), "its engine has 1 request waiting"),
+        (EngineLoad(3, 0, KV_FULL), "its engine's KV cache is 95% full"),
+        (EngineLoad(0, 0, 0.99), "its engine's KV cache is 99% full"),
+    ],
+)
+def test_an_engine_that_queues_or_whose_kv_cache_is_full_has_no_room(
+    load: EngineLoad, full: str
+) -> None:
+    assert full_reason(load) == full
