@@ -135,10 +135,21 @@ def _history(args: argparse.Namespace, settings: Settings) -> int:
 
 def _rollback(args: argparse.Namespace, settings: Settings) -> int:
     from gateway.db.engine import make_engine
-    from gateway.policy import versions
+    from gateway.policy.apply import rollback
 
-    engine = make_engine(settings.database_url)
-    stored = versions.rollback(engine, args.author or operator(), args.version, args.message)
+    applied = rollback(
+        make_engine(settings.database_url),
+        author=args.author or operator(),
+        version=args.version,
+        message=args.message,
+        access=_access(settings),
+        serving=False,
+        precision_gate="override" if args.override_precision_gate else "check",
+    )
+    stored = applied.version
+    if not applied.changed:
+        print(f"version {stored.version} is active and already serves that text; nothing changed")
+        return 0
     print(
         f"version {stored.version} restores version {stored.restores}; running gateways switch "
         f"to it within {announce(settings, stored.version)}"
@@ -212,6 +223,12 @@ def add(commands: argparse._SubParsersAction) -> None:
     rollback.add_argument("version", nargs="?", type=int)
     rollback.add_argument("-m", "--message", default="", help="why (default: 'roll back to N')")
     rollback.add_argument("--author", help="who (default: the OS user)")
+    rollback.add_argument(
+        "--override-precision-gate",
+        action="store_true",
+        help="let a shadow-only pool the version has serve clients do so without a passing "
+        "precision check (the new version's message records it)",
+    )
     rollback.set_defaults(run=_rollback)
     show = policy.add_parser("show", help="print a stored version (default: the active one)")
     show.add_argument("version", nargs="?", type=int)

@@ -19,13 +19,12 @@ from fastapi.responses import FileResponse, JSONResponse
 from pydantic import BaseModel, Field
 
 from gateway.errors import (
-    PolicyError,
-    Problem,
     ReportNotFound,
 )
+from gateway.ops.errors import problem
 from gateway.ops.openapi import ADMIN_ERRORS, ErrorBody
 from gateway.policy import check, versions
-from gateway.policy.apply import apply
+from gateway.policy.apply import apply, rollback
 from gateway.policy.load import content_hash
 from gateway.promotion import evidence, rollout
 from gateway.report.period import ISO_WEEK, parse_since
@@ -131,25 +130,22 @@ def admin_router(gateway: Gateway) -> APIRouter:
 
         A text that is already the active version is not stored again (`changed` is false).
         """
-        try:
-            applied = await asyncio.to_thread(
-                apply,
-                gateway.engine,
-                change.yaml,
-                "<request>",
-                author=change.author,
-                message=change.message,
-                access=gateway.access,
-                precision_gate="override" if change.override_precision_gate else "check",
-            )
-        except PolicyError as exc:
-            return JSONResponse({"errors": [_problem(p) for p in exc.problems]}, 422)
+        applied = await asyncio.to_thread(
+            apply,
+            gateway.engine,
+            change.yaml,
+            "<request>",
+            author=change.author,
+            message=change.message,
+            access=gateway.access,
+            precision_gate="override" if change.override_precision_gate else "check",
+        )
         await gateway.policy_watcher.sync()
         return JSONResponse(
             {
                 "version": applied.version.version,
                 "changed": applied.changed,
-                "warnings": [_problem(p) for p in applied.warnings],
+                "warnings": [problem(p) for p in applied.warnings],
             }
         )
 
@@ -162,8 +158,8 @@ def admin_router(gateway: Gateway) -> APIRouter:
         )
         return {
             "valid": checked.valid,
-            "errors": [_problem(p) for p in checked.errors],
-            "warnings": [_problem(p) for p in checked.warnings],
+            "errors": [problem(p) for p in checked.errors],
+            "warnings": [problem(p) for p in checked.warnings],
         }
 
     @router.get("/policy/versions", responses=STORE_ERRORS)
@@ -175,14 +171,24 @@ def admin_router(gateway: Gateway) -> APIRouter:
         active = await asyncio.to_thread(versions.active_version, gateway.engine)
         return {"active": active, "versions": [v.summary() for v in stored]}
 
-    @router.post("/policy/rollback", responses={404: {"model": ErrorBody}, **STORE_ERRORS})
+    @router.post(
+        "/policy/rollback",
+        responses={404: {"model": ErrorBody}, 422: {"model": PolicyErrors}, **STORE_ERRORS},
+    )
     async def rollback_policy(request: RollbackRequest) -> dict[str, Any]:
         """Serve a previous version's content again, stored as a new version."""
-        stored = await asyncio.to_thread(
-            versions.rollback, gateway.engine, request.author, request.version, request.message
+        applied = await asyncio.to_thread(
+            rollback,
+            gateway.engine,
+            author=request.author,
+            version=request.version,
+            message=request.message,
+            access=gateway.access,
+            precision_gate="override" if request.override_precision_gate else "check",
         )
         await gateway.policy_watcher.sync()
-        return {"version": stored.version, "restores": stored.restores}
+        stored = applied.version
+        return {"version": stored.version, "restores": stored.restores, "changed": applied.changed}
 
     return router
 
@@ -190,10 +196,6 @@ def admin_router(gateway: Gateway) -> APIRouter:
 STORE_ERRORS: dict[int | str, dict[str, Any]] = {
     503: {"model": ErrorBody, "description": "The policy versions cannot be read or written."}
 }
-
-
-def _problem(problem: Problem) -> dict[str, str]:
-    return {"path": problem.path, "message": problem.message, "location": problem.location}
 
 
 class PolicyProblem(BaseModel):
@@ -234,6 +236,11 @@ class RollbackRequest(BaseModel):
     version: int | None = Field(default=None, ge=1, le=MAX_VERSION)
     message: str = ""
     author: str = "admin-api"
+    override_precision_gate: bool = Field(
+        default=False,
+        description="Let a shadow-only pool the version has serve clients do so without a "
+        "passing precision check; the new version's message records it.",
+    )
 
 
 class RolloutRequest(BaseModel):

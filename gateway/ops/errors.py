@@ -3,13 +3,17 @@
 FastAPI refuses some requests by itself: a body that is not JSON or a field of the wrong type
 (RequestValidationError), an unknown path or method (HTTPException). Each becomes the gateway's
 own error, and every GatewayError becomes its response in `answer`, so /admin answers as /v1
-does. A failure of the gateway's own is a 500 in the same shape; its traceback is logged.
+does. A policy refused (PolicyError, from an apply or a rollback) is a 422 listing each problem
+where it is. A failure of the gateway's own is a 500 in the same shape; its traceback is logged.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from gateway.errors import (
@@ -18,6 +22,8 @@ from gateway.errors import (
     InvalidRequest,
     MethodNotAllowed,
     NotFound,
+    PolicyError,
+    Problem,
 )
 
 
@@ -25,6 +31,16 @@ def answer(exc: GatewayError) -> Response:
     """Return the OpenAI-shaped response of an error."""
     headers = {name.decode(): value.decode() for name, value in exc.headers()}
     return Response(exc.body(), exc.status, headers, media_type="application/json")
+
+
+def problem(found: Problem) -> dict[str, Any]:
+    """Return one error or warning of a policy as the admin API lists it."""
+    return {"path": found.path, "message": found.message, "location": found.location}
+
+
+def refused_policy(exc: PolicyError) -> Response:
+    """Return the 422 of a refused policy: every problem, where it is."""
+    return JSONResponse({"errors": [problem(p) for p in exc.problems]}, 422)
 
 
 def _validation(exc: RequestValidationError) -> InvalidRequest:
@@ -51,6 +67,8 @@ def _refusal(exc: HTTPException) -> GatewayError:
 async def _handle(request: Request, exc: Exception) -> Response:
     if isinstance(exc, GatewayError):
         return answer(exc)
+    if isinstance(exc, PolicyError):
+        return refused_policy(exc)
     if isinstance(exc, RequestValidationError):
         return answer(_validation(exc))
     if isinstance(exc, HTTPException):
@@ -60,5 +78,5 @@ async def _handle(request: Request, exc: Exception) -> Response:
 
 def install(app: FastAPI) -> None:
     """Answer every error of the app in the OpenAI shape."""
-    for kind in (GatewayError, RequestValidationError, HTTPException, Exception):
+    for kind in (GatewayError, PolicyError, RequestValidationError, HTTPException, Exception):
         app.add_exception_handler(kind, _handle)

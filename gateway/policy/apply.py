@@ -1,21 +1,23 @@
 """Apply a policy: the one way a policy text becomes the active version, whoever asks.
 
 The admin API (`PUT /admin/policy`), the CLI (`gateway policy apply`), the file watcher
-(`gateway serve --watch`) and rollout steps all call `apply`: the text is validated (an invalid
-one is refused with every problem located, and nothing changes), a text that is already active
-is not stored again, and any other is stored as the new active version, in one transaction.
-Serving it is then the caller's: a running gateway syncs at once and tells the other replicas,
-the CLI tells them through Redis, and every replica polls the store in any case.
+(`gateway serve --watch`) and rollout steps all call `apply`, and a rollback (`rollback`) is an
+apply of an earlier version's text: the text is validated (an invalid one is refused with every
+problem located, and nothing changes), a text that is already active is not stored again, and
+any other is stored as the new active version, in one transaction. Serving it is then the
+caller's: a running gateway syncs at once and tells the other replicas, the CLI tells them
+through Redis, and every replica polls the store in any case.
 
-**The precision gate.** A pool that the active version marks `live: false` (shadow-only) goes
-live only when its newest precision check passed (`gateway precision check`, stored in
-`precision_checks`; docs/precision.md). An operator may override the gate; the override is
-written into the stored version's message, so `gateway policy history` shows who let which pool
-through without one.
+**The precision gate.** A shadow-only pool (one any stored version, or the new text, marks
+`live: false`) starts serving clients, by `live: true` or as a route's canary, only when its
+newest precision check passed (`gateway precision check`, stored in `precision_checks`;
+docs/precision.md). An operator may override the gate; the override is written into the stored
+version's message, so `gateway policy history` shows who let which pool through without one.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -29,7 +31,7 @@ from gateway.errors import PolicyError, PolicyStoreUnavailable, Problem
 from gateway.policy import versions
 from gateway.policy.check import validate
 from gateway.policy.credentials import Access
-from gateway.policy.load import PolicyLoader, content_hash, locator
+from gateway.policy.load import PolicyLoader, content_hash, locator, parse_policy
 from gateway.policy.model import Policy
 from gateway.policy.versions import PolicyVersion
 
@@ -59,6 +61,7 @@ def apply(
     access: Access | None = None,
     serving: bool = True,
     precision_gate: PrecisionGate = "check",
+    restores: int | None = None,
 ) -> Applied:
     """Validate a policy text and make it the active version; raise PolicyError if invalid.
 
@@ -72,29 +75,93 @@ def apply(
     if active is not None and active.hash == content_hash(text):
         return Applied(active, False, checked.warnings)
     if active is not None and precision_gate != "checked":
-        ungated = uncleared(engine, going_live(active.content, policy))
+        ungated = uncleared(engine, going_live(engine, active.content, policy))
         if ungated and precision_gate == "check":
             at = locator(text, source)
             problems = [
-                at(("pools", pool, "live"), refusal(pool, why, active.version))
+                at(_serving_at(policy, pool), refusal(pool, why, _how(policy, pool)))
                 for pool, why in ungated.items()
             ]
             listed = "\n  ".join(map(str, problems))
             raise PolicyError(f"policy refused by the precision gate:\n  {listed}", problems)
         if ungated:
             message += overridden(ungated, author)
-    return Applied(versions.record(engine, text, author, message), True, checked.warnings)
+    return Applied(
+        versions.record(engine, text, author, message, restores=restores), True, checked.warnings
+    )
 
 
-def going_live(active_content: str, policy: Policy) -> list[str]:
-    """Return the pools the active text keeps shadow-only (`live: false`) and policy makes live."""
+def rollback(
+    engine: sa.Engine,
+    *,
+    author: str,
+    version: int | None = None,
+    message: str = "",
+    access: Access | None = None,
+    serving: bool = True,
+    precision_gate: PrecisionGate = "check",
+) -> Applied:
+    """Apply an earlier version's text again, as a new version (default: the one before the
+    active version). It is validated and gated like any apply."""
+    target = versions.rollback_target(engine, version)
+    return apply(
+        engine,
+        target.content,
+        f"version {target.version}",
+        author=author,
+        message=message or f"roll back to version {target.version}",
+        access=access,
+        serving=serving,
+        precision_gate=precision_gate,
+        restores=target.version,
+    )
+
+
+def serving_pools(policy: Policy) -> set[str]:
+    """Return the pools that serve clients: the live ones and every route's canary."""
+    live = {name for name, spec in policy.pools.items() if spec.live}
+    return live | {r.canary.pool for r in policy.routes if r.canary and r.canary.weight > 0}
+
+
+@functools.lru_cache(maxsize=1024)
+def shadow_only(content: str) -> frozenset[str]:
+    """Return the pools a stored policy text marks `live: false`."""
     try:
-        doc: Any = yaml.load(active_content, Loader=PolicyLoader)
-        pools = doc["pools"]
-        shadow_only = {name for name, spec in pools.items() if spec.get("live", True) is False}
+        doc: Any = yaml.load(content, Loader=PolicyLoader)
+        return frozenset(n for n, spec in doc["pools"].items() if spec.get("live", True) is False)
     except (yaml.YAMLError, KeyError, TypeError, AttributeError):
-        return []  # a stored version is valid where it was applied; nothing to compare if not
-    return [name for name, spec in policy.pools.items() if spec.live and name in shadow_only]
+        return (
+            frozenset()
+        )  # a stored version is valid where it was applied; nothing to compare if not
+
+
+def going_live(engine: sa.Engine, active_content: str, policy: Policy) -> list[str]:
+    """Return the shadow-only pools that `policy` has serve clients and the active text does not.
+
+    Shadow-only is what any stored version, or `policy` itself, says: a pool taken out and put
+    back live is the same hardware. What the active text serves is read from its pools and
+    canaries as stored.
+    """
+    try:
+        active = serving_pools(parse_policy(active_content, "<active>"))
+    except PolicyError:
+        active = set()
+    marked = {n for n, spec in policy.pools.items() if not spec.live}
+    for content in versions.contents(engine):
+        marked |= shadow_only(content)
+    return sorted((serving_pools(policy) - active) & marked)
+
+
+def _how(policy: Policy, pool: str) -> str:
+    return "go live" if policy.pools[pool].live else "serve clients as a canary"
+
+
+def _serving_at(policy: Policy, pool: str) -> tuple[str | int, ...]:
+    """Return where `policy` has the pool serve: its `live`, or the canary naming it."""
+    if policy.pools[pool].live:
+        return ("pools", pool, "live")
+    i = next(i for i, r in enumerate(policy.routes) if r.canary and r.canary.pool == pool)
+    return ("routes", i, "canary", "pool")
 
 
 def newest_check(engine: sa.Engine, pool: str) -> dict[str, Any] | None:
@@ -133,11 +200,10 @@ def uncleared(engine: sa.Engine, pools: Iterable[str]) -> dict[str, str]:
     return found
 
 
-def refusal(pool: str, why: str, version: int | None = None, change: str = "go live") -> str:
-    """Say why a shadow-only pool may not go live, and what the operator can do."""
-    where = "the active version" if version is None else f"the active version ({version})"
+def refusal(pool: str, why: str, change: str = "serve clients") -> str:
+    """Say why a shadow-only pool may not serve clients, and what the operator can do."""
     return (
-        f"pool {pool!r} is live: false in {where} and would {change}, but {why}: run `gateway "
+        f"pool {pool!r} is shadow-only (live: false) and would {change}, but {why}: run `gateway "
         f"precision check --pool {pool} --suite {SUITE_HINT}` until it passes, or override the "
         "gate (--override-precision-gate, or override_precision_gate in the admin API), which "
         "the policy history records"

@@ -154,13 +154,8 @@ def record(
             ) from None
 
 
-def rollback(
-    engine: sa.Engine, author: str, version: int | None = None, message: str = ""
-) -> PolicyVersion:
-    """Make a previous version's content active again, as a new version.
-
-    Without a version, go back to the one stored just before the active version.
-    """
+def rollback_target(engine: sa.Engine, version: int | None = None) -> PolicyVersion:
+    """Return the version a rollback serves again: `version`, or the one before the active."""
     current = active_version(engine)
     if current is None:
         raise InvalidRequest("there is no policy version to roll back from")
@@ -173,11 +168,11 @@ def rollback(
             ).scalar()
         if version is None:
             raise InvalidRequest(f"version {current} is the first; there is none to roll back to")
-    target = get(engine, version)
-    return record(
-        engine,
-        target.content,
-        author,
-        message or f"roll back to version {target.version}",
-        restores=target.version,
-    )
+    return get(engine, version)
+
+
+def contents(engine: sa.Engine) -> list[str]:
+    """Return the distinct texts of every stored version."""
+    with _converted(), engine.connect() as conn:
+        rows = conn.execute(sa.select(policy_versions.c.content).distinct()).scalars()
+        return list(rows)

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import yaml
+
+from gateway.policy import versions
 from gateway.policy.load import content_hash, render_policy
 from harness.gateways import run_gateway
 from policies import fleet_policy
@@ -35,7 +38,7 @@ def test_policy_endpoints_apply_list_and_roll_back_versions(tmp_path: Path) -> N
         ]
 
         rolled = http.post("/admin/policy/rollback", json={}, headers=AUTH)
-        assert rolled.json() == {"version": 3, "restores": 1}
+        assert rolled.json() == {"version": 3, "restores": 1, "changed": True}
         assert gw.gateway.policy.assumed_max_tokens == 256
         assert http.get("/admin/policy", headers=AUTH).json()["hash"] == active["hash"]
 
@@ -81,3 +84,25 @@ def test_policy_endpoints_need_the_admin_token(tmp_path: Path) -> None:
     (tmp_path / "off").mkdir()
     with run_gateway(fleet_policy(), tmp_path / "off") as gw, gw.http() as http:
         assert http.get("/admin/policy", headers=AUTH).status_code == 403
+
+
+def test_a_rollback_to_a_version_that_no_longer_validates_is_422_and_changes_nothing(
+    tmp_path: Path,
+) -> None:
+    with run_gateway(fleet_policy(), tmp_path, admin_token=TOKEN) as gw, gw.http() as http:
+        # A version stored by an older release, before a rule it breaks: the 70B model and
+        # the 8B one on a single 80 GB GPU.
+        doc = yaml.safe_load(render_policy(fleet_policy()))
+        doc["pools"]["gpu"]["memory_gb"] = 80
+        versions.record(gw.gateway.engine, yaml.safe_dump(doc), "old", "before the check")
+        http.put(
+            "/admin/policy", json={"yaml": render_policy(fleet_policy()), "message": "fits"},
+            headers=AUTH,
+        ).raise_for_status()  # fmt: skip
+        before = http.get("/admin/policy", headers=AUTH).json()
+        response = http.post("/admin/policy/rollback", json={}, headers=AUTH)
+        assert response.status_code == 422
+        (error,) = response.json()["errors"]
+        assert error["path"] == "pools.gpu.memory_gb"
+        assert error["location"].startswith("version 2:")
+        assert http.get("/admin/policy", headers=AUTH).json() == before

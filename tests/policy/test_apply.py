@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import yaml
 
 from gateway.db.engine import make_engine
+from gateway.db.schema import precision_checks
 from gateway.errors import PolicyError
 from gateway.policy import versions
-from gateway.policy.apply import apply
+from gateway.policy.apply import apply, rollback
 from gateway.policy.credentials import Access
 from gateway.policy.load import render_policy
 from policies import fleet_policy
@@ -82,4 +85,114 @@ def test_a_key_unset_where_the_policy_is_served_refuses_it_and_elsewhere_warns(
     assert served.changed and not any(
         "GATEWAY_UPSTREAM_KEY_OTHER" in w.message for w in served.warnings
     )
+    engine.dispose()
+
+
+def cleared(engine, pool: str, verdict: str = "pass") -> None:
+    """Store a precision check of `pool` with `verdict`, as `gateway precision check` does."""
+    with engine.begin() as conn:
+        conn.execute(
+            precision_checks.insert().values(
+                ts=1.0, pool=pool, reference="gpu", suite="suites/chat.jsonl", verdict=verdict,
+                result="{}",
+            )
+        )  # fmt: skip
+
+
+def with_canary(pool: str, weight: float) -> str:
+    """Return the policy text with the first route rolling `pool` out at `weight`."""
+    doc = yaml.safe_load(TEXT)
+    doc["routes"][0]["canary"] = {"pool": pool, "weight": weight}
+    return yaml.safe_dump(doc, sort_keys=False)
+
+
+def test_a_canary_on_a_shadow_only_pool_is_gated_like_going_live(database: str) -> None:
+    engine = make_engine(database)
+    apply(engine, TEXT, "policy.yaml", author="ana", message="first")  # cim: live false
+    with pytest.raises(PolicyError) as refused:
+        apply(engine, with_canary("cim", 0.5), "policy.yaml", author="bo", message="half")
+    (problem,) = refused.value.problems
+    assert problem.path == "routes.0.canary.pool"
+    assert "pool 'cim' is shadow-only (live: false) and would serve clients as a canary" in (
+        problem.message
+    )
+    assert versions.active_version(engine) == 1
+    # A canary at weight 0 serves nobody; nor does a rollout's, which its start gated.
+    assert apply(engine, with_canary("cim", 0.0), "p.yaml", author="bo", message="0").changed
+    forced = apply(
+        engine,
+        with_canary("cim", 0.5),
+        "policy.yaml",
+        author="bo",
+        message="half",
+        precision_gate="override",
+    )
+    assert forced.version.message == "half [precision gate overridden for cim by bo]"
+    engine.dispose()
+
+
+def test_a_shadow_only_pool_taken_out_and_put_back_live_is_still_gated(database: str) -> None:
+    engine = make_engine(database)
+    apply(engine, TEXT, "policy.yaml", author="ana", message="first")
+    doc = yaml.safe_load(TEXT)
+    cim = doc["pools"].pop("cim")
+    apply(engine, yaml.safe_dump(doc), "policy.yaml", author="bo", message="no cim")
+    doc["pools"]["cim"] = cim | {"live": True}
+    back_live = yaml.safe_dump(doc)
+    with pytest.raises(PolicyError, match="pool 'cim' is shadow-only"):
+        apply(engine, back_live, "policy.yaml", author="bo", message="cim back, live")
+    cleared(engine, "cim", "fail")
+    with pytest.raises(PolicyError, match=r"newest precision check .* is 'fail'"):
+        apply(engine, back_live, "policy.yaml", author="bo", message="cim back, live")
+    cleared(engine, "cim")
+    assert apply(engine, back_live, "policy.yaml", author="bo", message="cim passed").changed
+    # A new pool that no version ever kept shadow-only serves at once.
+    doc["pools"]["gpu-b"] = copy.deepcopy(doc["pools"]["gpu"])
+    assert apply(engine, yaml.safe_dump(doc), "p.yaml", author="bo", message="gpu-b").changed
+    engine.dispose()
+
+
+def test_a_rollback_is_an_apply_of_the_earlier_text(database: str) -> None:
+    engine = make_engine(database)
+    apply(engine, TEXT, "policy.yaml", author="ana", message="first")
+    apply(
+        engine, TEXT.replace("max_queue_ms: 200", "max_queue_ms: 300"), "p", author="a", message="2"
+    )
+    back = rollback(engine, author="bo")
+    assert back.changed
+    assert (back.version.version, back.version.restores, back.version.content) == (3, 1, TEXT)
+    assert back.version.message == "roll back to version 1"
+    again = rollback(engine, author="bo", version=1, message="same again")
+    assert not again.changed and versions.active_version(engine) == 3
+    engine.dispose()
+
+
+def test_a_rollback_to_a_text_that_no_longer_validates_is_refused_and_changes_nothing(
+    database: str,
+) -> None:
+    engine = make_engine(database)
+    # Stored before today's memory check: the 70B model and the 8B one on one 80 GB GPU.
+    doc = yaml.safe_load(TEXT)
+    doc["pools"]["gpu"]["memory_gb"] = 80
+    doc["pools"]["gpu"]["models"].append("llama-3.1-70b-instruct")
+    versions.record(engine, yaml.safe_dump(doc), "ana", "old")
+    apply(engine, TEXT, "policy.yaml", author="ana", message="fits")
+    with pytest.raises(PolicyError) as refused:
+        rollback(engine, author="bo")
+    assert any(p.path == "pools.gpu.memory_gb" for p in refused.value.problems)
+    assert refused.value.problems[0].location.startswith("version 1:")
+    assert versions.active_version(engine) == 2
+    engine.dispose()
+
+
+def test_a_rollback_that_would_put_a_shadow_only_pool_live_is_gated(database: str) -> None:
+    engine = make_engine(database)
+    doc = yaml.safe_load(TEXT)
+    doc["pools"]["cim"]["live"] = True
+    versions.record(engine, yaml.safe_dump(doc), "ana", "cim live, before the gate")
+    apply(engine, TEXT, "policy.yaml", author="ana", message="cim shadow-only")
+    with pytest.raises(PolicyError, match="pool 'cim' is shadow-only"):
+        rollback(engine, author="bo")
+    forced = rollback(engine, author="bo", precision_gate="override")
+    assert forced.version.message.endswith("[precision gate overridden for cim by bo]")
     engine.dispose()

@@ -10,6 +10,7 @@ import pytest
 from waiting import wait_for
 
 from gateway.policy import versions
+from gateway.policy.apply import rollback
 from gateway.policy.load import parse_policy, render_policy
 from gateway.policy.model import Policy
 from harness.gateways import GatewayServer, run_gateway
@@ -111,7 +112,7 @@ def test_applies_and_rollbacks_under_load_fail_no_request_and_move_traffic(
             assert traffic.pools_since(applied) == expected
 
         # Another replica (or the CLI) rolls back through the database: polling picks it up.
-        stored = versions.rollback(gw.gateway.engine, "ops", 2, "back to the GPU")
+        stored = rollback(gw.gateway.engine, author="ops", version=2, message="to the GPU").version
         wait_for(
             lambda: gw.gateway.policy_version == stored.version,
             message=lambda: f"still on version {gw.gateway.policy_version}, not {stored.version}",

@@ -23,28 +23,30 @@ def test_each_apply_is_a_version_and_becomes_active(database: str) -> None:
     engine.dispose()
 
 
-def test_rollback_stores_the_old_content_as_a_new_version(database: str) -> None:
+def test_a_rollback_serves_the_version_before_the_active_one_or_the_one_named(
+    database: str,
+) -> None:
     engine = make_engine(database)
     for n in (1, 2, 3):
         versions.record(engine, f"a: {n}\n", "ana", f"v{n}")
-    back = versions.rollback(engine, "bo")  # default: the version before the active one
-    assert (back.version, back.restores, back.content) == (4, 2, "a: 2\n")
-    assert back.message == "roll back to version 2"
-    again = versions.rollback(engine, "bo", 1, "bad idea")
-    assert (again.version, again.restores, again.message) == (5, 1, "bad idea")
-    assert versions.active_version(engine) == 5
+    assert versions.rollback_target(engine).version == 2
+    assert versions.rollback_target(engine, 1).content == "a: 1\n"
+    back = versions.record(engine, "a: 2\n", "bo", "roll back", restores=2)
+    assert (back.version, back.restores) == (4, 2)
+    assert versions.rollback_target(engine).version == 3
     with pytest.raises(PolicyVersionNotFound):
-        versions.rollback(engine, "bo", 99)
+        versions.rollback_target(engine, 99)
+    assert sorted(versions.contents(engine)) == ["a: 1\n", "a: 2\n", "a: 3\n"]
     engine.dispose()
 
 
 def test_rollback_needs_a_previous_version(database: str) -> None:
     engine = make_engine(database)
     with pytest.raises(InvalidRequest):
-        versions.rollback(engine, "bo")
+        versions.rollback_target(engine)
     versions.record(engine, "a: 1\n", "ana", "only")
     with pytest.raises(InvalidRequest, match="first"):
-        versions.rollback(engine, "bo")
+        versions.rollback_target(engine)
     engine.dispose()
 
 

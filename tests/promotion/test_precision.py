@@ -271,7 +271,9 @@ def test_a_policy_apply_making_a_shadow_only_pool_live_needs_its_check_to_pass(
     env = {"DATABASE_URL": database}
     refused = gateway("policy", "apply", live, "-m", "asic goes live", env=env)
     assert refused.returncode == 2
-    assert "pools.asic.live: pool 'asic' is live: false in the active version" in refused.stderr
+    assert "pools.asic.live: pool 'asic' is shadow-only (live: false) and would go live" in (
+        refused.stderr
+    )
     assert "gateway precision check --pool asic --suite suites/chat.jsonl" in refused.stderr
     assert versions.active_version(engine) == 1
     precision.store(engine, asic_check.result)
