@@ -43,8 +43,12 @@ tools:
 	         || { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq $$package >/dev/null 2>&1; }; }; } \
 	  || echo "$$package is not installed: the tests that need it will skip"; done
 
+# Two workers: most tests wait on real servers, so two share two cores well. A module's tests
+# stay on one worker, so a module's fixtures (a benchmark run, a replay) are built once.
+TEST_WORKERS ?= 2
+
 unit: install tools
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadscope
 
 ## Fuzz the live gateway with a seed of its own (the suite's is fixed); a failure is replayed by
 ## the FUZZ_SEED it prints. FUZZ_EXAMPLES=200 goes deeper.

@@ -1,8 +1,8 @@
 """Soak: minutes of steady traffic, shadowed and faulted, then a count of everything left behind.
 
 Runs real processes on loopback: the simulated fleet of policies/default.yaml (two GPUs, the 70B
-model's GPU backend, an ASIC card, a CIM part; tests/simproc.py) and one or two `gateway serve`
-processes (tests/gatewayserver.py) on that policy with every shadow target sampled at 10%. Two
+model's GPU backend, an ASIC card, a CIM part; harness/simulators.py) and one or two `gateway
+serve` processes (harness/gateways.py) on that policy with every shadow target sampled at 10%. Two
 replicas share Redis (and, given `--database-url`, PostgreSQL, in a schema of their own that is
 dropped after). An open loop sends chat at a steady rate, alternating between replicas: 8B and 70B,
 short and long prompts, half of them streamed. Every minute one backend gets a fault for 15 s

@@ -48,7 +48,8 @@ class Settings(BaseSettings):
     upstream_key_hosts: dict[str, list[str]] = Field(
         default={},
         description="JSON: the hosts each upstream key may be sent to, e.g. "
-        '{"GATEWAY_UPSTREAM_KEY_VLLM": ["*.vllm.internal"]}; a key not listed: any.',
+        '{"GATEWAY_UPSTREAM_KEY_VLLM": ["*.vllm.internal"]}; a key not listed is sent nowhere '
+        '(["*"]: any host).',
     )
     admin_token: SecretStr | None = Field(
         default=None,

@@ -1,8 +1,9 @@
 """Statistics of measurements: percentiles, and the share, mean and total of a column over rows.
 
 One definition for every reader of records: the shadow summary, the weekly report, the routing
-replay and the benchmarks. A row is a mapping of column to value; a None value was not measured
-and counts for nothing, so a column with no measured value has no statistic (None), not 0.
+replay, the precision check and the benchmarks. A row is a mapping of column to value; a None
+value (or a column the row lacks) was not measured and counts for nothing, so a column with no
+measured value has no statistic (None), not 0.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ def percentile(values: Sequence[float], q: float) -> float | None:
 
 def measured(rows: Iterable[Row], column: str) -> list[Any]:
     """Return a column's measured (not None) values."""
-    return [r[column] for r in rows if r[column] is not None]
+    return [value for r in rows if (value := r.get(column)) is not None]
 
 
 def share(rows: Iterable[Row], column: str) -> float | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from gateway.policy.credentials import Access
 from gateway.policy.load import parse_policy, to_yaml
 from gateway.policy.model import Policy
 
@@ -99,3 +100,13 @@ def keyed(policy: Policy, variables: dict[str, str], **backend: object) -> Polic
         for entry in doc["pools"][name]["backends"]:
             entry.update({"api_key_env": variable, **backend})
     return parse_policy(to_yaml(doc), "keyed.yaml")
+
+
+# Where the tests' upstream keys may be sent (GATEWAY_UPSTREAM_KEY_HOSTS): every backend they
+# reach is on loopback.
+LOOPBACK_KEY_HOSTS = {variable: ["127.0.0.1"] for variable in UPSTREAM_KEYS}
+
+
+def loopback_access(environ: dict[str, str]) -> Access:
+    """Return a gateway's upstream access holding these keys, each bound to loopback."""
+    return Access(environ, key_hosts={variable: ["127.0.0.1"] for variable in environ})

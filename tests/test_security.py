@@ -23,7 +23,7 @@ from waiting import wait_for
 from gateway.policy.model import Policy
 from gateway.report import generate, period
 from harness.gateways import run_gateway
-from policies import EMBED, MODEL, UPSTREAM_KEYS, fleet_policy, keyed
+from policies import EMBED, LOOPBACK_KEY_HOSTS, MODEL, UPSTREAM_KEYS, fleet_policy, keyed
 
 ADMIN_TOKEN = "adm-tok-90c1f7e2b4"
 TENANT_KEYS = {"acme": "sk-tenant-acme-3b8e51", "nightly": "sk-tenant-nightly-e07d44"}
@@ -105,7 +105,13 @@ def test_no_secret_appears_in_responses_logs_metrics_records_or_reports(
     seen = Transcript()
     reports = tmp_path / "reports"
     with (
-        run_gateway(policy, tmp_path, admin_token=ADMIN_TOKEN, reports_dir=reports) as gw,
+        run_gateway(
+            policy,
+            tmp_path,
+            admin_token=ADMIN_TOKEN,
+            reports_dir=reports,
+            upstream_key_hosts=LOOPBACK_KEY_HOSTS,
+        ) as gw,
         seen.client(gw.url) as http,
     ):
         chat = {"model": MODEL, "messages": HELLO, "max_tokens": 8}

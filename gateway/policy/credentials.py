@@ -12,8 +12,8 @@ bounded here, by the operator's settings, not by the policy:
 
 - it may name only variables that start with GATEWAY_UPSTREAM_KEY_ (the policy model refuses
   others), never DATABASE_URL, the admin token or another program's key;
-- a key bound to hosts (GATEWAY_UPSTREAM_KEY_HOSTS) is sent to those hosts alone: a policy
-  that gives it to a backend elsewhere is refused;
+- every key is bound to the hosts it may be sent to (GATEWAY_UPSTREAM_KEY_HOSTS; `*` for any):
+  a policy that gives it to a backend elsewhere, or names a key bound to no host, is refused;
 - with GATEWAY_UPSTREAM_HOSTS set, every backend and metrics URL must be on one of its hosts.
 
 A gateway that is to serve a policy naming a variable it does not have, or breaking one of these
@@ -50,8 +50,9 @@ def host_matches(url: str, patterns: Sequence[str]) -> bool:
 class Access:
     """The upstream keys a gateway holds, where each may be sent, and where backends may be.
 
-    `environ` holds the keys; `key_hosts` binds a key variable to host patterns (absent: any
-    host); `hosts`, when not empty, is every host a backend or metrics URL may be on.
+    `environ` holds the keys; `key_hosts` binds each key variable to the host patterns it may
+    be sent to (a key bound to none is sent nowhere; `*` is any host); `hosts`, when not empty,
+    is every host a backend or metrics URL may be on.
     """
 
     environ: Mapping[str, str]
@@ -89,8 +90,20 @@ class Access:
                             f"{variable}, which is not set {where}",
                         )
                     )
+                    continue
                 bound = self.key_hosts.get(variable)
-                if bound is not None and not host_matches(backend.url, bound):
+                if bound is None:
+                    host = urlsplit(backend.url).hostname or backend.url
+                    found.append(
+                        (
+                            (*at, "api_key_env"),
+                            f"backend {backend.name!r} of pool {name!r} takes its key from "
+                            f"{variable}, which GATEWAY_UPSTREAM_KEY_HOSTS binds to no host: "
+                            "bind it to the hosts it may be sent to, e.g. "
+                            f'{{"{variable}": ["{host}"]}}',
+                        )
+                    )
+                elif not host_matches(backend.url, bound):
                     found.append(
                         (
                             (*at, "api_key_env"),

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -42,6 +41,7 @@ from typing import Any
 import httpx
 import sqlalchemy as sa
 
+from gateway import stats
 from gateway.compare.answers import Answer, read_body
 from gateway.compare.meaning import similarity, windows
 from gateway.compare.measures import DEFAULT_COMPARATORS, compare
@@ -396,14 +396,17 @@ def judge_check(
         "candidate_errors": len(failed),
         "reference_errors": len(outcomes) - len(answered),
         "top1_agreement": exact / n if n else None,
-        "mean_kl": _mean(r.get("kl_divergence") for _, r in pairs),
-        "near_tie_share": _near_tie_share(r for _, r in pairs),
+        "mean_kl": stats.mean([r for _, r in pairs], "kl_divergence"),
+        # Of the answers that differ, the share whose first difference is a near tie.
+        "near_tie_share": stats.share(
+            [r for _, r in pairs if r.get("exact_match") is False], "near_tie"
+        ),
         "harmful_share": k / n if n else None,
         "noise_pairs": len(noise),
         "noise_top1_agreement": (
             sum(bool(r.get("exact_match")) for r in noise) / len(noise) if noise else None
         ),
-        "noise_mean_kl": _mean(r.get("kl_divergence") for r in noise),
+        "noise_mean_kl": stats.mean(noise, "kl_divergence"),
         "noise_harmful_share": noise_departing / len(noise) if noise else None,
         "ci": {
             "level": 1 - limits.alpha,
@@ -504,17 +507,6 @@ def _kept(row: Mapping[str, Any]) -> dict[str, Any]:
     kept = {name: row.get(name) for name in KEPT}
     kept["json_diff"] = row.get("json_diff")
     return kept
-
-
-def _mean(values: Iterable[float | None]) -> float | None:
-    measured = [v for v in values if v is not None]
-    return math.fsum(measured) / len(measured) if measured else None
-
-
-def _near_tie_share(rows: Iterable[Mapping[str, Any]]) -> float | None:
-    ties = [r.get("near_tie") for r in rows if r.get("exact_match") is False]
-    ties = [tie for tie in ties if tie is not None]
-    return sum(bool(t) for t in ties) / len(ties) if ties else None
 
 
 def _pct(value: float) -> str:

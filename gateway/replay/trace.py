@@ -1,7 +1,7 @@
 """Read a request trace: arrival times and token counts, as the Azure LLM traces give them.
 
 The format is a CSV with the columns `TIMESTAMP`, `ContextTokens` and `GeneratedTokens`
-(../shared/traces/README.md). Prompt text is not part of it: routing needs only token counts.
+(traces/README.md). Prompt text is not part of it: routing needs only token counts.
 """
 
 from __future__ import annotations

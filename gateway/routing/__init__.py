@@ -1,1 +1,1 @@
-"""Routing: the live state of the fleet, and the pure decision made from it."""
+"""Routing: classify a request into a profile, and the pure decision made for it."""

@@ -11,7 +11,7 @@ from gateway.cli import main
 from gateway.replay.strategies import STRATEGIES
 
 ROOT = Path(__file__).resolve().parents[2]
-TRACE = ROOT / "tests" / "data" / "azure_llm_2023_conv_head.csv"  # tests/data/README.md
+TRACE = ROOT / "traces" / "azure_llm_2023_conv.csv"  # traces/README.md
 
 
 def test_bench_routing_command_writes_the_documented_keys(

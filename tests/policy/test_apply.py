@@ -14,7 +14,7 @@ from gateway.policy import versions
 from gateway.policy.apply import apply, rollback
 from gateway.policy.credentials import Access
 from gateway.policy.load import render_policy
-from policies import fleet_policy
+from policies import fleet_policy, loopback_access
 
 TEXT = render_policy(fleet_policy())
 
@@ -80,7 +80,7 @@ def test_a_key_unset_where_the_policy_is_served_refuses_it_and_elsewhere_warns(
         "policy.yaml",
         author="gw",
         message="m",
-        access=Access({"GATEWAY_UPSTREAM_KEY_OTHER": "k"}),
+        access=loopback_access({"GATEWAY_UPSTREAM_KEY_OTHER": "k"}),
     )
     assert served.changed and not any(
         "GATEWAY_UPSTREAM_KEY_OTHER" in w.message for w in served.warnings

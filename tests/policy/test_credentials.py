@@ -21,7 +21,15 @@ from gateway.runtime import Gateway
 from gateway.settings import Settings
 from harness.gateways import run_gateway
 from harness.metrics import metric_value
-from policies import EMBED, MODEL, UPSTREAM_KEYS, fleet_policy, keyed
+from policies import (
+    EMBED,
+    LOOPBACK_KEY_HOSTS,
+    MODEL,
+    UPSTREAM_KEYS,
+    fleet_policy,
+    keyed,
+    loopback_access,
+)
 
 GPU_KEY = "GATEWAY_UPSTREAM_KEY_GPU"
 ASIC_KEY = "GATEWAY_UPSTREAM_KEY_ASIC"
@@ -55,7 +63,7 @@ def test_each_backend_carries_its_own_key_and_metrics_get_it_on_its_origin_only(
     policy = parse_policy(yaml.safe_dump(doc))
     fleet = Fleet(
         policy,
-        Access({GPU_KEY: "g-secret", ASIC_KEY: "a-secret"}),
+        loopback_access({GPU_KEY: "g-secret", ASIC_KEY: "a-secret"}),
     )
     gpu, asic, cim = (fleet.pools[name].backends[0] for name in ("gpu", "asic", "cim"))
 
@@ -72,7 +80,7 @@ def test_each_backend_carries_its_own_key_and_metrics_get_it_on_its_origin_only(
 
 def test_a_reload_keeps_live_state_and_takes_the_new_key() -> None:
     environ = {OLD_KEY: "old", NEW_KEY: "new"}
-    fleet = Fleet(keyed(fleet_policy(), {"gpu": OLD_KEY}), Access(environ))
+    fleet = Fleet(keyed(fleet_policy(), {"gpu": OLD_KEY}), loopback_access(environ))
     backend = fleet.pools["gpu"].backends[0]
     backend.in_flight = 3
     after = fleet.reconfigure(keyed(fleet_policy(), {"gpu": NEW_KEY}))
@@ -83,7 +91,7 @@ def test_a_reload_keeps_live_state_and_takes_the_new_key() -> None:
 def test_a_policy_naming_an_unset_variable_is_refused_before_anything_changes() -> None:
     fleet = Fleet(
         keyed(fleet_policy(), {"gpu": GPU_KEY}),
-        Access({GPU_KEY: "g"}),
+        loopback_access({GPU_KEY: "g"}),
     )
     backend = fleet.pools["gpu"].backends[0]
     with pytest.raises(PolicyError) as refused:
@@ -123,7 +131,13 @@ def test_the_admin_api_refuses_an_unset_key_and_a_replica_without_it_keeps_servi
         )
     )
     with (
-        run_gateway(first, tmp_path, admin_token=TOKEN, policy_poll_interval_s=0.1) as gw,
+        run_gateway(
+            first,
+            tmp_path,
+            admin_token=TOKEN,
+            policy_poll_interval_s=0.1,
+            upstream_key_hosts={GPU_KEY: ["127.0.0.1"], ELSEWHERE_KEY: ["127.0.0.1"]},
+        ) as gw,
         gw.http() as http,
     ):
         checked = http.post("/admin/policy/validate", json={"yaml": lacking}, headers=AUTH).json()
@@ -218,7 +232,8 @@ def test_the_key_reaches_every_call_to_a_backend_that_requires_it(
         ),
         VARIABLES,
     )
-    with run_gateway(policy, tmp_path, power_scrape_interval_s=0.1) as gw:
+    settings = {"power_scrape_interval_s": 0.1, "upstream_key_hosts": LOOPBACK_KEY_HOSTS}
+    with run_gateway(policy, tmp_path, **settings) as gw:
         with gw.client() as client:
             for _ in range(3):
                 raw = client.chat.completions.with_raw_response.create(
@@ -273,7 +288,10 @@ def test_a_refused_key_is_an_upstream_failure_not_the_clients(
     asic = keyed_sims.asic[0]
     before = asic.metrics()
     caplog.set_level(logging.WARNING, logger="gateway.upstream.client")
-    with run_gateway(policy, tmp_path) as gw, gw.http() as http:
+    with (
+        run_gateway(policy, tmp_path, upstream_key_hosts=LOOPBACK_KEY_HOSTS) as gw,
+        gw.http() as http,
+    ):
         # The client's own key, even the one the ASIC wants, is never passed upstream.
         asic_key = {"authorization": f"Bearer {UPSTREAM_KEYS['GATEWAY_UPSTREAM_KEY_ASIC']}"}
         chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
@@ -312,7 +330,7 @@ def test_a_policy_may_take_a_key_only_from_a_gateway_upstream_key_variable(varia
     assert "GATEWAY_UPSTREAM_KEY_" in problem.message and variable in problem.message
 
 
-def test_a_key_bound_to_hosts_is_never_given_to_a_backend_elsewhere() -> None:
+def test_a_key_goes_only_to_the_hosts_it_is_bound_to() -> None:
     policy = keyed(fleet_policy(), {"gpu": GPU_KEY, "asic": GPU_KEY})  # asic at 127.0.0.1:2
     bound = Access({GPU_KEY: "g"}, key_hosts={GPU_KEY: ["127.0.0.1:1"]})
     with pytest.raises(PolicyError) as refused:
@@ -323,8 +341,18 @@ def test_a_key_bound_to_hosts_is_never_given_to_a_backend_elsewhere() -> None:
     # Bound to the host on any port, both backends may have it.
     anywhere_here = Access({GPU_KEY: "g"}, key_hosts={GPU_KEY: ["127.0.0.1"]})
     assert Fleet(policy, anywhere_here).pools["asic"].backends[0].auth
-    # A key with no binding goes wherever the policy says.
-    assert Fleet(policy, Access({GPU_KEY: "g"})).pools["asic"].backends[0].auth
+    # `*` sends it wherever the policy says; bound to no host, it goes nowhere.
+    assert Fleet(policy, Access({GPU_KEY: "g"}, key_hosts={GPU_KEY: ["*"]}))
+    with pytest.raises(PolicyError) as unbound:
+        Fleet(policy, Access({GPU_KEY: "g"}))
+    assert {p.path for p in unbound.value.problems} == {
+        "pools.gpu.backends.0.api_key_env",
+        "pools.asic.backends.0.api_key_env",
+    }
+    assert (
+        "binds to no host: bind it to the hosts it may be sent to, e.g. "
+        '{"GATEWAY_UPSTREAM_KEY_GPU": ["127.0.0.1"]}' in str(unbound.value)
+    )
 
 
 def test_with_an_allow_list_every_backend_and_exporter_must_be_on_its_hosts() -> None:

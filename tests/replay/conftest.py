@@ -18,8 +18,8 @@ SLICE = 300
 
 @pytest.fixture(scope="session")
 def trace() -> Path:
-    """Return the head of the production trace (tests/data/README.md)."""
-    return ROOT / "tests" / "data" / "azure_llm_2023_conv_head.csv"
+    """Return the production trace (traces/README.md); the tests replay its head."""
+    return ROOT / "traces" / "azure_llm_2023_conv.csv"
 
 
 @pytest.fixture(scope="session")

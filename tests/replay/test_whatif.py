@@ -16,7 +16,7 @@ from gateway.db.engine import make_engine, upgrade
 from gateway.db.schema import request_records
 
 ROOT = Path(__file__).resolve().parents[2]
-TRACE = ROOT / "tests" / "data" / "azure_llm_2023_conv_head.csv"  # tests/data/README.md
+TRACE = ROOT / "traces" / "azure_llm_2023_conv.csv"  # traces/README.md
 
 
 def record_trace_slice(url: str, n: int) -> None:
