@@ -44,11 +44,13 @@ tools:
 	  || echo "$$package is not installed: the tests that need it will skip"; done
 
 # Two workers: most tests wait on real servers, so two share two cores well. A module's tests
-# stay on one worker, so a module's fixtures (a benchmark run, a replay) are built once.
+# stay on one worker, so a module's fixtures (a replay, a precision check) are built once. The
+# benchmarks and what learns from wall-clock timing run after, alone on the machine.
 TEST_WORKERS ?= 2
 
 unit: install tools
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadscope
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadscope -m "not alone"
+	$(PY) -m pytest -m alone
 
 ## Fuzz the live gateway with a seed of its own (the suite's is fixed); a failure is replayed by
 ## the FUZZ_SEED it prints. FUZZ_EXAMPLES=200 goes deeper.

@@ -30,6 +30,7 @@ def shadow_policy(
     noise: float | None = 0.0,
     noise_budget: dict | None = None,
     timeout_s: float = 5,
+    deadline_s: float = 600,
     pools: Sequence[str] = ("gpu",),
     target: str = "cim",
 ) -> Policy:
@@ -57,7 +58,8 @@ def shadow_policy(
             "budget": noise_budget or ROOMY,
             "compare": compare or {"store_text": True},
         }
-    return fleet_policy(gpu, asic, cim, routes=[route], interactive={"timeout_s": timeout_s})
+    slo = {"timeout_s": timeout_s, "deadline_s": deadline_s}
+    return fleet_policy(gpu, asic, cim, routes=[route], interactive=slo)
 
 
 def shadow_rows(gw: GatewayServer, expected: int, timeout: float = 60.0) -> list[dict]:

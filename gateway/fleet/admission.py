@@ -181,11 +181,15 @@ class Admission:
     # The shared view: what the other replicas hold.
 
     def _saw(self, backend: BackendState, seen: Occupancy, exclude: Slot | None = None) -> None:
-        """Update the view of a backend from its capacity set as Redis counted it."""
+        """Update the view of a backend from its capacity set as Redis counted it.
+
+        What Redis says is bounded by what the backend has: the others can hold at most all of
+        its slots and memory, however large a figure a damaged or foreign key gives.
+        """
         mine = backend.in_flight - (1 if exclude is not None else 0)
-        backend.elsewhere = max(0, seen.places - mine)
+        backend.elsewhere = min(max(0, seen.places - mine), backend.slots)
         kv_mine = backend.kv_reserved - (exclude.kv_bytes if exclude is not None else 0.0)
-        backend.kv_elsewhere = max(0.0, seen.weight - kv_mine)
+        backend.kv_elsewhere = min(max(0.0, seen.weight - kv_mine), backend.kv_capacity)
 
     def _local_view(self, backend: BackendState) -> None:
         """Assume the others hold all but this replica's share, or what they last held if more.

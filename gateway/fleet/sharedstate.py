@@ -50,6 +50,7 @@ log = logging.getLogger(__name__)
 
 # Connections to Redis per replica: calls beyond wait for one (scripts are pipelined anyway).
 MAX_CONNECTIONS = 32
+MAX_REPLICAS = 1024  # more replicas of one gateway than any fleet runs
 
 T = TypeVar("T")
 Handler = Callable[[dict[str, Any]], None]
@@ -291,7 +292,9 @@ class SharedState:
         except (RedisError, OSError) as exc:
             self.lost(exc)
             return
-        self.replicas = max(int(replicas), 1)
+        # Bounded like every figure read from Redis: a damaged count must not shrink this
+        # replica's outage share to nothing.
+        self.replicas = min(max(int(replicas), 1), MAX_REPLICAS)
         self.metrics.replicas.set(self.replicas)
         if (not self.up or boot != self.boot) and not await self._join(boot):
             return

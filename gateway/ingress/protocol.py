@@ -7,9 +7,11 @@ gateway's limits on what a connection may take before any route sees it.
   every other 400. This overrides uvicorn's `send_400_response`, which its httptools protocol
   calls for exactly that case (uvicorn 0.30 to 0.54 at least);
   tests/ingress/test_hostile_requests.py fails if a uvicorn release stops calling it.
-- A request head (request line and headers) larger than `max_head_bytes` is refused with 431
-  as soon as its bytes pass the limit, before the parser holds more of it: an endless header
-  line would otherwise grow in memory, joined again with every read.
+- A request head (request line and headers) larger than `max_head_bytes` is refused with 431:
+  as soon as its bytes pass the limit while it is still arriving, before the parser holds more
+  of it (an endless header line would otherwise grow in memory, joined again with every read),
+  and, for a head that arrived whole in one read, once the parser has it, before any route
+  sees the request.
 - Past `max_connections` open connections, a new one is answered 503 and closed at once.
 - A client that reads nothing of its answer for `write_timeout_s` (the connection's send buffer
   stays full) is disconnected: the request then ends as a client that went away, and its
@@ -35,6 +37,10 @@ from gateway.settings import Settings
 
 log = logging.getLogger(__name__)
 LINGER_S = 2.0
+# The request line's bytes beside its target ("GET ", " HTTP/1.1\r\n") and the head's last CRLF;
+# each header adds its name, its value and ": \r\n".
+HEAD_OVERHEAD = 20
+HEADER_OVERHEAD = 4
 
 _NOT_HTTP = InvalidHttp(
     "The request is not valid HTTP/1.1 (its request line or a framing header such as "
@@ -73,6 +79,7 @@ class HttpProtocol(HttpToolsProtocol):
         self._in_head = True
         self._stalled: asyncio.TimerHandle | None = None
         self._refused = False
+        self._too_large: HeadersTooLarge | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -98,15 +105,23 @@ class HttpProtocol(HttpToolsProtocol):
         # carries the start of the body too. The parser holds at most the limit and one read.
         over = self._in_head and self._head_bytes > self.limits.max_head_bytes
         if over and not self._refused and not self.transport.is_closing():
-            self._refuse(
-                HeadersTooLarge(
-                    f"the request line and headers exceed {self.limits.max_head_bytes} bytes"
-                )
-            )
+            self._refuse(self._oversized())
 
     def on_headers_complete(self) -> None:
         self._in_head = False
+        size = HEAD_OVERHEAD + len(self.url)
+        size += sum(len(name) + len(value) + HEADER_OVERHEAD for name, value in self.headers)
+        if size > self.limits.max_head_bytes:
+            # Raised in the parser's callback, it stops the parsing: uvicorn then answers the
+            # request as malformed, through send_400_response, which answers this instead.
+            self._too_large = self._oversized()
+            raise self._too_large
         super().on_headers_complete()
+
+    def _oversized(self) -> HeadersTooLarge:
+        return HeadersTooLarge(
+            f"the request line and headers exceed {self.limits.max_head_bytes} bytes"
+        )
 
     def on_message_complete(self) -> None:
         # What arrives next is the next request's head.
@@ -114,7 +129,7 @@ class HttpProtocol(HttpToolsProtocol):
         super().on_message_complete()
 
     def send_400_response(self, msg: str) -> None:
-        self._refuse(_NOT_HTTP)
+        self._refuse(self._too_large or _NOT_HTTP)
 
     def pause_writing(self) -> None:
         super().pause_writing()

@@ -435,7 +435,7 @@ class Mirror:
         except UpstreamTimeout:
             error = "upstream_timeout"
         except UpstreamError:
-            error = "stream_broken" if status == 200 else "upstream_error"
+            error = "stream_broken" if job.stream and status == 200 else "upstream_error"
         first = None if tally.first_token_at is None else tally.first_token_at - started
         last = None if tally.last_token_at is None else tally.last_token_at - started
         return CandidateOutcome(

@@ -38,7 +38,10 @@ def mapped(backend: BackendState, exc: BaseException) -> UpstreamError:
     nothing until something fails, where a context manager costs a microsecond on every call.
     """
     if isinstance(exc, TimeoutError):
-        return UpstreamTimeout(f"backend {backend.name} did not answer in time")
+        # The client says which bound it was: no byte for the read timeout, or the whole
+        # answer past its deadline.
+        why = f": {exc}" if str(exc) else ""
+        return UpstreamTimeout(f"backend {backend.name} did not answer in time{why}")
     return UpstreamError(f"backend {backend.name} failed: {type(exc).__name__}: {exc}".rstrip(": "))
 
 

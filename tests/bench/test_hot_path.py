@@ -22,6 +22,7 @@ import pytest
 from bench import chunk_latency, hot_path
 
 pytestmark = [
+    pytest.mark.alone,  # it takes both cores, and measures them
     pytest.mark.skipif(
         shutil.which("wrk") is None,
         reason="wrk is not installed: `apt-get install wrk` (make test tries as root)",

@@ -14,6 +14,8 @@ import pytest
 
 from bench import soak
 
+pytestmark = pytest.mark.alone  # minutes of load on both cores
+
 SHORT: dict[str, Any] = {
     "seconds": 30.0,
     "warmup_s": 3.0,

@@ -19,7 +19,7 @@ from rawhttp import NOT_HTTP, UPGRADE, not_http_error
 from waiting import wait_for
 
 from gateway.db.schema import request_records
-from harness.gateways import free_port, wait_ready
+from harness.gateways import free_port, gateway_process, wait_ready
 from policies import MODEL
 
 STREAMS = 4
@@ -173,3 +173,25 @@ def test_serve_answers_then_stops_on_sigterm_with_records_flushed(sims, tmp_path
     engine.dispose()
     # The flush interval is 30 s: the records exist only because shutdown wrote them.
     assert count == 3
+
+
+def test_serve_holds_to_the_connection_and_header_limits_of_its_settings(
+    sims, tmp_path: Path
+) -> None:
+    env = migrated_fleet(
+        sims, tmp_path, GATEWAY_MAX_CONNECTIONS="2", GATEWAY_MAX_HEADER_BYTES="4096"
+    )
+    with gateway_process(env, tmp_path / "serve.log") as served:
+        held = [socket.create_connection(("127.0.0.1", served.port), timeout=20) for _ in range(2)]
+        try:
+            for raw in held:  # each answered once: the gateway counts both
+                raw.sendall(b"GET /healthz HTTP/1.1\r\nhost: gw\r\n\r\n")
+                assert raw.recv(65536).startswith(b"HTTP/1.1 200")
+            with socket.create_connection(("127.0.0.1", served.port), timeout=20) as extra:
+                assert extra.recv(65536).startswith(b"HTTP/1.1 503")
+        finally:
+            for raw in held:
+                raw.close()
+        wait_for(lambda: httpx.get(served.url + "/healthz").status_code == 200)
+        big = httpx.get(served.url + "/healthz", headers={"x-filler": "a" * 5000})
+    assert big.status_code == 431

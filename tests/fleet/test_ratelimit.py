@@ -197,6 +197,15 @@ def test_a_tenant_is_charged_what_its_answers_used_not_what_they_might_have(
             client.chat.completions.create(
                 model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=1200, n=3
             )
+        # best_of answers are generated too, though one is returned: each is charged.
+        with pytest.raises(openai.BadRequestError) as best_of:
+            client.chat.completions.create(
+                model=MODEL,
+                messages=[{"role": "user", "content": "hi"}],
+                max_tokens=1200,
+                extra_body={"best_of": 3},
+            )
+    assert best_of.value.body["code"] == "exceeds_rate_limit"  # type: ignore[index]
     assert refused.value.body["code"] == "exceeds_rate_limit"  # type: ignore[index]
     assert refused.value.body["param"] == "max_tokens"  # type: ignore[index]
     assert "acme" in refused.value.message and "3500" in refused.value.message

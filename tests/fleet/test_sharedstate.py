@@ -217,3 +217,23 @@ def test_takes_in_one_turn_of_the_event_loop_share_a_round_trip(
 
     batch, held = asyncio.run(scenario())
     assert batch == SLOTS and held == SLOTS
+
+
+def test_what_redis_says_others_hold_is_bounded_by_what_the_backend_has(
+    redis_url: str, redis_prefix: str
+) -> None:
+    """A damaged or foreign capacity set (100 leases of a terabyte each) cannot say the others
+    hold more than all of a backend's slots and memory."""
+
+    async def scenario() -> tuple[int, float, int, float]:
+        async with replica(redis_url, redis_prefix, refresh_s=0.05) as r:
+            client = redis.Redis.from_url(redis_url)
+            key = f"{redis_prefix}:lease:slots:{r.asic.url}"
+            far = int(1e15)  # an expiry in Redis time (ms) no test outlives
+            client.zadd(key, {f"foreign-{i}:{10**12}": far for i in range(100)})
+            client.close()
+            await until(lambda: r.asic.elsewhere > 0, message="the foreign leases were never seen")
+            return r.asic.elsewhere, r.asic.kv_elsewhere, r.asic.slots, r.asic.kv_capacity
+
+    elsewhere, kv_elsewhere, slots, kv_capacity = asyncio.run(scenario())
+    assert elsewhere == slots and kv_elsewhere == kv_capacity

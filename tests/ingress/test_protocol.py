@@ -57,6 +57,21 @@ def test_a_refused_client_still_sending_gets_its_answer_and_no_reset(tmp_path: P
         assert raw.recv(65536) == b""
 
 
+def test_a_whole_head_over_the_limit_in_one_read_is_refused_with_431(tmp_path: Path) -> None:
+    # Head and end in one write: the parser has the whole head before any byte count is looked
+    # at, so its size is what decides; the route never sees the request.
+    with run_gateway(OFFLINE, tmp_path, max_header_bytes=4096) as gw, connect(gw) as raw:
+        raw.sendall(b"GET /healthz HTTP/1.1\r\nhost: gw\r\nx-filler: " + b"a" * 5000 + b"\r\n\r\n")
+        status, error = answer(raw)
+    assert status == b"HTTP/1.1 431 Request Header Fields Too Large"
+    assert error["code"] == "request_header_fields_too_large"
+    with run_gateway(OFFLINE, tmp_path, max_header_bytes=4096) as gw, connect(gw) as raw:
+        many = b"".join(b"x-h%d: %s\r\n" % (i, b"v" * 40) for i in range(100))  # 100 small ones
+        raw.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\n" + many + b"\r\n")
+        status, _ = answer(raw)
+    assert status == b"HTTP/1.1 431 Request Header Fields Too Large"
+
+
 def test_a_head_within_the_limit_is_served(tmp_path: Path) -> None:
     with run_gateway(OFFLINE, tmp_path, max_header_bytes=4096) as gw, gw.http() as http:
         assert http.get("/healthz", headers={"x-filler": "a" * 3000}).status_code == 200

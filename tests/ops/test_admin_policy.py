@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import pytest
 import yaml
 
-from gateway.policy import versions
+from gateway.policy import apply as apply_module
+from gateway.policy import check, sync, versions
 from gateway.policy.load import content_hash, render_policy
 from harness.gateways import run_gateway
 from policies import fleet_policy
@@ -106,3 +111,37 @@ def test_a_rollback_to_a_version_that_no_longer_validates_is_422_and_changes_not
         assert error["path"] == "pools.gpu.memory_gb"
         assert error["location"].startswith("version 2:")
         assert http.get("/admin/policy", headers=AUTH).json() == before
+
+
+def on_a_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+def test_policies_are_validated_and_parsed_off_the_event_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Validating a large policy takes the CPU for a while: never on the loop that serves."""
+    seen: list[tuple[str, bool]] = []
+
+    def probe(name: str, real: Callable[..., Any]) -> Callable[..., Any]:
+        def probed(*args: Any, **kwargs: Any) -> Any:
+            seen.append((name, on_a_loop()))
+            return real(*args, **kwargs)
+
+        return probed
+
+    monkeypatch.setattr(check, "validate", probe("validate", check.validate))
+    monkeypatch.setattr(apply_module, "validate", probe("apply", apply_module.validate))
+    monkeypatch.setattr(sync, "parse_policy", probe("reload", sync.parse_policy))
+    text = render_policy(fleet_policy(assumed_max_tokens=512))
+    with run_gateway(fleet_policy(), tmp_path, admin_token=TOKEN) as gw, gw.http() as http:
+        http.post("/admin/policy/validate", json={"yaml": text}, headers=AUTH).raise_for_status()
+        put = http.put("/admin/policy", json={"yaml": text, "message": "m"}, headers=AUTH)
+        put.raise_for_status()
+        assert gw.gateway.policy.assumed_max_tokens == 512
+    assert {name for name, _ in seen} == {"validate", "apply", "reload"}
+    assert [name for name, looped in seen if looped] == []

@@ -390,3 +390,24 @@ def test_a_policy_applied_through_the_api_cannot_send_a_key_elsewhere(
             assert http.get("/admin/policy", headers=AUTH).json()["version"] == 1
         with pytest.raises(BlockingIOError):
             elsewhere.accept()  # nothing ever connected
+
+
+def test_a_policy_applied_through_the_api_keeps_to_the_hosts_backends_may_be_on(
+    tmp_path: Path,
+) -> None:
+    first = fleet_policy()  # every backend on 127.0.0.1
+    doc = first.model_dump(mode="json", exclude_defaults=True)
+    doc["pools"]["asic"]["backends"] = [{"url": "http://inference.example.com:8000"}]
+    doc["pools"]["gpu"]["backends"][0]["engine_metrics_url"] = "http://elsewhere.example:9/m"
+    settings = {"admin_token": TOKEN, "upstream_hosts": ["127.0.0.1"]}
+    with run_gateway(first, tmp_path, **settings) as gw, gw.http() as http:
+        put = http.put(
+            "/admin/policy", json={"yaml": yaml.safe_dump(doc), "message": "x"}, headers=AUTH
+        )
+        version = http.get("/admin/policy", headers=AUTH).json()["version"]
+    assert put.status_code == 422, put.text
+    assert {e["path"] for e in put.json()["errors"]} == {
+        "pools.asic.backends.0.url",
+        "pools.gpu.backends.0.engine_metrics_url",
+    }
+    assert version == 1

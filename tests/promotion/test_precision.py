@@ -168,6 +168,27 @@ def test_a_cim_part_that_gets_facts_wrong_fails_and_says_why(cim_check: Ran) -> 
     engine.dispose()
 
 
+def test_the_shipped_cim_part_fails_the_chat_suite_as_make_run_shows(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    """The default fleet's story: the CIM profile as shipped (a wrong fact in 4% of answers,
+    analog noise on the rest), on the whole suite `make run` checks it with."""
+    with (
+        start_simulator("cim", speed=SPEED, seed=4) as shipped,
+        scratch_database(None, tmp_path) as url,
+    ):
+        urls = ([fleet.gpu.url], [fleet.asic.url], [shipped.url])
+        policy = write(tmp_path / "policy.yaml", fleet_policy(*urls, models=MODELS))
+        ran = check(
+            url, tmp_path / "cim.json", "--pool", "cim", "--suite", "suites/chat.jsonl",
+            "--policy", policy,
+        )  # fmt: skip
+    assert ran.returncode == 1, ran.stderr
+    r = ran.result
+    assert (r["verdict"], r["prompts"], r["candidate_errors"]) == ("fail", 240, 0)
+    assert r["harmful_share"] > 0.03 > r["noise_harmful_share"]
+
+
 @pytest.mark.parametrize("suite", ["suites/json.jsonl", "suites/tools.jsonl"])
 def test_the_json_and_tool_call_suites_run_and_compare_every_answer(
     fleet: Fleet, tmp_path: Path, suite: str

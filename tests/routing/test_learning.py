@@ -5,10 +5,13 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
+import pytest
 from waiting import wait_for
 
 from harness.gateways import run_gateway
 from policies import MODEL, fleet_policy
+
+pytestmark = pytest.mark.alone  # the model learns from wall-clock timings
 
 PROMPT = [{"role": "user", "content": "Describe how a systolic array multiplies matrices."}]
 

@@ -443,6 +443,31 @@ def test_failing_candidate_gets_each_copy_once_marked_and_unchanged(sims, tmp_pa
     assert not ejected  # a candidate's failures never touch the live fleet's health
 
 
+def test_a_copy_is_bounded_by_the_answer_byte_limit_and_the_deadline(sims, tmp_path: Path) -> None:
+    """A copy asks for logprobs, so its answer is many times the client's: past the byte limit
+    it fails alone; a candidate streaming steadily past the deadline is cut there."""
+    policy = shadow_policy(sims.urls("gpu"), sims.urls("asic"), sims.urls("cim"), deadline_s=1.0)
+    chat = {
+        "model": MODEL,
+        "messages": PROMPT,
+        "max_tokens": 200,
+        "extra_body": {"ignore_eos": True},
+    }
+    for world in ("bytes", "deadline"):
+        (tmp_path / world).mkdir()
+    with run_gateway(policy, tmp_path / "bytes", max_answer_bytes=16384) as gw:
+        answer = gw.client().chat.completions.create(**chat)
+        assert answer.choices[0].message.content
+        (too_big,) = shadow_rows(gw, 1)
+    sims.cim[0].set_faults(slow_factor=500)  # a token every ~15 ms, for ~3 s in all
+    with run_gateway(policy, tmp_path / "deadline") as gw:
+        streamed = gw.client().chat.completions.create(**chat, stream=True)
+        assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
+        (cut,) = shadow_rows(gw, 1)
+    assert (too_big["candidate_status"], too_big["candidate_error"]) == (200, "upstream_error")
+    assert (cut["candidate_status"], cut["candidate_error"]) == (200, "upstream_timeout")
+
+
 def test_a_single_backend_pool_is_asked_again_for_its_noise_floor(sims, tmp_path: Path) -> None:
     (asic,) = sims.asic
     policy = shadow_policy(

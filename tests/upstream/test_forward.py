@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -155,24 +154,23 @@ def test_requests_beyond_slots_wait_in_the_pool_queue(sims, tmp_path: Path) -> N
 
 
 def test_full_pool_past_its_queue_budget_is_429(sims, tmp_path: Path) -> None:
-    sims.gpu[0].set_faults(hang=True)
-    policy = one_slot_policy(sims, max_queue_ms=50, timeout_s=2)
+    policy = one_slot_policy(sims, max_queue_ms=50)
     with run_gateway(policy, tmp_path) as gw:
         client = gw.client()
-        with ThreadPoolExecutor(1) as pool:
-            holder = pool.submit(
-                lambda: client.chat.completions.create(model=BIG, messages=PROMPT, max_tokens=4)
-            )
-            deadline = time.monotonic() + 5
-            while gw.gateway.fleet.pools["gpu"].backends[0].in_flight == 0:
-                assert time.monotonic() < deadline
-                time.sleep(0.01)
+        # The pool's one slot is held by a long stream until the test has its answer.
+        holder = client.chat.completions.create(
+            model=BIG,
+            messages=PROMPT,
+            max_tokens=60000,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
+        with holder:
+            next(iter(holder))
+            assert gw.gateway.fleet.pools["gpu"].backends[0].in_flight == 1
             with pytest.raises(openai.RateLimitError) as info:
                 client.chat.completions.create(model=BIG, messages=PROMPT, max_tokens=4)
-            assert info.value.code == "no_capacity"
-            with pytest.raises(openai.APIStatusError) as hung:
-                holder.result()
-        assert hung.value.status_code == 504
+        assert info.value.code == "no_capacity"
 
 
 def test_a_backend_error_quoted_to_the_client_never_carries_the_backends_key() -> None:
@@ -240,3 +238,43 @@ def test_the_slot_comes_back_once_the_backend_has_answered_though_the_client_rea
     freed_while_unread, answer = asyncio.run(scenario())
     assert freed_while_unread
     assert (b"data: [DONE]" in answer) if stream else orjson.loads(answer)["usage"]
+
+
+def test_a_stream_that_outlasts_its_deadline_is_cut_though_its_chunks_keep_coming(
+    sims, tmp_path: Path
+) -> None:
+    for sim in sims.gpu:
+        sim.set_faults(slow_factor=20)  # a token every ~12 ms: far inside timeout_s
+    slo = {"timeout_s": 5, "deadline_s": 1.0}
+    policy = fleet_policy(sims.urls("gpu"), sims.urls("asic"), sims.urls("cim"), interactive=slo)
+    with run_gateway(policy, tmp_path) as gw:
+        stream = gw.client().chat.completions.create(
+            model=BIG,
+            messages=PROMPT,
+            max_tokens=4000,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
+        received = 0
+        with pytest.raises(openai.APIError) as cut:
+            for chunk in stream:
+                received += bool(chunk.choices)
+        (record,) = gw.records(1)
+    assert received > 10, "the stream flowed until its deadline"
+    assert "1 s in all" in str(cut.value)
+    assert (record["status"], record["error"]) == (504, "stream_broken")
+
+
+def test_an_answer_over_the_byte_limit_is_a_failure_of_its_backend(sims, tmp_path: Path) -> None:
+    policy = fleet_policy(sims.urls("gpu"), sims.urls("asic"), sims.urls("cim"))
+    with run_gateway(policy, tmp_path, max_answer_bytes=16384) as gw:
+        client = gw.client()
+        assert client.chat.completions.create(model=MODEL, messages=PROMPT, max_tokens=8)
+        with pytest.raises(openai.APIStatusError) as refused:
+            client.chat.completions.create(
+                model=MODEL, messages=PROMPT, max_tokens=6000, extra_body={"ignore_eos": True}
+            )
+        records = gw.records(2)
+    assert refused.value.status_code == 502
+    assert "over 16384 bytes" in str(refused.value)
+    assert sorted(r["status"] for r in records) == [200, 502]

@@ -204,11 +204,11 @@ def test_a_new_connection_closed_before_the_answer_fails_without_a_second_try() 
     assert asyncio.run(scenario()) == 1
 
 
-# A byte every GAP_S keeps a read of READ_S alive, with room for a busy machine's pauses; the
-# whole steady stream lasts longer than READ_S, so only the gaps can be what is timed.
-READ_S = 0.6
+# A byte every GAP_S keeps a read of READ_S alive, with room (20 gaps) for a busy machine's
+# pauses; the whole steady stream lasts longer than READ_S, so only the gaps can be what is timed.
+READ_S = 1.0
 GAP_S = 0.05
-BYTES = 20
+BYTES = 25
 
 
 def test_silence_past_the_read_timeout_is_a_timeout_and_a_slow_steady_stream_is_not() -> None:
