@@ -3,15 +3,18 @@
 The device runs at most `slots` requests at once; the others wait in arrival order. An
 admitted request prefills, and its first token appears when the prefill ends:
 
-    prefill = scale · (prefill_fixed + (prefill_per_token + host_transfer_per_token) · prompt)
+    prefill = scale · (prefill_fixed + (prefill_per_token + host_transfer_per_token) · prompt
+                       + prefill_attention · prompt²)
 
 It then joins its model's decode batch, which steps in lockstep: each step emits one token
 for every member and lasts
 
-    step = scale · (decode_fixed + decode_per_seq · (N - 1))
+    step = scale · (decode_fixed + decode_per_seq · (N - 1)
+                    + kv_read · max(0, C - kv_fast_tokens))
 
-where N counts the sequences decoding on the whole device when the step starts, and
-`scale` is the model's cost relative to the 8B reference. A request holds its slot from
+where N counts the sequences decoding on the whole device when the step starts, C their
+context tokens (prompt and tokens so far) that the step reads from the KV cache, and `scale`
+is the model's cost relative to the 8B reference. A request holds its slot from
 admission until its last token; nothing is preempted. Power follows the number of slots in
 use and is integrated into an energy counter over simulated time. The KV cache a running
 request reserves (its prompt and output tokens) is counted against `kv_cache_tokens`, which
@@ -110,6 +113,24 @@ class _DecodeBatch:
         self.step_end: float | None = None
         # (step at which the job emits its last token, tie-breaker, job)
         self.finishes: list[tuple[int, int, Job]] = []
+        self._prompts = 0  # the members' prompt tokens
+        self._joined = 0  # the steps at which they joined, summed
+
+    def add(self, job: Job) -> None:
+        job._join_step = self.steps
+        self.members.add(job)
+        self._prompts += job.prompt_tokens
+        self._joined += self.steps
+
+    def remove(self, job: Job) -> None:
+        self.members.remove(job)
+        self._prompts -= job.prompt_tokens
+        self._joined -= job._join_step or 0
+
+    def context_tokens(self) -> int:
+        """Return the KV-cache tokens a step reads: each member's prompt and tokens so far."""
+        # A member that joined at step j has emitted 1 + steps - j tokens.
+        return self._prompts + len(self.members) * (1 + self.steps) - self._joined
 
 
 class Device:
@@ -135,8 +156,11 @@ class Device:
         self._prefill_per_token_s = (
             timing.prefill_per_token_us + timing.host_transfer_per_token_us
         ) / 1e6
+        self._prefill_attention_s = timing.prefill_attention_ns / 1e9
         self._decode_fixed_s = timing.decode_fixed_ms / 1e3
         self._decode_per_seq_s = timing.decode_per_seq_ms / 1e3
+        self._kv_read_s = timing.kv_read_ns / 1e9
+        self._kv_fast_tokens = timing.kv_fast_tokens
         self._queue: deque[Job] = deque()
         self._prefills: list[tuple[float, int, Job]] = []
         self._batches: dict[str, _DecodeBatch] = {}
@@ -218,7 +242,7 @@ class Device:
             self._release(job)
             batch = job._batch
             if batch is not None and job in batch.members:
-                batch.members.remove(job)
+                batch.remove(job)
                 self._decoding -= 1
             elif batch is not None and job in batch.joining:
                 batch.joining.remove(job)
@@ -273,10 +297,15 @@ class Device:
             job.admitted_at = at
             self._holding.add(job)
             self._kv_tokens += job.prompt_tokens + job.output_tokens
+            prompt = job.prompt_tokens
             duration = (
                 self.slow_factor
                 * job.model.cost_scale
-                * (self._prefill_fixed_s + self._prefill_per_token_s * job.prompt_tokens)
+                * (
+                    self._prefill_fixed_s
+                    + self._prefill_per_token_s * prompt
+                    + self._prefill_attention_s * prompt * prompt
+                )
             )
             heapq.heappush(self._prefills, (at + duration, next(self._order), job))
 
@@ -307,7 +336,7 @@ class Device:
             _, _, job = heapq.heappop(finishes)
             if job.state is not JobState.DECODE:
                 continue
-            batch.members.remove(job)
+            batch.remove(job)
             self._decoding -= 1
             self._finish(job, at)
         for job in batch.joining:
@@ -317,8 +346,7 @@ class Device:
         self._start_step(batch, at)
 
     def _join(self, batch: _DecodeBatch, job: Job) -> None:
-        job._join_step = batch.steps
-        batch.members.add(job)
+        batch.add(job)
         self._decoding += 1
         last_step = batch.steps + job.output_tokens - 1
         heapq.heappush(batch.finishes, (last_step, next(self._order), job))
@@ -328,15 +356,17 @@ class Device:
             batch.step_end = None
             batch.finishes.clear()  # only cancelled jobs can be left in it
             return
-        duration = (
-            self.slow_factor
-            * batch.scale
-            * (
-                self._decode_fixed_s
-                + self._decode_per_seq_s * (self._decoding + self.external_running - 1)
-            )
+        work = self._decode_fixed_s + self._decode_per_seq_s * (
+            self._decoding + self.external_running - 1
         )
-        batch.step_end = at + duration
+        if self._kv_read_s:
+            work += self._kv_read_s * max(0, self.context_tokens() - self._kv_fast_tokens)
+        batch.step_end = at + self.slow_factor * batch.scale * work
+
+    def context_tokens(self) -> int:
+        """Return the KV-cache tokens the decoding sequences read, other clients' included."""
+        ours = sum(batch.context_tokens() for batch in self._batches.values())
+        return ours + self.external_running * self._external_tokens
 
     def _finish(self, job: Job, at: float) -> None:
         job.state = JobState.DONE

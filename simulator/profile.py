@@ -39,13 +39,22 @@ class ModelSpec(_Figures):
 
 
 class Timing(_Figures):
-    """Prefill and decode costs of the 8B reference model, in simulated time."""
+    """Prefill and decode costs of the 8B reference model, in simulated time.
+
+    Beside the fixed and per-token costs: attention's prefill work grows with the square of the
+    prompt (`prefill_attention_ns` per token²), and every decode step reads the KV cache of
+    every sequence in the batch, `kv_read_ns` per context token past the first
+    `kv_fast_tokens` (what on-chip memory holds at no extra cost).
+    """
 
     prefill_fixed_ms: float = Field(ge=0)
     prefill_per_token_us: float = Field(ge=0)
     host_transfer_per_token_us: float = Field(default=0.0, ge=0)
+    prefill_attention_ns: float = Field(default=0.0, ge=0)
     decode_fixed_ms: float = Field(gt=0)
     decode_per_seq_ms: float = Field(ge=0)
+    kv_read_ns: float = Field(default=0.0, ge=0)
+    kv_fast_tokens: int = Field(default=0, ge=0)
 
 
 class PowerFigures(_Figures):

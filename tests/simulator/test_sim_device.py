@@ -246,3 +246,37 @@ def test_kv_usage_is_what_running_requests_reserve():
     assert device.kv_usage == pytest.approx(0.3)
     device.set_external(4, kv_tokens=300, now=1.0)
     assert device.kv_usage == 1.0  # reserved past its size: full, not more
+
+
+def test_attention_makes_a_long_prompts_prefill_grow_with_its_square():
+    timing = TIMING.model_copy(update={"prefill_attention_ns": 2.0})
+    ttfts = {}
+    for prompt in (1000, 4000):
+        device = _device(timing=timing)
+        job = Job(CHAT, prompt, 2)
+        device.submit(job, 0.0)
+        _run(device)
+        ttfts[prompt] = _ttft(job)
+    assert ttfts[1000] == pytest.approx(0.010 + 1000 * 30e-6 + 1000**2 * 2e-9)
+    assert ttfts[4000] == pytest.approx(0.010 + 4000 * 30e-6 + 4000**2 * 2e-9)
+
+
+def test_each_step_reads_the_kv_cache_past_what_on_chip_memory_holds():
+    # 1,000 tokens fit on chip; each beyond costs 100 ns a step. A 1,500-token prompt's step k
+    # reads its prompt and the k tokens so far: 500 + k past the chip.
+    timing = TIMING.model_copy(update={"kv_read_ns": 100.0, "kv_fast_tokens": 1000})
+    device = _device(timing=timing)
+    job = Job(CHAT, 1500, 11)
+    device.submit(job, 0.0)
+    _run(device)
+    decode = sum(0.006 + 100e-9 * (500 + k) for k in range(1, 11))
+    assert job.finished_at - job.first_token_at == pytest.approx(decode)
+    assert device.context_tokens() == 0
+    # Within the chip, no reading cost at all; other clients' contexts count like ours.
+    for external, expected in ((0, 0.006), (1, 0.006 + 0.0005 + 100e-9 * (801 + 1200 - 1000))):
+        small = _device(timing=timing)
+        small.set_external(external, kv_tokens=1200, now=0.0)
+        job = Job(CHAT, 800, 2)
+        small.submit(job, 0.0)
+        _run(small)
+        assert job.finished_at - job.first_token_at == pytest.approx(expected)

@@ -94,7 +94,7 @@ def test_energy_counter_grows_faster_under_load(fleet):
             requests = [
                 asyncio.create_task(_long_request(client, 30_000, f"load {i}")) for i in range(24)
             ]
-            await _until(fleet, "sim_active_requests", 24)
+            await _until(fleet, "sim_active_requests", 24, requests=requests)
             load_start = _scrape(fleet)
             await asyncio.sleep(0.1)
             load_end = _scrape(fleet)
@@ -162,8 +162,18 @@ def test_peak_inflight_counts_requests_received_and_not_yet_answered():
         assert metric_value(sim.metrics(), "sim_active_requests") == 0
 
 
-async def _until(sim: SimulatorProcess, name: str, at_least: float, timeout: float = 60.0) -> None:
+async def _until(
+    sim: SimulatorProcess,
+    name: str,
+    at_least: float,
+    timeout: float = 60.0,
+    requests: list[asyncio.Task] | None = None,
+) -> None:
+    """Wait for the metric to reach `at_least`; a request that ended first says why it did."""
     deadline = time.monotonic() + timeout
     while (value := metric_value(sim.metrics(), name)) < at_least:
+        for ended in [r for r in requests or [] if r.done()]:
+            raise AssertionError(f"a request ended before {name} reached {at_least}: "
+                                 f"{ended.exception() or ended.result()}")  # fmt: skip
         assert time.monotonic() < deadline, f"{name} stayed at {value}, below {at_least}"
         await asyncio.sleep(0.005)

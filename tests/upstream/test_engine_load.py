@@ -31,7 +31,9 @@ def shared_policy(urls: list[str], engine: str | None, slots: int = 4) -> Policy
     doc = {
         "default_slo_class": "interactive",
         "slo_classes": {
-            "interactive": {"ttft_ms": 500, "max_queue_ms": 60000, "timeout_s": 60},
+            # Waiting in the gateway's queue is what these tests watch: a budget (the least of
+            # max_queue_ms and the TTFT target) no busy machine outlasts.
+            "interactive": {"ttft_ms": 60000, "max_queue_ms": 60000, "timeout_s": 60},
         },
         "pools": {"gpu": pool("gpu", urls, [MODEL], slots_per_backend=slots, engine=engine)},
         "routes": [{"name": "chat", "match": {"models": [MODEL]}, "pools": ["gpu"]}],
