@@ -186,7 +186,7 @@ def test_serve_holds_to_the_connection_and_header_limits_of_its_settings(
         try:
             for raw in held:  # each answered once: the gateway counts both
                 raw.sendall(b"GET /healthz HTTP/1.1\r\nhost: gw\r\n\r\n")
-                assert raw.recv(65536).startswith(b"HTTP/1.1 200")
+                assert raw.recv(65536).startswith(b"HTTP/1.1 200")  # its head comes first
             with socket.create_connection(("127.0.0.1", served.port), timeout=20) as extra:
                 assert extra.recv(65536).startswith(b"HTTP/1.1 503")
         finally:

@@ -92,7 +92,10 @@ def test_energy_counter_grows_faster_under_load(fleet):
             await asyncio.sleep(0.1)  # what is measured: any time does
             idle_end = _scrape(fleet)
             requests = [
-                asyncio.create_task(_long_request(client, 30_000, f"load {i}")) for i in range(24)
+                # Minutes at this speed: none ends before the test has measured and cancelled
+                # it, however slowly a busy machine sends the 24 of them.
+                asyncio.create_task(_long_request(client, 120_000, f"load {i}"))
+                for i in range(24)
             ]
             await _until(fleet, "sim_active_requests", 24, requests=requests)
             load_start = _scrape(fleet)
