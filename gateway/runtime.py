@@ -36,6 +36,7 @@ from gateway.policy.credentials import Access
 from gateway.policy.load import content_hash, render_policy
 from gateway.policy.model import Policy
 from gateway.policy.sync import FileWatcher, PolicyWatcher
+from gateway.policy.tariffs import DAY_S, Rate, rate_at
 from gateway.policy.versions import PolicyVersion
 from gateway.promotion.rollout import RolloutDriver
 from gateway.records.requests import RecordWriter, RequestRecord
@@ -117,6 +118,7 @@ class Gateway:
             clock=clock,
             load_share=self._load_share,
             on_room=lambda pool: self.admission.dispatch(self.fleet.pools[pool]),
+            rates=self.rate,
         )
         self.costmodel = CostModel(policy)
         self.learner = Learner(
@@ -131,7 +133,7 @@ class Gateway:
             ),
         )
         self.outputs = OutputLengths(default=policy.assumed_max_tokens)
-        self.ranker = CostRanker(lambda: self.costmodel, self.outputs)
+        self.ranker = CostRanker(lambda: self.costmodel, self.outputs, self.rate)
         self.forwarder = Forwarder(
             self.upstream,
             self.admission,
@@ -232,6 +234,10 @@ class Gateway:
             log.error("serving the policy file without versions: %s", exc.message)
             return False
         return True
+
+    def rate(self, pool: str) -> Rate:
+        """Return what a pool's electricity costs now, by its tariff and the time of day (UTC)."""
+        return rate_at(self.policy, pool, time.time() % DAY_S)
 
     def _load_share(self, url: str) -> float:
         """Return the part of a backend's load that is this replica's requests (1 alone)."""

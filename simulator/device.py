@@ -149,8 +149,10 @@ class Device:
         self.kv_cache_tokens = kv_cache_tokens
         self.power = power
         self.slow_factor = 1.0
+        self.power_factor = 1.0  # the board draws this times its curve (a hot or failing part)
         self.time = 0.0
         self.energy_j = 0.0
+        self.idle_energy_j = 0.0  # what it would have drawn idle over the same time
         self.served = 0
         self._prefill_fixed_s = timing.prefill_fixed_ms / 1e3
         self._prefill_per_token_s = (
@@ -175,6 +177,11 @@ class Device:
     def active(self) -> int:
         """Return the number of requests holding a slot, other clients' included."""
         return len(self._holding) + self.external_running
+
+    @property
+    def decoding(self) -> int:
+        """Return the sequences a decode step now steps, other clients' included."""
+        return self._decoding + self.external_running
 
     @property
     def external_running(self) -> int:
@@ -213,7 +220,7 @@ class Device:
     @property
     def power_w(self) -> float:
         """Return the board power right now."""
-        return self.power.watts(self.active)
+        return self.power.watts(self.active) * self.power_factor
 
     def submit(self, job: Job, now: float) -> None:
         """Queue `job` at simulated instant `now`; it starts as soon as a slot is free."""
@@ -223,6 +230,12 @@ class Device:
         job.state = JobState.QUEUED
         self._queue.append(job)
         self._admit(now)
+
+    def set_condition(self, slow_factor: float, power_factor: float, now: float) -> None:
+        """From `now`, take `slow_factor` times as long for what starts, and draw `power_factor`
+        times the power curve (what runs keeps the durations it started with)."""
+        self.advance(now)
+        self.slow_factor, self.power_factor = slow_factor, power_factor
 
     def set_external(self, requests: int, kv_tokens: int, now: float) -> None:
         """From `now`, carry `requests` of other clients, each reserving `kv_tokens`."""
@@ -287,7 +300,9 @@ class Device:
         return at, due
 
     def _integrate(self, until: float) -> None:
-        self.energy_j += self.power.watts(self.active) * (until - self.time)
+        elapsed = until - self.time
+        self.energy_j += self.power.watts(self.active) * self.power_factor * elapsed
+        self.idle_energy_j += self.power.idle_w * self.power_factor * elapsed
         self.time = until
 
     def _admit(self, at: float) -> None:
@@ -356,9 +371,7 @@ class Device:
             batch.step_end = None
             batch.finishes.clear()  # only cancelled jobs can be left in it
             return
-        work = self._decode_fixed_s + self._decode_per_seq_s * (
-            self._decoding + self.external_running - 1
-        )
+        work = self._decode_fixed_s + self._decode_per_seq_s * (self.decoding - 1)
         if self._kv_read_s:
             work += self._kv_read_s * max(0, self.context_tokens() - self._kv_fast_tokens)
         batch.step_end = at + self.slow_factor * batch.scale * work

@@ -38,6 +38,7 @@ def _routing(args: argparse.Namespace, settings: Settings) -> int:
                 limit=args.limit,
                 seed=args.seed,
                 strategies=args.strategies.split(",") if args.strategies else None,
+                scenario=args.scenario,
             )
             print(format_table(result["strategies"]))
     except (TraceError, ValueError) as exc:
@@ -77,6 +78,11 @@ def add(commands: argparse._SubParsersAction) -> None:
     routing.add_argument("--seed", type=int, default=0, help="meter phase and round-robin start")
     routing.add_argument("--policy", type=Path, help="policy file (default GATEWAY_POLICY)")
     routing.add_argument("--strategies", help="comma-separated subset (default: all)")
+    routing.add_argument(
+        "--scenario",
+        type=Path,
+        help="events (hidden from the router) and tariffs (known to it) on the trace's clock",
+    )
     routing.add_argument(
         "--live", metavar="URL", help="also send the slice through the gateway running at URL"
     )

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from gateway.policy.model import Policy, Pool
 from gateway.policy.physics import Physics, physics
+from gateway.policy.tariffs import Rate, own_rate
 
 TARGETS = ("ttft", "tpot", "e2e", "energy")
 FEATURES = ("bias", "log_prompt", "log_output", "log_concurrent", "load")
@@ -70,20 +71,25 @@ class Prediction:
     marginal_energy_j: float
     cost_usd: float
     marginal_cost_usd: float
+    carbon_g: float
+    marginal_carbon_g: float
+    rate: Rate
 
     def describe(self) -> str:
         return (
             f"ttft {self.ttft_s * 1e3:.0f} ms (p90 {self.ttft_upper_s * 1e3:.0f}), "
             f"tpot {self.tpot_s * 1e3:.1f} ms (p90 {self.tpot_upper_s * 1e3:.1f}), "
             f"e2e {self.e2e_s * 1e3:.0f} ms, energy {self.energy_j:.2f} J "
-            f"(marginal {self.marginal_energy_j:.2f} J), cost ${self.marginal_cost_usd:.2e}"
+            f"(marginal {self.marginal_energy_j:.2f} J), cost ${self.marginal_cost_usd:.2e}, "
+            f"carbon {self.marginal_carbon_g:.3f} g at ${self.rate.usd_per_kwh:g}/kWh and "
+            f"{self.rate.g_co2_per_kwh:g} g/kWh"
         )
 
 
 class PoolModel:
     """The prior and the learned residuals of one model on one pool, ready to evaluate fast."""
 
-    __slots__ = ("_e2e", "_energy", "_per_hour", "_per_j", "_tpot", "_ttft", "physics", "pool")
+    __slots__ = ("_e2e", "_energy", "_own", "_per_hour", "_tpot", "_ttft", "physics", "pool")
 
     def __init__(self, pool: Pool, physics: Physics, residuals: Mapping[str, Residual]):
         self.pool = pool
@@ -92,13 +98,20 @@ class PoolModel:
         self._tpot = residuals.get("tpot", _PRIOR)
         self._e2e = residuals.get("e2e", _PRIOR)
         self._energy = residuals.get("energy", _PRIOR)
-        self._per_j = pool.price.usd_per_kwh / 3.6e6
+        self._own = own_rate(pool)
         self._per_hour = pool.price.usd_per_hour / 3600
 
     def predict(
-        self, name: str, prompt: int, output: int, concurrent: int, queue_s: float = 0.0
+        self,
+        name: str,
+        prompt: int,
+        output: int,
+        concurrent: int,
+        queue_s: float = 0.0,
+        rate: Rate | None = None,
     ) -> Prediction:
-        """Predict a request of `prompt` and `output` tokens joining `concurrent - 1` others."""
+        """Predict a request of `prompt` and `output` tokens joining `concurrent - 1` others,
+        its energy priced at `rate` (the pool's own price when None)."""
         phys = self.physics
         phi = features(prompt, output, concurrent, phys.slots)
         prefill_prior = phys.ttft_s(prompt)
@@ -111,6 +124,8 @@ class PoolModel:
         # What the meter will attribute: the device's draw shared with the others in flight.
         energy = service_prior * watts / concurrent * self._energy.factor(phi)
         marginal_energy = energy * (watts - phys.idle_w) / watts if watts > 0 else 0.0
+        rate = rate or self._own
+        per_j = rate.usd_per_j
         return Prediction(
             name,
             output,
@@ -124,8 +139,11 @@ class PoolModel:
             queue_s + service * self._e2e.upper,
             energy,
             marginal_energy,
-            energy * self._per_j + service * self._per_hour / concurrent,
-            marginal_energy * self._per_j + service * self._per_hour / phys.slots,
+            energy * per_j + service * self._per_hour / concurrent,
+            marginal_energy * per_j + service * self._per_hour / phys.slots,
+            energy * rate.g_co2_per_j,
+            marginal_energy * rate.g_co2_per_j,
+            rate,
         )
 
 
@@ -184,6 +202,7 @@ class CostModel:
         output: int,
         concurrent: int,
         queue_s: float = 0.0,
+        rate: Rate | None = None,
     ) -> Prediction:
-        """Predict one request on one pool."""
-        return self.pool_model(pool, model).predict(pool, prompt, output, concurrent, queue_s)
+        """Predict one request on one pool, its energy priced at `rate` (else the pool's own)."""
+        return self.pool_model(pool, model).predict(pool, prompt, output, concurrent, queue_s, rate)

@@ -57,6 +57,7 @@ ROUTING_HEADERS = {
     "x-gateway-decision-id": "The id of the routing decision, also on the request record.",
     "x-gateway-energy-j": "Estimated energy of the request, in joules.",
     "x-gateway-cost-usd": "Estimated cost of the request, in US dollars.",
+    "x-gateway-carbon-g": "Estimated carbon of the request's energy, in grams of CO2.",
 }
 SLO_HEADERS = [
     ("x-slo-class", "The SLO class to serve the request under (default: the tenant's)."),

@@ -87,10 +87,42 @@ class PowerFigures(Strict):
 
 
 class Price(Strict):
-    """What one backend costs to run."""
+    """What one backend costs to run: its hourly price, and its electricity's price and carbon
+    where no tariff window of the pool's `tariff` is in force."""
 
     usd_per_hour: NonNegativeFloat = 0.0
     usd_per_kwh: NonNegativeFloat = 0.0
+    g_co2_per_kwh: NonNegativeFloat = Field(
+        default=0.0, description="Carbon intensity of the electricity, in grams of CO2 per kWh."
+    )
+
+
+CLOCK = re.compile(r"^([01]\d|2[0-3]):[0-5]\d$|^24:00$")
+
+
+class TariffWindow(Strict):
+    """A time of day (UTC) when a site's electricity has its own price and carbon intensity."""
+
+    start: str = Field(description="HH:MM, UTC.")
+    end: str = Field(description="HH:MM, UTC, after start; 24:00 is midnight at the end.")
+    usd_per_kwh: NonNegativeFloat
+    g_co2_per_kwh: NonNegativeFloat
+
+    @field_validator("start", "end")
+    @classmethod
+    def _clock(cls, value: str) -> str:
+        if not CLOCK.match(value):
+            raise ValueError(f"a time of day is HH:MM (00:00 to 24:00), got {value!r}")
+        return value
+
+    def seconds(self) -> tuple[int, int]:
+        """Return the window as seconds after midnight, UTC: [start, end)."""
+        return _seconds(self.start), _seconds(self.end)
+
+
+def _seconds(clock: str) -> int:
+    hours, minutes = clock.split(":")
+    return int(hours) * 3600 + int(minutes) * 60
 
 
 class PowerMetrics(Strict):
@@ -141,6 +173,11 @@ class Pool(Strict):
         default=None, description="Inference engine and its version, e.g. 'vllm 0.6.3'."
     )
     firmware: Version | None = Field(default=None, description="Firmware version of the devices.")
+    tariff: str | None = Field(
+        default=None,
+        description="A schedule of the policy's `tariffs`: the price and carbon intensity of the "
+        "pool's electricity by time of day (where it runs); outside its windows, `price`'s.",
+    )
     engine: Literal["vllm", "sglang", "tgi", "triton"] | None = Field(
         default=None,
         description="Serving engine of the backends, whose own load series (requests running "
@@ -303,7 +340,7 @@ class ModelSpec(Strict):
     )
 
 
-Objective = Literal["preference", "min_cost", "min_energy", "min_latency"]
+Objective = Literal["preference", "min_cost", "min_energy", "min_carbon", "min_latency"]
 
 
 class Canary(Strict):
@@ -326,8 +363,8 @@ class Route(Strict):
     fallback: str | None = None
     objective: Objective = Field(
         default="preference",
-        description="preference: the pools' order; min_cost / min_energy / min_latency: the "
-        "learned cost model picks, among pools predicted to meet the SLO.",
+        description="preference: the pools' order; min_cost / min_energy / min_carbon / "
+        "min_latency: the learned cost model picks, among pools predicted to meet the SLO.",
     )
     shadow: list[ShadowTarget] = []
     noise_floor: NoiseFloor | None = Field(
@@ -456,6 +493,11 @@ class Policy(Strict):
     models: dict[str, ModelSpec] = Field(
         default_factory=dict,
         description="Model sizes for the cost model's prior and the memory check.",
+    )
+    tariffs: dict[str, list[TariffWindow]] = Field(
+        default_factory=dict,
+        description="Time-of-use schedules pools name in `tariff`: windows of the day (UTC) "
+        "with their electricity's price and carbon intensity.",
     )
     promotion: Promotion = Promotion()
     tenants: list[Tenant] = []

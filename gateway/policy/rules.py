@@ -13,6 +13,8 @@ so replicas upgraded over a version stored before the check keep serving it.
 
 from __future__ import annotations
 
+import itertools
+
 from gateway.compare.measures import COMPARATORS, SIMILARITY
 from gateway.policy.model import DEFAULT_PARAMS_B, Comparison, Policy, Route
 from gateway.policy.physics import RUNTIME_MARGIN, footprint
@@ -37,6 +39,35 @@ def reference_errors(policy: Policy) -> list[Finding]:
         names = [b.name for b in pool.backends]
         if len(set(names)) != len(names):
             errors.append((("pools", name, "backends"), f"backend names repeat: {names}"))
+        if pool.tariff is not None and pool.tariff not in policy.tariffs:
+            known = ", ".join(policy.tariffs) or "none"
+            errors.append(
+                (
+                    ("pools", name, "tariff"),
+                    f"pool {name!r} names tariff {pool.tariff!r}, which is not defined "
+                    f"(tariffs: {known})",
+                )
+            )
+    for name, windows in policy.tariffs.items():
+        spans = sorted((w.seconds(), i) for i, w in enumerate(windows))
+        for (start, end), i in spans:
+            if end <= start:
+                errors.append(
+                    (
+                        ("tariffs", name, i, "end"),
+                        f"tariff {name!r} has a window ending at {windows[i].end}, not after its "
+                        f"start {windows[i].start}",
+                    )
+                )
+        for ((_, end), _), ((start, _), j) in itertools.pairwise(spans):
+            if start < end:
+                errors.append(
+                    (
+                        ("tariffs", name, j, "start"),
+                        f"tariff {name!r} has windows that overlap at {windows[j].start}: "
+                        "a time of day has one price",
+                    )
+                )
     for i, entry in enumerate(policy.tenants):
         named = [("default_slo_class", entry.default_slo_class)] if entry.default_slo_class else []
         named += [(f"slo_classes.{j}", c) for j, c in enumerate(entry.slo_classes)]

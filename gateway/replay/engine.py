@@ -34,6 +34,7 @@ from gateway.fleet.state import Fleet, PoolState
 from gateway.policy.model import Policy, Route
 from gateway.records.requests import ms
 from gateway.records.slo import meets_slo, tpot_s
+from gateway.replay.scenario import PLAIN, Scenario, ScenarioRates
 from gateway.replay.strategies import Strategy
 from gateway.replay.trace import TraceRequest
 from gateway.replay.world import SimulatedBackend, build_world, model_spec
@@ -138,9 +139,17 @@ class Replay:
         meter_interval_s: float = 1.0,
         meter_phase_s: float = 0.0,
         model: str = MODEL,
+        scenario: Scenario = PLAIN,
+        rates: ScenarioRates | None = None,
     ):
         self.strategy = strategy
         self.policy = strategy.policy
+        self.scenario = scenario
+        # The rates the router reads, moved to each instant; the replay's own when it has none.
+        self.rates = rates or ScenarioRates(self.policy, scenario)
+        # Where the scenario changes a device or a price, on the virtual clock.
+        self._boundaries = deque(START_S + t for t in scenario.boundaries())
+        self._charged_at = 0.0
         self.model = model
         self.fleet = Fleet(self.policy)
         self.world = build_world(self.policy, self.fleet, model)
@@ -163,6 +172,9 @@ class Replay:
         self._unsettled: dict[str, Passage] = {}
         self._in_service = 0
         self._specs = {name: model_spec(sim.profile, model) for name, sim in self.world.items()}
+        if strategy.oracle is not None:
+            strategy.oracle.world = self.world  # the oracle reads the truth the others measure
+        self._condition(0.0)
 
     def run(self) -> Replay:
         """Replay every request to its end; return self for chaining."""
@@ -173,7 +185,11 @@ class Replay:
             deadline = self._deadlines[0][0] if self._deadlines else math.inf
             if not self._busy(arrivals < total):
                 self._next_reading = math.inf
-            external = min(arrival, deadline, self._next_reading)
+            pending = min(arrival, deadline, self._next_reading)
+            if pending == math.inf and self._next_device_event() == math.inf:
+                break  # all served: the scenario's later boundaries are finish()'s
+            boundary = self._boundaries[0] if self._boundaries else math.inf
+            external = min(pending, boundary)
             if external == math.inf or any(self._waiting.values()):
                 # Someone waits for a slot (or only the devices are left): step device events
                 # one at a time, so a freed slot goes to the oldest waiter at its true instant.
@@ -184,7 +200,10 @@ class Replay:
                 if external == math.inf:
                     break
             self._advance(external)
-            if external == self._next_reading:
+            if external == boundary:
+                self._boundaries.popleft()
+                self._condition(external)
+            elif external == self._next_reading:
                 self._read_meters(external)
                 self._next_reading += self._meter_interval_s
             elif external == deadline:
@@ -196,8 +215,29 @@ class Replay:
 
     def finish(self, until_s: float) -> None:
         """Let the idle fleet run on to `until_s`, so replays are compared over one window."""
+        while self._boundaries and self._boundaries[0] <= until_s:
+            at = self._boundaries.popleft()
+            for sim in self.world.values():
+                sim.device.advance(max(at, sim.device.time))
+            self._condition(at)
         for sim in self.world.values():
             sim.device.advance(max(until_s, sim.device.time))
+        self._charge()
+
+    def _condition(self, now: float) -> None:
+        """Price the energy drawn so far, then apply the scenario's events in force from `now`."""
+        self._charge()
+        self._charged_at = now
+        trace_s = max(now - START_S, 0.0)
+        for sim in self.world.values():
+            slow, power = self.scenario.factors(sim.state.pool, sim.state.name, trace_s)
+            sim.device.set_condition(slow, power, now)
+
+    def _charge(self) -> None:
+        """Price every device's energy since the last boundary at the rate in force over it."""
+        trace_s = max(self._charged_at - START_S, 0.0)
+        for sim in self.world.values():
+            sim.charge(self.scenario.rate(self.policy, sim.state.pool, trace_s))
 
     def _busy(self, arrivals_left: bool) -> bool:
         return arrivals_left or self._in_service > 0 or bool(self._unsettled)
@@ -207,6 +247,7 @@ class Replay:
         return min((e for e in events if e is not None), default=math.inf)
 
     def _advance(self, now: float) -> None:
+        self.rates.now = max(now - START_S, 0.0)
         for sim in self.world.values():
             sim.device.advance(now)
         if self._finished:

@@ -1,193 +1,147 @@
-"""The oracle: a lower bound, each request on its cheapest SLO-feasible pool, knowing the truth.
+"""The oracle: a router that knows the truth, on the same engine, slots and queues as the others.
 
-It reads what no router may read: the simulator's true figures (the bundled profiles) and each
-request's true output length. Capacity is relaxed: a request never waits for a slot, and runs
-at whatever batch size is cheapest for it. Nothing is simulated. For a request of p prompt and o
-output tokens on a pool whose device runs n requests at once, with the profile's timing and
-power curve P(n) (docs/simulator.md):
+It reads what no router may: every device's true figures (the simulator profile) and its state
+now (the requests it runs and their contexts, the scenario's slowdown and power factor on it),
+each request's true output length, and the rates in force. For each request it prices every
+backend with a free slot by the request's true marginal cost there, the batch it creates
+included, under the accounting the replay charges every strategy (`gateway.replay.summary`):
 
-    prefill = prefill_fixed + (prefill_per_token + host_transfer_per_token) · p
-    step(n) = decode_fixed + decode_per_seq · (n − 1)
-    rate(n) = (P(n) − P(0)) / n · usd_per_kwh / 3.6e6  +  usd_per_hour / 3600 / slots
+    own     = prefill(p) + o · step(n + 1)                the request's slot time
+    others  = n · o · (step(n + 1) − step(n))              the slot time it adds to the n others
+    energy  = prefill(p) · (P(n + 1) − P(n)) + o · (step(n + 1) · (P(n + 1) − P(0))
+                                                  − step(n) · (P(n) − P(0)))
+    cost    = energy · rate  +  (own + others) · usd_per_hour / 3600 / slots
 
-`rate` is what one of n requests pays per second of its slot: its share of the device's power
-above idle and the slot's share of the device's price. The replay charges the routed strategies
-the same way (`gateway.replay.summary`), and no schedule can charge a request less than
-
-    cost   = prefill · min rate(n)  +  (o − 1) · min step(n) · rate(n)
-    energy = prefill · min (P(n) − P(0)) / n  +  (o − 1) · min step(n) · (P(n) − P(0)) / n
-
-with each minimum over n = 1 … slots, since every second of prefill and every decode step of
-the request happens at some batch size n. The oracle puts each request on the pool with the
-least such cost among those that may serve it (live, serve the model, prompt plus output
-within the context, on the request's route) and whose true TTFT (the prefill) and fastest TPOT
-(step(1)) meet its SLO; its energy is the energy bound on that pool.
+with step(n) the profile's decode step for n sequences reading their contexts (the request's
+own prompt added when it joins), P(n) the board power with n requests, both under the
+scenario's factors, and o its output tokens. Backends whose true prefill or step would miss the
+request's SLO come after the others; a pool's price is its cheapest backend's. It routes through
+`decide()`, so it cannot put more on a backend than its slots: it waits and falls back as the
+others do. It is a reference to measure routing against, not a bound no router can pass: it
+knows each request only as it arrives, not what comes after.
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
-from gateway.errors import GatewayError
-from gateway.policy.model import Policy, Pool
-from gateway.replay.engine import MODEL, request_profile
-from gateway.replay.summary import latency_percentile
-from gateway.replay.trace import TraceRequest
-from gateway.replay.world import model_spec, profile_for
+from gateway.fleet.state import PoolState
+from gateway.policy.model import Policy, Route
+from gateway.policy.tariffs import Rates
+from gateway.replay.world import SimulatedBackend, model_spec
 from gateway.routing.classify import RequestProfile
-from gateway.routing.router import match_route
-from simulator.power import PowerCurve
-
-
-@dataclass(frozen=True, slots=True)
-class TruePhysics:
-    """A pool's true timing and power, its prices, and the least a request can pay there."""
-
-    pool: Pool
-    backends: int
-    slots: int
-    prefill_fixed_s: float
-    prefill_per_token_s: float
-    step_fixed_s: float
-    step_per_seq_s: float
-    power: PowerCurve
-
-    def prefill_s(self, prompt: int) -> float:
-        return self.prefill_fixed_s + self.prefill_per_token_s * prompt
-
-    def step_s(self, n: int) -> float:
-        return self.step_fixed_s + self.step_per_seq_s * (n - 1)
-
-    def watts_share(self, n: int) -> float:
-        """Return one of n requests' share of the draw above idle."""
-        return (self.power.watts(n) - self.power.idle_w) / n
-
-    def rate(self, n: int) -> float:
-        """Return the dollars per second one of n requests pays for its slot."""
-        price = self.pool.price
-        return (
-            self.watts_share(n) * price.usd_per_kwh / 3.6e6 + price.usd_per_hour / 3600 / self.slots
-        )
-
-    def floors(self) -> tuple[float, float, float, float]:
-        """Return the least (prefill rate, step cost, prefill watts, step energy) over batches."""
-        batches = range(1, self.slots + 1)
-        return (
-            min(self.rate(n) for n in batches),
-            min(self.step_s(n) * self.rate(n) for n in batches),
-            min(self.watts_share(n) for n in batches),
-            min(self.step_s(n) * self.watts_share(n) for n in batches),
-        )
-
-
-def true_physics(policy: Policy, name: str, model: str = MODEL) -> TruePhysics:
-    """Read a pool's true figures from the simulator profile of its kind."""
-    pool = policy.pools[name]
-    profile = profile_for(pool.kind)
-    scale = model_spec(profile, model).cost_scale
-    t = profile.timing
-    return TruePhysics(
-        pool=pool,
-        backends=len(pool.backends),
-        slots=profile.slots,
-        prefill_fixed_s=scale * t.prefill_fixed_ms / 1e3,
-        prefill_per_token_s=scale * (t.prefill_per_token_us + t.host_transfer_per_token_us) / 1e6,
-        step_fixed_s=scale * t.decode_fixed_ms / 1e3,
-        step_per_seq_s=scale * t.decode_per_seq_ms / 1e3,
-        power=PowerCurve(profile.power),
-    )
-
-
-def eligible_pools(policy: Policy, profile: RequestProfile, output: int) -> list[str]:
-    """Return the pools that may serve the request, in its route's order."""
-    try:
-        route = match_route(profile, policy)
-    except GatewayError:
-        return []
-    names = [*route.pools, *([route.fallback] if route.fallback else [])]
-    return [
-        name
-        for name in dict.fromkeys(names)
-        if policy.pools[name].live
-        and profile.model in policy.pools[name].models
-        and profile.prompt_tokens + output <= policy.pools[name].max_context
-    ]
+from gateway.routing.ranking import Ranking
 
 
 @dataclass(frozen=True, slots=True)
 class Placement:
-    """Where the oracle puts one request, and the least it costs and draws there."""
+    """What one request would cost on one backend, and whether the truth meets its SLO."""
 
-    pool: str
     cost_usd: float
     energy_j: float
-    ttft_s: float
+    meets_slo: bool
 
 
-def place(
-    profile: RequestProfile,
-    request: TraceRequest,
-    physics: dict[str, TruePhysics],
-    floors: dict[str, tuple[float, float, float, float]],
-    pools: Sequence[str],
-) -> Placement | None:
-    """Return the cheapest SLO-feasible placement of a request, or None if no pool meets it."""
-    best: Placement | None = None
-    decode = max(request.output_tokens - 1, 0)
-    for name in pools:
-        phys = physics.get(name)
-        if phys is None:
-            continue
-        prefill = phys.prefill_s(request.prompt_tokens)
-        if profile.ttft_ms is not None and prefill * 1e3 > profile.ttft_ms:
-            continue
-        if profile.tpot_ms is not None and decode and phys.step_s(1) * 1e3 > profile.tpot_ms:
-            continue
-        rate, step_cost, watts, step_energy = floors[name]
-        cost = prefill * rate + decode * step_cost
-        if best is None or cost < best.cost_usd:
-            best = Placement(name, cost, prefill * watts + decode * step_energy, prefill)
-    return best
+def marginal(
+    sim: SimulatedBackend,
+    prompt: int,
+    output: int,
+    usd_per_j: float,
+    usd_per_slot_s: float,
+    ttft_ms: float | None,
+    tpot_ms: float | None,
+    scale: float,
+) -> Placement:
+    """Return the true marginal cost of a request on a backend as it is now (module docstring)."""
+    device, timing = sim.device, sim.profile.timing
+    slow, power = device.slow_factor, device.power_factor
+    n, decoding, context = device.active, device.decoding, device.context_tokens()
+    prefill = (
+        slow
+        * scale
+        * (
+            timing.prefill_fixed_ms / 1e3
+            + (timing.prefill_per_token_us + timing.host_transfer_per_token_us) / 1e6 * prompt
+            + timing.prefill_attention_ns / 1e9 * prompt * prompt
+        )
+    )
+
+    def step(sequences: int, tokens: int) -> float:
+        work = timing.decode_fixed_ms / 1e3 + timing.decode_per_seq_ms / 1e3 * max(sequences - 1, 0)
+        work += timing.kv_read_ns / 1e9 * max(0, tokens - timing.kv_fast_tokens)
+        return slow * scale * work
+
+    # Mid-decode figures: the request's context half way through its answer, the others'.
+    mine = prompt + output // 2
+    before, after = step(decoding, context), step(decoding + 1, context + mine)
+    curve, idle = device.power, device.power.idle_w
+
+    def above_idle(k: int) -> float:
+        return (curve.watts(k) - idle) * power
+
+    decode = max(output - 1, 0)
+    energy = prefill * (above_idle(n + 1) - above_idle(n)) + decode * (
+        after * above_idle(n + 1) - (before * above_idle(n) if decoding else 0.0)
+    )
+    slot_s = prefill + decode * after + decoding * decode * (after - before)
+    meets = (ttft_ms is None or prefill * 1e3 <= ttft_ms) and (
+        tpot_ms is None or not decode or after * 1e3 <= tpot_ms
+    )
+    return Placement(energy * usd_per_j + slot_s * usd_per_slot_s, energy, meets)
 
 
-def oracle(
-    policy: Policy,
-    requests: Sequence[TraceRequest],
-    *,
-    duration_s: float,
-    model: str = MODEL,
-) -> dict[str, Any]:
-    """Return the oracle's figures for a trace, in the shape of a routed strategy's summary."""
-    physics = {
-        name: true_physics(policy, name, model)
-        for name, pool in policy.pools.items()
-        if pool.live and model in pool.models
-    }
-    floors = {name: phys.floors() for name, phys in physics.items()}
-    placements = []
-    for request in requests:
-        profile = request_profile(policy, request, model)
-        pools = eligible_pools(policy, profile, request.output_tokens)
-        placements.append(place(profile, request, physics, floors, pools))
-    served = [(p, r) for p, r in zip(placements, requests, strict=True) if p is not None]
-    total = max(len(requests), 1)
-    tokens_k = max(sum(r.output_tokens for _, r in served), 1) / 1000
-    above_idle = sum(p.energy_j for p, _ in served)
-    idle_w = sum(p.power.idle_w * p.backends for p in physics.values())
-    ttft = [p.ttft_s * 1e3 for p, _ in served] or [0.0]
-    shares = Counter(p.pool for p, _ in served)
-    return {
-        "requests": len(requests),
-        "served": len(served),
-        "energy_j_per_request": round(above_idle / total, 3),
-        "energy_above_idle_j": round(above_idle, 1),
-        "fleet_energy_j": round(above_idle + idle_w * duration_s, 1),
-        "cost_usd_per_1k_tokens": round(sum(p.cost_usd for p, _ in served) / tokens_k, 9),
-        "slo_attainment": round(len(served) / total, 5),
-        "ttft_p50_ms": latency_percentile(ttft, 50),
-        "ttft_p99_ms": latency_percentile(ttft, 99),
-        "pool_shares": {name: round(shares[name] / total, 4) for name in physics},
-    }
+class OracleRanker:
+    """Rank pools by the true marginal cost of the request on their cheapest free backend."""
+
+    def __init__(self, policy: Policy, rates: Rates, model: str):
+        self.policy = policy
+        self.rates = rates
+        self.model = model
+        self.world: dict[str, SimulatedBackend] = {}  # the replay's, given once it is built
+
+    def placement(self, profile: RequestProfile, pool: PoolState) -> Placement | None:
+        """Return the cheapest placement on a backend of the pool with a free slot, or None."""
+        spec = self.policy.pools[pool.name]
+        usd_per_j = self.rates(pool.name).usd_per_j
+        usd_per_slot_s = spec.price.usd_per_hour / 3600 / spec.slots_per_backend
+        output = profile.max_tokens or 1  # the replay's max_tokens is the true output length
+        best: Placement | None = None
+        for backend in pool.backends:
+            sim = self.world.get(backend.name)
+            if sim is None or backend.ejected or backend.free_slots <= 0:
+                continue
+            found = marginal(
+                sim,
+                profile.prompt_tokens,
+                output,
+                usd_per_j,
+                usd_per_slot_s,
+                profile.ttft_ms,
+                profile.tpot_ms,
+                model_spec(sim.profile, self.model).cost_scale,
+            )
+            if best is None or (not best.meets_slo, best.cost_usd) > (
+                not found.meets_slo,
+                found.cost_usd,
+            ):
+                best = found
+        return best
+
+    def __call__(
+        self,
+        profile: RequestProfile,
+        route: Route,
+        pools: Sequence[PoolState],
+        trace: list[tuple[str, str]],
+    ) -> Ranking:
+        order = {name: i for i, name in enumerate(route.pools)}
+        placements = {pool.name: self.placement(profile, pool) for pool in pools}
+
+        def key(pool: PoolState) -> tuple[bool, bool, float, int]:
+            found = placements[pool.name]
+            if found is None:  # full: queued in after every pool with room
+                return (True, True, 0.0, order.get(pool.name, 0))
+            return (False, not found.meets_slo, found.cost_usd, order.get(pool.name, 0))
+
+        return Ranking(sorted(pools, key=key))

@@ -1,12 +1,15 @@
-"""The routing strategies a replay compares: the learned router and the baselines.
+"""The routing strategies a replay compares: the learned router, the baselines and the oracle.
 
 Every strategy routes through the real `decide()`; they differ only in how the eligible pools
 are ranked (the `rank_pools` seam) and, for `gpu-only`, in a policy cut down to the GPU pool.
-The oracle is not here: it is computed, not routed (`gateway.replay.oracle`).
+`best-static` is `static` under each order of the routes' pools, the cheapest in hindsight
+(`gateway.replay.bench`); the oracle knows the truth (`gateway.replay.oracle`).
 """
 
 from __future__ import annotations
 
+import itertools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -14,13 +17,24 @@ from gateway.costmodel.model import OutputLengths
 from gateway.costmodel.train import RetrainSchedule
 from gateway.fleet.state import PoolState
 from gateway.policy.model import Policy, Route
+from gateway.policy.tariffs import Rates, own_rate
 from gateway.replay.learner import OnlineLearner
+from gateway.replay.oracle import OracleRanker
 from gateway.routing.classify import RequestProfile
 from gateway.routing.ranking import CostRanker, Ranking, preference_order
 from gateway.routing.router import RankPools
 
-ROUTED = ("learned", "gpu-only", "round-robin", "least-loaded", "static")
-STRATEGIES = (*ROUTED, "oracle")
+MAX_ORDERS = 120  # fixed orders best-static replays at most
+
+STRATEGIES = (
+    "learned",
+    "static",
+    "best-static",
+    "gpu-only",
+    "round-robin",
+    "least-loaded",
+    "oracle",
+)
 
 
 class RoundRobin:
@@ -75,30 +89,76 @@ def gpu_only_policy(policy: Policy) -> Policy:
     return policy.model_copy(update={"routes": routes})
 
 
+def orders(policy: Policy, model: str) -> list[Policy]:
+    """Return the policy under every order of the pools of each route that may serve `model`."""
+    serving = [
+        i
+        for i, route in enumerate(policy.routes)
+        if not route.match.models or model in route.match.models
+    ]
+    choices = [list(itertools.permutations(policy.routes[i].pools)) for i in serving]
+    if math.prod(len(c) for c in choices) > MAX_ORDERS:
+        raise ValueError(
+            f"the routes serving {model} have more than {MAX_ORDERS} orders of their pools: "
+            "best-static would replay each"
+        )
+    found = []
+    for picked in itertools.product(*choices):
+        routes = list(policy.routes)
+        for i, pools in zip(serving, picked, strict=True):
+            routes[i] = routes[i].model_copy(update={"pools": list(pools)})
+        found.append(policy.model_copy(update={"routes": routes}))
+    return found
+
+
+def describe_order(policy: Policy, model: str) -> dict[str, list[str]]:
+    """Return each serving route's pools in order, as a result names an order."""
+    return {
+        r.name: list(r.pools)
+        for r in policy.routes
+        if not r.match.models or model in r.match.models
+    }
+
+
 @dataclass(slots=True)
 class Strategy:
-    """How one strategy routes: its policy, its ranking and, if it learns, its learner."""
+    """How one strategy routes: its policy, its ranking and, if it learns, its learner.
+
+    The oracle's ranker reads the replay's world, which the replay gives it (`oracle`).
+    """
 
     name: str
     policy: Policy
     rank: RankPools
     learner: OnlineLearner | None = None
     outputs: OutputLengths | None = None
+    oracle: OracleRanker | None = None
 
 
-def strategy_for(name: str, policy: Policy, *, seed: int = 0, retrain_every: int = 200) -> Strategy:
-    """Build the router of a named strategy over a policy."""
+def strategy_for(
+    name: str,
+    policy: Policy,
+    *,
+    seed: int = 0,
+    retrain_every: int = 200,
+    rates: Rates | None = None,
+    model: str = "llama-3.1-8b-instruct",
+) -> Strategy:
+    """Build the router of a named strategy over a policy; `rates` are the prices it reads."""
     if name == "learned":
         learner = OnlineLearner(policy, schedule=RetrainSchedule(every=retrain_every))
         outputs = OutputLengths(default=policy.assumed_max_tokens)
-        ranker = CostRanker(lambda: learner.model, outputs)
+        ranker = CostRanker(lambda: learner.model, outputs, rates)
         return Strategy(name, policy, ranker, learner, outputs)
+    if name == "oracle":
+        oracle = OracleRanker(policy, rates or (lambda pool: own_rate(policy.pools[pool])), model)
+        return Strategy(name, policy, oracle, oracle=oracle)
     if name == "gpu-only":
         return Strategy(name, gpu_only_policy(policy), preference_order)
     if name == "round-robin":
         return Strategy(name, policy, RoundRobin(start=seed))
     if name == "least-loaded":
         return Strategy(name, policy, least_loaded)
-    if name == "static":
+    if name in ("static", "best-static"):
         return Strategy(name, policy, preference_order)
-    raise ValueError(f"strategy {name!r} is not routed (routed strategies: {', '.join(ROUTED)})")
+    raise ValueError(f"unknown strategy {name!r} (strategies: {', '.join(STRATEGIES)})")

@@ -1,9 +1,11 @@
 """Sum up a replay: energy, cost, SLO attainment, latency and where requests went.
 
-Cost charges what routing controls: each pool's energy above idle at its electricity price, and
-the slot time its requests held (admission to last token) at its hourly price divided by its
-slots: a backend's hourly price buys `slots` slots, as the router's marginal cost assumes.
-The fleet's cost, every device for the whole window with its idle draw, is reported beside it.
+Cost charges what routing controls: each pool's energy above idle at its electricity's price
+when it was drawn (the scenario's tariffs, else the policy's price), and the slot time its
+requests held (admission to last token) at its hourly price divided by its slots: a backend's
+hourly price buys `slots` slots, as the router's marginal cost assumes. Carbon is the same
+energy at the electricity's carbon intensity. The fleet's cost, every device for the whole
+window with its idle draw, is reported beside it.
 """
 
 from __future__ import annotations
@@ -28,18 +30,18 @@ def summarize(replay: Replay) -> dict[str, object]:
     served = [p for p in passages if p.served]
     tokens_k = max(sum(p.request.output_tokens for p in served), 1) / 1000
     duration_s = max((sim.device.time for sim in replay.world.values()), default=0.0)
-    above_idle = fleet = fleet_cost = 0.0
+    above_idle = fleet = fleet_cost = carbon = 0.0
     pool_cost: dict[str, float] = dict.fromkeys(replay.fleet.pools, 0.0)
     for sim in replay.world.values():
         pool = policy.pools[sim.state.pool]
         price = pool.price
         above_idle += sim.energy_above_idle_j
         fleet += sim.device.energy_j
+        carbon += sim.carbon_g
         pool_cost[sim.state.pool] += (
-            sim.energy_above_idle_j * price.usd_per_kwh / 3.6e6
-            + sim.slot_s * price.usd_per_hour / 3600 / pool.slots_per_backend
+            sim.energy_usd + sim.slot_s * price.usd_per_hour / 3600 / pool.slots_per_backend
         )
-        fleet_cost += sim.device.energy_j * price.usd_per_kwh / 3.6e6
+        fleet_cost += sim.energy_usd + sim.device.idle_energy_j * price.usd_per_kwh / 3.6e6
         fleet_cost += sim.device.time * price.usd_per_hour / 3600
     cost = sum(pool_cost.values())
     ttft = [p.ttft_s * 1e3 for p in served if p.ttft_s is not None]
@@ -58,6 +60,7 @@ def summarize(replay: Replay) -> dict[str, object]:
         "refused": sum(p.refused is not None for p in passages),
         "energy_j_per_request": round(above_idle / total, 3),
         "energy_above_idle_j": round(above_idle, 1),
+        "carbon_g_per_request": round(carbon / total, 5),
         "fleet_energy_j": round(fleet, 1),
         "cost_usd_per_1k_tokens": round(cost / tokens_k, 9),
         "fleet_cost_usd_per_1k_tokens": round(fleet_cost / tokens_k, 9),

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from gateway.fleet.state import BackendState, Fleet
 from gateway.policy.model import Policy
+from gateway.policy.tariffs import Rate
 from gateway.records.energy import BackendLedger
 from simulator.device import Device
 from simulator.power import PowerCurve
@@ -29,11 +30,23 @@ class SimulatedBackend:
     profile: Profile
     ledger: BackendLedger
     slot_s: float = 0.0  # slot-seconds its requests held, admission to last token
+    # Its energy above idle priced at the rate in force when it was drawn (the scenario's
+    # tariffs), up to `charged_j` of it.
+    energy_usd: float = 0.0
+    carbon_g: float = 0.0
+    charged_j: float = 0.0
+
+    def charge(self, rate: Rate) -> None:
+        """Price the energy drawn above idle since the last charge at `rate`."""
+        drawn = self.energy_above_idle_j
+        self.energy_usd += (drawn - self.charged_j) * rate.usd_per_j
+        self.carbon_g += (drawn - self.charged_j) * rate.g_co2_per_j
+        self.charged_j = drawn
 
     @property
     def energy_above_idle_j(self) -> float:
         """Return the energy the device drew above its true idle power so far."""
-        return self.device.energy_j - self.device.power.idle_w * self.device.time
+        return self.device.energy_j - self.device.idle_energy_j
 
 
 def model_spec(profile: Profile, model: str) -> ModelSpec:

@@ -8,6 +8,7 @@ from typing import Any
 from gateway.errors import GatewayError
 from gateway.fleet.state import Fleet
 from gateway.policy.model import Policy, Pool
+from gateway.policy.tariffs import Rate, own_rate
 from gateway.routing.classify import TokenEstimator, classify
 from gateway.routing.ranking import CostRanker
 from gateway.routing.router import decide
@@ -25,7 +26,8 @@ def explain(
     """Classify and route a request as the gateway would; return the decision and its reasons.
 
     `pools` says what each pool the route may use runs on (its kind, precision, versions and
-    serving engine) and the load of each of its backends now.
+    serving engine), the price and carbon of its electricity now (its tariff's window), and the
+    load of each of its backends now.
     """
     headers = {k.lower(): v for k, v in headers.items()}
     try:
@@ -53,7 +55,9 @@ def explain(
         },
         "trace": decision.explain(),
         "pools": {
-            name: hardware(policy.pools[name]) | {"backends": load(fleet, name)}
+            name: hardware(policy.pools[name])
+            | {"tariff": policy.pools[name].tariff, "rate": asdict(rate(ranker, policy, name))}
+            | {"backends": load(fleet, name)}
             for name in dict.fromkeys(considered)
             if name is not None and name in policy.pools
         },
@@ -69,6 +73,11 @@ def hardware(pool: Pool) -> dict[str, Any]:
         **pool.versions(),
         "engine": pool.engine,
     }
+
+
+def rate(ranker: CostRanker, policy: Policy, pool: str) -> Rate:
+    """Return the rate the ranker prices a pool's energy at now."""
+    return ranker.rates(pool) if ranker.rates is not None else own_rate(policy.pools[pool])
 
 
 def load(fleet: Fleet, pool: str) -> list[dict[str, Any]]:

@@ -14,11 +14,13 @@ from dataclasses import dataclass, field
 from gateway.costmodel.model import CostModel, OutputLengths, Prediction
 from gateway.fleet.state import PoolState
 from gateway.policy.model import Route
+from gateway.policy.tariffs import Rates
 from gateway.routing.classify import RequestProfile
 
 OBJECTIVES: dict[str, Callable[[Prediction], float]] = {
     "min_cost": lambda p: p.marginal_cost_usd,
     "min_energy": lambda p: p.marginal_energy_j,
+    "min_carbon": lambda p: p.marginal_carbon_g,
     "min_latency": lambda p: p.e2e_s,
 }
 
@@ -60,9 +62,17 @@ def slo_miss(profile: RequestProfile, prediction: Prediction) -> str | None:
 class CostRanker:
     """Rank pools by the route's objective among those predicted to meet the SLO."""
 
-    def __init__(self, model: Callable[[], CostModel], outputs: OutputLengths):
+    def __init__(
+        self,
+        model: Callable[[], CostModel],
+        outputs: OutputLengths,
+        rates: Rates | None = None,
+    ):
         self._model = model
         self.outputs = outputs
+        # The electricity's price and carbon per pool now (gateway/policy/tariffs.py); None:
+        # each pool's own price.
+        self.rates = rates
 
     def model_version(self) -> int:
         return self._model().version
@@ -79,10 +89,11 @@ class CostRanker:
     def _predict(
         self, profile: RequestProfile, pool: PoolState, output: int, model: CostModel
     ) -> Prediction:
+        rate = self.rates(pool.name) if self.rates is not None else None
         backend = pool.most_free()
         if backend is not None:
             return model.predict(
-                pool.name, profile.model, profile.prompt_tokens, output, backend.load + 1
+                pool.name, profile.model, profile.prompt_tokens, output, backend.load + 1, 0.0, rate
             )
         healthy = pool.healthy()
         full = model.predict(
@@ -93,7 +104,13 @@ class CostRanker:
         slots = sum(b.slots for b in healthy)
         queue_s = (len(pool.waiters) + 1) * full.e2e_s / slots
         return model.predict(
-            pool.name, profile.model, profile.prompt_tokens, output, healthy[0].slots, queue_s
+            pool.name,
+            profile.model,
+            profile.prompt_tokens,
+            output,
+            healthy[0].slots,
+            queue_s,
+            rate,
         )
 
     def __call__(

@@ -287,6 +287,7 @@ class Forwarder:
         if ex.prediction is not None:
             headers.append((b"x-gateway-energy-j", f"{ex.prediction.energy_j:.4g}".encode()))
             headers.append((b"x-gateway-cost-usd", f"{ex.prediction.cost_usd:.4g}".encode()))
+            headers.append((b"x-gateway-carbon-g", f"{ex.prediction.carbon_g:.4g}".encode()))
         return headers
 
     async def _relay_whole(self, ex: Exchange, response: Response, body: bytes, send: Send) -> None:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from gateway.fleet.state import BackendState, Fleet
 from gateway.metrics import GatewayMetrics
 from gateway.policy.model import Pool
+from gateway.policy.tariffs import Rate, Rates, own_rate
 from gateway.records.energy import BackendLedger, Span
 from gateway.upstream import engines, exposition
 from gateway.upstream.client import Upstream
@@ -34,9 +35,9 @@ SCRAPE_TIMEOUT_S = 1.0
 BASELINE_S = 0.1
 
 
-def cost_usd(pool: Pool, energy_j: float, device_s: float) -> float:
-    """Price energy at the pool's electricity rate and device time at its hourly rate."""
-    return energy_j * pool.price.usd_per_kwh / 3.6e6 + device_s * pool.price.usd_per_hour / 3600
+def cost_usd(pool: Pool, energy_j: float, device_s: float, rate: Rate) -> float:
+    """Price energy at the electricity's rate now and device time at the pool's hourly rate."""
+    return energy_j * rate.usd_per_j + device_s * pool.price.usd_per_hour / 3600
 
 
 def nominal_energy(pool: Pool, seconds: float, concurrent: int) -> tuple[float, float]:
@@ -72,7 +73,10 @@ class EnergyMeter:
         clock: Callable[[], float] = time.perf_counter,
         load_share: Callable[[str], float] = lambda url: 1.0,
         on_room: Callable[[str], None] = lambda pool: None,
+        rates: Rates | None = None,
     ):
+        # What each pool's electricity costs now (its tariff's window), for the records' cost.
+        self._rates = rates
         self._fleet = fleet
         self._on_room = on_room
         self._load_share = load_share
@@ -88,6 +92,9 @@ class EnergyMeter:
     def _pool(self, backend: BackendState) -> Pool | None:
         pool = self._fleet().pools.get(backend.pool)
         return pool.spec if pool is not None else None
+
+    def _rate(self, name: str, pool: Pool) -> Rate:
+        return self._rates(name) if self._rates is not None else own_rate(pool)
 
     def _metered(self, backend: BackendState) -> bool:
         pool = self._pool(backend)
@@ -143,14 +150,19 @@ class EnergyMeter:
             pending.deliver(None, None, True)
             return
         energy_j, device_s = nominal_energy(pool, seconds, pending.concurrent)
-        pending.deliver(energy_j, cost_usd(pool, energy_j, device_s), True)
+        rate = self._rate(pending.backend.pool, pool)
+        pending.deliver(energy_j, cost_usd(pool, energy_j, device_s, rate), True)
 
     def _release(self, span: Span) -> None:
         pending = self._pending.pop(span.key, None)
         if pending is None:
             return
         pool = self._pool(pending.backend)
-        cost = cost_usd(pool, span.energy_j, span.device_s) if pool else None
+        cost = (
+            cost_usd(pool, span.energy_j, span.device_s, self._rate(pending.backend.pool, pool))
+            if pool
+            else None
+        )
         m, pool_name = self._metrics, pending.backend.pool
         m.child(m.energy, pool_name).inc(span.energy_j)
         if cost is not None:

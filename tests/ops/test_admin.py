@@ -121,6 +121,10 @@ def test_a_pools_versions_are_in_explain_and_in_its_backends_metric_labels(
     # chat-8b-short: the ASIC first, the GPU as its second pool and fallback.
     pools = {name: dict(entry) for name, entry in explained["pools"].items()}
     backends = {name: entry.pop("backends") for name, entry in pools.items()}
+    # No tariff: the price of the policy's pool entry is in force, at the carbon it gives.
+    assert {name: (entry.pop("tariff"), entry.pop("rate")) for name, entry in pools.items()} == {
+        name: (None, {"usd_per_kwh": 0.12, "g_co2_per_kwh": 0.0}) for name in ("asic", "gpu")
+    }
     assert pools == {
         "asic": {
             "kind": "asic",
