@@ -26,6 +26,7 @@ class Exchange:
     attempts: int = 0
     attempt_started: float = 0.0
     concurrent: int = 0
+    context_tokens: int = 0  # KV-cache tokens its backend held at admission, its own included
     prediction: Prediction | None = None
     fallback_reason: str | None = None
     queue_s: float = 0.0

@@ -19,19 +19,38 @@ from gateway.policy.physics import Physics, physics
 from gateway.policy.tariffs import Rate, own_rate
 
 TARGETS = ("ttft", "tpot", "e2e", "energy")
-FEATURES = ("bias", "log_prompt", "log_output", "log_concurrent", "load")
+FEATURES = (
+    "bias",
+    "log_prompt",
+    "log_output",
+    "log_concurrent",
+    "load",
+    "log_context",
+    "context_past_4k",
+    "context_past_16k",
+)
+# Where a decode step's KV reads may turn dearer: past what fast memory holds (an ASIC's SRAM,
+# a cache), which the policy's figures do not say. Hinges at two sizes let the fit find a knee.
+CONTEXT_KNEES = (4096, 16384)
 # Upper-bound factor before anything was measured: the prior is a vendor sheet, not a promise.
 PRIOR_LOG_BOUND = math.log(1.5)
 
 
-def features(prompt: int, output: int, concurrent: int, slots: int) -> tuple[float, ...]:
-    """Return φ for a request on a backend that will have `concurrent` requests with it."""
+def features(
+    prompt: int, output: int, concurrent: int, slots: int, context: int
+) -> tuple[float, ...]:
+    """Return φ for a request on a backend that will have `concurrent` requests with it, whose
+    KV cache will hold `context` tokens (every request's on it, this one's included)."""
+    low, high = CONTEXT_KNEES
     return (
         1.0,
         math.log1p(prompt),
         math.log1p(output),
         math.log(max(concurrent, 1)),
         concurrent / slots,
+        math.log1p(context / 1000),
+        math.log1p(max(0, context - low) / 1000),
+        math.log1p(max(0, context - high) / 1000),
     )
 
 
@@ -47,9 +66,16 @@ class Residual:
         object.__setattr__(self, "upper", math.exp(self.log_bound))
 
     def factor(self, phi: tuple[float, ...]) -> float:
-        w = self.weights
+        w = self.weights  # unrolled: this runs for every target of every pool of every request
         return math.exp(
-            w[0] * phi[0] + w[1] * phi[1] + w[2] * phi[2] + w[3] * phi[3] + w[4] * phi[4]
+            w[0] * phi[0]
+            + w[1] * phi[1]
+            + w[2] * phi[2]
+            + w[3] * phi[3]
+            + w[4] * phi[4]
+            + w[5] * phi[5]
+            + w[6] * phi[6]
+            + w[7] * phi[7]
         )
 
 
@@ -109,15 +135,27 @@ class PoolModel:
         concurrent: int,
         queue_s: float = 0.0,
         rate: Rate | None = None,
+        context: int | None = None,
     ) -> Prediction:
-        """Predict a request of `prompt` and `output` tokens joining `concurrent - 1` others,
-        its energy priced at `rate` (the pool's own price when None)."""
+        """Predict a request of `prompt` and `output` tokens joining `concurrent - 1` others on a
+        backend whose KV cache will hold `context` tokens (its own alone when None), its energy
+        priced at `rate` (the pool's own price when None)."""
         phys = self.physics
-        phi = features(prompt, output, concurrent, phys.slots)
+        own = prompt + output
+        context = own if context is None else context
+        phi = features(prompt, output, concurrent, phys.slots, context)
         prefill_prior = phys.ttft_s(prompt)
         step_prior = phys.tpot_s(concurrent)
         prefill = prefill_prior * self._ttft.factor(phi)
         tpot = step_prior * self._tpot.factor(phi)
+        # The batch it joins: the others' steps as they are now, and the slot time the request
+        # adds to them by making each step longer (a price a lone request's view would miss).
+        others = concurrent - 1
+        slowed = 0.0
+        if others > 0 and output > 1:
+            before = features(prompt, output, others, phys.slots, max(context - own, 0))
+            step_before = phys.tpot_s(others) * self._tpot.factor(before)
+            slowed = others * (output - 1) * max(tpot - step_before, 0.0)
         service_prior = prefill_prior + max(output - 1, 0) * step_prior
         service = service_prior * self._e2e.factor(phi)
         watts = phys.watts(concurrent)
@@ -140,7 +178,7 @@ class PoolModel:
             energy,
             marginal_energy,
             energy * per_j + service * self._per_hour / concurrent,
-            marginal_energy * per_j + service * self._per_hour / phys.slots,
+            marginal_energy * per_j + (service + slowed) * self._per_hour / phys.slots,
             energy * rate.g_co2_per_j,
             marginal_energy * rate.g_co2_per_j,
             rate,
@@ -203,6 +241,9 @@ class CostModel:
         concurrent: int,
         queue_s: float = 0.0,
         rate: Rate | None = None,
+        context: int | None = None,
     ) -> Prediction:
         """Predict one request on one pool, its energy priced at `rate` (else the pool's own)."""
-        return self.pool_model(pool, model).predict(pool, prompt, output, concurrent, queue_s, rate)
+        return self.pool_model(pool, model).predict(
+            pool, prompt, output, concurrent, queue_s, rate, context
+        )

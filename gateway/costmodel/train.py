@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from gateway.costmodel.model import TARGETS, CostModel, Residual
+from gateway.costmodel.model import CONTEXT_KNEES, TARGETS, CostModel, Residual
 from gateway.policy.model import Policy
 from gateway.policy.physics import POWER_EXPONENT, Physics
 
@@ -46,6 +46,9 @@ class Observation(NamedTuple):
     tpot_s: float | None
     e2e_s: float
     energy_j: float | None
+    # KV-cache tokens its backend held at admission, its own in; None in records from before
+    # the gateway kept it, read as its own alone.
+    context_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +96,16 @@ def _columns(group: Sequence[Observation], slots: int, phys: Physics) -> dict[st
     prompt = np.array([o.prompt_tokens for o in group], dtype=float)
     output = np.array([o.completion_tokens for o in group], dtype=float)
     concurrent = np.array([o.concurrent for o in group], dtype=float)
+    context = np.array(
+        [
+            o.context_tokens
+            if o.context_tokens is not None
+            else o.prompt_tokens + o.completion_tokens
+            for o in group
+        ],
+        dtype=float,
+    )
+    low, high = CONTEXT_KNEES
     ttft = phys.prefill_fixed_s + phys.prefill_per_token_s * prompt
     tpot = phys.step_fixed_s + phys.step_per_seq_s * np.maximum(concurrent - 1, 0)
     service = ttft + np.maximum(output - 1, 0) * tpot
@@ -109,6 +122,9 @@ def _columns(group: Sequence[Observation], slots: int, phys: Physics) -> dict[st
             np.log1p(output),
             np.log(np.maximum(concurrent, 1)),
             concurrent / slots,
+            np.log1p(context / 1000),
+            np.log1p(np.maximum(context - low, 0) / 1000),
+            np.log1p(np.maximum(context - high, 0) / 1000),
         )
     )
     return {
@@ -228,4 +244,5 @@ def observation(record: Any) -> Observation | None:
         None if tpot is None else float(tpot) / 1e3,
         float(record.e2e_ms) / 1e3 - queue_s,
         None if energy is None else float(energy),
+        None if record.context_tokens is None else int(record.context_tokens),
     )

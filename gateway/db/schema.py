@@ -73,6 +73,11 @@ request_records = sa.Table(
         comment="True when the pool reported no power and energy_j is from nominal figures.",
     ),
     sa.Column("concurrent", sa.Integer, comment="Requests on the backend, this one included."),
+    sa.Column(
+        "context_tokens",
+        sa.Integer,
+        comment="KV-cache tokens its backend held at admission (every replica's), its own in.",
+    ),
     sa.Column("predicted_ttft_ms", sa.Float),
     sa.Column("predicted_e2e_ms", sa.Float),
     sa.Column("predicted_energy_j", sa.Float),

@@ -81,6 +81,10 @@ class BackendState:
         """Requests every replica of the gateway has on the backend now."""
         return self.in_flight + self.elsewhere
 
+    def kv_tokens(self, bytes_per_token: float) -> int:
+        """Return the KV-cache tokens every replica has reserved on the backend now."""
+        return round((self.kv_reserved + self.kv_elsewhere) / bytes_per_token)
+
     def fits(self, kv_bytes: float) -> bool:
         """Return whether a request needing kv_bytes of KV cache fits in the free memory."""
         return self.kv_reserved + self.kv_elsewhere + kv_bytes <= self.kv_capacity

@@ -136,6 +136,7 @@ class Telemetry:
             status=ex.status,
             error=ex.error,
             concurrent=ex.concurrent or None,
+            context_tokens=ex.context_tokens or None,
             predicted_ttft_ms=ms(predicted.ttft_s) if predicted else None,
             predicted_e2e_ms=ms(predicted.e2e_s) if predicted else None,
             predicted_energy_j=predicted.energy_j if predicted else None,

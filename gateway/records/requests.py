@@ -48,6 +48,7 @@ class RequestRecord:
     cost_usd: float | None = None
     energy_estimated: bool | None = None
     concurrent: int | None = None
+    context_tokens: int | None = None
     predicted_ttft_ms: float | None = None
     predicted_e2e_ms: float | None = None
     predicted_energy_j: float | None = None

@@ -84,6 +84,7 @@ class Passage:
     queued_in: str | None = None
     admitted_s: float | None = None
     concurrent: int = 0
+    context_tokens: int = 0  # KV-cache tokens its backend held at admission, its own in
     fell_back: bool = False
     refused: str | None = None
 
@@ -172,6 +173,7 @@ class Replay:
         self._unsettled: dict[str, Passage] = {}
         self._in_service = 0
         self._specs = {name: model_spec(sim.profile, model) for name, sim in self.world.items()}
+        self._kv_token = self.policy.kv_bytes_per_token(model)
         if strategy.oracle is not None:
             strategy.oracle.world = self.world  # the oracle reads the truth the others measure
         self._condition(0.0)
@@ -289,12 +291,15 @@ class Replay:
             self._admit(passage, self.world[backend.name], now)
 
     def _admit(self, passage: Passage, sim: SimulatedBackend, now: float) -> None:
+        request = passage.request
+        # The KV cache a slot reserves, as the live admission books it: prompt and output.
         sim.state.in_flight += 1
+        sim.state.kv_reserved += (request.prompt_tokens + request.output_tokens) * self._kv_token
         self._in_service += 1
         passage.backend = sim
         passage.admitted_s = now
         passage.concurrent = sim.state.in_flight
-        request = passage.request
+        passage.context_tokens = sim.state.kv_tokens(self._kv_token)
         passage.job = Job(
             self._specs[sim.state.name],
             request.prompt_tokens,
@@ -314,7 +319,9 @@ class Replay:
         sim, job = passage.backend, passage.job
         assert sim is not None and job is not None
         assert job.finished_at is not None and job.admitted_at is not None
+        request = passage.request
         sim.state.in_flight -= 1
+        sim.state.kv_reserved -= (request.prompt_tokens + request.output_tokens) * self._kv_token
         self._in_service -= 1
         sim.slot_s += job.finished_at - job.admitted_at
         if self.metered:
@@ -363,4 +370,5 @@ class Replay:
             tpot_s=passage.tpot_s,
             e2e_s=job.finished_at - passage.admitted_s,
             energy_j=energy_j,
+            context_tokens=passage.context_tokens,
         )

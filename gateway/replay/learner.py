@@ -90,6 +90,7 @@ class OnlineLearner:
             observation.prompt_tokens,
             observation.completion_tokens,
             observation.concurrent,
+            context=observation.context_tokens,
         )
         warm = self.seen[observation.pool] >= WARM_OBSERVATIONS
         for target in TARGETS:

@@ -90,10 +90,19 @@ class CostRanker:
         self, profile: RequestProfile, pool: PoolState, output: int, model: CostModel
     ) -> Prediction:
         rate = self.rates(pool.name) if self.rates is not None else None
+        own = profile.prompt_tokens + output
         backend = pool.most_free()
         if backend is not None:
+            per_token = model.policy.kv_bytes_per_token(profile.model)
             return model.predict(
-                pool.name, profile.model, profile.prompt_tokens, output, backend.load + 1, 0.0, rate
+                pool.name,
+                profile.model,
+                profile.prompt_tokens,
+                output,
+                backend.load + 1,
+                0.0,
+                rate,
+                backend.kv_tokens(per_token) + own,
             )
         healthy = pool.healthy()
         full = model.predict(

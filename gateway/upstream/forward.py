@@ -109,6 +109,7 @@ class Forwarder:
         response.on_end(lambda: self.admission.release(slot))
         backend = slot.backend
         ex.concurrent = backend.load
+        ex.context_tokens = backend.kv_tokens(policy.kv_bytes_per_token(ex.model))
         ex.prediction = self._prediction(ex, backend, fleet)
         try:
             if chunks is not None:

@@ -113,8 +113,13 @@ def test_retraining_computes_the_priors_and_features_the_request_path_predicts_w
     slots = POLICY.pools["gpu"].slots_per_backend
     phys = CostModel(POLICY).pool_model("gpu", MODEL).physics
     group = [
-        Observation("gpu", MODEL, prompt, output, n, 0.1, None, 0.5, None)
-        for prompt, output, n in [(0, 1, 0), (1, 0, 1), (37, 5, 2), (4000, 900, slots + 9)]
+        Observation("gpu", MODEL, prompt, output, n, 0.1, None, 0.5, None, context)
+        for prompt, output, n, context in [
+            (0, 1, 0, None),  # a record from before contexts were kept: its own alone
+            (1, 0, 1, 1),
+            (37, 5, 2, 5000),
+            (4000, 900, slots + 9, 40_000),
+        ]
     ]
     columns = _columns(group, slots, phys)
     for i, o in enumerate(group):
@@ -126,7 +131,8 @@ def test_retraining_computes_the_priors_and_features_the_request_path_predicts_w
         assert columns["prior_tpot"][i] == pytest.approx(phys.tpot_s(o.concurrent))
         assert columns["prior_e2e"][i] == pytest.approx(service)
         assert columns["prior_energy"][i] == pytest.approx(energy)
-        phi = features(o.prompt_tokens, o.completion_tokens, o.concurrent, slots)
+        context = o.context_tokens or o.prompt_tokens + o.completion_tokens
+        phi = features(o.prompt_tokens, o.completion_tokens, o.concurrent, slots, context)
         assert list(columns["phi"][i]) == pytest.approx(list(phi))
     assert columns["ttft"][0] == 0.1 and all(v != v for v in columns["tpot"])  # NaN: not measured
 
