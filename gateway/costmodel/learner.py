@@ -1,16 +1,21 @@
 """The learner: collect measured requests and retrain the cost model in the background.
 
-It retrains when its schedule says (gateway/costmodel/train.py `RetrainSchedule`), in a worker
-thread, stores each version with its held-out error, and swaps the new model in. If training fails,
-the failure is stored and the last good version keeps serving.
+It retrains when its schedule says (gateway/costmodel/train.py `RetrainSchedule`) in a trainer
+process of its own, so a fit never holds the serving process's interpreter (in a thread of the
+same process it stalled the event loop up to 13 ms, docs/performance.md), stores each version
+with its held-out error, and swaps the new model in. If training fails, the failure is stored
+and the last good version keeps serving.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import multiprocessing
+import os
 import time
 from collections import deque
+from concurrent.futures import ProcessPoolExecutor
 from collections.abc import Callable
 from typing import Any
 
@@ -59,6 +64,8 @@ class Learner:
         self._last = time.monotonic()
         self.periodic = Periodic("cost-model-learner", 1.0, self._train_if_due)
         self._training = False
+        self._trainer: ProcessPoolExecutor | None = None  # started with the first retraining
+        self.trainer_pid: int | None = None  # the process that fitted the newest version
 
     def observe(self, record: RequestRecord) -> None:
         """Learn from a finished request's record."""
@@ -87,7 +94,10 @@ class Learner:
         version = 0
         try:
             version = await asyncio.to_thread(store.next_version, self._engine)
-            model, scores = await asyncio.to_thread(_train, policy, snapshot, version)
+            fitted = asyncio.get_running_loop().run_in_executor(
+                self._process(), _train, policy, snapshot, version
+            )
+            model, scores, self.trainer_pid = await fitted
             model = await asyncio.to_thread(store.save, self._engine, model, scores, len(snapshot))
         except Exception as exc:
             log.exception("cost-model training failed; the previous version keeps serving")
@@ -110,11 +120,21 @@ class Learner:
         log.info("cost model version %d trained on %d observations", model.version, len(snapshot))
         return model
 
+    def _process(self) -> ProcessPoolExecutor:
+        if self._trainer is None:
+            # Spawned, not forked: the serving process has threads and an event loop running.
+            context = multiprocessing.get_context("spawn")
+            self._trainer = ProcessPoolExecutor(max_workers=1, mp_context=context)
+        return self._trainer
+
     def start(self) -> None:
         self.periodic.start()
 
     async def stop(self) -> None:
         await self.periodic.stop()
+        if self._trainer is not None:
+            self._trainer.shutdown(wait=False, cancel_futures=True)
+            self._trainer = None
 
     async def _train_if_due(self) -> None:
         if self.due():
@@ -123,5 +143,7 @@ class Learner:
 
 def _train(
     policy: Policy, kept: list[tuple[Any, ...]], version: int
-) -> tuple[CostModel, dict[str, dict[str, dict[str, Score]]]]:
-    return train(policy, list(map(Observation._make, kept)), version)
+) -> tuple[CostModel, dict[str, dict[str, dict[str, Score]]], int]:
+    """Fit a version in the trainer process; return it, its scores and this process's id."""
+    model, scores = train(policy, list(map(Observation._make, kept)), version)
+    return model, scores, os.getpid()

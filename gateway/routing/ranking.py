@@ -32,6 +32,9 @@ class Ranking:
     pools: list[PoolState]
     predictions: dict[str, Prediction] = field(default_factory=dict)
     slo_unmeetable: bool = False
+    # The first pool is full, and predicted to meet the SLO once its queue lets the request
+    # in, still the cheapest: wait there rather than take a dearer pool's free slot.
+    wait_for_first: bool = False
 
 
 def preference_order(
@@ -148,4 +151,8 @@ class CostRanker:
             return Ranking(fastest, predictions, slo_unmeetable=True)
         order = {name: i for i, name in enumerate(route.pools)}
         feasible.sort(key=lambda p: (objective(predictions[p.name]), order.get(p.name, 0)))
-        return Ranking(feasible, predictions)
+        first = feasible[0]
+        wait = predictions[first.name].queue_s > 0 and len(feasible) > 1
+        if wait:
+            trace.append((first.name, "full, but cheapest with its wait and within the SLO"))
+        return Ranking(feasible, predictions, wait_for_first=wait)

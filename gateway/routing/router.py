@@ -211,6 +211,10 @@ def decide(
             kv,
         )
 
+    waits = ranking.wait_for_first and canary is None and _queue_room(ranked[0], budget_ms)
+    if waits and ranking.predictions[ranked[0].name].queue_s * 1000 <= budget_ms:
+        trace.append((ranked[0].name, f"queued: waits up to {budget_ms:.0f} ms for a slot"))
+        return decision(None, ranked[0])
     for pool in ranked:
         backend = pool.most_free(kv_bytes=kv)
         if backend is not None:

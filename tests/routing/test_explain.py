@@ -28,15 +28,24 @@ def test_explain_sees_live_load_and_sends_nothing(sims, tmp_path: Path) -> None:
     )
     with run_gateway(policy, tmp_path, admin_token=TOKEN) as gw, gw.http() as http:
         idle = http.post("/admin/explain", json={"body": BODY}, headers=AUTH).json()
-        for backend in gw.gateway.fleet.pools["asic"].backends:
+        asic = gw.gateway.fleet.pools["asic"]
+        for backend in asic.backends:
             backend.in_flight = backend.slots  # the ASIC is full right now
-        busy = http.post("/admin/explain", json={"body": BODY}, headers=AUTH).json()
-        for backend in gw.gateway.fleet.pools["asic"].backends:
+        full = http.post("/admin/explain", json={"body": BODY}, headers=AUTH).json()
+        asic.waiters.extend([None] * 60)  # type: ignore[list-item]  # and 60 wait before it
+        crowded = http.post("/admin/explain", json={"body": BODY}, headers=AUTH).json()
+        asic.waiters.clear()
+        for backend in asic.backends:
             backend.in_flight = 0
         denied = http.post("/admin/explain", json={"body": BODY})
     assert idle["decision"]["pool"] == "asic"
-    assert busy["decision"]["pool"] == "gpu"
-    assert any("asic: no free slot" in line for line in busy["trace"])
+    # Full but freeing a slot soon: still the cheapest within the SLO, so the request waits.
+    assert (full["decision"]["pool"], full["decision"]["backend"]) == ("asic", None)
+    assert full["decision"]["queued_ms"] is not None
+    assert any("full, but cheapest with its wait" in line for line in full["trace"])
+    # Sixty ahead of it: the wait misses the SLO, and a free GPU slot serves.
+    assert crowded["decision"]["pool"] == "gpu"
+    assert "asic: predicted to miss the SLO: p90 ttft" in " ".join(crowded["trace"])
     assert idle["predictions"]["asic"]["marginal_energy_j"] > 0
     assert denied.status_code == 401
     assert gw.records(0) == []  # nothing was sent upstream, nothing recorded
