@@ -15,8 +15,8 @@ import multiprocessing
 import os
 import time
 from collections import deque
-from concurrent.futures import ProcessPoolExecutor
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 import sqlalchemy as sa
