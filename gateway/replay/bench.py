@@ -43,12 +43,11 @@ def benchmark(
     # relative to requests, and which pool round-robin starts with.
     phase = random.Random(seed).random()
     window_s = START_S + max((r.arrival_s for r in requests), default=0.0) + DRAIN_S
+    models = sorted({r.model or MODEL for r in requests} or {MODEL})
 
     def replay(name: str, serving: Policy) -> dict[str, Any]:
         rates = ScenarioRates(serving, scenario)
-        strategy = strategy_for(
-            name, serving, seed=seed, retrain_every=retrain_every, rates=rates, model=MODEL
-        )
+        strategy = strategy_for(name, serving, seed=seed, retrain_every=retrain_every, rates=rates)
         run = Replay(strategy, requests, meter_phase_s=phase, scenario=scenario, rates=rates)
         run.run().finish(window_s)
         return summarize(run)
@@ -58,9 +57,9 @@ def benchmark(
         started = clock()
         if name == "best-static":
             # Every fixed order, in hindsight: the cheapest of them is the bar to clear.
-            tried = [(replay(name, order), order) for order in orders(policy, MODEL)]
+            tried = [(replay(name, order), order) for order in orders(policy, models)]
             result, order = min(tried, key=lambda pair: pair[0]["cost_usd_per_1k_tokens"])
-            result["order"] = describe_order(order, MODEL)
+            result["order"] = describe_order(order, models)
             result["orders_tried"] = len(tried)
         else:
             result = replay(name, policy)

@@ -49,24 +49,29 @@ START_S = 1.0
 
 
 def request_profile(policy: Policy, request: TraceRequest, model: str = MODEL) -> RequestProfile:
-    """Return what the router would know of a trace request: a streamed chat in the default class.
+    """Return what the router would know of a trace request.
 
-    `max_tokens` is the trace's generated length, as a client that knows it would send (and as
-    benchmarks make the simulator generate exactly that many tokens with `ignore_eos`).
+    What the request does not say is a streamed chat to `model` in the policy's default class
+    from an anonymous tenant (an Azure trace says none of it; request records say all of it; a
+    class the policy no longer has is its default). `max_tokens` is the trace's generated
+    length, as a client that knows it would send (and as benchmarks make the simulator generate
+    exactly that many tokens with `ignore_eos`).
     """
-    name = policy.default_slo_class
+    name = request.slo_class if request.slo_class in policy.slo_classes else None
+    name = name or policy.default_slo_class
     slo = policy.slo_classes[name]
+    embedding = request.endpoint == "embeddings"
     return RequestProfile(
-        endpoint="chat",
-        model=model,
+        endpoint=request.endpoint,
+        model=request.model or model,
         prompt_tokens=request.prompt_tokens,
-        max_tokens=request.output_tokens,
+        max_tokens=None if embedding else request.output_tokens,
         slo_class=name,
         ttft_ms=slo.ttft_ms,
         tpot_ms=slo.tpot_ms,
         e2e_ms=slo.e2e_ms,
-        tenant="anonymous",
-        stream=True,
+        tenant=request.tenant or "anonymous",
+        stream=request.stream and not embedding,
     )
 
 
@@ -152,8 +157,9 @@ class Replay:
         self._boundaries = deque(START_S + t for t in scenario.boundaries())
         self._charged_at = 0.0
         self.model = model
+        self.models = sorted({r.model or model for r in requests} or {model})
         self.fleet = Fleet(self.policy)
-        self.world = build_world(self.policy, self.fleet, model)
+        self.world = build_world(self.policy, self.fleet, self.models)
         self.passages = [
             Passage(str(i), START_S + r.arrival_s, r, request_profile(self.policy, r, model))
             for i, r in enumerate(requests)
@@ -172,8 +178,11 @@ class Replay:
         self._finished: list[Passage] = []
         self._unsettled: dict[str, Passage] = {}
         self._in_service = 0
-        self._specs = {name: model_spec(sim.profile, model) for name, sim in self.world.items()}
-        self._kv_token = self.policy.kv_bytes_per_token(model)
+        self._specs = {
+            (name, m): model_spec(sim.profile, m, self.policy)
+            for name, sim in self.world.items()
+            for m in self.models
+        }
         if strategy.oracle is not None:
             strategy.oracle.world = self.world  # the oracle reads the truth the others measure
         self._condition(0.0)
@@ -291,17 +300,18 @@ class Replay:
             self._admit(passage, self.world[backend.name], now)
 
     def _admit(self, passage: Passage, sim: SimulatedBackend, now: float) -> None:
-        request = passage.request
+        request, model = passage.request, passage.profile.model
+        per_token = self.policy.kv_bytes_per_token(model)
         # The KV cache a slot reserves, as the live admission books it: prompt and output.
         sim.state.in_flight += 1
-        sim.state.kv_reserved += (request.prompt_tokens + request.output_tokens) * self._kv_token
+        sim.state.kv_reserved += (request.prompt_tokens + request.output_tokens) * per_token
         self._in_service += 1
         passage.backend = sim
         passage.admitted_s = now
         passage.concurrent = sim.state.in_flight
-        passage.context_tokens = sim.state.kv_tokens(self._kv_token)
+        passage.context_tokens = sim.state.kv_tokens(per_token)
         passage.job = Job(
-            self._specs[sim.state.name],
+            self._specs[(sim.state.name, model)],
             request.prompt_tokens,
             request.output_tokens,
             on_progress=lambda: self._progress(passage),
@@ -320,8 +330,9 @@ class Replay:
         assert sim is not None and job is not None
         assert job.finished_at is not None and job.admitted_at is not None
         request = passage.request
+        per_token = self.policy.kv_bytes_per_token(passage.profile.model)
         sim.state.in_flight -= 1
-        sim.state.kv_reserved -= (request.prompt_tokens + request.output_tokens) * self._kv_token
+        sim.state.kv_reserved -= (request.prompt_tokens + request.output_tokens) * per_token
         self._in_service -= 1
         sim.slot_s += job.finished_at - job.admitted_at
         if self.metered:
@@ -362,7 +373,7 @@ class Replay:
         assert job.first_token_at is not None and job.finished_at is not None
         return Observation(
             pool=sim.state.pool,
-            model=self.model,
+            model=passage.profile.model,
             prompt_tokens=passage.request.prompt_tokens,
             completion_tokens=passage.request.output_tokens,
             concurrent=passage.concurrent,

@@ -94,10 +94,9 @@ def marginal(
 class OracleRanker:
     """Rank pools by the true marginal cost of the request on their cheapest free backend."""
 
-    def __init__(self, policy: Policy, rates: Rates, model: str):
+    def __init__(self, policy: Policy, rates: Rates):
         self.policy = policy
         self.rates = rates
-        self.model = model
         self.world: dict[str, SimulatedBackend] = {}  # the replay's, given once it is built
 
     def placement(self, profile: RequestProfile, pool: PoolState) -> Placement | None:
@@ -119,7 +118,7 @@ class OracleRanker:
                 usd_per_slot_s,
                 profile.ttft_ms,
                 profile.tpot_ms,
-                model_spec(sim.profile, self.model).cost_scale,
+                model_spec(sim.profile, profile.model, self.policy).cost_scale,
             )
             if best is None or (not best.meets_slo, best.cost_usd) > (
                 not found.meets_slo,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from gateway.costmodel.model import OutputLengths
@@ -89,17 +89,19 @@ def gpu_only_policy(policy: Policy) -> Policy:
     return policy.model_copy(update={"routes": routes})
 
 
-def orders(policy: Policy, model: str) -> list[Policy]:
-    """Return the policy under every order of the pools of each route that may serve `model`."""
-    serving = [
-        i
-        for i, route in enumerate(policy.routes)
-        if not route.match.models or model in route.match.models
-    ]
+def serves(route: Route, models: Collection[str]) -> bool:
+    """Say whether a route may serve one of `models`."""
+    return not route.match.models or bool(set(models) & set(route.match.models))
+
+
+def orders(policy: Policy, models: Collection[str]) -> list[Policy]:
+    """Return the policy under every order of the pools of each route that may serve `models`."""
+    serving = [i for i, route in enumerate(policy.routes) if serves(route, models)]
     choices = [list(itertools.permutations(policy.routes[i].pools)) for i in serving]
     if math.prod(len(c) for c in choices) > MAX_ORDERS:
         raise ValueError(
-            f"the routes serving {model} have more than {MAX_ORDERS} orders of their pools: "
+            f"the routes serving {', '.join(models)} have more than {MAX_ORDERS} orders of their "
+            "pools: "
             "best-static would replay each"
         )
     found = []
@@ -111,13 +113,9 @@ def orders(policy: Policy, model: str) -> list[Policy]:
     return found
 
 
-def describe_order(policy: Policy, model: str) -> dict[str, list[str]]:
+def describe_order(policy: Policy, models: Collection[str]) -> dict[str, list[str]]:
     """Return each serving route's pools in order, as a result names an order."""
-    return {
-        r.name: list(r.pools)
-        for r in policy.routes
-        if not r.match.models or model in r.match.models
-    }
+    return {r.name: list(r.pools) for r in policy.routes if serves(r, models)}
 
 
 @dataclass(slots=True)
@@ -142,7 +140,6 @@ def strategy_for(
     seed: int = 0,
     retrain_every: int = 200,
     rates: Rates | None = None,
-    model: str = "llama-3.1-8b-instruct",
 ) -> Strategy:
     """Build the router of a named strategy over a policy; `rates` are the prices it reads."""
     if name == "learned":
@@ -151,7 +148,7 @@ def strategy_for(
         ranker = CostRanker(lambda: learner.model, outputs, rates)
         return Strategy(name, policy, ranker, learner, outputs)
     if name == "oracle":
-        oracle = OracleRanker(policy, rates or (lambda pool: own_rate(policy.pools[pool])), model)
+        oracle = OracleRanker(policy, rates or (lambda pool: own_rate(policy.pools[pool])))
         return Strategy(name, policy, oracle, oracle=oracle)
     if name == "gpu-only":
         return Strategy(name, gpu_only_policy(policy), preference_order)

@@ -47,7 +47,9 @@ def summarize(replay: Replay) -> dict[str, object]:
     ttft = [p.ttft_s * 1e3 for p in served if p.ttft_s is not None]
     tpot = [p.tpot_s * 1e3 for p in served if p.tpot_s is not None]
     pools = Counter(p.pool for p in served)
-    live = [n for n, pool in policy.pools.items() if pool.live and replay.model in pool.models]
+    live = [
+        n for n, pool in policy.pools.items() if pool.live and set(replay.models) & set(pool.models)
+    ]
     tokens: Counter[str] = Counter()
     concurrency: Counter[str] = Counter()
     for p in served:

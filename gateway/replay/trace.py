@@ -20,11 +20,18 @@ class TraceError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class TraceRequest:
-    """One request of a trace: when it arrives and how many tokens it reads and writes."""
+    """One request of a trace: when it arrives, how many tokens it reads and writes, and, where
+    the trace says (request records do; the Azure traces do not), its model, SLO class, tenant,
+    endpoint and whether it streamed. What it does not say, the replay gives its defaults."""
 
     arrival_s: float
     prompt_tokens: int
     output_tokens: int
+    model: str | None = None
+    slo_class: str | None = None
+    tenant: str | None = None
+    endpoint: str = "chat"
+    stream: bool = True
 
 
 def read_trace(

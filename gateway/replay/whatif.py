@@ -1,7 +1,8 @@
 """What-if: replay the requests a period recorded through a proposed policy, before applying it.
 
-The period's served chat requests (arrival, prompt and completion tokens from their records) are
-replayed on a virtual clock through the real router and a learning cost model (gateway/replay/),
+The period's served requests, as they were recorded (arrival, model, SLO class, tenant,
+endpoint, streaming, prompt and completion tokens), are replayed on a virtual clock through the
+real router and a learning cost model (gateway/replay/),
 once under the active policy and once under the proposed one, and the two are compared: energy,
 cost, SLO attainment and pool shares. The replay's devices follow the simulator's physics for
 each pool's kind, so on a real fleet read the differences between the policies, not the
@@ -18,24 +19,31 @@ import sqlalchemy as sa
 from gateway.db.schema import request_records
 from gateway.policy.model import Policy
 from gateway.replay.bench import benchmark
-from gateway.replay.engine import MODEL
 from gateway.replay.trace import TraceRequest
 
 COMPARED = ("energy_j_per_request", "cost_usd_per_1k_tokens", "slo_attainment", "ttft_p99_ms")
 
 
 def recorded_requests(
-    engine: sa.Engine, since: float, *, limit: int | None = None, model: str = MODEL
+    engine: sa.Engine, since: float, *, limit: int | None = None
 ) -> list[TraceRequest]:
-    """Return the period's successful chat requests as a replayable trace, oldest first."""
+    """Return the period's successful requests as a replayable trace, oldest first: each with
+    its model, SLO class, tenant, endpoint and streaming as recorded."""
     r = request_records.c
     query = (
-        sa.select(r.ts, r.prompt_tokens, r.completion_tokens)
+        sa.select(
+            r.ts,
+            r.prompt_tokens,
+            r.completion_tokens,
+            r.model,
+            r.slo_class,
+            r.tenant,
+            r.endpoint,
+            r.stream,
+        )
         .where(
             r.ts >= since,
             r.status == 200,
-            r.endpoint == "chat",
-            r.model == model,
             r.prompt_tokens.is_not(None),
             r.completion_tokens.is_not(None),
         )
@@ -49,7 +57,16 @@ def recorded_requests(
         return []
     first = rows[0].ts
     return [
-        TraceRequest(row.ts - first, int(row.prompt_tokens), max(int(row.completion_tokens), 1))
+        TraceRequest(
+            row.ts - first,
+            int(row.prompt_tokens),
+            0 if row.endpoint == "embeddings" else max(int(row.completion_tokens), 1),
+            model=row.model,
+            slo_class=row.slo_class,
+            tenant=row.tenant,
+            endpoint=row.endpoint,
+            stream=bool(row.stream),
+        )
         for row in rows
     ]
 

@@ -10,6 +10,7 @@ only as the live gateway does: slots it counts itself, and an energy counter it 
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from gateway.fleet.state import BackendState, Fleet
@@ -49,13 +50,19 @@ class SimulatedBackend:
         return self.device.energy_j - self.device.idle_energy_j
 
 
-def model_spec(profile: Profile, model: str) -> ModelSpec:
-    """Return the simulator's figures for a model on a profile, or say which models it knows."""
+def model_spec(profile: Profile, model: str, policy: Policy | None = None) -> ModelSpec:
+    """Return the simulator's figures for a model on a profile.
+
+    A model the simulator does not know (a real fleet's names) costs what its size in the
+    policy's `models` says against the 8B reference, as a chat model.
+    """
     spec = profile.model(model)
-    if spec is None:
+    if spec is not None:
+        return spec
+    if policy is None:
         known = ", ".join(m.name for m in profile.models)
         raise ValueError(f"simulator profile {profile.name!r} does not serve {model!r} ({known})")
-    return spec
+    return ModelSpec(name=model, kind="chat", cost_scale=policy.params_b(model) / 8.0)
 
 
 def profile_for(kind: str) -> Profile:
@@ -63,13 +70,15 @@ def profile_for(kind: str) -> Profile:
     return load_profile(kind)
 
 
-def build_world(policy: Policy, fleet: Fleet, model: str) -> dict[str, SimulatedBackend]:
-    """Put a fresh simulated device behind every backend of every live pool serving `model`."""
+def build_world(
+    policy: Policy, fleet: Fleet, models: Collection[str]
+) -> dict[str, SimulatedBackend]:
+    """Put a fresh simulated device behind every backend of every live pool serving `models`."""
     world: dict[str, SimulatedBackend] = {}
     for pool in fleet.pools.values():
         if not pool.spec.live:
             continue  # shadow-only pools serve nothing live, and shadow copies are not replayed
-        if model not in pool.spec.models:
+        if not set(models) & set(pool.spec.models):
             continue  # the router never sends it a request of the trace
         profile = profile_for(pool.spec.kind)
         for backend in pool.backends:

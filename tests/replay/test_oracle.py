@@ -21,7 +21,7 @@ def test_the_oracle_costs_no_more_than_any_fixed_order(results: dict[str, dict[s
 
 
 def asic(policy: Policy) -> SimulatedBackend:
-    world = build_world(policy, Fleet(policy), MODEL)
+    world = build_world(policy, Fleet(policy), [MODEL])
     return next(sim for sim in world.values() if sim.state.pool == "asic")
 
 

@@ -101,3 +101,53 @@ def test_simulate_says_when_there_is_nothing_to_replay(tmp_path: Path) -> None:
     )
     assert result.returncode == 1
     assert "nothing to replay" in result.stderr
+
+
+def test_every_recorded_model_class_tenant_and_endpoint_is_replayed_as_it_was(
+    tmp_path: Path,
+) -> None:
+    """A fleet's mix: 8B chat, 70B chat in the batch class, embeddings, a tenant's streams off."""
+    from gateway.policy.load import load_policy
+    from gateway.replay.whatif import recorded_requests, simulate
+
+    url = f"sqlite:///{tmp_path / 'g.db'}"
+    upgrade(url)
+    start = time.time() - 600
+    kinds = [
+        ("llama-3.1-8b-instruct", "interactive", None, "chat", True, 800, 100),
+        ("llama-3.1-70b-instruct", "batch", "acme", "chat", False, 1200, 200),
+        ("bge-large-en-v1.5", "interactive", None, "embeddings", False, 300, 0),
+        ("a-model-this-fleet-no-longer-serves", "interactive", None, "chat", True, 100, 10),
+    ]
+    rows = [
+        {
+            "decision_id": f"{i:032x}",
+            "ts": start + i * 0.5,
+            "endpoint": endpoint,
+            "model": model,
+            "slo_class": slo,
+            "tenant": tenant,
+            "stream": stream,
+            "prompt_tokens": prompt,
+            "completion_tokens": output,
+            "attempts": 1,
+            "fallback": False,
+            "status": 200,
+        }
+        for i, (model, slo, tenant, endpoint, stream, prompt, output) in enumerate(kinds * 30)
+    ]
+    engine = make_engine(url)
+    with engine.begin() as conn:
+        conn.execute(request_records.insert(), rows)
+    requests = recorded_requests(engine, start - 1)
+    engine.dispose()
+    assert len(requests) == 120
+    big = next(r for r in requests if r.model == "llama-3.1-70b-instruct")
+    assert (big.slo_class, big.tenant, big.stream) == ("batch", "acme", False)
+    assert next(r for r in requests if r.endpoint == "embeddings").output_tokens == 0
+    policy = load_policy(ROOT / "policies" / "default.yaml")
+    run = simulate(policy, policy, requests)["runs"]["active"]
+    # Every model reached its own pools: the 70B model's own GPUs, the embeddings the ASIC.
+    assert run["pool_shares"]["gpu-70b"] == 0.25
+    assert run["served"] == 90  # the model no pool serves is refused, as it would be
+    assert run["refused"] == 30
