@@ -366,6 +366,14 @@ class Route(Strict):
         description="preference: the pools' order; min_cost / min_energy / min_carbon / "
         "min_latency: the learned cost model picks, among pools predicted to meet the SLO.",
     )
+    explore: float = Field(
+        default=0.0,
+        ge=0,
+        le=0.5,
+        description="Share of requests served by the runner-up pool, when two meet the SLO: a "
+        "pool the model stopped choosing still sends it evidence, so one that recovers from a "
+        "slowdown is chosen again.",
+    )
     shadow: list[ShadowTarget] = []
     noise_floor: NoiseFloor | None = Field(
         default=None,

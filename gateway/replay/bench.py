@@ -48,7 +48,14 @@ def benchmark(
     def replay(name: str, serving: Policy) -> dict[str, Any]:
         rates = ScenarioRates(serving, scenario)
         strategy = strategy_for(name, serving, seed=seed, retrain_every=retrain_every, rates=rates)
-        run = Replay(strategy, requests, meter_phase_s=phase, scenario=scenario, rates=rates)
+        run = Replay(
+            strategy,
+            requests,
+            meter_phase_s=phase,
+            scenario=scenario,
+            rates=rates,
+            draw=random.Random(seed).random,
+        )
         run.run().finish(window_s)
         return summarize(run)
 

@@ -23,8 +23,9 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+import random
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -147,8 +148,11 @@ class Replay:
         model: str = MODEL,
         scenario: Scenario = PLAIN,
         rates: ScenarioRates | None = None,
+        draw: Callable[[], float] | None = None,
     ):
         self.strategy = strategy
+        # What the live gateway draws per request (a canary's share, exploring), seeded here.
+        self._draw = draw or random.Random(0).random
         self.policy = strategy.policy
         self.scenario = scenario
         # The rates the router reads, moved to each instant; the replay's own when it has none.
@@ -270,7 +274,9 @@ class Replay:
     def _arrive(self, passage: Passage) -> None:
         now = passage.arrival_s
         try:
-            decision = decide(passage.profile, self.policy, self.fleet, self.strategy.rank)
+            decision = decide(
+                passage.profile, self.policy, self.fleet, self.strategy.rank, self._draw()
+            )
         except GatewayError as exc:
             passage.refused = type(exc).__name__
             return

@@ -6,7 +6,9 @@ drop those that do not serve the model, whose context is too short for prompt pl
 that have no healthy backend; serve from the first that has a free slot; otherwise wait in the
 first such pool's queue within the SLO budget; otherwise use the route's fallback.
 
-`rank_pools` is the seam where a cost model replaces the preference order.
+`rank_pools` is the seam where a cost model replaces the preference order. A route that
+`explore`s sends that share of its requests to the runner-up of the ranking, so a pool the model
+stopped choosing keeps sending it evidence.
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ from gateway.routing.classify import RequestProfile
 from gateway.routing.ranking import Ranking, preference_order
 
 RankPools = Callable[[RequestProfile, Route, Sequence[PoolState], list[tuple[str, str]]], Ranking]
+# The request's draw times this, modulo 1, decides whether it explores: uniform too, and apart
+# from the draw's own low values, which decide a canary's share.
+EXPLORE_SPREAD = 7919.0
 
 
 @dataclass(slots=True)
@@ -194,6 +199,17 @@ def decide(
     canary = _canary_pool(route, fleet, profile, need, kv, draw, trace, refused)
     if canary is not None:
         ranked = [canary, *(p for p in ranked if p is not canary)]
+    elif (
+        route.explore
+        and len(ranked) > 1
+        and not ranking.slo_unmeetable
+        and (draw * EXPLORE_SPREAD) % 1.0 > 1.0 - route.explore
+    ):
+        ranked = [ranked[1], ranked[0], *ranked[2:]]
+        ranking.wait_for_first = False
+        trace.append(
+            (ranked[0].name, f"explored: {route.explore:.0%} of requests keep its figures fresh")
+        )
     slo = policy.slo_classes[profile.slo_class]
     budget_ms = (
         slo.max_queue_ms if profile.ttft_ms is None else min(slo.max_queue_ms, profile.ttft_ms)

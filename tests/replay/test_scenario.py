@@ -74,6 +74,12 @@ def test_events_in_force_multiply_and_a_pools_own_tariff_wins(policy: Policy) ->
     assert scenario.rate(policy, "asic", 150) == Rate(own.usd_per_kwh, own.g_co2_per_kwh)
 
 
+def unexplored(policy: Policy) -> Policy:
+    """Return the policy with no route exploring: every request where its ranking puts it."""
+    routes = [r.model_copy(update={"explore": 0.0}) for r in policy.routes]
+    return policy.model_copy(update={"routes": routes})
+
+
 def steady(n: int, every_s: float = 0.5) -> list[TraceRequest]:
     return [TraceRequest(i * every_s, 800, 100) for i in range(n)]
 
@@ -81,6 +87,7 @@ def steady(n: int, every_s: float = 0.5) -> list[TraceRequest]:
 def test_a_throttled_pool_serves_slower_and_draws_more_where_the_event_holds(
     policy: Policy,
 ) -> None:
+    policy = unexplored(policy)
     plain = benchmark(policy, steady(80), strategies=("static",))["static"]
     throttled = Scenario.model_validate(
         {"events": [{"pool": "asic", "start_s": 0, "end_s": 3600, "slow_factor": 3}]}
@@ -103,6 +110,7 @@ def test_tariffs_price_the_energy_drawn_while_they_hold_and_move_routers_that_re
     """From 20 s the ASIC's electricity costs 2,000 times as much: the cost of the energy it
     draws after that changes, and a router pricing energy at the rate in force (learned, the
     oracle) moves to the GPU at the boundary, where a fixed order cannot."""
+    policy = unexplored(policy)
     peak = Scenario.model_validate(
         {
             "tariffs": [

@@ -1,4 +1,5 @@
-"""The learned router adapts: a pool that turns slow and hungry loses its traffic."""
+"""The learned router adapts: a pool that turns slow and hungry loses its traffic, and regains
+it once it recovers, from the share of requests the route explores with."""
 
 from __future__ import annotations
 
@@ -16,7 +17,9 @@ pytestmark = pytest.mark.alone  # the model learns from wall-clock timings
 PROMPT = [{"role": "user", "content": "Describe how a systolic array multiplies matrices."}]
 
 
-def test_traffic_moves_off_a_pool_that_became_slower_than_its_figures(sims, tmp_path: Path) -> None:
+def test_traffic_moves_off_a_pool_that_slowed_and_back_once_it_recovers(
+    sims, tmp_path: Path
+) -> None:
     routes = [
         {
             "name": "chat",
@@ -24,6 +27,7 @@ def test_traffic_moves_off_a_pool_that_became_slower_than_its_figures(sims, tmp_
             "pools": ["gpu", "asic"],
             "fallback": "gpu",
             "objective": "min_energy",
+            "explore": 0.2,
         }
     ]
     policy = fleet_policy(
@@ -60,7 +64,9 @@ def test_traffic_moves_off_a_pool_that_became_slower_than_its_figures(sims, tmp_
             return pools
 
         before = serve(60)
-        assert before["asic"] > 50  # the efficient card serves while it is what it claims
+        assert (
+            before["asic"] > 35
+        )  # the efficient card serves while it is what it claims (a fifth explores)
         sims.asic[0].set_faults(slow_factor=30.0)
         serve(240)
         # Retraining runs beside the serving and may lag it on a busy machine: go on until a
@@ -74,5 +80,14 @@ def test_traffic_moves_off_a_pool_that_became_slower_than_its_figures(sims, tmp_
         wait_for(retrained, timeout=300, message="no model was trained on the slow requests")
         after = serve(50)
         versions = gw.gateway.costmodel.version
+        # Explored, a fifth of the requests still reach the ASIC: its evidence stays fresh.
+        sims.asic[0].reset_faults()
+        regained: list[Counter[str]] = []
+
+        def back() -> bool:
+            regained.append(serve(50))
+            return regained[-1]["asic"] >= 30
+
+        wait_for(back, timeout=600, message=lambda: f"the ASIC never came back: {regained[-3:]}")
     assert versions >= 2
-    assert after["gpu"] >= 45, after
+    assert after["gpu"] >= 35, after  # the explored fifth aside

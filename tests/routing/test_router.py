@@ -282,3 +282,19 @@ def test_a_full_canary_gives_way_to_the_routes_pools() -> None:
     fill(fleet, "asic")
     decision = decide(profile(), policy, fleet, draw=0.0)
     assert decision.backend is not None and decision.backend.pool == "gpu"
+
+
+def test_a_route_that_explores_sends_its_share_to_the_runner_up() -> None:
+    routes = [{"name": "chat", "match": {"models": [MODEL]}, "pools": ["asic", "gpu"],
+               "fallback": "gpu", "explore": 0.1}]  # fmt: skip
+    policy = fleet_policy(routes=routes)
+    fleet = Fleet(policy)
+    draws = [i / 1000 for i in range(1000)]
+    pools = [decide(profile(), policy, fleet, draw=d).backend.pool for d in draws]  # type: ignore[union-attr]
+    explored = pools.count("gpu") / len(pools)
+    assert 0.08 < explored < 0.12  # a tenth, spread over the draws
+    # The same draw always decides the same way, and the default draw never explores.
+    assert [decide(profile(), policy, fleet, draw=d).backend.pool for d in draws] == pools  # type: ignore[union-attr]
+    assert decide(profile(), policy, fleet).backend.pool == "asic"  # type: ignore[union-attr]
+    still = fleet_policy(routes=[dict(routes[0], explore=0.0)])
+    assert {decide(profile(), still, Fleet(still), draw=d).backend.pool for d in draws} == {"asic"}  # type: ignore[union-attr]
