@@ -117,7 +117,7 @@ class Gateway:
             interval_s=settings.power_scrape_interval_s,
             clock=clock,
             load_share=self._load_share,
-            on_room=lambda pool: self.admission.dispatch(self.fleet.pools[pool]),
+            on_room=self._room,
             rates=self.rate,
         )
         self.costmodel = CostModel(policy)
@@ -258,6 +258,11 @@ class Gateway:
     def _use_model(self, model: CostModel) -> None:
         # A model trained while the policy changed is rebased on the policy serving now.
         self.costmodel = _rebased(model, self.policy)
+
+    def _room(self, pool: str) -> None:
+        state = self.fleet.pools.get(pool)  # a reload may have removed it meanwhile
+        if state is not None:
+            self.admission.dispatch(state)
 
     def _restored(self, backend: BackendState) -> None:
         self.admission.dispatch(self.fleet.pools[backend.pool])

@@ -185,8 +185,8 @@ class Device:
 
     @property
     def external_running(self) -> int:
-        """Return how many requests of other clients hold a slot."""
-        return min(self.external, self.slots)
+        """Return how many requests of other clients hold a slot: the slots ours left them."""
+        return min(self.external, max(0, self.slots - len(self._holding)))
 
     @property
     def external_waiting(self) -> int:
@@ -306,7 +306,7 @@ class Device:
         self.time = until
 
     def _admit(self, at: float) -> None:
-        while self._queue and self.active < self.slots:
+        while self._queue and self.active < self.slots and not self.external_waiting:
             job = self._queue.popleft()
             job.state = JobState.PREFILL
             job.admitted_at = at

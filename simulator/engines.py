@@ -56,9 +56,10 @@ def render(engine: str, devices: Sequence[Device], models: Sequence[str]) -> lis
     for device in devices:
         running.update(job.model.name for job in device.holding())
         waiting.update(job.model.name for job in device.waiting())
-        # Other clients' requests are for the first model served.
-        running[models[0]] += device.external_running
-        waiting[models[0]] += device.external_waiting
+        # Other clients' requests are for the first chat model served.
+        if models:
+            running[models[0]] += device.external_running
+            waiting[models[0]] += device.external_waiting
     kv = max(device.kv_usage for device in devices)
     lines: list[str] = []
     if engine in PER_MODEL:

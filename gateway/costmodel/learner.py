@@ -17,6 +17,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 import sqlalchemy as sa
@@ -97,7 +98,11 @@ class Learner:
             fitted = asyncio.get_running_loop().run_in_executor(
                 self._process(), _train, policy, snapshot, version
             )
-            model, scores, self.trainer_pid = await fitted
+            try:
+                model, scores, self.trainer_pid = await fitted
+            except BrokenProcessPool:
+                self._trainer = None  # it died (killed, out of memory): the next one starts anew
+                raise
             model = await asyncio.to_thread(store.save, self._engine, model, scores, len(snapshot))
         except Exception as exc:
             log.exception("cost-model training failed; the previous version keeps serving")

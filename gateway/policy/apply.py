@@ -74,8 +74,9 @@ def apply(
     active = versions.active(engine)
     if active is not None and active.hash == content_hash(text):
         return Applied(active, False, checked.warnings)
-    if active is not None and precision_gate != "checked":
-        ungated = uncleared(engine, going_live(engine, active.content, policy))
+    if precision_gate != "checked":
+        # Without an active version, no pool served before: the first one is gated too.
+        ungated = uncleared(engine, going_live(engine, active.content if active else "", policy))
         if ungated and precision_gate == "check":
             at = locator(text, source)
             problems = [

@@ -93,10 +93,14 @@ class CostRanker:
         self, profile: RequestProfile, pool: PoolState, output: int, model: CostModel
     ) -> Prediction:
         rate = self.rates(pool.name) if self.rates is not None else None
-        own = profile.prompt_tokens + output
+        policy = model.policy
+        per_token = policy.kv_bytes_per_token(profile.model)
+        # Its own share as admission books it, and as records keep it: prompt, and every
+        # answer's output limit.
+        limit = profile.max_tokens or policy.assumed_max_tokens
+        own = profile.prompt_tokens + (0 if output == 0 else profile.sequences * limit)
         backend = pool.most_free()
         if backend is not None:
-            per_token = model.policy.kv_bytes_per_token(profile.model)
             return model.predict(
                 pool.name,
                 profile.model,
@@ -108,8 +112,14 @@ class CostRanker:
                 backend.kv_tokens(per_token) + own,
             )
         healthy = pool.healthy()
+        context = max(b.kv_tokens(per_token) for b in healthy) + own
         full = model.predict(
-            pool.name, profile.model, profile.prompt_tokens, output, healthy[0].slots
+            pool.name,
+            profile.model,
+            profile.prompt_tokens,
+            output,
+            healthy[0].slots,
+            context=context,
         )
         # Waiting: each request ahead frees a slot after about one service time, spread
         # over every slot of the pool.
@@ -123,6 +133,7 @@ class CostRanker:
             healthy[0].slots,
             queue_s,
             rate,
+            context,
         )
 
     def __call__(
@@ -152,7 +163,10 @@ class CostRanker:
         order = {name: i for i, name in enumerate(route.pools)}
         feasible.sort(key=lambda p: (objective(predictions[p.name]), order.get(p.name, 0)))
         first = feasible[0]
-        wait = predictions[first.name].queue_s > 0 and len(feasible) > 1
+        # A pool full of other clients' requests, or whose engine says it has no room, frees a
+        # slot only when a scrape says so, not when one of ours ends: never worth waiting for.
+        engine_held = any(b.engine_full or b.external for b in first.healthy())
+        wait = predictions[first.name].queue_s > 0 and len(feasible) > 1 and not engine_held
         if wait:
             trace.append((first.name, "full, but cheapest with its wait and within the SLO"))
         return Ranking(feasible, predictions, wait_for_first=wait)

@@ -86,6 +86,7 @@ class EnergyMeter:
         self._clock = clock
         self._ledgers: dict[str, BackendLedger] = {}
         self._failures: dict[str, int] = {}
+        self._engine_misses: dict[str, int] = {}
         self._pending: dict[str, _Pending] = {}
         self._task: asyncio.Task[None] | None = None
 
@@ -210,14 +211,27 @@ class EnergyMeter:
             for span in ledger.settle():
                 self._release(span)
         roomier: set[str] = set()
+        for state in fleet.pools.values():
+            if state.spec.engine is None:  # a reload took its engine away: its figures go too
+                for kept in state.backends:
+                    if kept.external or kept.engine_full:
+                        kept.external = kept.external_seen = 0
+                        kept.engine_full = ""
+                        roomier.add(state.name)
         for backend, name in engine:
             _, text = readings[backend.engine_url]
             load = None if text is None else engines.read_engine(text, name)
             before = backend.free_slots
-            if load is None:  # nothing reported: the gateway's own bookkeeping decides
-                backend.external = backend.external_seen = 0
-                backend.engine_full = ""
+            if load is None:
+                # A busy engine is the one likeliest to answer its scrape late: its last figures
+                # hold for a few misses; then the gateway's own bookkeeping decides.
+                misses = self._engine_misses.get(backend.url, 0) + 1
+                self._engine_misses[backend.url] = misses
+                if misses >= FAILED_SCRAPES_BEFORE_ESTIMATING:
+                    backend.external = backend.external_seen = 0
+                    backend.engine_full = ""
             else:
+                self._engine_misses[backend.url] = 0
                 # A request of ours on its way to the engine is in our count, not yet in its:
                 # the estimate of the others' falls for a moment. It falls only once a second
                 # scrape agrees, and ours is the smaller of the counts around the scrape.

@@ -196,3 +196,11 @@ def test_a_rollback_that_would_put_a_shadow_only_pool_live_is_gated(database: st
     forced = rollback(engine, author="bo", precision_gate="override")
     assert forced.version.message.endswith("[precision gate overridden for cim by bo]")
     engine.dispose()
+
+
+def test_the_first_version_is_gated_too(database: str) -> None:
+    engine = make_engine(database)
+    with pytest.raises(PolicyError, match="pool 'cim' is shadow-only"):
+        apply(engine, with_canary("cim", 0.5), "policy.yaml", author="ana", message="first")
+    assert versions.active(engine) is None
+    engine.dispose()

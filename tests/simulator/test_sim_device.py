@@ -280,3 +280,14 @@ def test_each_step_reads_the_kv_cache_past_what_on_chip_memory_holds():
         small.submit(job, 0.0)
         _run(small)
         assert job.finished_at - job.first_token_at == pytest.approx(expected)
+
+
+def test_other_clients_get_only_the_slots_ours_left_and_wait_for_the_rest():
+    device = _device(slots=4)
+    for _ in range(3):
+        device.submit(Job(CHAT, 10, 1000), 0.0)
+    device.set_external(3, kv_tokens=100, now=0.0)
+    assert (device.external_running, device.external_waiting, device.active) == (1, 2, 4)
+    late = Job(CHAT, 10, 5)
+    device.submit(late, 0.001)
+    assert late.state is JobState.QUEUED  # the other clients waited first
