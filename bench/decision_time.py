@@ -1,4 +1,4 @@
-"""Time one routing decision with the learned cost model over the default policy's pools.
+"""Time one routing decision with a learned cost model over the default policy's pools.
 
     python -m bench.decision_time [--decisions 50000]
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from gateway.costmodel.model import CostModel, OutputLengths
+from gateway.costmodel.model import FEATURES, TARGETS, CostModel, OutputLengths, Residual
 from gateway.fleet.state import Fleet
 from gateway.policy.load import parse_policy
 from gateway.policy.model import Policy
@@ -47,6 +47,15 @@ def three_pool_policy() -> Policy:
     return parse_policy(yaml.safe_dump(doc))
 
 
+def learned_model(policy: Policy) -> CostModel:
+    """Return one cost model, as the running gateway holds, with non-zero residuals on every
+    pool: the arithmetic a trained model does (the prior alone would multiply by exp(0))."""
+    weights = tuple(0.01 * (i + 1) for i in range(len(FEATURES)))
+    residuals = {target: Residual(weights, 0.2) for target in TARGETS}
+    trained = {(pool, model): residuals for pool in policy.pools for model in policy.models}
+    return CostModel(policy, version=1, trained=trained)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--decisions", type=int, default=50_000)
@@ -55,7 +64,8 @@ def main() -> None:
     fleet = Fleet(policy)
     for i, backend in enumerate(fleet.backends()):
         backend.in_flight = (3 * i + 5) % backend.slots
-    ranker = CostRanker(lambda: CostModel(policy), OutputLengths())
+    model = learned_model(policy)
+    ranker = CostRanker(lambda: model, OutputLengths())
     profile = RequestProfile(
         endpoint="chat",
         model="llama-3.1-8b-instruct",

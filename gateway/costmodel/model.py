@@ -41,16 +41,17 @@ def features(
 ) -> tuple[float, ...]:
     """Return φ for a request on a backend that will have `concurrent` requests with it, whose
     KV cache will hold `context` tokens (every request's on it, this one's included)."""
+    # Conditionals, not max(): this runs for every pool of every request.
     low, high = CONTEXT_KNEES
     return (
         1.0,
         math.log1p(prompt),
         math.log1p(output),
-        math.log(max(concurrent, 1)),
+        math.log(concurrent) if concurrent > 1 else 0.0,
         concurrent / slots,
         math.log1p(context / 1000),
-        math.log1p(max(0, context - low) / 1000),
-        math.log1p(max(0, context - high) / 1000),
+        math.log1p((context - low) / 1000) if context > low else 0.0,
+        math.log1p((context - high) / 1000) if context > high else 0.0,
     )
 
 
@@ -153,10 +154,12 @@ class PoolModel:
         others = concurrent - 1
         slowed = 0.0
         if others > 0 and output > 1:
-            before = features(prompt, output, others, phys.slots, max(context - own, 0))
+            rest = context - own if context > own else 0  # the others' KV cache alone
+            before = features(prompt, output, others, phys.slots, rest)
             step_before = phys.tpot_s(others) * self._tpot.factor(before)
-            slowed = others * (output - 1) * max(tpot - step_before, 0.0)
-        service_prior = prefill_prior + max(output - 1, 0) * step_prior
+            if tpot > step_before:
+                slowed = others * (output - 1) * (tpot - step_before)
+        service_prior = prefill_prior + (output - 1 if output > 1 else 0) * step_prior
         service = service_prior * self._e2e.factor(phi)
         watts = phys.watts(concurrent)
         # What the meter will attribute: the device's draw shared with the others in flight.

@@ -59,7 +59,7 @@ class Physics:
         return self.prefill_fixed_s + self.prefill_per_token_s * prompt_tokens
 
     def tpot_s(self, concurrent: int) -> float:
-        return self.step_fixed_s + self.step_per_seq_s * max(concurrent - 1, 0)
+        return self.step_fixed_s + self.step_per_seq_s * (concurrent - 1 if concurrent > 1 else 0)
 
     def watts(self, concurrent: int) -> float:
         if concurrent <= 0:
