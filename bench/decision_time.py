@@ -90,15 +90,15 @@ def main() -> None:
     gc.enable()
     samples.sort()
     pick = lambda q: samples[min(int(q * len(samples)), len(samples) - 1)] / 1000  # noqa: E731
+    decision = decide(profile, policy, fleet, ranker)
     result = {
         "decisions": len(samples),
         "p50_us": pick(0.5),
         "p99_us": pick(0.99),
         "p999_us": pick(0.999),
+        "pools_ranked": list(decision.predictions),
     }
-    decision = decide(profile, policy, fleet, ranker)
     print(json.dumps(result))
-    print("pools ranked:", list(decision.predictions))
 
 
 if __name__ == "__main__":
