@@ -22,9 +22,14 @@ are loaded in turn at each point, so drift in the machine's speed falls on them 
 - litellm: LiteLLM's proxy (`litellm[proxy]==1.93.0` in its own virtual environment, created
   on first use in bench/.litellm-venv), one worker, no database, access log off.
 
-Reports requests per second, p50/p99 latency, the latency added over direct, the server's CPU
-time per request (steadier than throughput on a busy machine), and each server's
-peak resident memory (VmHWM), as a table, the ratios against issue #10's targets, and JSON.
+Reports requests per second, p50/p99/p99.9 latency, the latency added over direct, the server's
+CPU time per request (steadier than throughput on a busy machine; the serving process's share
+apart), each server's peak resident memory (VmHWM; a gateway's serving process apart from its
+writer and trainer), and for a gateway the stalls its loop-lag probe and collector timing saw,
+as a table, ratios (each gateway's latency over the bare relay's, run by run, with `--runs N`
+as the median and range of N side-by-side runs), the targets, and JSON.
+
+    python -m bench.hot_path --paths direct,relay,gateway,gateway-shadow10 --runs 3
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ import os
 import re
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -75,6 +81,10 @@ def wrk_script(stream: bool) -> str:
         f"wrk.body = {json.dumps(json.dumps(body))}\n"
         'wrk.headers["Content-Type"] = "application/json"\n'
         'wrk.headers["Authorization"] = "Bearer sk-bench"\n'
+        # wrk prints 50/75/90/99; the tail past the p99 is what stalls show in.
+        "done = function(summary, latency, requests)\n"
+        '  io.write(string.format("p999_us %d\\n", latency:percentile(99.9)))\n'
+        "end\n"
     )
 
 
@@ -88,12 +98,14 @@ def wrk(url: str, connections: int, seconds: int, script: str) -> dict[str, Any]
     rps = re.search(r"Requests/sec:\s+([\d.]+)", out)
     p50 = re.search(r"50%\s+([\d.]+)(us|ms|s)", out)
     p99 = re.search(r"99%\s+([\d.]+)(us|ms|s)", out)
+    p999 = re.search(r"p999_us (\d+)", out)
     non_2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     socket = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
     return {
         "rps": round(float(rps.group(1)), 1) if rps else 0.0,
         "p50_ms": round(_ms(*p50.groups()), 3) if p50 else 0.0,
         "p99_ms": round(_ms(*p99.groups()), 3) if p99 else 0.0,
+        "p999_ms": round(int(p999.group(1)) / 1000, 3) if p999 else 0.0,
         "non_2xx": int(non_2xx.group(1)) if non_2xx else 0,
         "socket_errors": sum(int(n) for n in socket.groups()) if socket else 0,
     }
@@ -156,20 +168,20 @@ def process_tree(pid: int) -> list[int]:
     return pids
 
 
-def cpu_s(pid: int) -> float:
+def cpu_s(pid: int, children: bool = True) -> float:
     """Return the CPU time (user + system) a process and its children have used, in seconds."""
     total = 0
-    for p in process_tree(pid):
+    for p in process_tree(pid) if children else [pid]:
         with contextlib.suppress(OSError, IndexError, ValueError):
             fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
             total += int(fields[11]) + int(fields[12])  # utime, stime: every thread's
     return total / os.sysconf("SC_CLK_TCK")
 
 
-def memory_mib(pid: int, field: str) -> float:
+def memory_mib(pid: int, field: str, children: bool = True) -> float:
     """Sum `field` (VmRSS now, VmHWM the peak) over a process and its children, in MiB."""
     total = 0
-    for p in process_tree(pid):
+    for p in process_tree(pid) if children else [pid]:
         with contextlib.suppress(OSError, AttributeError):
             status = Path(f"/proc/{p}/status").read_text()
             total += int(re.search(rf"{field}:\s+(\d+)", status).group(1))  # type: ignore[union-attr]
@@ -329,9 +341,40 @@ def litellm(upstream: str, venv: Path) -> Iterator[tuple[subprocess.Popen[bytes]
         shutil.rmtree(work, ignore_errors=True)
 
 
-def shadow_copies(base: str) -> dict[str, float]:
+def scrape(base: str) -> str:
     with urllib.request.urlopen(base + "/metrics", timeout=5) as response:
-        text = response.read().decode()
+        return str(response.read().decode())
+
+
+def stall_counts(base: str) -> dict[str, float]:
+    """Read the gateway's loop-lag histogram (how many timer rounds ran more than each bound
+    late, as "over_5ms") and its collections past the youngest (count and seconds paused)."""
+    buckets: dict[float, float] = {}
+    found: dict[str, float] = {}
+    for line in scrape(base).splitlines():
+        match = re.match(r'gateway_event_loop_lag_seconds_bucket\{le="([^"]+)"\} (\S+)', line)
+        if match:
+            buckets[float(match.group(1))] = float(match.group(2))
+        match = re.match(r'gateway_gc_pause_seconds_(count|sum)\{generation="(\d)"\} (\S+)', line)
+        if match:
+            kind, generation, value = match.groups()
+            name = f"gc{generation}_{'collections' if kind == 'count' else 'paused_s'}"
+            found[name] = float(value)
+    total = buckets.get(float("inf"), 0.0)
+    # Buckets hold rounds up to `le`; what ran later than the bucket below is total minus it.
+    for le, n in sorted(buckets.items()):
+        if le != float("inf"):
+            found[f"over_{le * 1000:g}ms"] = total - n
+    return found
+
+
+def stalls(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """What one point added to each of stall_counts' figures."""
+    return {key: round(value - before.get(key, 0.0), 4) for key, value in after.items()}
+
+
+def shadow_copies(base: str) -> dict[str, float]:
+    text = scrape(base)
     found: dict[str, float] = {}
     for line in text.splitlines():
         match = re.match(r"gateway_shadow_(sent|dropped|failed)_total(?:\{.*\})? (\S+)", line)
@@ -366,7 +409,8 @@ def measure_paths(
 
     Taking the paths point by point, rather than one after the other, puts any drift in the
     machine's speed on all of them alike, so their ratios are measured side by side; the
-    servers not being measured are stopped meanwhile (paused).
+    servers not being measured are stopped meanwhile (paused). With `args.runs` > 1 every point
+    is measured that many times in turn, and each figure is the median, with every run kept.
     """
     rows: dict[str, dict[str, Any]] = {name: {} for name in targets}
     for name, (pid, base) in targets.items():
@@ -377,33 +421,77 @@ def measure_paths(
                 if wrk(base + CHAT, 8, args.warmup, scripts[mode])["rps"] > 0:
                     break
         rows[name]["rss_start_mib"] = memory_mib(pid, "VmRSS")
-    for mode in args.modes:
-        for connections in args.connections:
-            for name, (pid, base) in targets.items():
-                # direct's server is the upstream, which every path needs.
-                idle = [p for other, (p, _) in targets.items() if other not in (name, "direct")]
-                with paused(idle):
-                    used = cpu_s(pid)
-                    point = wrk(base + CHAT, connections, args.seconds, scripts[mode])
-                    used = cpu_s(pid) - used
-                # CPU per request moves far less than throughput when the machine is not quiet.
-                served = point["rps"] * args.seconds
-                cpu = used * 1e6 / served if served else 0
-                point["cpu_us_per_req"] = round(cpu)
-                rows[name].setdefault(mode, {})[str(connections)] = point
-                print(
-                    f"  {name:17} {mode:6} {connections:>3} conns: {point['rps']:>9.0f} req/s  "
-                    f"p50 {point['p50_ms']:.3f} ms  p99 {point['p99_ms']:.3f} ms",
-                    flush=True,
-                )
-                if point["non_2xx"] or point["socket_errors"]:
-                    print(f"  {name} failed some requests: {point}", flush=True)
+    for run in range(args.runs):
+        for mode in args.modes:
+            for connections in args.connections:
+                for name in targets:
+                    point = measure_point(name, targets, args, scripts[mode], connections)
+                    runs = rows[name].setdefault(mode, {}).setdefault(str(connections), [])
+                    runs.append(point)
+                    print(
+                        f"  {f'run {run + 1}' if args.runs > 1 else '':5} {name:17} {mode:6} "
+                        f"{connections:>3} conns: {point['rps']:>9.0f} req/s  "
+                        f"p50 {point['p50_ms']:.3f}  p99 {point['p99_ms']:.3f}  "
+                        f"p99.9 {point['p999_ms']:.3f} ms",
+                        flush=True,
+                    )
+                    if point["non_2xx"] or point["socket_errors"]:
+                        print(f"  {name} failed some requests: {point}", flush=True)
     for name, (pid, base) in targets.items():
+        for mode in args.modes:
+            for conns, runs in rows[name][mode].items():
+                rows[name][mode][conns] = {**median_point(runs), "runs": runs}
         rows[name]["rss_end_mib"] = memory_mib(pid, "VmRSS")
         rows[name]["peak_rss_mib"] = memory_mib(pid, "VmHWM")
+        # The serving process apart from the processes it starts (records writer, trainer).
+        rows[name]["serving_peak_rss_mib"] = memory_mib(pid, "VmHWM", children=False)
+        rows[name]["helpers_peak_rss_mib"] = round(
+            rows[name]["peak_rss_mib"] - rows[name]["serving_peak_rss_mib"], 1
+        )
         if name.startswith("gateway"):
             rows[name]["shadow_copies"] = shadow_copies(base)
     return rows
+
+
+def measure_point(
+    name: str,
+    targets: dict[str, tuple[int, str]],
+    args: argparse.Namespace,
+    script: str,
+    connections: int,
+) -> dict[str, Any]:
+    """Load one path at one point with the other servers paused; return wrk's figures, the
+    CPU per request (all of it, and the serving process's) and, for the gateway, its stalls."""
+    pid, base = targets[name]
+    # direct's server is the upstream, which every path needs.
+    idle = [p for other, (p, _) in targets.items() if other not in (name, "direct")]
+    gateway = name.startswith("gateway")
+    with paused(idle):
+        lag = stall_counts(base) if gateway else {}
+        used, serving = cpu_s(pid), cpu_s(pid, children=False)
+        point = wrk(base + CHAT, connections, args.seconds, script)
+        used, serving = cpu_s(pid) - used, cpu_s(pid, children=False) - serving
+        if gateway:
+            point["loop_stalls"] = stalls(lag, stall_counts(base))
+    # CPU per request moves far less than throughput when the machine is not quiet.
+    served = point["rps"] * args.seconds
+    point["cpu_us_per_req"] = round(used * 1e6 / served) if served else 0
+    point["serving_cpu_us_per_req"] = round(serving * 1e6 / served) if served else 0
+    return point
+
+
+def median_point(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The median of each figure over runs, with the range of the latencies and throughput."""
+    point: dict[str, Any] = {}
+    for key, value in runs[0].items():
+        if isinstance(value, int | float):
+            values = sorted(run[key] for run in runs)
+            point[key] = statistics.median(values)
+            if key in ("rps", "p50_ms", "p99_ms", "p999_ms"):
+                point[f"{key}_range"] = [values[0], values[-1]]
+        elif isinstance(value, dict):
+            point[key] = {k: statistics.median(run[key][k] for run in runs) for k in value}
+    return point
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -419,6 +507,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         Path(scripts[mode]).write_text(wrk_script(mode == "stream"))
     results: dict[str, Any] = {
         "seconds": args.seconds,
+        "runs": args.runs,
         "chunks": args.chunks,
         "connections": list(args.connections),
         "load_average_at_start": list(os.getloadavg()),  # other work on the machine skews all
@@ -484,10 +573,40 @@ def add_comparisons(results: dict[str, Any]) -> None:
                 if num is not None and den:
                     ratios[label] = round(num / den, 3)
     results["ratios"] = ratios
+    results["tail_ratios"] = tail_ratios(results)
+
+
+def tail_ratios(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each gateway path's latency over the bare relay's, run by run (side by side), as the
+    median and range over runs: p50, p99 and p99.9, chat and stream, at every point."""
+    paths = results["paths"]
+    relay = paths.get(RELAY_PATH)
+    found: dict[str, dict[str, Any]] = {}
+    if relay is None:
+        return found
+    for name in ("gateway", "gateway-shadow10"):
+        for mode in MODES:
+            for conns, point in paths.get(name, {}).get(mode, {}).items():
+                base = relay.get(mode, {}).get(conns)
+                if base is None:
+                    continue
+                for key in ("p50_ms", "p99_ms", "p999_ms"):
+                    each = sorted(
+                        round(run[key] / floor[key], 2)
+                        for run, floor in zip(point["runs"], base["runs"], strict=True)
+                        if floor[key]
+                    )
+                    if each:
+                        label = f"{name}/relay {key[:-3]} {mode} @{conns}"
+                        found[label] = {
+                            "median": statistics.median(each),
+                            "range": [each[0], each[-1]],
+                        }
+    return found
 
 
 def targets(results: dict[str, Any]) -> list[tuple[str, str, bool]]:
-    """Check issue #10's targets that this run measured: (target, measured, met)."""
+    """Check the targets this run measured: (target, measured, met)."""
     checks: list[tuple[str, str, bool]] = []
     paths, ratios = results["paths"], results["ratios"]
     for conns in (8, 64):
@@ -505,8 +624,29 @@ def targets(results: dict[str, Any]) -> list[tuple[str, str, bool]]:
         checks.append(("added p99 <= 1.5 ms @8", f"{added:.3f} ms", added <= 1.5))
     for name in ("gateway", "gateway-shadow10"):
         if name in paths:
-            peak = paths[name]["peak_rss_mib"]
-            checks.append((f"{name} peak RSS <= 150 MiB", f"{peak} MiB", peak <= 150))
+            peak = paths[name]["serving_peak_rss_mib"]
+            helpers = paths[name]["helpers_peak_rss_mib"]
+            checks.append(
+                (
+                    f"{name} serving process peak RSS <= 150 MiB",
+                    f"{peak} MiB (+{helpers} MiB in its writer and trainer)",
+                    peak <= 150,
+                )
+            )
+    tails = results.get("tail_ratios", {})
+    for mode in MODES:
+        for conns in (1, 8):
+            label = f"gateway/relay p99 {mode} @{conns}"
+            if label in tails:
+                ratio = tails[label]
+                low, high = ratio["range"]
+                checks.append(
+                    (
+                        f"p99 <= 2x the bare relay's, {mode} @{conns}",
+                        f"{ratio['median']}x ({low}-{high})",
+                        ratio["median"] <= 2,
+                    )
+                )
     for conns in (8, 64):
         label = f"shadow10/shadow0 chat @{conns}"
         if label in ratios:
@@ -520,24 +660,33 @@ def targets(results: dict[str, Any]) -> list[tuple[str, str, bool]]:
 def print_report(results: dict[str, Any]) -> None:
     print(
         f"\n{'path':17} {'mode':6} {'conns':>5} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} "
-        f"{'+p50 ms':>8} {'+p99 ms':>8} {'CPU us/req':>10} {'peak RSS MiB':>12}"
+        f"{'p99.9 ms':>8} {'+p50 ms':>8} {'+p99 ms':>8} {'CPU us/req':>10} {'stalls >5ms':>11} "
+        f"{'peak RSS MiB':>12}"
     )
     for name, row in results["paths"].items():
         for mode in MODES:
             for conns, p in row.get(mode, {}).items():
                 added50 = f"{p['added_p50_ms']:.3f}" if "added_p50_ms" in p else "-"
                 added99 = f"{p['added_p99_ms']:.3f}" if "added_p99_ms" in p else "-"
+                lagged = p.get("loop_stalls", {}).get("over_5ms")
                 print(
                     f"{name:17} {mode:6} {conns:>5} {p['rps']:>9.0f} {p['p50_ms']:>8.3f} "
-                    f"{p['p99_ms']:>8.3f} {added50:>8} {added99:>8} {p['cpu_us_per_req']:>10} "
+                    f"{p['p99_ms']:>8.3f} {p['p999_ms']:>8.3f} {added50:>8} {added99:>8} "
+                    f"{p['cpu_us_per_req']:>10} {'-' if lagged is None else f'{lagged:g}':>11} "
                     f"{row['peak_rss_mib']:>12}"
                 )
     print("\nratios (throughput, same run):")
     for label, value in results["ratios"].items():
         print(f"  {label:32} {value:.3f}x")
+    if results.get("tail_ratios"):
+        runs = results["runs"]
+        print(f"\nlatency over the bare relay's, side by side (median and range of {runs} runs):")
+        for label, ratio in results["tail_ratios"].items():
+            low, high = ratio["range"]
+            print(f"  {label:36} {ratio['median']:.2f}x ({low:.2f}-{high:.2f})")
     checks = targets(results)
     if checks:
-        print("\nissue #10 targets:")
+        print("\ntargets:")
         for target, measured, met in checks:
             print(f"  {'met    ' if met else 'NOT met'}  {target:44} {measured}")
         # wrk times whole streams; the per-chunk target is measured chunk by chunk there.
@@ -621,6 +770,7 @@ def profile(args: argparse.Namespace) -> int:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=int, default=5, help="wrk duration per point")
+    parser.add_argument("--runs", type=int, default=1, help="side-by-side runs of every point")
     parser.add_argument("--warmup", type=int, default=2, help="wrk warm-up per path and mode")
     parser.add_argument("--chunks", type=int, default=16, help="events per streamed answer")
     parser.add_argument("--paths", default=",".join(PATHS), help="comma-separated subset")

@@ -18,6 +18,9 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 
 TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1)
 OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1)
 SIMILARITY_BUCKETS = (0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 1.0)
+# The loop's timers tick in milliseconds (libuv): lag under 2 ms is the clock's, not a stall.
+LOOP_LAG_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0)
+GC_PAUSE_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25)
 
 
 class GatewayMetrics:
@@ -93,6 +96,21 @@ class GatewayMetrics:
             "Time spent in the gateway itself, upstream and queue excluded.",
             ["route"],
             buckets=OVERHEAD_BUCKETS,
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.loop_lag = Histogram(
+            "event_loop_lag_seconds",
+            "How late the event loop ran a timer due every 10 ms: what a request waits behind.",
+            buckets=LOOP_LAG_BUCKETS,
+            namespace=NAMESPACE,
+            registry=r,
+        )
+        self.gc_pause = Histogram(
+            "gc_pause_seconds",
+            "Pauses of the serving process's garbage collections, generations 1 and 2.",
+            ["generation"],
+            buckets=GC_PAUSE_BUCKETS,
             namespace=NAMESPACE,
             registry=r,
         )

@@ -1,13 +1,52 @@
-"""Background work: a task that runs one round every interval, and one-off tasks."""
+"""Background work: a task that runs one round every interval, one-off tasks, the processes
+that take work off the serving process (the records writer, the cost model's trainer), and the
+probes that time what stalls its event loop (late timers, the collector's pauses)."""
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
+import multiprocessing
+import os
+import signal
+import time
 from collections.abc import Awaitable, Callable, Coroutine
+from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 log = logging.getLogger(__name__)
+
+# Work apart can wait; a request cannot. Above the serving process's 0, the scheduler gives a
+# core they share to the event loop first: at nice 10 a helper gets about a tenth of a core a
+# saturated loop also wants (weights 110 against 1,024), several times what writing every
+# record takes, and all of an idle one.
+HELPER_NICE = 10
+
+
+def helper_process(
+    initializer: Callable[..., object] | None = None, initargs: tuple[Any, ...] = ()
+) -> ProcessPoolExecutor:
+    """Start a process of one worker for work apart from serving.
+
+    Spawned, not forked: the serving process has threads and an event loop running. It runs
+    below the serving process, and ignores Ctrl-C and SIGTERM, which reach the whole process
+    group: the serving process ends it after its last use (a flush at shutdown).
+    """
+    return ProcessPoolExecutor(
+        max_workers=1,
+        mp_context=multiprocessing.get_context("spawn"),
+        initializer=_started_apart,
+        initargs=(initializer, initargs),
+    )
+
+
+def _started_apart(initializer: Callable[..., object] | None, initargs: tuple[Any, ...]) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    os.nice(HELPER_NICE)
+    if initializer is not None:
+        initializer(*initargs)
 
 
 class Periodic:
@@ -57,6 +96,52 @@ class Periodic:
             await self._work()
         except Exception:
             log.exception("%s: a round failed; the next one runs as usual", self.name)
+
+
+class LoopLag:
+    """Measure how late the event loop runs a timer: the stall every request arriving waits behind.
+
+    A round that runs long (a collection, a burst of work) shows as lag; `observe` is given each
+    one in seconds.
+    """
+
+    def __init__(self, observe: Callable[[float], object], interval_s: float = 0.01):
+        self._observe = observe
+        self.interval_s = interval_s
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="loop-lag")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            due = loop.time() + self.interval_s
+            await asyncio.sleep(self.interval_s)
+            self._observe(max(0.0, loop.time() - due))
+
+
+def time_collections(observe: Callable[[int, float], object]) -> Callable[[], None]:
+    """Give `observe` the generation and pause, in seconds, of every collection past the
+    youngest (those are frequent and short); return what stops it."""
+    started = [0.0]
+
+    def timed(phase: str, info: dict[str, Any]) -> None:
+        if info["generation"] == 0:
+            return
+        if phase == "start":
+            started[0] = time.perf_counter()
+        else:
+            observe(info["generation"], time.perf_counter() - started[0])
+
+    gc.callbacks.append(timed)
+    return lambda: gc.callbacks.remove(timed)
 
 
 class Tasks:

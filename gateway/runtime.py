@@ -31,6 +31,7 @@ from gateway.fleet.ratelimit import TokenBuckets
 from gateway.fleet.sharedstate import SharedState
 from gateway.fleet.state import BackendState, Fleet
 from gateway.metrics import GatewayMetrics
+from gateway.periodic import LoopLag, time_collections
 from gateway.policy import versions
 from gateway.policy.credentials import Access
 from gateway.policy.load import content_hash, render_policy
@@ -40,6 +41,7 @@ from gateway.policy.tariffs import DAY_S, Rate, rate_at
 from gateway.policy.versions import PolicyVersion
 from gateway.promotion.rollout import RolloutDriver
 from gateway.records.requests import RecordWriter, RequestRecord
+from gateway.records.writer import WriterProcess
 from gateway.report.schedule import ReportScheduler, parse_schedule
 from gateway.routing.classify import TokenEstimator
 from gateway.routing.ranking import CostRanker
@@ -103,11 +105,19 @@ class Gateway:
         if self.shared is not None:
             SharedEjections(self.shared, lambda: self.fleet, self.outliers)
         self.engine = make_engine(settings.database_url)
+        # Records are inserted by a process of their own, off the serving process's interpreter
+        # and, at a lower priority, off the core its event loop needs.
+        self.writer = (
+            WriterProcess(settings.database_url)
+            if WriterProcess.serves(settings.database_url)
+            else None
+        )
         spill: dict[str, Any] = {
             "flush_interval_s": settings.record_flush_interval_s,
             "max_held": settings.record_buffer_rows,
             "spill_dir": settings.spill_dir,
             "max_spill_bytes": settings.spill_max_bytes,
+            "inserter": self.writer,
         }
         self.records = RecordWriter(self.engine, self.metrics, **spill)
         self.meter = EnergyMeter(
@@ -132,6 +142,8 @@ class Gateway:
                 min_interval_s=settings.model_retrain_min_interval_s,
             ),
         )
+        self.loop_lag = LoopLag(self.metrics.loop_lag.observe)
+        self._untime_collections: Callable[[], None] = lambda: None
         self.outputs = OutputLengths(default=policy.assumed_max_tokens)
         self.ranker = CostRanker(lambda: self.costmodel, self.outputs, self.rate)
         self.forwarder = Forwarder(
@@ -294,6 +306,10 @@ class Gateway:
         await self.meter.start()
         self.health.start()
         self.learner.start()
+        self.loop_lag.start()
+        self._untime_collections = time_collections(
+            lambda generation, s: self.metrics.gc_pause.labels(str(generation)).observe(s)
+        )
         if not await self._use_database(quiet=False):
             # Serve now from the policy file; once the database is there (migrated, reachable),
             # start what needs it and become ready.
@@ -337,11 +353,15 @@ class Gateway:
         await self.rollouts.stop()
         await self.policy_watcher.stop()
         await self.learner.stop()
+        await self.loop_lag.stop()
+        self._untime_collections()
         await self.health.stop()
         await self.mirror.stop()
         await self.meter.stop()  # delivers the energy of what is still held, then they are written
         await self.shadow_records.stop()
         await self.records.stop()
+        if self.writer is not None:
+            await asyncio.to_thread(self.writer.close)
         await self.admission.stop()
         if self.shared is not None:
             await self.shared.stop()

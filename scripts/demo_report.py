@@ -1,11 +1,11 @@
 """`make report`: a demo week of traffic through the real gateway, rendered as the weekly report.
 
-Starts the default fleet's simulators (in real time, as the policy describes them) and the gateway on free ports with a fresh
-SQLite database under reports/demo/, sends a minute of mixed chat traffic with the official
-openai client (shadow copies, noise floor and energy metering all live), runs the precision
-checks of the ASIC and the CIM part, stops everything cleanly, then stretches the recorded
-timestamps over the last complete week, so the minute reads as a week, and writes
-reports/demo/report.html, report.md and report.json.
+Starts the default fleet's simulators (in real time, as the policy describes them) and the
+gateway on free ports with a fresh SQLite database under reports/demo/, sends a minute of mixed
+chat traffic with the official openai client (shadow copies, noise floor and energy metering
+all live), runs the precision checks of the ASIC and the CIM part, stops everything cleanly,
+then stretches the recorded timestamps over the last complete week, so the minute reads as a
+week, and writes reports/demo/report.html, report.md and report.json.
 """
 
 from __future__ import annotations
@@ -170,7 +170,8 @@ def main() -> int:
         for pool in ("asic", "cim"):
             checked = subprocess.run(
                 [python, "-m", "gateway", "precision", "check", "--pool", pool, "--suite",
-                 str(ROOT / "suites" / "chat.jsonl"), "--out", str(OUT / f"precision-{pool}.json"), "--concurrency", "32"],
+                 str(ROOT / "suites" / "chat.jsonl"), "--out", str(OUT / f"precision-{pool}.json"),
+                 "--concurrency", "32"],
                 env=env,
                 capture_output=True,
                 text=True,

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import multiprocessing
 import os
 import time
 from collections import deque
@@ -33,7 +32,7 @@ from gateway.costmodel.train import (
     train,
 )
 from gateway.metrics import GatewayMetrics
-from gateway.periodic import Periodic
+from gateway.periodic import Periodic, helper_process
 from gateway.policy.model import Policy
 from gateway.records.requests import RequestRecord
 
@@ -127,9 +126,7 @@ class Learner:
 
     def _process(self) -> ProcessPoolExecutor:
         if self._trainer is None:
-            # Spawned, not forked: the serving process has threads and an event loop running.
-            context = multiprocessing.get_context("spawn")
-            self._trainer = ProcessPoolExecutor(max_workers=1, mp_context=context)
+            self._trainer = helper_process()
         return self._trainer
 
     def start(self) -> None:

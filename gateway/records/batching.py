@@ -1,4 +1,7 @@
-"""Batched writes: queue rows on the event loop and insert them from a worker thread.
+"""Batched writes: queue rows on the event loop and insert them elsewhere.
+
+The inserts run in a worker thread, or in the writer process (gateway.records.writer) when the
+gateway serves.
 
 Adding never waits, so a slow or unreachable database cannot slow or stall requests. Rows the
 database cannot take are kept and retried every round, oldest first:
@@ -128,6 +131,51 @@ def _execute(engine: sa.Engine, sql: str, values: list[Any]) -> None:
             conn.exec_driver_sql(sql, values[start : start + ROWS_PER_STATEMENT])
 
 
+def insert_batch(engine: sa.Engine, sql: str, values: list[Any]) -> tuple[int, list[str]]:
+    """Insert rows of driver values in one transaction; row by row if the database refuses one.
+
+    Return how many rows were written and, for each row the database refused (a constraint,
+    which no retry can fix), why. Raise DatabaseUnavailable when it cannot be reached.
+    """
+    try:
+        _execute(engine, sql, values)
+    except (sa.exc.IntegrityError, sa.exc.DataError):
+        pass
+    except sa.exc.SQLAlchemyError as exc:
+        raise DatabaseUnavailable(f"{type(exc).__name__}: {exc}") from exc
+    else:
+        return len(values), []
+    written, refused = 0, []
+    for n in range(len(values)):
+        if n:
+            yield_cpu()
+        try:
+            _execute(engine, sql, values[n : n + 1])
+        except (sa.exc.IntegrityError, sa.exc.DataError) as exc:
+            refused.append(str(exc.orig))
+        except sa.exc.SQLAlchemyError as exc:
+            raise DatabaseUnavailable(f"{type(exc).__name__}: {exc}") from exc
+        else:
+            written += 1
+    return written, refused
+
+
+class Inserter(Protocol):
+    """Where batches are inserted: a worker thread here, or the writer process."""
+
+    async def insert(self, sql: str, values: list[Any]) -> tuple[int, list[str]]: ...
+
+
+class InThread:
+    """Insert batches from a worker thread of this process, on its engine."""
+
+    def __init__(self, engine: sa.Engine):
+        self._engine = engine
+
+    async def insert(self, sql: str, values: list[Any]) -> tuple[int, list[str]]:
+        return await asyncio.to_thread(insert_batch, self._engine, sql, values)
+
+
 class BatchWriter(Generic[T]):
     """Write records of one table in batches, every `flush_interval_s`, off the request path.
 
@@ -148,8 +196,10 @@ class BatchWriter(Generic[T]):
         max_held: int = 10_000,
         spill_dir: Path | None = None,
         max_spill_bytes: int = DEFAULT_MAX_SPILL_BYTES,
+        inserter: Inserter | None = None,
     ):
         self._engine = engine
+        self._inserter = inserter or InThread(engine)
         self._table = table
         self._written = written
         self._dropped = dropped
@@ -216,7 +266,9 @@ class BatchWriter(Generic[T]):
             while queued > 0:
                 records = self._take(min(queued, self._batch_size))
                 queued -= len(records)
-                if not await self._write(records, self._insert_records):
+                # Read on the loop: a thread would hold the interpreter as long, and a record's
+                # values are what both a worker thread and the writer process take.
+                if not await self._write(self._statement(self._table).values(records)):
                     await self._keep([record.row() for record in records])
                     break
             else:
@@ -229,10 +281,12 @@ class BatchWriter(Generic[T]):
         """Do one round of the worker's periodic work (subclasses add to it)."""
         await self.flush()
 
-    def insert(self, table: sa.Table, rows: list[dict[str, Any]]) -> None:
-        """Insert rows into a table in one transaction."""
+    async def insert(self, table: sa.Table, rows: list[dict[str, Any]]) -> None:
+        """Insert rows into a table in one transaction, as this writer's batches go."""
         statement = self._statement(table)
-        _execute(self._engine, statement.sql, statement.params(rows))
+        _, refused = await self._inserter.insert(statement.sql, statement.params(rows))
+        for reason in refused:
+            log.error("the database refused a %s row: %s", table.name, reason)
 
     def _statement(self, table: sa.Table) -> InsertStatement:
         statement = self._statements.get(table.name)
@@ -258,71 +312,32 @@ class BatchWriter(Generic[T]):
             batch.append(take())
         return batch
 
-    def _insert_records(self, records: list[T]) -> None:
-        """Insert records in one transaction; one by one if the database refuses the batch.
-
-        In the worker thread: reading records into the driver's rows is CPU the event loop
-        need not spend.
-        """
-        statement = self._statement(self._table)
+    async def _write(self, values: list[Any]) -> bool:
+        """Insert rows of driver values; return False, keeping nothing, when the database is
+        unreachable. Rows the database refuses are counted as rejected, not kept."""
+        name = self._table.name
         try:
-            _execute(self._engine, statement.sql, statement.values(records))
-        except (sa.exc.IntegrityError, sa.exc.DataError):
-            self._insert_one_by_one([record.row() for record in records])
-        except sa.exc.SQLAlchemyError as exc:
-            raise DatabaseUnavailable(f"cannot write to {self._table.name}") from exc
-        else:
-            self._written.inc(len(records))
-
-    async def _write(
-        self, rows: list[Any], insert: Callable[[list[Any]], None] | None = None
-    ) -> bool:
-        """Insert rows (or records, with `insert` taking them); return False, keeping nothing,
-        when the database is unreachable."""
-        try:
-            await asyncio.to_thread(insert or self._insert_rows, rows)
+            written, refused = await self._inserter.insert(self._statement(self._table).sql, values)
         except DatabaseUnavailable as exc:
             self._failures.inc()
             if not self._outage:
                 self._outage = True
-                log.error("%s; keeping records to retry: %s", exc, exc.__cause__)
+                log.error("cannot write to %s; keeping records to retry: %s", name, exc)
             return False
         if self._outage:
             self._outage = False
-            log.warning("%s writable again; writing the records kept", self._table.name)
+            log.warning("%s writable again; writing the records kept", name)
+        self._written.inc(written)
+        for reason in refused:
+            log.error("the database refused a %s row: %s", name, reason)
+        self._rejected.inc(len(refused))
         return True
-
-    def _insert_rows(self, rows: list[dict[str, Any]]) -> None:
-        """Insert rows in one transaction; one by one if the database refuses the batch."""
-        try:
-            self.insert(self._table, rows)
-        except (sa.exc.IntegrityError, sa.exc.DataError):
-            self._insert_one_by_one(rows)
-        except sa.exc.SQLAlchemyError as exc:
-            raise DatabaseUnavailable(f"cannot write to {self._table.name}") from exc
-        else:
-            self._written.inc(len(rows))
-
-    def _insert_one_by_one(self, rows: list[dict[str, Any]]) -> None:
-        """Insert rows one per transaction: those the database refuses are counted, not kept."""
-        for n, row in enumerate(rows):
-            if n:
-                yield_cpu()
-            try:
-                self.insert(self._table, [row])
-            except (sa.exc.IntegrityError, sa.exc.DataError) as exc:
-                log.error("the database refused a %s row: %s", self._table.name, exc.orig)
-                self._rejected.inc()
-            except sa.exc.SQLAlchemyError as exc:
-                raise DatabaseUnavailable(f"cannot write to {self._table.name}") from exc
-            else:
-                self._written.inc()
 
     async def _write_backlog(self) -> bool:
         """Write held rows, then replay the spill file; return whether all of it is written."""
         while self._held:
             rows = [self._held[i] for i in range(min(self._batch_size, len(self._held)))]
-            if not await self._write(rows):
+            if not await self._write(self._statement(self._table).params(rows)):
                 return False
             for _ in rows:
                 self._held.popleft()
@@ -333,7 +348,7 @@ class BatchWriter(Generic[T]):
             rows, end = await asyncio.to_thread(self._read_spill, self._replayed_to)
             if end == self._replayed_to:
                 break
-            if rows and not await self._write(rows):
+            if rows and not await self._write(self._statement(self._table).params(rows)):
                 return False
             self._replayed_to = end
             self._spill_rows = max(0, self._spill_rows - len(rows))

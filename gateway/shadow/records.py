@@ -161,7 +161,7 @@ class ShadowWriter(BatchWriter[ShadowRecord]):
             for (ts, route, candidate, kind, reason), count in drops.items()
         ]
         try:
-            await asyncio.to_thread(self.insert, shadow_drops, rows)
+            await self.insert(shadow_drops, rows)
         except Exception:
             log.exception("could not write %d shadow drop counts", len(rows))
 

@@ -1,9 +1,15 @@
-"""Batched record writes through a database outage: held, spilled, replayed, never silently lost."""
+"""Batched record writes through a database outage: held, spilled, replayed, never silently lost.
+
+Each guarantee holds wherever the inserts run: a worker thread, or the writer process a serving
+gateway uses (gateway/records/writer.py).
+"""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -17,10 +23,27 @@ from gateway.db.engine import make_engine
 from gateway.db.schema import request_records
 from gateway.metrics import GatewayMetrics
 from gateway.records.requests import RecordWriter
+from gateway.records.writer import WriterProcess
 from harness.gateways import run_gateway
 from policies import MODEL, fleet_policy
 
 TABLE = "request_records"
+
+
+@pytest.fixture(params=["thread", "process"])
+def inserts(request: pytest.FixtureRequest) -> Iterator[Callable[[str], dict[str, Any]]]:
+    """The writer's options that put its inserts in a worker thread or in the writer process."""
+    started: list[WriterProcess] = []
+
+    def options(url: str) -> dict[str, Any]:
+        if request.param == "thread":
+            return {}
+        started.append(WriterProcess(url))
+        return {"inserter": started[-1]}
+
+    yield options
+    for writer in started:
+        writer.close()
 
 
 def sample(metrics: GatewayMetrics, name: str, **labels: str) -> float:
@@ -36,13 +59,15 @@ def stored(url: str) -> list[int]:
 
 
 def test_records_kept_while_the_database_is_unreachable_are_written_when_it_returns(
-    database: str, tmp_path: Path
+    database: str, tmp_path: Path, inserts: Callable[[str], dict[str, Any]]
 ) -> None:
     metrics = GatewayMetrics()
     spill = tmp_path / "spill"
     with switchable(database, tmp_path) as db:
         engine = make_engine(db.url)
-        writer = RecordWriter(engine, metrics, batch_size=7, max_held=10, spill_dir=spill)
+        writer = RecordWriter(
+            engine, metrics, batch_size=7, max_held=10, spill_dir=spill, **inserts(db.url)
+        )
 
         async def outage() -> None:
             for n in range(25):
@@ -72,14 +97,16 @@ def test_records_kept_while_the_database_is_unreachable_are_written_when_it_retu
 
 
 def test_stop_spills_what_the_database_cannot_take_and_the_next_start_replays_it(
-    database: str, tmp_path: Path
+    database: str, tmp_path: Path, inserts: Callable[[str], dict[str, Any]]
 ) -> None:
     spill = tmp_path / "spill"
     with switchable(database, tmp_path) as db:
 
         async def run(metrics: GatewayMetrics, adding: range) -> None:
             engine = make_engine(db.url)
-            writer = RecordWriter(engine, metrics, flush_interval_s=0.01, spill_dir=spill)
+            writer = RecordWriter(
+                engine, metrics, flush_interval_s=0.01, spill_dir=spill, **inserts(db.url)
+            )
             writer.start()
             for n in adding:
                 writer.add(request_record(n))
@@ -101,13 +128,15 @@ def test_stop_spills_what_the_database_cannot_take_and_the_next_start_replays_it
 @pytest.mark.postgres
 @pytest.mark.parametrize("database", ["postgresql"], indirect=True)
 def test_records_survive_postgresql_cutting_the_connections_the_writer_holds(
-    database: str, tmp_path: Path
+    database: str, tmp_path: Path, inserts: Callable[[str], dict[str, Any]]
 ) -> None:
     metrics = GatewayMetrics()
     with switchable(database, tmp_path) as db:
         db.up()
         engine = make_engine(db.url)
-        writer = RecordWriter(engine, metrics, max_held=3, spill_dir=tmp_path / "spill")
+        writer = RecordWriter(
+            engine, metrics, max_held=3, spill_dir=tmp_path / "spill", **inserts(db.url)
+        )
 
         async def write(numbers: range) -> None:
             for n in numbers:
@@ -162,11 +191,11 @@ def test_records_past_memory_and_spill_limits_are_dropped_and_counted(tmp_path: 
 
 
 def test_a_row_the_database_refuses_is_rejected_without_holding_back_the_others(
-    database: str,
+    database: str, inserts: Callable[[str], dict[str, Any]]
 ) -> None:
     metrics = GatewayMetrics()
     engine = make_engine(database)
-    writer = RecordWriter(engine, metrics)
+    writer = RecordWriter(engine, metrics, **inserts(database))
 
     async def scenario() -> None:
         writer.add(request_record(0, decision_id="d" * 32))
