@@ -170,8 +170,9 @@ def main() -> int:
         for pool in ("asic", "cim"):
             checked = subprocess.run(
                 [python, "-m", "gateway", "precision", "check", "--pool", pool, "--suite",
-                 str(ROOT / "suites" / "chat.jsonl"), "--out", str(OUT / f"precision-{pool}.json"),
+                 "suites/chat.jsonl", "--out", str(OUT / f"precision-{pool}.json"),
                  "--concurrency", "32"],
+                cwd=ROOT,  # the report names the suite as given
                 env=env,
                 capture_output=True,
                 text=True,
