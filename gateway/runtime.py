@@ -106,7 +106,7 @@ class Gateway:
             SharedEjections(self.shared, lambda: self.fleet, self.outliers)
         self.engine = make_engine(settings.database_url)
         # Records are inserted by a process of their own, off the serving process's interpreter
-        # and, at a lower priority, off the core its event loop needs.
+        # and below its priority.
         self.writer = (
             WriterProcess(settings.database_url)
             if WriterProcess.serves(settings.database_url)

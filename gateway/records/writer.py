@@ -3,8 +3,8 @@
 The serving process keeps everything that makes records safe (the bounded queue, the rows held
 while the database is down, the spill file, the flush at SIGTERM: gateway.records.batching);
 this process only runs the INSERTs. So a batch's driver work, SQLite's commits and WAL
-checkpoints, and PostgreSQL's round trips take neither the serving process's interpreter lock
-nor, at a lower priority, the core its event loop needs:
+checkpoints, and PostgreSQL's round trips do not take the serving process's interpreter lock,
+and run below its priority on a core they share with its event loop:
 
     serving process                                     writer process (gateway.periodic)
     BatchWriter ── sql, driver values (pickled) ──▶     insert_batch(engine, ...)
