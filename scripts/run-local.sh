@@ -7,6 +7,8 @@ PY="${VENV:-.venv}/bin/python"
 export DATABASE_URL="${DATABASE_URL:-sqlite:///gateway.db}"
 export GATEWAY_POLICY="${GATEWAY_POLICY:-policies/default.yaml}"
 SPEED="${SIM_SPEED:-1}"
+# The admin API and the console need a token: a fresh one for this run unless one is given.
+export GATEWAY_ADMIN_TOKEN="${GATEWAY_ADMIN_TOKEN:-$("$PY" -c 'import secrets; print(secrets.token_urlsafe(18))')}"
 mkdir -p run
 
 pids=()
@@ -50,6 +52,7 @@ for pool in asic cim; do
 done
 echo "precision checks of asic and cim running: run/precision-asic.json, run/precision-cim.json"
 
+echo "console: http://${GATEWAY_HOST:-127.0.0.1}:${GATEWAY_PORT:-8080}/console/ (admin token: $GATEWAY_ADMIN_TOKEN)"
 "$PY" -m gateway serve --host "${GATEWAY_HOST:-127.0.0.1}" --port "${GATEWAY_PORT:-8080}" --watch &
 pids+=($!)
 wait "${pids[-1]}"

@@ -10,6 +10,7 @@ import sys
 import venv
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
 
@@ -100,6 +101,10 @@ def test_the_installed_commands_migrate_validate_and_serve_from_an_empty_directo
             explained = run(installed, work, serving, "explain", "request.json", "--url", url)
             assert explained.returncode == 0, explained.stderr
             assert json.loads(explained.stdout)["decision"]["pool"] in ("gpu", "asic")
+            # The console's files ship in the wheel.
+            for name in ("", "console.js", "console.css"):
+                page = httpx.get(f"{url}/console/{name}", timeout=10)
+                assert page.status_code == 200 and page.content, name
         finally:
             server.terminate()
             server.wait(timeout=60)

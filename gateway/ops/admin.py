@@ -21,12 +21,15 @@ from pydantic import BaseModel, Field
 from gateway.errors import (
     ReportNotFound,
 )
+from gateway.ops import views
 from gateway.ops.errors import problem
 from gateway.ops.openapi import ADMIN_ERRORS, ErrorBody
+from gateway.periodic import helper_process
 from gateway.policy import check, versions
 from gateway.policy.apply import apply, rollback
 from gateway.policy.load import content_hash
 from gateway.promotion import evidence, rollout
+from gateway.replay.whatif import recorded_requests, simulate
 from gateway.report.period import ISO_WEEK, parse_since
 from gateway.report.schedule import FILES, listing
 from gateway.routing.explain import explain
@@ -35,6 +38,7 @@ from gateway.shadow.summary import summarize
 
 MAX_LISTED = 1000  # policy versions one listing returns; a bigger limit is a 400, not a crash
 MAX_VERSION = 2**63 - 1  # the widest integer the databases store
+MAX_PAIRS = 200  # shadow pairs one listing returns
 
 
 def admin_router(gateway: Gateway) -> APIRouter:
@@ -51,6 +55,28 @@ def admin_router(gateway: Gateway) -> APIRouter:
         start = parse_since(since, time.time())
         return await asyncio.to_thread(
             summarize, gateway.engine, route or None, candidate or None, start
+        )
+
+    @router.get("/shadow/pairs")
+    async def shadow_pairs(
+        route: str,
+        candidate: str,
+        limit: Annotated[int, Query(ge=1, le=MAX_PAIRS)] = 20,
+    ) -> list[dict[str, Any]]:
+        """The newest sampled pairs of a route and candidate with both answers (while their
+        texts are kept) and where they first part."""
+        return await asyncio.to_thread(views.shadow_pairs, gateway.engine, route, candidate, limit)
+
+    @router.get("/fleet")
+    async def fleet() -> list[dict[str, Any]]:
+        """Every pool and backend now: health, slots, queue, power, energy today, model error."""
+        return await asyncio.to_thread(views.fleet, gateway, time.time())
+
+    @router.get("/traffic")
+    async def traffic(window: Literal["hour", "day"] = "hour") -> list[dict[str, Any]]:
+        """Per route over the last hour or day: pool shares, SLO attainment, TTFT, energy, cost."""
+        return await asyncio.to_thread(
+            views.traffic, gateway.engine, gateway.policy, time.time(), views.WINDOWS[window]
         )
 
     @router.get("/promotions")
@@ -95,6 +121,16 @@ def admin_router(gateway: Gateway) -> APIRouter:
         )
         await gateway.policy_watcher.sync()
         return started
+
+    @router.post("/promotions/advance")
+    async def promotion_advance() -> list[dict[str, Any]]:
+        """Check every running rollout now: step, finish or roll back those whose step is due
+        and whose guards say so (as the rollout driver does each round); return what moved."""
+        moved = await asyncio.to_thread(
+            rollout.advance, gateway.engine, gateway.policy, author="admin-api"
+        )
+        await gateway.policy_watcher.sync()
+        return moved
 
     @router.post("/promotions/rollback")
     async def promotion_rollback(request: RolloutRequest) -> dict[str, Any]:
@@ -162,6 +198,24 @@ def admin_router(gateway: Gateway) -> APIRouter:
             "warnings": [problem(p) for p in checked.warnings],
         }
 
+    @router.post("/policy/simulate", responses={422: {"model": PolicyErrors}})
+    async def simulate_policy(request: SimulateRequest) -> dict[str, Any]:
+        """Replay the recorded requests of the last days under the active and a proposed policy:
+        which pools serve them, and the energy, cost and SLO before and after."""
+        checked = await asyncio.to_thread(check.validate, request.yaml, "<request>", gateway.access)
+        proposed = checked.accepted()
+        since = time.time() - request.days * 86400
+        requests = await asyncio.to_thread(
+            recorded_requests, gateway.engine, since, limit=request.limit
+        )
+        if not requests:
+            return {"requests": 0, "change": {}, "runs": {}}
+        # The replay is seconds of pure Python: in a process of its own, not beside serving.
+        with helper_process() as replay:
+            return await asyncio.get_running_loop().run_in_executor(
+                replay, simulate, gateway.policy, proposed, requests
+            )
+
     @router.get("/policy/versions", responses=STORE_ERRORS)
     async def policy_versions(
         limit: Annotated[int, Query(ge=1, le=MAX_LISTED)] = 50,
@@ -227,6 +281,15 @@ class PolicyChange(PolicyCandidate):
         default=False,
         description="Let a shadow-only pool go live without a passing precision check; the "
         "version's message records it.",
+    )
+
+
+class SimulateRequest(PolicyCandidate):
+    """A proposed policy to replay the recorded traffic under."""
+
+    days: float = Field(default=7, gt=0, le=90, description="How far back the traffic goes.")
+    limit: int = Field(
+        default=5000, ge=1, le=100_000, description="Replay at most this many requests."
     )
 
 

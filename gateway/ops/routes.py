@@ -13,7 +13,7 @@ from fastapi import FastAPI, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from gateway.ops import admin, errors, openapi
+from gateway.ops import admin, console, errors, openapi
 from gateway.runtime import Gateway
 
 
@@ -52,6 +52,7 @@ def ops_app(gateway: Gateway) -> FastAPI:
         return Response(generate_latest(gateway.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     admin.install(app, gateway)
+    console.install(app, gateway)
     errors.install(app)
     generate = app.openapi  # FastAPI's generator, which keeps what it generated
     app.openapi = lambda: openapi.document(generate(), gateway.policy)  # type: ignore[method-assign]

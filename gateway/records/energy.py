@@ -94,6 +94,7 @@ class BackendLedger:
         self._intervals: deque[Interval] = deque()
         self._spans: dict[str, Span] = {}
         self.measured_until = -math.inf
+        self.power_w: float | None = None  # the draw between the last two readings
 
     def reading(self, t: float, counter_j: float, share: float = 1.0) -> None:
         """Take a reading of the cumulative energy counter at time t.
@@ -105,6 +106,7 @@ class BackendLedger:
             t0, c0, share0 = self._reading
             if t > t0 and counter_j >= c0:  # a counter reset loses one interval, nothing more
                 self._intervals.append(Interval(t0, t, counter_j - c0, (share0 + share) / 2))
+                self.power_w = (counter_j - c0) / (t - t0)
                 self._idle_floor(counter_j - c0, t - t0, t0, t)
         self._reading = (t, counter_j, share)
         self.measured_until = t

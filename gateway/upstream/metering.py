@@ -113,6 +113,11 @@ class EnergyMeter:
             self._ledgers[backend.url] = ledger
         return ledger
 
+    def power_w(self, backend: BackendState) -> float | None:
+        """Return what the backend's energy counter measured it drawing lately, if metered."""
+        ledger = self._ledgers.get(backend.url)
+        return ledger.power_w if ledger is not None and self._metered(backend) else None
+
     def open(self, backend: BackendState, key: str, start: float) -> None:
         """Begin attributing energy to a request that started upstream at `start`."""
         if self._metered(backend):

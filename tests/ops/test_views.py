@@ -1,0 +1,112 @@
+"""What the console reads from the admin API: the fleet, traffic, sampled pairs and a what-if,
+filled by real traffic through the gateway and the simulators."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rows import shadow_record
+from shadowworld import PROMPT, settle, shadow_policy, shadow_rows
+
+from gateway.db.schema import shadow_records
+from gateway.policy.load import to_yaml
+from harness.gateways import run_gateway
+from policies import MODEL
+
+TOKEN = "s3cret-admin-token"
+AUTH = {"authorization": f"Bearer {TOKEN}"}
+
+
+def test_the_fleet_traffic_and_pairs_views_show_what_the_traffic_did(sims, tmp_path: Path) -> None:
+    policy = shadow_policy(sims.urls("gpu"), sims.urls("asic"), sims.urls("cim"), noise=0.0)
+    with run_gateway(policy, tmp_path, admin_token=TOKEN) as gw, gw.http() as http:
+        client = gw.client()
+        for _ in range(4):
+            client.chat.completions.create(model=MODEL, messages=PROMPT, max_tokens=20)
+        settle(gw)
+        shadow_rows(gw, 4)
+        gw.records(4)
+        fleet = http.get("/admin/fleet", headers=AUTH).json()
+        hour = http.get("/admin/traffic", params={"window": "hour"}, headers=AUTH).json()
+        bad_window = http.get("/admin/traffic", params={"window": "week"}, headers=AUTH)
+        pairs = http.get(
+            "/admin/shadow/pairs", params={"route": "chat", "candidate": "cim"}, headers=AUTH
+        ).json()
+        none = http.get(
+            "/admin/shadow/pairs", params={"route": "chat", "candidate": "gpu"}, headers=AUTH
+        ).json()
+
+    pools = {p["pool"]: p for p in fleet}
+    assert set(pools) == set(policy.pools)
+    gpu, cim = pools["gpu"], pools["cim"]
+    assert (gpu["kind"], gpu["live"], cim["live"]) == ("gpu", True, False)
+    assert gpu["healthy"] == len(gpu["backends"]) == len(sims.urls("gpu"))
+    assert gpu["slots"] == sum(b["slots"] for b in gpu["backends"]) > 0
+    assert gpu["in_use"] == 0 and gpu["queued"] == 0  # every answer has ended
+    # The requests' energy, attributed today, is the GPU pool's: it served them all.
+    assert gpu["energy_today_j"] > 0 and cim["energy_today_j"] is None
+
+    (route,) = hour
+    assert route["route"] == "chat" and route["requests"] == 4
+    assert route["pool_shares"] == {"gpu": 1.0}
+    assert route["slo_attainment"] == 1.0
+    assert route["energy_j_per_request"] > 0
+    assert len(route["series"]) == 12 and sum(b["requests"] for b in route["series"]) == 4
+    assert bad_window.status_code == 400 and bad_window.json()["error"]["param"] == "query.window"
+
+    assert len(pairs) == 4 and none == []
+    assert all(p["primary_text"] and p["candidate_pool"] == "cim" for p in pairs)
+    assert [p["ts"] for p in pairs] == sorted((p["ts"] for p in pairs), reverse=True)
+
+
+def test_a_pair_marks_where_its_answers_part_in_each_text(tmp_path: Path) -> None:
+    far = shadow_policy(["http://127.0.0.1:1"], ["http://127.0.0.1:2"], ["http://127.0.0.1:3"])
+    with run_gateway(far, tmp_path, admin_token=TOKEN) as gw:
+        row = shadow_record(
+            1,
+            route="chat",
+            candidate_pool="cim",
+            primary_text="The cat sat on the mat.",
+            candidate_text="The cat sat, as cats do, on a mat.",
+            exact_match=False,
+            first_divergence=3,  # the 4th word token: "on" against ","
+        ).row()
+        with gw.gateway.engine.begin() as conn:
+            conn.execute(shadow_records.insert(), [row])
+        with gw.http() as http:
+            (pair,) = http.get(
+                "/admin/shadow/pairs", params={"route": "chat", "candidate": "cim"}, headers=AUTH
+            ).json()
+    assert pair["divergence_offsets"] == [12, 11]
+    assert pair["primary_text"][12:].startswith("on") and pair["candidate_text"][11] == ","
+
+
+def test_what_if_replays_recorded_traffic_under_a_proposed_policy(sims, tmp_path: Path) -> None:
+    policy = shadow_policy(sims.urls("gpu"), sims.urls("asic"), sims.urls("cim"), noise=0.0)
+    with run_gateway(policy, tmp_path, admin_token=TOKEN) as gw, gw.http() as http:
+        client = gw.client()
+        for _ in range(6):
+            client.chat.completions.create(model=MODEL, messages=PROMPT, max_tokens=20)
+        gw.records(6)
+        doc = policy.model_dump(mode="json", exclude_defaults=True)
+        doc["routes"][0]["pools"] = ["asic", "gpu"]  # the ASIC first
+        proposed = to_yaml(doc)
+        run = http.post(
+            "/admin/policy/simulate", json={"yaml": proposed, "days": 1}, headers=AUTH, timeout=300
+        )
+        invalid = http.post(
+            "/admin/policy/simulate", json={"yaml": "pools: {}\n"}, headers=AUTH, timeout=60
+        )
+        unchanged = http.get("/admin/policy", headers=AUTH).json()
+    assert run.status_code == 200, run.text
+    result = run.json()
+    assert result["requests"] == 6
+    shares = result["change"]["pool_shares"]
+    # The route serves from the GPU now; proposed, every request goes to the ASIC.
+    assert shares == {"active": {"gpu": 1.0, "asic": 0.0}, "proposed": {"gpu": 0.0, "asic": 1.0}}
+    assert {"energy_j_per_request", "cost_usd_per_1k_tokens", "slo_attainment"} <= set(
+        result["change"]
+    )
+    # An invalid policy is refused with its errors where they are, and nothing is applied.
+    assert invalid.status_code == 422 and invalid.json()["errors"][0]["location"]
+    assert unchanged["version"] == gw.gateway.policy_version
