@@ -110,3 +110,24 @@ def test_what_if_replays_recorded_traffic_under_a_proposed_policy(sims, tmp_path
     # An invalid policy is refused with its errors where they are, and nothing is applied.
     assert invalid.status_code == 422 and invalid.json()["errors"][0]["location"]
     assert unchanged["version"] == gw.gateway.policy_version
+
+
+def test_advancing_rollouts_now_moves_only_a_step_that_is_due(sims, tmp_path: Path) -> None:
+    policy = shadow_policy(sims.urls("gpu"), sims.urls("asic"), sims.urls("cim"), noise=0.0)
+    with run_gateway(policy, tmp_path, admin_token=TOKEN) as gw, gw.http() as http:
+        idle = http.post("/admin/promotions/advance", headers=AUTH)
+        started = http.post(
+            "/admin/promotions/apply",
+            json={"route": "chat", "candidate": "cim", "force": True,
+                  "override_precision_gate": True},
+            headers=AUTH,
+        )  # fmt: skip
+        early = http.post("/admin/promotions/advance", headers=AUTH)
+        rollouts = http.get("/admin/rollouts", headers=AUTH).json()
+    assert idle.status_code == 200 and idle.json() == []
+    assert started.status_code == 200, started.text
+    # Its first step has only just begun: nothing is due, so nothing moves.
+    assert early.status_code == 200 and early.json() == []
+    (rollout,) = rollouts
+    assert (rollout["route"], rollout["candidate"], rollout["state"]) == ("chat", "cim", "rolling")
+    assert rollout["weight"] > 0

@@ -231,7 +231,10 @@ def test_candidate_and_noise_records_carry_correct_diffs(sims, deviant_cim, tmp_
 def test_copies_ask_for_logprobs_and_differing_pairs_are_embedded_for_meaning(
     sims, deviant_cim, tmp_path
 ) -> None:
-    compare = {"store_text": True, "semantic_similarity": {"model": EMBED}}
+    # A budget no burst reaches: on a busy machine the comparisons can finish together, and
+    # the default (2 at once) would leave some unmeasured; the budget has tests of its own.
+    roomy = {"model": EMBED, "max_per_second": 1000, "max_concurrent": 64}
+    compare = {"store_text": True, "semantic_similarity": roomy}
     policy = shadow_policy(
         sims.urls("gpu"), sims.urls("asic"), [deviant_cim.url], compare=compare, noise=1.0
     )
