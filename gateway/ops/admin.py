@@ -210,11 +210,15 @@ def admin_router(gateway: Gateway) -> APIRouter:
         )
         if not requests:
             return {"requests": 0, "change": {}, "runs": {}}
-        # The replay is seconds of pure Python: in a process of its own, not beside serving.
-        with helper_process() as replay:
+        # The replay is seconds of pure Python: in a process of its own, not beside serving,
+        # ended off the event loop (shutting it down waits for the process to exit).
+        replay = helper_process()
+        try:
             return await asyncio.get_running_loop().run_in_executor(
                 replay, simulate, gateway.policy, proposed, requests
             )
+        finally:
+            await asyncio.to_thread(replay.shutdown)
 
     @router.get("/policy/versions", responses=STORE_ERRORS)
     async def policy_versions(
