@@ -102,29 +102,25 @@ class LoopLag:
     """Measure how late the event loop runs a timer: the stall every request arriving waits behind.
 
     A round that runs long (a collection, a burst of work) shows as lag; `observe` is given each
-    one in seconds.
+    one in seconds: how much later than its interval after the last one a round ran.
     """
 
     def __init__(self, observe: Callable[[float], object], interval_s: float = 0.01):
         self._observe = observe
-        self.interval_s = interval_s
-        self._task: asyncio.Task[None] | None = None
+        self._last = 0.0
+        self._periodic = Periodic("loop-lag", interval_s, self._round)
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="loop-lag")
+        self._last = asyncio.get_running_loop().time()
+        self._periodic.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+        await self._periodic.stop()
 
-    async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            due = loop.time() + self.interval_s
-            await asyncio.sleep(self.interval_s)
-            self._observe(max(0.0, loop.time() - due))
+    async def _round(self) -> None:
+        now = asyncio.get_running_loop().time()
+        self._observe(max(0.0, now - self._last - self._periodic.interval_s))
+        self._last = now
 
 
 def time_collections(observe: Callable[[int, float], object]) -> Callable[[], None]:

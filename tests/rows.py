@@ -1,4 +1,5 @@
-"""Rows to store: request and shadow records made up for a test, and rows of any age."""
+"""Rows to store: request and shadow records made up for a test, and rows of any age; and what
+a records test reads back: the request records stored, and a writer's counters."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import uuid
 
 import sqlalchemy as sa
 
+from gateway.db.engine import make_engine
 from gateway.db.schema import request_records, shadow_records
+from gateway.metrics import GatewayMetrics
 from gateway.records.requests import RequestRecord
 from gateway.shadow.records import ShadowRecord
 
@@ -98,3 +101,18 @@ def store_rows(
             )
     with engine.begin() as conn:
         conn.execute(table.insert(), rows)
+
+
+def stored(url: str) -> list[int]:
+    """The completion tokens of every request record stored at url, sorted (request_record(n)
+    numbers its record by them)."""
+    engine = make_engine(url)
+    with engine.connect() as conn:
+        rows = conn.execute(sa.select(request_records.c.completion_tokens)).scalars().all()
+    engine.dispose()
+    return sorted(rows)
+
+
+def sample(metrics: GatewayMetrics, name: str, **labels: str) -> float:
+    """A counter's or gauge's value in a gateway's registry, 0 when it was never set."""
+    return metrics.registry.get_sample_value(name, labels or None) or 0.0

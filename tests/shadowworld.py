@@ -95,3 +95,14 @@ def settle(gw: GatewayServer, timeout: float = 60.0) -> None:
         timeout,
         lambda: f"the mirror still has {mirror.pending} copies queued, {mirror.in_flight} sent",
     )
+
+
+def serve(gw: GatewayServer, requests: int) -> None:
+    """Send chat requests through a gateway of shadow_policy (every one copied, no noise floor)
+    and wait until their request and shadow records are written."""
+    client = gw.client()
+    for _ in range(requests):
+        client.chat.completions.create(model=MODEL, messages=PROMPT, max_tokens=20)
+    settle(gw)
+    shadow_rows(gw, requests)
+    gw.records(requests)

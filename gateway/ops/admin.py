@@ -28,6 +28,7 @@ from gateway.periodic import helper_process
 from gateway.policy import check, versions
 from gateway.policy.apply import apply, rollback
 from gateway.policy.load import content_hash
+from gateway.policy.tariffs import DAY_S
 from gateway.promotion import evidence, rollout
 from gateway.replay.whatif import recorded_requests, simulate
 from gateway.report.period import ISO_WEEK, parse_since
@@ -204,7 +205,7 @@ def admin_router(gateway: Gateway) -> APIRouter:
         which pools serve them, and the energy, cost and SLO before and after."""
         checked = await asyncio.to_thread(check.validate, request.yaml, "<request>", gateway.access)
         proposed = checked.accepted()
-        since = time.time() - request.days * 86400
+        since = time.time() - request.days * DAY_S
         requests = await asyncio.to_thread(
             recorded_requests, gateway.engine, since, limit=request.limit
         )

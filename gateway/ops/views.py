@@ -16,6 +16,7 @@ import sqlalchemy as sa
 from gateway.compare.measures import WORD
 from gateway.db.schema import request_records, shadow_records
 from gateway.policy.model import Policy
+from gateway.policy.tariffs import DAY_S
 from gateway.records.slo import meets_slo
 from gateway.routing.explain import hardware
 from gateway.stats import percentile
@@ -23,7 +24,6 @@ from gateway.stats import percentile
 if TYPE_CHECKING:
     from gateway.runtime import Gateway
 
-DAY_S = 86400.0
 WINDOWS = {"hour": 3600.0, "day": DAY_S}
 BUCKETS = 12  # points of each traffic chart
 COST_MODEL_TARGETS = ("e2e", "energy", "ttft", "tpot")

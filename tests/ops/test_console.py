@@ -12,10 +12,9 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
-from shadowworld import PROMPT, settle, shadow_policy, shadow_rows
+from shadowworld import serve, shadow_policy
 
 from harness.gateways import GatewayServer, run_gateway
-from policies import MODEL
 
 TOKEN = "s3cret-admin-token"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -39,12 +38,7 @@ def gateway(sims, tmp_path: Path) -> Iterator[GatewayServer]:
     """A gateway with shadow copies to the CIM part, after a few requests."""
     policy = shadow_policy(sims.urls("gpu"), sims.urls("asic"), sims.urls("cim"), noise=0.0)
     with run_gateway(policy, tmp_path, admin_token=TOKEN) as gw:
-        client = gw.client()
-        for _ in range(4):
-            client.chat.completions.create(model=MODEL, messages=PROMPT, max_tokens=20)
-        settle(gw)
-        shadow_rows(gw, 4)
-        gw.records(4)
+        serve(gw, 4)
         yield gw
 
 

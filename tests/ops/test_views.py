@@ -6,12 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from rows import shadow_record
-from shadowworld import PROMPT, settle, shadow_policy, shadow_rows
+from shadowworld import serve, shadow_policy
 
 from gateway.db.schema import shadow_records
 from gateway.policy.load import to_yaml
 from harness.gateways import run_gateway
-from policies import MODEL
 
 TOKEN = "s3cret-admin-token"
 AUTH = {"authorization": f"Bearer {TOKEN}"}
@@ -20,12 +19,7 @@ AUTH = {"authorization": f"Bearer {TOKEN}"}
 def test_the_fleet_traffic_and_pairs_views_show_what_the_traffic_did(sims, tmp_path: Path) -> None:
     policy = shadow_policy(sims.urls("gpu"), sims.urls("asic"), sims.urls("cim"), noise=0.0)
     with run_gateway(policy, tmp_path, admin_token=TOKEN) as gw, gw.http() as http:
-        client = gw.client()
-        for _ in range(4):
-            client.chat.completions.create(model=MODEL, messages=PROMPT, max_tokens=20)
-        settle(gw)
-        shadow_rows(gw, 4)
-        gw.records(4)
+        serve(gw, 4)
         fleet = http.get("/admin/fleet", headers=AUTH).json()
         hour = http.get("/admin/traffic", params={"window": "hour"}, headers=AUTH).json()
         bad_window = http.get("/admin/traffic", params={"window": "week"}, headers=AUTH)
@@ -84,10 +78,7 @@ def test_a_pair_marks_where_its_answers_part_in_each_text(tmp_path: Path) -> Non
 def test_what_if_replays_recorded_traffic_under_a_proposed_policy(sims, tmp_path: Path) -> None:
     policy = shadow_policy(sims.urls("gpu"), sims.urls("asic"), sims.urls("cim"), noise=0.0)
     with run_gateway(policy, tmp_path, admin_token=TOKEN) as gw, gw.http() as http:
-        client = gw.client()
-        for _ in range(6):
-            client.chat.completions.create(model=MODEL, messages=PROMPT, max_tokens=20)
-        gw.records(6)
+        serve(gw, 6)
         doc = policy.model_dump(mode="json", exclude_defaults=True)
         doc["routes"][0]["pools"] = ["asic", "gpu"]  # the ASIC first
         proposed = to_yaml(doc)

@@ -15,12 +15,11 @@ import orjson
 import pytest
 import sqlalchemy as sa
 from dbswitch import switchable
-from rows import request_record
+from rows import request_record, sample, stored
 from waiting import wait_for
 
 import gateway.records.batching as batching
 from gateway.db.engine import make_engine
-from gateway.db.schema import request_records
 from gateway.metrics import GatewayMetrics
 from gateway.records.requests import RecordWriter
 from gateway.records.writer import WriterProcess
@@ -44,18 +43,6 @@ def inserts(request: pytest.FixtureRequest) -> Iterator[Callable[[str], dict[str
     yield options
     for writer in started:
         writer.close()
-
-
-def sample(metrics: GatewayMetrics, name: str, **labels: str) -> float:
-    return metrics.registry.get_sample_value(name, labels or None) or 0.0
-
-
-def stored(url: str) -> list[int]:
-    engine = make_engine(url)
-    with engine.connect() as conn:
-        rows = conn.execute(sa.select(request_records.c.completion_tokens)).scalars().all()
-    engine.dispose()
-    return sorted(rows)
 
 
 def test_records_kept_while_the_database_is_unreachable_are_written_when_it_returns(

@@ -9,12 +9,10 @@ import signal
 import sqlite3
 from pathlib import Path
 
-import sqlalchemy as sa
-from rows import request_record
+from rows import request_record, sample, stored
 from waiting import until
 
 from gateway.db.engine import make_engine, upgrade
-from gateway.db.schema import request_records
 from gateway.metrics import GatewayMetrics
 from gateway.periodic import HELPER_NICE, helper_process
 from gateway.records.requests import RecordWriter
@@ -23,18 +21,6 @@ from harness.gateways import run_gateway
 from policies import MODEL, fleet_policy
 
 TABLE = "request_records"
-
-
-def sample(metrics: GatewayMetrics, name: str, **labels: str) -> float:
-    return metrics.registry.get_sample_value(name, labels or None) or 0.0
-
-
-def stored(url: str) -> list[int]:
-    engine = make_engine(url)
-    with engine.connect() as conn:
-        rows = conn.execute(sa.select(request_records.c.completion_tokens)).scalars().all()
-    engine.dispose()
-    return sorted(rows)
 
 
 def test_a_serving_gateway_inserts_its_records_from_a_process_of_its_own(
