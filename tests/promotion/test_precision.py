@@ -186,7 +186,9 @@ def test_the_shipped_cim_part_fails_the_chat_suite_as_make_run_shows(
     assert ran.returncode == 1, ran.stderr
     r = ran.result
     assert (r["verdict"], r["prompts"], r["candidate_errors"]) == ("fail", 240, 0)
-    assert r["harmful_share"] > 0.03 > r["noise_harmful_share"]
+    # The verdict rests on the interval, not on the share itself: 6 of 240 (2.5%) fail as surely
+    # as 12. Some harmful answer is seen unless all 240 miss a 4% rate: 0.96**240 = 5.5e-5.
+    assert r["harmful_share"] > r["noise_harmful_share"]
 
 
 @pytest.mark.parametrize("suite", ["suites/json.jsonl", "suites/tools.jsonl"])

@@ -103,14 +103,33 @@ def test_a_bigger_model_decodes_slower(gpu_slow):
 
 
 def test_requests_beyond_slots_wait_for_a_free_slot():
-    # Slow enough (200 decode steps: ~0.3 s) that starting four requests takes a small part.
-    with start_simulator("gpu", speed=5, extra_args=["--slots", "2"]) as sim:
-        traces = _run(sim.url, [_body(f"queue {i}", 200) for i in range(4)])
-    ordered = sorted(traces, key=lambda trace: trace.first_token)
-    early, late = ordered[:2], ordered[2:]
-    # Two start at once; the other two start only when those finish, 200 decode steps later.
-    assert min(t.first_token for t in late) > 3 * max(t.first_token for t in early)
-    assert min(t.first_token for t in late) > 0.8 * min(t.last_token for t in early)
+    with start_simulator("gpu", speed=10, extra_args=["--slots", "2"]) as sim:
+
+        async def scenario() -> tuple[float, float, list[bool], list[Trace]]:
+            async with httpx.AsyncClient(base_url=sim.url, timeout=30) as client:
+                # Two long answers hold both slots until they are cancelled.
+                blockers = [
+                    asyncio.create_task(_stream(client, _body(f"blocker {i}", 100_000)))
+                    for i in range(2)
+                ]
+                await _until_received(client, 2)
+                waiting = [
+                    asyncio.create_task(_stream(client, _body(f"queue {i}", 20))) for i in range(2)
+                ]
+                await _until_received(client, 4)
+                running = await _metric(client, "sim_active_requests")
+                queued = await _metric(client, "sim_queued_requests")
+                # Neither has been given a first token while both slots are held.
+                started = [task.done() for task in waiting]
+                for blocker in blockers:
+                    blocker.cancel()
+                await asyncio.gather(*blockers, return_exceptions=True)
+                served = await asyncio.gather(*waiting)
+            return running, queued, started, served
+
+        running, queued, started, served = asyncio.run(scenario())
+    assert (running, queued, started) == (2, 2, [False, False])
+    assert [trace.tokens for trace in served] == [20, 20]
 
 
 def test_queued_requests_are_served_in_arrival_order():
