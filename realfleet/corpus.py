@@ -16,6 +16,7 @@ import random
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 MODEL = "tinyfacts"  # the name the fleet serves the model under
 SEED = 0
@@ -177,28 +178,35 @@ def training_text(seed: int = SEED) -> Iterator[str]:
         yield chat(draw(rng, world))
 
 
-SUITE_MIX = {"capital": 60, "about": 40, "sum": 50, "conversion": 40, "calendar": 20, "story": 30}
-
-
-def suite(seed: int = SEED) -> list[Prompt]:
-    """Return the labelled suite: distinct questions of each kind, in a fixed order."""
-    world = countries(seed)
-    rng = random.Random(f"suite-{seed}")
-    chosen: dict[str, dict[str, Prompt]] = {kind: {} for kind in SUITE_MIX}
-    while any(len(chosen[k]) < n for k, n in SUITE_MIX.items()):
-        prompt = draw(rng, world)
-        if len(chosen[prompt.kind]) < SUITE_MIX[prompt.kind]:
-            chosen[prompt.kind].setdefault(prompt.question, prompt)
-    return [prompt for kind in SUITE_MIX for prompt in chosen[kind].values()]
-
-
+# Two suites: facts, every answer labelled (the precision check's: what "harmful" means is then
+# a measured fact), and stories, free text with no one right answer (how answers diverge).
+SUITES = {
+    "facts": {"capital": 70, "about": 50, "sum": 60, "conversion": 40, "calendar": 20},
+    "stories": {"story": 40},
+}
 SUITE_MAX_TOKENS = 64
-SUITE_FILE = "suites/facts.jsonl"
 
 
-def suite_lines(seed: int = SEED) -> list[str]:
-    """Return the suite as the precision check reads it: one chat body a line, with the right
-    answer under `expected` (null for a story), which a check never sends upstream."""
+def suite(name: str = "facts", seed: int = SEED) -> list[Prompt]:
+    """Return a suite: distinct questions of each of its kinds, in a fixed order."""
+    mix = SUITES[name]
+    world = countries(seed)
+    rng = random.Random(f"suite-{name}-{seed}")
+    chosen: dict[str, dict[str, Prompt]] = {kind: {} for kind in mix}
+    while any(len(chosen[k]) < n for k, n in mix.items()):
+        prompt = draw(rng, world)
+        if prompt.kind in mix and len(chosen[prompt.kind]) < mix[prompt.kind]:
+            chosen[prompt.kind].setdefault(prompt.question, prompt)
+    return [prompt for kind in mix for prompt in chosen[kind].values()]
+
+
+def suite_file(name: str) -> str:
+    return f"suites/{name}.jsonl"
+
+
+def suite_lines(name: str = "facts", seed: int = SEED) -> list[str]:
+    """Return a suite as the precision check reads it: one chat body a line, with its kind and
+    its right answer under `expected` (null for a story), which a check never sends upstream."""
     return [
         json.dumps(
             {
@@ -209,7 +217,7 @@ def suite_lines(seed: int = SEED) -> list[str]:
                 "expected": p.expected,
             }
         )
-        for p in suite(seed)
+        for p in suite(name, seed)
     ]
 
 
@@ -219,5 +227,6 @@ def is_right(answer: str, expected: str) -> bool:
 
 
 if __name__ == "__main__":
-    # python -m realfleet.corpus > suites/facts.jsonl
-    print("\n".join(suite_lines()))
+    # python -m realfleet.corpus: writes suites/facts.jsonl and suites/stories.jsonl
+    for suite_name in SUITES:
+        Path(suite_file(suite_name)).write_text("\n".join(suite_lines(suite_name)) + "\n")

@@ -1,30 +1,16 @@
-"""The real fleet for the tests: llama.cpp engines started once per test session.
-
-The engine is part of the setup (make engine); here a missing one skips its tests, and in CI
-(GATEWAY_TEST_REQUIRE_SERVICES) fails them: a fleet that cannot be built is a broken build.
-"""
+"""The real fleet for the tests: llama.cpp engines started once per test session."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from realworld import require_engine
 
 from gateway.policy.load import parse_policy
 from harness.gateways import GatewayServer, run_gateway
-from realfleet import engine, fleet
-
-
-def require_engine() -> None:
-    """Skip (or, in CI, fail) a test that needs llama-server when it is not built."""
-    try:
-        engine.server_binary()
-    except engine.EngineMissing as exc:
-        if os.environ.get("GATEWAY_TEST_REQUIRE_SERVICES"):
-            pytest.fail(f"the real fleet is required here: {exc}")
-        pytest.skip(str(exc))
+from realfleet import fleet
 
 
 @pytest.fixture(scope="session")

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import hashlib
 import math
-import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import gguf
 import httpx
 import numpy as np
 import pytest
+from realworld import require
 from safetensors.numpy import load_file
 
 from realfleet import embedding, engine
@@ -46,19 +46,9 @@ CHECK_TEXT = (
 CHECK_HASH = "0876d13b50744004aa9aeae05e7b0647eac9d801b5ba4668afc01e709c15e19f"
 
 
-def _require(what: str, missing: type[Exception], probe: Callable[[], object]) -> None:
-    """Skip (or, in CI, fail) a test when `probe` raises `missing`."""
-    try:
-        probe()
-    except missing as exc:
-        if os.environ.get("GATEWAY_TEST_REQUIRE_SERVICES"):
-            pytest.fail(f"{what} is required here: {exc}")
-        pytest.skip(f"{what} is not available: {exc}")
-
-
 @pytest.fixture(scope="module")
 def source() -> Path:
-    _require("the embedding model's package", embedding.ModelMissing, embedding.model_dir)
+    require("the embedding model's package", embedding.ModelMissing, embedding.model_dir)
     return embedding.model_dir()
 
 
@@ -69,7 +59,7 @@ def model_file(source: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(model_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    _require("llama-server", engine.EngineMissing, engine.server_binary)
+    require("llama-server", engine.EngineMissing, engine.server_binary)
     log = tmp_path_factory.mktemp("embedding-server") / "llama-server.log"
     spec = engine.ServerSpec(model=model_file, alias=ALIAS, embeddings=True)
     with engine.serving(spec, log=log) as running:

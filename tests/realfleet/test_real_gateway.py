@@ -11,7 +11,7 @@ import math
 import random
 
 import httpx
-from waiting import until
+from waiting import wait_for
 
 from harness.gateways import GatewayServer
 from realfleet import corpus, fleet
@@ -91,6 +91,14 @@ def test_a_prompt_past_the_asic_slot_is_retried_on_the_gpu(real_gateway: Gateway
     assert raw.headers["x-gateway-pool"] == "gpu"
     usage = raw.parse().usage
     assert usage is not None and usage.prompt_tokens > 1500
+    decision = raw.headers["x-gateway-decision-id"]
+
+    def record() -> list[dict]:
+        return [r for r in real_gateway.records(1) if r["decision_id"] == decision]
+
+    # Chosen for the ASIC first (its estimate fitted), refused there, served by the GPU.
+    (row,) = wait_for(record, message="no record of the retried request")
+    assert (row["attempts"], row["fallback"], row["pool"]) == (2, True, "gpu")
 
 
 def test_power_is_read_from_the_exporter_and_split_among_requests(
@@ -112,11 +120,11 @@ def test_power_is_read_from_the_exporter_and_split_among_requests(
             return [b["name"] for p in pools for b in p["backends"] if b["power_w"] is None]
 
         # Every engine's draw comes from the exporter, not from the nominal estimate.
-        until(lambda: not unmetered(), message=lambda: f"no measured power: {unmetered()}")
+        wait_for(lambda: not unmetered(), message=lambda: f"no measured power: {unmetered()}")
 
     def measured() -> list[dict]:
         rows = real_gateway.records(1)
         return [r for r in rows if r["pool"] in served and r["energy_estimated"] is False]
 
     # A request's energy is the exporter's counter, split among the requests that ran together.
-    until(lambda: any(r["energy_j"] > 0 for r in measured()), message=measured)
+    wait_for(lambda: any(r["energy_j"] > 0 for r in measured()), message=measured)

@@ -42,9 +42,7 @@ def check(real: fleet.RealFleet, pool: str, tmp: Path) -> tuple[int, dict[str, A
 def checks(
     real_fleet: fleet.RealFleet, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[str, tuple[int, dict[str, Any], str]]]:
-    yield {
-        pool: check(real_fleet, pool, tmp_path_factory.mktemp(pool)) for pool in ("asic", "cim")
-    }
+    yield {pool: check(real_fleet, pool, tmp_path_factory.mktemp(pool)) for pool in ("asic", "cim")}
 
 
 def test_the_suite_is_large_enough_for_the_gate() -> None:
