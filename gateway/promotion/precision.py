@@ -57,6 +57,9 @@ ALPHA = 0.05  # the intervals are 95%
 MAX_HARMFUL_SHARE = 0.03
 MAX_ERROR_SHARE = 0.0
 TOP_LOGPROBS = 5
+# A suite line's labels (suites/facts.jsonl): what kind of question it is and its right answer.
+# They describe the prompt and are never sent upstream.
+LABELS = ("kind", "expected")
 DEFAULT_MAX_TOKENS = 256
 # What a check keeps of each pair in its result: the measures, never the answers' texts.
 KEPT = ("exact_match", "similarity", "semantic_similarity", "near_tie", "kl_divergence")
@@ -106,8 +109,10 @@ def read_suite(path: str | Path) -> Suite:
 
 
 def greedy(body: Mapping[str, Any]) -> dict[str, Any]:
-    """Return the body as a check sends it: temperature 0, top-5 logprobs, one whole answer."""
-    sent = {k: v for k, v in body.items() if k not in ("stream", "stream_options", "n")}
+    """Return the body as a check sends it: temperature 0, top-5 logprobs, one whole answer,
+    without the suite's labels."""
+    dropped = ("stream", "stream_options", "n", *LABELS)
+    sent = {k: v for k, v in body.items() if k not in dropped}
     sent.update(temperature=0, logprobs=True, top_logprobs=TOP_LOGPROBS)
     if "max_tokens" not in sent and "max_completion_tokens" not in sent:
         sent["max_tokens"] = DEFAULT_MAX_TOKENS

@@ -375,3 +375,23 @@ def test_the_admin_api_refuses_a_pool_going_live_unless_overridden(
     assert problem["path"] == "pools.cim.live" and "precision check" in problem["message"]
     assert forced.status_code == 200, forced.text
     assert listed["versions"][0]["message"] == "cim live [precision gate overridden for cim by ops]"
+
+
+def test_a_labelled_suite_line_is_sent_without_its_labels() -> None:
+    line = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "What is 7 plus 1?"}],
+        "max_tokens": 16,
+        "stream": True,
+        "kind": "sum",
+        "expected": "8",
+    }
+    sent = precision.greedy(line)
+    assert sent == {
+        "model": MODEL,
+        "messages": line["messages"],
+        "max_tokens": 16,
+        "temperature": 0,
+        "logprobs": True,
+        "top_logprobs": precision.TOP_LOGPROBS,
+    }
