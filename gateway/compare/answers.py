@@ -7,9 +7,20 @@ body that is not an OpenAI response reads as an empty answer rather than an erro
 entry without a token string and a finite logprob is skipped.
 
 Logprobs are read from chat responses (`choices[0].logprobs.content[*]`: `token`, `logprob`,
-`top_logprobs[*].token/.logprob`; in a stream each chunk's list follows the last) and from legacy
-completions (`choices[0].logprobs`: `tokens`, `token_logprobs`, `top_logprobs` as one
-token -> logprob object a position).
+`top_logprobs[*].token/.logprob`; in a stream each chunk's list follows the last, the choice of
+index 0 alone when the request asked for several) and from legacy completions
+(`choices[0].logprobs`: `tokens`, `token_logprobs`, `top_logprobs` as one token -> logprob
+object a position).
+
+A token is known by its `bytes` where the entry gives them (OpenAI, vLLM and llama.cpp do), not
+by its text: a token that is part of a UTF-8 character has no text of its own, and engines
+write it as U+FFFD or as nothing (llama.cpp cuts a lead byte off a top alternative's text), so
+two different pieces would read alike. Its bytes are kept as a str decoded with
+`surrogateescape`: valid UTF-8 reads as its text, and a byte of no whole character becomes a
+lone surrogate, which no JSON text read here can hold (orjson refuses them), so a piece never
+equals a text or another piece. llama.cpp also gives fewer entries than tokens: a token that
+ends inside a character has none, and the token completing it carries both pieces, their
+bytes and text together (and the logprob and alternatives of the last).
 """
 
 from __future__ import annotations
@@ -39,12 +50,14 @@ class TokenChoice:
     """A token the model chose, its logprob and the top alternatives it returned there.
 
     `top` holds (token, logprob) pairs in the order the response gave them; it is empty when the
-    request asked for no top_logprobs.
+    request asked for no top_logprobs. Tokens are their bytes where the response gave them (see
+    above); `shown` is the text the response wrote for the token, when it differs from them.
     """
 
     token: str
     logprob: float
     top: tuple[tuple[str, float], ...] = ()
+    shown: str | None = None
 
 
 @dataclass(slots=True)
@@ -84,6 +97,17 @@ def _logprob(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
+def _token(entry: dict[str, Any]) -> str | None:
+    """Return an entry's token: its bytes where it gives them (decoded as above), else its text;
+    None when it has no text."""
+    text, raw = entry.get("token"), entry.get("bytes")
+    if not isinstance(text, str):
+        return None
+    if isinstance(raw, list) and all(type(b) is int and 0 <= b < 256 for b in raw):
+        return bytes(raw).decode("utf-8", "surrogateescape")
+    return text
+
+
 def _chat_tokens(content: Any) -> list[TokenChoice]:
     """Read a chat response's `logprobs.content` list."""
     found: list[TokenChoice] = []
@@ -92,18 +116,19 @@ def _chat_tokens(content: Any) -> list[TokenChoice]:
     for entry in content:
         if not isinstance(entry, dict):
             continue
-        token, logprob = entry.get("token"), _logprob(entry.get("logprob"))
-        if not isinstance(token, str) or logprob is None:
+        token, logprob = _token(entry), _logprob(entry.get("logprob"))
+        if token is None or logprob is None:
             continue
         top: list[tuple[str, float]] = []
         alternatives = entry.get("top_logprobs")
         for alternative in alternatives if isinstance(alternatives, list) else ():
             if not isinstance(alternative, dict):
                 continue
-            other, other_logprob = alternative.get("token"), _logprob(alternative.get("logprob"))
-            if isinstance(other, str) and other_logprob is not None:
+            other, other_logprob = _token(alternative), _logprob(alternative.get("logprob"))
+            if other is not None and other_logprob is not None:
                 top.append((other, other_logprob))
-        found.append(TokenChoice(token, logprob, tuple(top)))
+        shown = entry["token"] if entry["token"] != token else None
+        found.append(TokenChoice(token, logprob, tuple(top), shown))
     return found
 
 
@@ -206,10 +231,9 @@ def read_stream(data: bytes) -> Answer:
         if isinstance(usage, dict):
             answer.prompt_tokens = _int(usage.get("prompt_tokens"))
             answer.completion_tokens = _int(usage.get("completion_tokens"))
-        choices = doc.get("choices")
-        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        choice = _first_choice(doc.get("choices"))
+        if choice is None:
             continue
-        choice = choices[0]
         if choice.get("finish_reason"):
             answer.finish_reason = choice["finish_reason"]
         chosen += _token_choices(choice.get("logprobs"))
@@ -231,6 +255,14 @@ def read_stream(data: bytes) -> Answer:
     answer.tokens = tuple(chosen)
     answer.text = _tool_text(answer.tool_calls) if answer.tool_calls else "".join(pieces)
     return answer
+
+
+def _first_choice(choices: Any) -> dict[str, Any] | None:
+    """Return a stream chunk's choice of the first answer: with `n`, each chunk carries one
+    choice, of any index."""
+    if not isinstance(choices, list):
+        return None
+    return next((c for c in choices if isinstance(c, dict) and c.get("index", 0) == 0), None)
 
 
 def _tool_text(calls: Sequence[ToolCall]) -> str:

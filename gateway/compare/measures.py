@@ -52,6 +52,19 @@ continue different texts) where both sides returned top alternatives:
 `kl_divergence` is the mean over the positions compared (natural log, nats), None when no
 position has top alternatives on both sides. Sources: vllm-project/vllm `tests/models/utils.py`
 (`check_logprobs_close`), ggml-org/llama.cpp `tools/perplexity/perplexity.cpp` (KLD).
+
+Tokens are compared by their bytes (gateway/compare/answers.py), so pieces of a UTF-8 character
+never match by their shared U+FFFD or empty text. llama.cpp writes a character that its
+tokenizer split into several tokens as one entry holding them all, with the alternatives of
+the last piece; two answers that agree so far split alike, so positions still line up up to
+the first divergence. Where that divergence is such an entry, the pieces before the last are
+its context (the bytes before the piece its alternatives are for: found as the alternative the
+entry ends with, where what comes before it ends inside a character, as llama.cpp's own check
+of incomplete UTF-8 says): `near_tie` asks whether the candidate's entry begins with that
+context and one of the alternatives, and `kl` compares the position only when both entries
+have the same context. Against a text, a token is found where the text holds its bytes, or them
+with U+FFFD for bytes of no character (as llama.cpp's text has them), or what the response
+wrote for the token.
 """
 
 from __future__ import annotations
@@ -390,6 +403,36 @@ def token_divergence(
     return first_divergence([c.token for c in primary], [c.token for c in candidate])
 
 
+def piece(token: str) -> bytes:
+    """Return a token's bytes (a piece of a character is kept as a lone surrogate, above)."""
+    return token.encode("utf-8", "surrogateescape")
+
+
+def splits_a_character(data: bytes) -> bool:
+    """Say whether bytes end inside a UTF-8 character, by llama.cpp's rule (`validate_utf8` in
+    tools/server/server-common.cpp): a lead byte among the last four whose character needs
+    more bytes than follow it."""
+    for back in range(1, min(4, len(data)) + 1):
+        byte = data[-back]
+        needs = 2 if byte & 0xE0 == 0xC0 else 3 if byte & 0xF0 == 0xE0 else 4
+        if byte & 0xC0 == 0xC0 and byte & 0xF8 != 0xF8 and back < needs:
+            return True
+    return False
+
+
+def context(choice: TokenChoice) -> bytes:
+    """Return the bytes of an entry before the piece its alternatives are for: b"" for one
+    token, the pieces before the last for a character llama.cpp split (see above)."""
+    whole = piece(choice.token)
+    for token, _ in choice.top:
+        last = piece(token)
+        if 0 < len(last) < len(whole) and whole.endswith(last):
+            before = whole[: -len(last)]
+            if splits_a_character(before):
+                return before
+    return b""
+
+
 def near_tie(
     primary: Sequence[TokenChoice], candidate: Sequence[TokenChoice], at: int
 ) -> bool | None:
@@ -400,7 +443,11 @@ def near_tie(
     if at >= len(primary) or at >= len(candidate) or not primary[at].top:
         return None
     chosen = candidate[at].token
-    return any(token == chosen for token, _ in primary[at].top)
+    before = context(primary[at])
+    if not before:
+        return any(token == chosen for token, _ in primary[at].top)
+    raw = piece(chosen)
+    return any(token and raw.startswith(before + piece(token)) for token, _ in primary[at].top)
 
 
 def text_near_tie(text: str, candidate: Sequence[TokenChoice]) -> tuple[int | None, bool | None]:
@@ -410,17 +457,34 @@ def text_near_tie(text: str, candidate: Sequence[TokenChoice]) -> tuple[int | No
 
     The answer is aligned on its text, so a token that is a prefix of the one the text holds
     (" big" where it says " bigger") counts as the same; (None, None) when the tokens spell it.
+    Alignment is on bytes, a token found as its bytes or as the text written for it (above).
     """
+    written = piece(text)
     offset = 0
     for at, choice in enumerate(candidate):
-        if text.startswith(choice.token, offset):
-            offset += len(choice.token)
+        spelled = _spelled(written, offset, choice)
+        if spelled is not None:
+            offset += spelled
             continue
         if not choice.top:
             return at, None
-        rest = text[offset:]
-        return at, any(token and rest.startswith(token) for token, _ in choice.top)
-    return (None, None) if offset == len(text) else (len(candidate), None)
+        rest, before = written[offset:], context(choice)
+        return at, any(token and rest.startswith(before + piece(token)) for token, _ in choice.top)
+    return (None, None) if offset == len(written) else (len(candidate), None)
+
+
+def _spelled(written: bytes, offset: int, choice: TokenChoice) -> int | None:
+    """Return the bytes of a text a token takes at `offset`: its own bytes, those bytes with
+    U+FFFD for each run of no character (as JSON writers replace them: llama.cpp's and
+    Python's agree), or the text the response wrote for it; None when the text holds none."""
+    raw = piece(choice.token)
+    forms = [raw, raw.decode("utf-8", "replace").encode()]
+    if choice.shown is not None:
+        forms.append(piece(choice.shown))
+    for form in forms:
+        if written.startswith(form, offset):
+            return len(form)
+    return None
 
 
 def _probability(logprob: float) -> float:
@@ -432,7 +496,9 @@ def _known(choice: TokenChoice) -> tuple[dict[str, float], float]:
     known: dict[str, float] = {}
     for token, logprob in choice.top:
         known[token] = known.get(token, 0.0) + _probability(logprob)
-    known.setdefault(choice.token, _probability(choice.logprob))
+    # Of an entry holding a split character, the logprob is its last piece's.
+    chosen = piece(choice.token)[len(context(choice)) :].decode("utf-8", "surrogateescape")
+    known.setdefault(chosen, _probability(choice.logprob))
     smallest = min((_probability(logprob) for _, logprob in choice.top), default=1.0)
     return known, smallest
 
@@ -460,11 +526,12 @@ def top_k_kl(primary: TokenChoice, candidate: TokenChoice) -> float:
 
 
 def mean_top_k_kl(primary: Sequence[TokenChoice], candidate: Sequence[TokenChoice]) -> float | None:
-    """Mean top-k KL over positions up to the first divergence with alternatives on both sides."""
+    """Mean top-k KL over positions up to the first divergence with alternatives on both sides
+    (the divergence itself only where both entries have the same context, above)."""
     end = min(len(primary), len(candidate))
     at = token_divergence(primary, candidate)
-    if at is not None:
-        end = min(end, at + 1)
+    if at is not None and at < end:
+        end = at + 1 if context(primary[at]) == context(candidate[at]) else at
     scores = [
         top_k_kl(p, q)
         for p, q in zip(primary[:end], candidate[:end], strict=True)
@@ -476,6 +543,10 @@ def mean_top_k_kl(primary: Sequence[TokenChoice], candidate: Sequence[TokenChoic
 @comparator("near_tie")
 def _near_tie(primary: Answer, candidate: Answer) -> Mapping[str, Any]:
     if candidate.tokens and not primary.tokens and primary.text is not None:
+        if candidate.text == primary.text:
+            # The same text: llama.cpp's entries may end before it does (the last tokens of an
+            # answer cut inside a character have none), which is no divergence.
+            return {"token_divergence": None, "near_tie": None}
         at, tie = text_near_tie(primary.text, candidate.tokens)
         return {"token_divergence": at, "near_tie": tie}
     if not primary.tokens or not candidate.tokens:

@@ -52,6 +52,18 @@ class FleetCollector(Collector):
             "1 while the backend's serving engine queues or has its KV cache full: sent nothing.",
             labels=["pool", "backend"],
         )
+        cached = GaugeMetricFamily(
+            f"{NAMESPACE}_backend_engine_prompt_cached_ratio",
+            "Share of the prompt tokens the backend's engine took from its prompt cache since it "
+            "started (llama.cpp).",
+            labels=["pool", "backend"],
+        )
+        speed = GaugeMetricFamily(
+            f"{NAMESPACE}_backend_engine_generation_tokens_per_second",
+            "Generation speed the backend's engine last measured: tokens a second of a "
+            "request's decoding (llama.cpp).",
+            labels=["pool", "backend"],
+        )
         info = InfoMetricFamily(
             f"{NAMESPACE}_backend",
             "What a backend runs on, from its pool's policy entry: driver, runtime, firmware.",
@@ -71,6 +83,11 @@ class FleetCollector(Collector):
                     labels = [pool.name, backend.name]
                     external.add_metric(labels, backend.external)
                     engine_full.add_metric(labels, 1 if backend.engine_full else 0)
+                    if backend.engine_cached_share is not None:
+                        cached.add_metric(labels, backend.engine_cached_share)
+                    if backend.engine_tokens_per_s is not None:
+                        speed.add_metric(labels, backend.engine_tokens_per_s)
                 info.add_metric([pool.name, backend.name], hardware)
         yield from (in_flight, free, queued, healthy, backend_in_flight, external, engine_full)
+        yield from (cached, speed)
         yield info

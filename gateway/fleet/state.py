@@ -26,7 +26,9 @@ class BackendState:
     other replicas hold, as last seen through shared state (always 0 for a single process);
     `external` the requests of other clients its serving engine reported beyond all of those,
     and `engine_full` why the engine takes nothing more now ('' when it has room or reports
-    nothing).
+    nothing); `engine_cached_share` and `engine_tokens_per_s` the prompt cache's share and the
+    generation speed the engine last reported (None when it reports none, as only llama.cpp
+    does now).
 
     It also carries the headers every call to it sends (its credential among them), built once
     with the fleet, so the request path only picks the right set. They stay out of repr, so a
@@ -55,6 +57,8 @@ class BackendState:
     external: int = 0
     external_seen: int = 0  # what the last scrape alone made of the others' requests
     engine_full: str = ""
+    engine_cached_share: float | None = None
+    engine_tokens_per_s: float | None = None
     ejected: bool = False
     ejected_until: float = 0.0
     consecutive_failures: int = 0

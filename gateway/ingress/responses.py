@@ -14,6 +14,10 @@ comparisons see chat completions on both sides.
 - A whole answer becomes a `response` object; a stream becomes the typed events
   (`response.created` ... `response.output_text.delta` ... `response.completed`), each with
   its `sequence_number`. Errors keep OpenAI's error shape, as they are.
+- `usage.prompt_tokens_details.cached_tokens` becomes `usage.input_tokens_details.cached_tokens`
+  (0 when the engine does not say), and llama.cpp's `timings` go where its own Responses API
+  puts them: beside the `response` of the `response.completed` event, and, in a whole answer,
+  in the `response` object itself.
 """
 
 from __future__ import annotations
@@ -182,6 +186,7 @@ class ResponsesRelay:
         self._text: list[str] = []
         self._calls: dict[int, dict[str, Any]] = {}
         self._usage: dict[str, Any] | None = None
+        self._timings: Any = None
         self._finish: str | None = None
         self._model = str(request.get("model", ""))
         self._started = False
@@ -218,6 +223,7 @@ class ResponsesRelay:
         self._model = chat.get("model", self._model)
         self._usage = chat.get("usage")
         self._finish = choice.get("finish_reason")
+        self._timings = chat.get("timings")
         if isinstance(message.get("content"), str):
             self._text.append(message["content"])
         for i, call in enumerate(message.get("tool_calls") or ()):
@@ -227,7 +233,10 @@ class ResponsesRelay:
                 "name": function.get("name", ""),
                 "arguments": function.get("arguments", ""),
             }
-        body = orjson.dumps(self._response("completed"))
+        response = self._response("completed")
+        if self._timings is not None:
+            response["timings"] = self._timings
+        body = orjson.dumps(response)
         headers = [
             (name, value)
             for name, value in self._start.get("headers", [])
@@ -257,6 +266,8 @@ class ResponsesRelay:
         self._started = True
         if chunk.get("usage"):
             self._usage = chunk["usage"]
+        if chunk.get("timings") is not None:
+            self._timings = chunk["timings"]
         for choice in chunk.get("choices") or ():
             delta = choice.get("delta") or {}
             if choice.get("finish_reason"):
@@ -363,7 +374,10 @@ class ResponsesRelay:
                     item=self._function_call(index, "completed"),
                 ),
             ]
-        out.append(self._emit("response.completed", response=self._response("completed")))
+        completed = {"response": self._response("completed")}
+        if self._timings is not None:
+            completed["timings"] = self._timings
+        out.append(self._emit("response.completed", **completed))
         return b"".join(out)
 
     def _message(self, status: str) -> dict[str, Any]:
@@ -413,7 +427,7 @@ class ResponsesRelay:
             "output": output,
             "usage": {
                 "input_tokens": usage.get("prompt_tokens", 0),
-                "input_tokens_details": {"cached_tokens": 0},
+                "input_tokens_details": {"cached_tokens": _cached(usage)},
                 "output_tokens": usage.get("completion_tokens", 0),
                 "output_tokens_details": {"reasoning_tokens": 0},
                 "total_tokens": usage.get("total_tokens", 0),
@@ -426,3 +440,10 @@ class ResponsesRelay:
         event = {"type": kind, "sequence_number": self._sequence, **fields}
         self._sequence += 1
         return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
+
+
+def _cached(usage: dict[str, Any]) -> int:
+    """Return the prompt tokens a chat answer's usage says came from the engine's cache."""
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    return cached if isinstance(cached, int) and not isinstance(cached, bool) else 0

@@ -48,6 +48,8 @@ def fleet(gateway: Gateway, now: float) -> list[dict[str, Any]]:
                     "other_replicas": b.elsewhere,
                     "external": b.external,
                     "engine_full": b.engine_full or None,
+                    "engine_cached_share": b.engine_cached_share,
+                    "engine_tokens_per_s": b.engine_tokens_per_s,
                     "power_w": gateway.meter.power_w(b),
                 }
             )

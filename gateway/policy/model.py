@@ -46,7 +46,7 @@ class Backend(Strict):
     engine_metrics_url: str | None = Field(
         default=None,
         description="Prometheus endpoint with the serving engine's load series (its pool's "
-        "`engine`); default URL/metrics, where vLLM, SGLang and TGI serve them.",
+        "`engine`); default URL/metrics, where vLLM, SGLang, TGI and llama.cpp serve them.",
     )
     api_key_env: str | None = Field(
         default=None,
@@ -178,11 +178,13 @@ class Pool(Strict):
         description="A schedule of the policy's `tariffs`: the price and carbon intensity of the "
         "pool's electricity by time of day (where it runs); outside its windows, `price`'s.",
     )
-    engine: Literal["vllm", "sglang", "tgi", "triton"] | None = Field(
+    engine: Literal["vllm", "sglang", "tgi", "triton", "llamacpp"] | None = Field(
         default=None,
         description="Serving engine of the backends, whose own load series (requests running "
         "and waiting, KV cache in use) the metering scrape reads: load other clients put on a "
-        "shared backend takes its slots. null: the gateway's own bookkeeping only.",
+        "shared backend takes its slots. With llamacpp, `max_context` is a slot's context "
+        "(llama-server's -c / -np) and each choice of an answer is counted (its usage counts "
+        "one). null: the gateway's own bookkeeping only.",
     )
 
     @field_validator("driver", "runtime", "firmware", mode="before")

@@ -81,7 +81,8 @@ def rate(ranker: CostRanker, policy: Policy, pool: str) -> Rate:
 
 
 def load(fleet: Fleet, pool: str) -> list[dict[str, Any]]:
-    """Return each backend's load now: the gateway's requests, other clients', free slots."""
+    """Return each backend's load now: the gateway's requests, other clients', free slots, and
+    what its engine says of its prompt cache and generation speed (None: it says nothing)."""
     state = fleet.pools.get(pool)
     return [
         {
@@ -92,6 +93,8 @@ def load(fleet: Fleet, pool: str) -> list[dict[str, Any]]:
             "external": b.external,
             "free_slots": max(b.free_slots, 0),
             "engine_full": b.engine_full or None,
+            "engine_cached_share": b.engine_cached_share,
+            "engine_tokens_per_s": b.engine_tokens_per_s,
             "ejected": b.ejected,
         }
         for b in (state.backends if state is not None else [])

@@ -48,6 +48,7 @@ from gateway.routing.router import tokens_needed
 from gateway.shadow.records import ShadowRecord, ShadowWriter
 from gateway.shadow.sample import CANDIDATE, NOISE, Sampler, ShadowPlan, sample, stable_fraction
 from gateway.shadow.semantic import Embedder
+from gateway.upstream import usage
 from gateway.upstream.client import PATHS, Upstream
 from gateway.upstream.metering import EnergyMeter
 from gateway.upstream.sse import StreamTally
@@ -81,6 +82,8 @@ class ShadowJob:
     primary_completion_tokens: int | None
     captured: bytes
     kv_bytes: float = 0.0
+    max_tokens: int | None = None
+    token_ratio: float = 1.0  # the model's token estimate ratio (usage.whole)
 
     @property
     def size(self) -> int:
@@ -98,6 +101,7 @@ class CandidateOutcome:
     last_token_s: float | None
     tokens: int
     e2e_s: float
+    engine: str | None = None  # the candidate pool's serving engine, as the policy names it
 
 
 def _job(ex: Exchange, body: bytes, policy: Policy) -> ShadowJob:
@@ -127,6 +131,8 @@ def _job(ex: Exchange, body: bytes, policy: Policy) -> ShadowJob:
         primary_completion_tokens=ex.completion_tokens,
         captured=b"".join(ex.captured),
         kv_bytes=ex.decision.kv_bytes if ex.decision is not None else 0.0,
+        max_tokens=profile.max_tokens,
+        token_ratio=profile.token_ratio,
     )
 
 
@@ -438,8 +444,16 @@ class Mirror:
             error = "stream_broken" if job.stream and status == 200 else "upstream_error"
         first = None if tally.first_token_at is None else tally.first_token_at - started
         last = None if tally.last_token_at is None else tally.last_token_at - started
+        pool = self._fleet().pools.get(backend.pool)
         return CandidateOutcome(
-            status, error, b"".join(parts), first, last, tally.tokens, clock() - started
+            status,
+            error,
+            b"".join(parts),
+            first,
+            last,
+            tally.tokens,
+            clock() - started,
+            pool.spec.engine if pool is not None else None,
         )
 
     def _account(
@@ -462,6 +476,13 @@ class Mirror:
         )
         temperature, top_p, seeded, sampled = _sampling(job.endpoint, job.body)
         completion = candidate.completion_tokens
+        if outcome.error is None and usage.counts_one_choice(outcome.engine):
+            # The answer's usage counts its first choice: count every one.
+            _, completion = (
+                usage.streamed(outcome.data, outcome.engine)
+                if job.stream
+                else usage.whole(outcome.data, outcome.engine, job.max_tokens, job.token_ratio)
+            )
         if completion is None and job.stream and outcome.error is None:
             completion = outcome.tokens
         record = ShadowRecord(

@@ -1,4 +1,5 @@
-"""Serving engines' own load signals: requests running and waiting, and KV-cache use.
+"""Serving engines' own load signals: requests running and waiting, KV-cache use, and the
+prompt cache and generation speed of the engines that report them.
 
 A backend shared with other clients, or behind a load balancer, carries load the gateway did
 not send. The engines say how loaded they are in their Prometheus series, which the metering
@@ -9,11 +10,22 @@ scrape reads for a pool whose policy names its `engine`:
 - sglang: `sglang:num_running_reqs`, `sglang:num_queue_reqs`, `sglang:token_usage`;
 - tgi: `tgi_batch_current_size`, `tgi_queue_size` (TGI reports no KV-cache share);
 - triton (TensorRT-LLM): `nv_trt_llm_request_metrics` with `request_type` `active` and
-  `waiting`, and `nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="fraction"}`.
+  `waiting`, and `nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="fraction"}`;
+- llamacpp (llama.cpp's `llama-server --metrics`): `llamacpp:requests_processing` and
+  `llamacpp:requests_deferred` (requests waiting for a free slot); no KV-cache share. It also
+  counts the prompt tokens it computed (`llamacpp:prompt_tokens_total`, which leaves out the
+  cached ones) and those it took from its prompt cache (`llamacpp:prompt_tokens_cached_total`),
+  and reports its generation speed (`llamacpp:predicted_tokens_seconds`: the tokens a second
+  of each request's decoding, over the requests that finished since the last scrape, 0 when
+  none did; every scrape of the endpoint starts a new window).
 
 Request counts are summed over their series (one per model or engine); the KV-cache share,
 a ratio, is the largest of its series. An engine that queues, or whose KV cache is nearly
 full, takes no more requests: `full_reason` says so.
+
+The cached share is of every prompt token since the engine started, a ratio of two counters:
+llama.cpp prints its counters with six significant digits, so the difference of two scrapes is
+lost in rounding once they pass a million, while their ratio keeps its precision.
 """
 
 from __future__ import annotations
@@ -42,6 +54,9 @@ class EngineSeries:
     running: tuple[Series, ...]
     waiting: tuple[Series, ...]
     kv_usage: tuple[Series, ...] = ()
+    prompt_computed: tuple[Series, ...] = ()  # prompt tokens computed, the cached left out
+    prompt_cached: tuple[Series, ...] = ()  # prompt tokens taken from the prompt cache
+    tokens_per_s: tuple[Series, ...] = ()  # generation speed, 0 when not measured
 
 
 ENGINES: dict[str, EngineSeries] = {
@@ -66,6 +81,13 @@ ENGINES: dict[str, EngineSeries] = {
             Series("nv_trt_llm_kv_cache_block_metrics", {"kv_cache_block_type": "fraction"}),
         ),
     ),
+    "llamacpp": EngineSeries(
+        running=(Series("llamacpp:requests_processing"),),
+        waiting=(Series("llamacpp:requests_deferred"),),
+        prompt_computed=(Series("llamacpp:prompt_tokens_total"),),
+        prompt_cached=(Series("llamacpp:prompt_tokens_cached_total"),),
+        tokens_per_s=(Series("llamacpp:predicted_tokens_seconds"),),
+    ),
 }
 
 
@@ -76,6 +98,8 @@ class EngineLoad:
     running: int
     waiting: int
     kv_usage: float | None = None  # share of its KV cache in use, when it reports one
+    cached_share: float | None = None  # of its prompt tokens since it started, from its cache
+    tokens_per_s: float | None = None  # its generation speed lately, when it measured one
 
     @property
     def requests(self) -> int:
@@ -90,7 +114,18 @@ def read_engine(text: str, engine: str) -> EngineLoad | None:
     kv = _first(text, series.kv_usage, exposition.largest)
     if running is None and waiting is None:
         return None
-    return EngineLoad(round(running or 0), round(waiting or 0), kv)
+    computed = _first(text, series.prompt_computed, exposition.total)
+    cached = _first(text, series.prompt_cached, exposition.total)
+    prompts = (computed or 0.0) + (cached or 0.0)
+    speed = _first(text, series.tokens_per_s, exposition.largest)
+    return EngineLoad(
+        round(running or 0),
+        round(waiting or 0),
+        kv,
+        cached_share=(cached or 0.0) / prompts if prompts > 0 else None,
+        # 0: no request finished since the last scrape, which is not measured, not a speed
+        tokens_per_s=speed if speed is not None and speed > 0 else None,
+    )
 
 
 def full_reason(load: EngineLoad) -> str:

@@ -5,10 +5,13 @@ route's fallback pool. After that the response is committed: a broken stream end
 OpenAI-style error event, never as a silently truncated answer.
 
 A prompt a backend refuses as too long for its context (400 or 413 from vLLM and SGLang, 422
-from TGI, with their usual messages) is the estimate's mistake, not the backend's: it is sent
-again, before the first byte, to a pool of the route (or its fallback) with a larger context,
-waiting for a slot there as the request would have, and the client sees the refusal only when
-no larger pool exists.
+from TGI, 400 `exceed_context_size_error` from llama.cpp, streamed or not, with their usual
+messages) is the estimate's mistake, not the backend's: it is sent again, before the first
+byte, to a pool of the route (or its fallback) with a larger context, waiting for a slot there
+as the request would have, and the client sees the refusal only when no larger pool exists.
+
+The tokens an answer used are read from its `usage`, every choice counted where the engine
+counts one (gateway/upstream/usage.py).
 """
 
 from __future__ import annotations
@@ -19,8 +22,6 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import orjson
-
 from gateway.costmodel.model import Prediction
 from gateway.errors import NoCapacity, UpstreamError
 from gateway.exchange import Exchange
@@ -30,6 +31,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.policy.model import Policy
 from gateway.routing.ranking import CostRanker
 from gateway.routing.router import pick_backend
+from gateway.upstream import usage
 from gateway.upstream.client import PATHS
 from gateway.upstream.http1 import Response
 from gateway.upstream.metering import EnergyMeter
@@ -42,8 +44,12 @@ Receive = Callable[[], Any]
 MAX_ATTEMPTS = 2
 # What serving engines say when a prompt does not fit (see the docstring).
 CONTEXT_REFUSALS = frozenset({400, 413, 422})
+# llama.cpp: `{"error": {"code": 400, "message": "request (N tokens) exceeds the available
+# context size (M tokens), try increasing it", "type": "exceed_context_size_error",
+# "n_prompt_tokens": N, "n_ctx": M}}`, also when the request asked for a stream.
 _TOO_LONG = re.compile(
-    rb"context.length|maximum context|context window|longer than the model|must be <= ",
+    rb"context.length|maximum context|context window|longer than the model|must be <= "
+    rb"|exceed_context_size_error|available context size|max context size",
     re.IGNORECASE,
 )
 
@@ -60,14 +66,6 @@ def error_detail(body: bytes, backend: BackendState, limit: int = 200) -> str:
     if key:
         text = text.replace(key, "[redacted]")  # before clipping: no prefix of it survives
     return text[:limit]
-
-
-def _usage(body: bytes) -> dict[str, Any] | None:
-    try:
-        usage = orjson.loads(body).get("usage")
-    except (orjson.JSONDecodeError, AttributeError):
-        return None
-    return usage if isinstance(usage, dict) else None
 
 
 class Forwarder:
@@ -111,11 +109,12 @@ class Forwarder:
         ex.concurrent = backend.load
         ex.context_tokens = backend.kv_tokens(policy.kv_bytes_per_token(ex.model))
         ex.prediction = self._prediction(ex, backend, fleet)
+        engine = policy.pools[backend.pool].engine if backend.pool in policy.pools else None
         try:
             if chunks is not None:
-                await self._relay_stream(ex, backend, head, chunks, receive, send)
+                await self._relay_stream(ex, backend, head, chunks, receive, send, engine)
             else:
-                await self._relay_whole(ex, response, head, send)
+                await self._relay_whole(ex, response, head, send, engine)
         finally:
             ex.upstream_s = self.clock() - started
             if chunks is not None:
@@ -291,7 +290,9 @@ class Forwarder:
             headers.append((b"x-gateway-carbon-g", f"{ex.prediction.carbon_g:.4g}".encode()))
         return headers
 
-    async def _relay_whole(self, ex: Exchange, response: Response, body: bytes, send: Send) -> None:
+    async def _relay_whole(
+        self, ex: Exchange, response: Response, body: bytes, send: Send, engine: str | None
+    ) -> None:
         content_type = response.headers.get("content-type", "application/json").encode()
         headers = self._headers(ex, content_type)
         headers.append((b"content-length", str(len(body)).encode()))
@@ -299,10 +300,10 @@ class Forwarder:
         if response.status == 200:
             if ex.captured is not None:
                 ex.captured.append(body)
-            usage = _usage(body)
-            if usage is not None:
-                ex.prompt_tokens = usage.get("prompt_tokens")
-                ex.completion_tokens = usage.get("completion_tokens")
+            assert ex.profile is not None
+            ex.prompt_tokens, ex.completion_tokens = usage.whole(
+                body, engine, ex.profile.max_tokens, ex.profile.token_ratio
+            )
         else:
             ex.error = "upstream_client_error"
         ex.response_started = True
@@ -317,8 +318,9 @@ class Forwarder:
         chunks: AsyncIterator[bytes],
         receive: Receive,
         send: Send,
+        engine: str | None,
     ) -> None:
-        tally = StreamTally()
+        tally = StreamTally(per_choice_usage=usage.counts_one_choice(engine))
         captured = ex.captured  # only sampled requests keep their answer for the mirror
         headers = self._headers(ex, b"text/event-stream")
         headers.append((b"cache-control", b"no-cache"))

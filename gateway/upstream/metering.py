@@ -9,7 +9,10 @@ matrix's nominal figures, and their records say so (`energy_estimated`).
 The same round reads the load series of pools that name their serving `engine`
 (gateway/upstream/engines.py): requests the engine runs or queues beyond the gateway's own take
 the backend's slots (`BackendState.external`), and an engine that queues or whose KV cache is
-full takes nothing more (`engine_full`) until a scrape sees it has room again.
+full takes nothing more (`engine_full`) until a scrape sees it has room again. The prompt
+cache's share and the generation speed an engine reports (llama.cpp) are kept for the fleet's
+views and gauges (`engine_cached_share`, `engine_tokens_per_s`): a speed holds until the engine
+measures another, as it measures none in a window where no request finished.
 """
 
 from __future__ import annotations
@@ -219,6 +222,7 @@ class EnergyMeter:
         for state in fleet.pools.values():
             if state.spec.engine is None:  # a reload took its engine away: its figures go too
                 for kept in state.backends:
+                    kept.engine_cached_share = kept.engine_tokens_per_s = None
                     if kept.external or kept.engine_full:
                         kept.external = kept.external_seen = 0
                         kept.engine_full = ""
@@ -235,6 +239,7 @@ class EnergyMeter:
                 if misses >= FAILED_SCRAPES_BEFORE_ESTIMATING:
                     backend.external = backend.external_seen = 0
                     backend.engine_full = ""
+                    backend.engine_cached_share = backend.engine_tokens_per_s = None
             else:
                 self._engine_misses[backend.url] = 0
                 # A request of ours on its way to the engine is in our count, not yet in its:
@@ -245,6 +250,9 @@ class EnergyMeter:
                 backend.external = max(seen, backend.external_seen)
                 backend.external_seen = seen
                 backend.engine_full = engines.full_reason(load)
+                backend.engine_cached_share = load.cached_share
+                if load.tokens_per_s is not None:
+                    backend.engine_tokens_per_s = load.tokens_per_s
             if backend.free_slots > before:
                 roomier.add(backend.pool)
         for pool_name in roomier:

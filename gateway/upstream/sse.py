@@ -3,7 +3,8 @@
 A stream is relayed in whatever chunks the backend's writes arrive in; events may span chunks,
 and are read as the specification says (gateway/compare/events.py). The tally counts token
 events, keeps the usage a final event reports, and notes the `[DONE]` that marks a complete
-answer.
+answer. From an engine that reports usage once a choice (llama.cpp, gateway/upstream/usage.py),
+it sums the choices' completion tokens.
 """
 
 from __future__ import annotations
@@ -18,10 +19,19 @@ from gateway.compare.events import EventReader
 class StreamTally:
     """Watch an SSE stream go by: count token events, find usage and the final [DONE]."""
 
-    __slots__ = ("_events", "done", "first_token_at", "last_token_at", "tokens", "usage")
+    __slots__ = (
+        "_events",
+        "done",
+        "first_token_at",
+        "last_token_at",
+        "per_choice_usage",
+        "tokens",
+        "usage",
+    )
 
-    def __init__(self) -> None:
+    def __init__(self, per_choice_usage: bool = False) -> None:
         self._events = EventReader()
+        self.per_choice_usage = per_choice_usage
         self.tokens = 0
         self.usage: dict[str, Any] | None = None
         self.done = False
@@ -50,7 +60,19 @@ class StreamTally:
             except (orjson.JSONDecodeError, AttributeError):
                 return
             if isinstance(usage, dict):
-                self.usage = usage
+                self.usage = self._sum(usage) if self.per_choice_usage else usage
+
+    def _sum(self, usage: dict[str, Any]) -> dict[str, Any]:
+        """Add the completion tokens of the choices' usage events seen before to this one's."""
+        before = _count(self.usage.get("completion_tokens")) if self.usage is not None else 0
+        now = _count(usage.get("completion_tokens"))
+        if before is None or now is None:
+            return usage
+        return usage | {"completion_tokens": before + now}
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _has_text(data: bytes) -> bool:

@@ -6,6 +6,7 @@ import math
 
 import orjson
 import pytest
+from llamacpp import captured
 
 from gateway.compare.answers import Answer, TokenChoice, read_body, read_stream
 from gateway.compare.measures import (
@@ -13,6 +14,7 @@ from gateway.compare.measures import (
     compare,
     mean_top_k_kl,
     near_tie,
+    text_near_tie,
     token_divergence,
     top_k_kl,
 )
@@ -350,3 +352,93 @@ def test_a_primary_without_logprobs_is_aligned_on_its_text_for_the_near_tie() ->
         Answer(text="The big city hall"), Answer(text="The big city", tokens=candidate)
     )
     assert (longer.token_divergence, longer.near_tie) == (3, None)
+
+
+# llama.cpp: tokens known by their bytes, characters split over tokens --------------------------
+
+
+def piece_of(*raw: int) -> str:
+    """A token as the answers read one from its bytes."""
+    return bytes(raw).decode("utf-8", "surrogateescape")
+
+
+def test_pieces_llamacpp_writes_alike_are_told_apart_by_their_bytes() -> None:
+    # Its first entry is the byte 8A, written U+FFFD, and its first alternative FC, written alike.
+    (first, *_) = read_body(captured("completions-n2-logprobs.json")).tokens
+    assert (first.token, first.shown) == (piece_of(0x8A), "\ufffd")
+    assert first.top[0][0] == piece_of(0xFC)
+    # An alternative that is a lead byte has its text cut to nothing, and keeps its byte.
+    tops = [t for c in read_body(captured("chat-n2-logprobs.json")).tokens for t, _ in c.top]
+    assert piece_of(0xC4) in tops and "" not in tops
+    # Two answers whose first pieces are written alike but are different bytes part there.
+    primary = Answer(tokens=(TokenChoice(piece_of(0x8A), -1.0, ((piece_of(0xFC), -0.5),)),))
+    candidate = Answer(tokens=(TokenChoice(piece_of(0xFC), -0.5),))
+    diff = compare(primary, candidate, ["near_tie"])
+    assert (diff.token_divergence, diff.near_tie) == (0, True)
+
+
+@pytest.mark.parametrize(
+    ("name", "spelled_to"),
+    [
+        ("chat-n2-logprobs.json", None),
+        ("chat-split-utf8-1.json", None),
+        # Its last tokens were cut inside characters: they have no entries.
+        ("completions-n2-logprobs.json", 7),
+    ],
+)
+def test_a_llamacpp_answer_with_fewer_entries_than_tokens_agrees_with_itself_and_its_text(
+    name: str, spelled_to: int | None
+) -> None:
+    answer = read_body(captured(name))
+    assert answer.tokens and answer.text is not None and "\ufffd" in answer.text
+    itself = compare(answer, answer)
+    assert (itself.token_divergence, itself.near_tie, itself.kl_divergence) == (None, None, 0.0)
+    # Aligned on its own text, where U+FFFD stands for its bytes of no character.
+    assert text_near_tie(answer.text, answer.tokens) == (spelled_to, None)
+    # The same text is no divergence, however far its entries go.
+    spelled = compare(Answer(text=answer.text), answer, ["near_tie"])
+    assert (spelled.token_divergence, spelled.near_tie) == (None, None)
+
+
+def test_a_streamed_answer_of_two_choices_reads_the_first_as_its_whole_answer_does() -> None:
+    streamed = read_stream(captured("chat-n2-logprobs-stream.txt"))
+    whole = read_body(captured("chat-n2-logprobs.json"))
+    assert streamed.text == whole.text
+    assert streamed.tokens == whole.tokens
+
+
+def test_two_llamacpp_answers_that_part_inside_a_split_character_part_at_that_entry() -> None:
+    # Both wrote `\ufffdã\ufffdéééé` and then C3 C3 A3 or C3 C3 A9: one entry each.
+    one, two = (read_body(captured(f"chat-split-utf8-{seed}.json")) for seed in (1, 2))
+    assert one.tokens[3].token == "é" and len(one.tokens) == len(two.tokens) == 8
+    diff = compare(one, two)
+    # Neither A3 nor A9 is among the alternatives llama.cpp listed there (`.`, `D`, `0`).
+    assert (diff.token_divergence, diff.near_tie) == (7, False)
+    assert diff.kl_divergence is not None and diff.kl_divergence >= 0
+
+
+# One entry holding the two pieces of é (C3 A9), its alternatives those of its last piece.
+E_ACUTE = TokenChoice(
+    "é", ln(0.6), ((piece_of(0xA9), ln(0.6)), (piece_of(0xA3), ln(0.3))), shown="é"
+)
+
+
+def test_a_divergence_inside_a_split_character_to_its_last_pieces_alternative_is_a_near_tie() -> (
+    None
+):
+    a_tilde = TokenChoice("ã", ln(0.3), ((piece_of(0xA3), ln(0.3)), (piece_of(0xA9), ln(0.6))))
+    o_tilde = TokenChoice("õ", ln(0.2), ((piece_of(0xB5), ln(0.2)),))  # C3 B5
+    assert near_tie((E_ACUTE,), (a_tilde,), 0) is True
+    assert near_tie((E_ACUTE,), (o_tilde,), 0) is False
+    # Their contexts agree (C3): KL compares the last piece's two distributions, which agree.
+    assert mean_top_k_kl((E_ACUTE,), (a_tilde,)) == pytest.approx(0.0, abs=1e-9)
+    # Against a text: "ã" is the text going on with one of the entry's own alternatives.
+    assert compare(Answer(text="ã"), Answer(tokens=(E_ACUTE,)), ["near_tie"]).near_tie is True
+
+
+def test_pieces_of_a_character_written_apart_spell_the_text_that_holds_it() -> None:
+    # vLLM and OpenAI give each piece its own entry, with its bytes and the text U+FFFD.
+    pieces = (TokenChoice(piece_of(0xC3), -0.1, shown="\ufffd"), TokenChoice(piece_of(0xA9), -0.1))
+    assert compare(Answer(text="é"), Answer(tokens=pieces), ["near_tie"]).token_divergence is None
+    # And the pieces never equal the character written whole.
+    assert token_divergence((E_ACUTE,), pieces) == 0

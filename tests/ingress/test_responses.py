@@ -9,6 +9,7 @@ from pathlib import Path
 
 import openai
 import pytest
+from llamacpp import llama_policy, llama_server
 from shadowworld import shadow_policy, shadow_rows
 
 from harness.gateways import GatewayServer, run_gateway
@@ -159,3 +160,23 @@ def test_responses_are_shadowed_and_recorded_as_chat(sims, tmp_path: Path) -> No
         (record,) = gw.records(1)
     assert record["endpoint"] == "chat" and record["status"] == 200
     assert row["candidate_pool"] == "cim" and row["exact_match"] is not None
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_llamacpps_cached_prompt_tokens_and_timings_reach_a_responses_client(
+    tmp_path: Path, stream: bool
+) -> None:
+    with llama_server() as server, run_gateway(llama_policy(server.url), tmp_path) as gw:
+        client = gw.client()
+        asked = {"model": MODEL, "input": "Say something.", "max_output_tokens": 12}
+        if stream:
+            *_, completed = client.responses.create(**asked, stream=True)
+            assert completed.type == "response.completed"
+            response, extra = completed.response, completed.model_extra
+        else:
+            response = client.responses.create(**asked)
+            extra = response.model_extra
+    assert response.usage is not None
+    assert response.usage.input_tokens_details.cached_tokens == 31
+    assert (extra or {})["timings"]["predicted_n"] == 12
+    assert "\ufffd" in response.output_text

@@ -224,3 +224,13 @@ def test_yaml_aliases_are_refused_so_a_kilobyte_cannot_expand_to_gigabytes() -> 
         parse_policy(bomb, "bomb.yaml")
     assert "aliases (*name) are not allowed" in str(refused.value)
     assert refused.value.problems[0].location.startswith("bomb.yaml:2:")
+
+
+def test_a_pool_may_run_llamacpp_and_an_engine_the_gateway_cannot_read_is_named() -> None:
+    doc = default_doc()
+    doc["pools"]["cim"]["engine"] = "llamacpp"
+    assert parse_policy(yaml.safe_dump(doc)).pools["cim"].engine == "llamacpp"
+    doc["pools"]["cim"]["engine"] = "llama.cpp"
+    with pytest.raises(PolicyError) as info:
+        parse_policy(yaml.safe_dump(doc))
+    assert "pools.cim.engine" in str(info.value) and "'llamacpp'" in str(info.value)

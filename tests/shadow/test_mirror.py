@@ -13,6 +13,7 @@ from pathlib import Path
 import orjson
 import pytest
 import sqlalchemy as sa
+from llamacpp import llama_server
 from shadowworld import PROMPT, drop_counts, settle, shadow_policy, shadow_rows
 from waiting import wait_for
 
@@ -22,6 +23,7 @@ from gateway.db.engine import make_engine, upgrade
 from gateway.exchange import Exchange
 from gateway.fleet.state import Fleet
 from gateway.metrics import GatewayMetrics
+from gateway.policy.load import parse_policy, to_yaml
 from gateway.policy.model import SemanticSimilarity
 from gateway.routing.classify import RequestProfile
 from gateway.routing.router import RouteDecision
@@ -565,3 +567,27 @@ def test_answers_are_compared_off_the_event_loop(sims, tmp_path: Path) -> None:
         del COMPARATORS["loop_probe"]
     assert seen == [False]  # compared in a worker thread, not the event loop's
     assert orjson.loads(row["measures"]) == {"probed": True}
+
+
+@pytest.mark.parametrize(("stream", "counted"), [(False, 22 + 10), (True, 22 + 15)])
+def test_a_llamacpp_candidates_answer_of_two_choices_is_counted_for_both(
+    sims, tmp_path: Path, stream: bool, counted: int
+) -> None:
+    # Its usage counts one choice: 22 tokens in a whole answer, one event a choice in a stream.
+    # The primary is one too (the simulators answer one choice only).
+    with llama_server() as primary, llama_server() as server:
+        doc = shadow_policy([primary.url], sims.urls("asic"), [server.url]).model_dump(
+            mode="json", exclude_defaults=True
+        )
+        for name in ("gpu", "cim"):
+            doc["pools"][name] |= {"engine": "llamacpp", "power_metrics": None}
+        with run_gateway(parse_policy(to_yaml(doc), "llama-shadow.yaml"), tmp_path) as gw:
+            extra = {"stream_options": {"include_usage": True}} if stream else {}
+            answer = gw.client().chat.completions.create(
+                model=MODEL, messages=PROMPT, n=2, max_tokens=24, stream=stream, **extra
+            )
+            if stream:
+                list(answer)  # type: ignore[arg-type]
+            (row,) = shadow_rows(gw, 1)
+    assert (row["candidate_status"], row["candidate_error"]) == (200, None)
+    assert (row["candidate_prompt_tokens"], row["candidate_completion_tokens"]) == (32, counted)

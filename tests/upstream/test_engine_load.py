@@ -15,6 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from llamacpp import captured, llama_policy, llama_server
 from waiting import wait_for
 
 from gateway.policy.load import parse_policy, to_yaml
@@ -158,3 +159,61 @@ def test_an_engine_that_reports_nothing_leaves_the_gateways_own_bookkeeping(
         assert backend_of(gw) == "gpu-0"
         backend = gw.gateway.fleet.pools["gpu"].backends[0]
         assert (backend.external, backend.engine_full, backend.free_slots) == (0, "", 4)
+
+
+def test_a_llamacpp_engine_that_defers_is_sent_nothing_and_its_cache_and_speed_are_shown(
+    tmp_path: Path,
+) -> None:
+    admin = {"authorization": "Bearer admin"}
+    ask = {"body": {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}}
+    settings = {"power_scrape_interval_s": SCRAPE_S, "admin_token": "admin"}
+    # llama-server with its three slots busy and a fourth request deferred, as it said it.
+    with (
+        llama_server(metrics="metrics-busy.txt") as server,
+        run_gateway(llama_policy(server.url), tmp_path, **settings) as gw,
+    ):
+        backend = gw.gateway.fleet.pools["llama"].backends[0]
+        wait_for(lambda: backend.engine_full != "", message="llama-0 never read as full")
+        busy = (
+            gw.http().post("/admin/explain", json=ask, headers=admin).json(),
+            gw.http().get("/admin/fleet", headers=admin).json(),
+            gw.http().get("/metrics").text,
+        )
+        server.metrics = captured("metrics-after.txt").decode()
+        wait_for(
+            lambda: (
+                gauge(gw, "gateway_backend_engine_full", "llama-0") == 0
+                and gauge(gw, "gateway_backend_external_requests", "llama-0") == 0
+            ),
+            message="llama-0 never had room",
+        )
+        assert backend_of(gw) == "llama-0"
+        after = gw.http().get("/metrics").text
+        # A window in which no request finished has no speed: the last one measured holds.
+        server.metrics = server.metrics.replace(
+            "predicted_tokens_seconds 252.496", "predicted_tokens_seconds 0"
+        ).replace("prompt_tokens_total 106", "prompt_tokens_total 0")
+        wait_for(
+            lambda: gauge(gw, "gateway_backend_engine_prompt_cached_ratio", "llama-0") == 1,
+            message="llama-0's idle window was never read",
+        )
+        held = gauge(gw, "gateway_backend_engine_generation_tokens_per_second", "llama-0")
+    explained, fleet, text = busy
+    (shown,) = explained["pools"]["llama"]["backends"]
+    (listed,) = fleet[0]["backends"]
+    for figures in (shown, listed):
+        assert figures["engine_full"] == "its engine has 1 request waiting"
+        assert figures["external"] == 4  # none of them the gateway's
+        assert figures["engine_cached_share"] == pytest.approx(93 / (99 + 93))
+        assert figures["engine_tokens_per_s"] == pytest.approx(689.951)
+    assert gauge_in(text, "gateway_backend_engine_full") == 1
+    assert gauge_in(text, "gateway_backend_engine_prompt_cached_ratio") == pytest.approx(93 / 192)
+    assert gauge_in(text, "gateway_backend_engine_generation_tokens_per_second") == 689.951
+    assert gauge_in(after, "gateway_backend_external_requests") == 0
+    assert gauge_in(after, "gateway_backend_engine_prompt_cached_ratio") == pytest.approx(310 / 416)
+    assert gauge_in(after, "gateway_backend_engine_generation_tokens_per_second") == 252.496
+    assert held == 252.496
+
+
+def gauge_in(text: str, name: str) -> float:
+    return metric_value(text, name, pool="llama", backend="llama-0")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from llamacpp import captured
 
 from gateway.upstream.engines import KV_FULL, EngineLoad, full_reason, read_engine
 
@@ -64,3 +65,35 @@ def test_an_engine_that_queues_or_whose_kv_cache_is_full_has_no_room(
     load: EngineLoad, full: str
 ) -> None:
     assert full_reason(load) == full
+
+
+def test_llamacpp_is_read_by_its_processing_and_deferred_requests_and_a_deferral_is_full() -> None:
+    # Three answers in its three slots and a fourth deferred, as llama-server said it.
+    load = read_engine(captured("metrics-busy.txt").decode(), "llamacpp")
+    assert load is not None
+    assert (load.running, load.waiting, load.kv_usage) == (3, 1, None)
+    assert full_reason(load) == "its engine has 1 request waiting"
+
+
+def test_llamacpp_reports_its_prompt_caches_share_and_its_generation_speed() -> None:
+    busy = read_engine(captured("metrics-busy.txt").decode(), "llamacpp")
+    after = read_engine(captured("metrics-after.txt").decode(), "llamacpp")
+    assert busy is not None and after is not None
+    # Its prompt counter leaves the cached tokens out: the share is of both together.
+    assert busy.cached_share == pytest.approx(93 / (99 + 93))
+    assert busy.tokens_per_s == pytest.approx(689.951)
+    assert after.cached_share == pytest.approx(310 / (106 + 310))
+    assert (after.running, after.waiting, full_reason(after)) == (0, 0, "")
+
+
+def test_a_llamacpp_window_without_a_finished_request_has_no_speed_and_a_fresh_one_no_share() -> (
+    None
+):
+    fresh = (
+        captured("metrics-after.txt")
+        .decode()
+        .replace("llamacpp:predicted_tokens_seconds 252.496", "llamacpp:predicted_tokens_seconds 0")
+        .replace("prompt_tokens_total 106", "prompt_tokens_total 0")
+        .replace("prompt_tokens_cached_total 310", "prompt_tokens_cached_total 0")
+    )
+    assert read_engine(fresh, "llamacpp") == EngineLoad(0, 0, None, None, None)

@@ -10,14 +10,16 @@ from pathlib import Path
 import openai
 import orjson
 import pytest
+from llamacpp import captured, llama_policy, llama_server
 
 from gateway.app import GatewayApp
 from gateway.db.engine import upgrade
 from gateway.fleet.state import BackendState
 from gateway.runtime import Gateway
 from gateway.settings import Settings
-from gateway.upstream.forward import error_detail
+from gateway.upstream.forward import error_detail, too_long
 from harness.gateways import run_gateway
+from harness.metrics import metric_value
 from policies import BIG, MODEL, fleet_policy
 
 PROMPT = [{"role": "user", "content": "Tell me about analog noise in memory arrays."}]
@@ -278,3 +280,77 @@ def test_an_answer_over_the_byte_limit_is_a_failure_of_its_backend(sims, tmp_pat
     assert refused.value.status_code == 502
     assert "over 16384 bytes" in str(refused.value)
     assert sorted(r["status"] for r in records) == [200, 502]
+
+
+def test_llamacpps_refusal_of_a_prompt_past_a_slots_context_is_a_context_refusal() -> None:
+    refusal = captured("exceed-context.json")
+    assert too_long(400, refusal)
+    assert not too_long(
+        400, b'{"error":{"code":400,"message":"bad","type":"invalid_request_error"}}'
+    )
+
+
+LONG = [{"role": "user", "content": "ab " * 1000}]  # 3,000 bytes: past the slot's 2,048
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_prompt_llamacpp_refuses_before_the_first_byte_is_served_by_a_larger_pool(
+    sims, tmp_path: Path, stream: bool
+) -> None:
+    # The pool claims 4,096 tokens (-c 12288 / -np 3), but the model caps a slot at 2,048.
+    with llama_server() as server:
+        policy = llama_policy(server.url, sims.urls("gpu"), max_context=4096)
+        with run_gateway(policy, tmp_path) as gw, gw.http() as http:
+            body = {"model": MODEL, "messages": LONG, "max_tokens": 8, "stream": stream}
+            answer = http.post("/v1/chat/completions", json=body)
+            text = gw.http().get("/metrics").text
+    assert answer.status_code == 200
+    assert answer.headers["x-gateway-pool"] == "gpu"
+    assert ("data: [DONE]" in answer.text) is stream
+    assert len(server.seen) == 1  # refused once, never retried there
+    fallbacks = metric_value(
+        text, "gateway_fallbacks_total", from_pool="llama", to_pool="gpu", reason="context_overflow"
+    )
+    assert fallbacks == 1
+
+
+def test_llamacpps_refusal_reaches_the_client_as_it_was_when_no_pool_is_larger(
+    tmp_path: Path,
+) -> None:
+    with (
+        llama_server() as server,
+        run_gateway(llama_policy(server.url), tmp_path) as gw,
+        pytest.raises(openai.BadRequestError) as refused,
+    ):
+        gw.client().chat.completions.create(model=MODEL, messages=LONG, max_tokens=8)
+    assert refused.value.response.content == captured("exceed-context.json")
+    assert refused.value.body["type"] == "exceed_context_size_error"  # type: ignore[index]
+
+
+@pytest.mark.parametrize(("stream", "name"), [(False, "chat.json"), (True, "chat-stream.txt")])
+def test_a_llamacpp_answer_reaches_the_client_byte_for_byte(
+    tmp_path: Path, stream: bool, name: str
+) -> None:
+    # U+FFFD where its bytes are no character, `timings` and the cached prompt tokens included.
+    body: dict = {"model": MODEL, "messages": PROMPT, "max_tokens": 12, "stream": stream}
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    with (
+        llama_server() as server,
+        run_gateway(llama_policy(server.url), tmp_path) as gw,
+        gw.http() as http,
+    ):
+        answer = http.post("/v1/chat/completions", json=body)
+    assert answer.status_code == 200
+    assert answer.content == captured(name)
+    assert "\ufffd" in answer.text and '"timings":{' in answer.text
+    assert '"prompt_tokens_details":{"cached_tokens":31}' in answer.text
+
+
+def test_the_openai_client_reads_llamacpps_cached_tokens_and_timings(tmp_path: Path) -> None:
+    with llama_server() as server, run_gateway(llama_policy(server.url), tmp_path) as gw:
+        answer = gw.client().chat.completions.create(model=MODEL, messages=PROMPT, max_tokens=12)
+    assert answer.usage is not None and answer.usage.prompt_tokens_details is not None
+    assert answer.usage.prompt_tokens_details.cached_tokens == 31
+    assert (answer.model_extra or {})["timings"]["predicted_n"] == 12
+    assert "\ufffd" in (answer.choices[0].message.content or "")

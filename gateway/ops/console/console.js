@@ -113,6 +113,14 @@ function lineChart(title, series, unit) {
 
 // --- Fleet ---------------------------------------------------------------------------------
 
+// What a backend's engine says of its prompt cache and generation speed (llama.cpp reports them).
+function engineFigures(b) {
+  const figures = [];
+  if (b.engine_cached_share != null) figures.push(`prompt cache ${pct(b.engine_cached_share)}`);
+  if (b.engine_tokens_per_s != null) figures.push(`${num(b.engine_tokens_per_s)} tokens/s`);
+  return figures.join(", ");
+}
+
 async function fleetView(view) {
   const pools = await admin("/admin/fleet");
   const rows = pools.flatMap((p) => [{ pool: p }, ...p.backends.map((b) => ({ pool: p, backend: b }))]);
@@ -132,7 +140,7 @@ async function fleetView(view) {
         ["queued", (r) => (r.backend ? "" : r.pool.queued)],
         ["power now", (r) => dash(r.backend ? r.backend.power_w : r.pool.power_w, (w) => `${w.toFixed(0)} W`)],
         ["energy today", (r) => (r.backend ? "" : joules(r.pool.energy_today_j))],
-        ["engine", (r) => (r.backend ? "" : r.pool.engine || "–")],
+        ["engine", (r) => (r.backend ? engineFigures(r.backend) : r.pool.engine || "–")],
         ["driver / runtime / firmware", (r) => (r.backend ? "" : [r.pool.driver, r.pool.runtime, r.pool.firmware].map((v) => v || "–").join(" / "))],
         ["model error (e2e, energy)", (r) => (r.backend ? "" : `${pct(r.pool.cost_model_error.e2e)}, ${pct(r.pool.cost_model_error.energy)}`)],
       ],
