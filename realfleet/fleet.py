@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import re
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import yaml
@@ -72,29 +74,25 @@ def spec(backend: Backend, files: Mapping[str, Path], seed: int = 0) -> ServerSp
     )
 
 
+def _backends(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    return [b for pool in doc["pools"].values() for b in pool["backends"]]
+
+
 def default_ports() -> dict[str, int]:
     """Return each backend's port as policies/real.yaml gives it, and the exporter's."""
-    doc = yaml.safe_load(POLICY.read_text())
-    ports = {
-        b["name"]: int(b["url"].rsplit(":", 1)[1])
-        for pool in doc["pools"].values()
-        for b in pool["backends"]
-    }
-    exporter = {int(re.search(r":(\d+)/", b["metrics_url"])[1])  # type: ignore[index]
-                for pool in doc["pools"].values() for b in pool["backends"]}  # fmt: skip
-    (ports["power"],) = exporter
+    backends = _backends(yaml.safe_load(POLICY.read_text()))
+    ports = {b["name"]: int(urlsplit(b["url"]).port or 0) for b in backends}
+    (ports["power"],) = {int(urlsplit(b["metrics_url"]).port or 0) for b in backends}
     return ports
 
 
 def policy(ports: Mapping[str, int]) -> str:
-    """Return policies/real.yaml with each backend's URL and metrics URL on `ports`."""
-    text = POLICY.read_text()
-    default = default_ports()
-    for name, port in default.items():
-        text = text.replace(f"127.0.0.1:{port}", f"127.0.0.1:@{name}@")
-    for name, port in ports.items():
-        text = text.replace(f"127.0.0.1:@{name}@", f"127.0.0.1:{port}")
-    return text
+    """Return policies/real.yaml with each backend and its power page on `ports`."""
+    doc = yaml.safe_load(POLICY.read_text())
+    for b in _backends(doc):
+        b["url"] = f"http://127.0.0.1:{ports[b['name']]}"
+        b["metrics_url"] = f"http://127.0.0.1:{ports['power']}/backends/{b['name']}/metrics"
+    return yaml.safe_dump(doc, sort_keys=False)
 
 
 @dataclass
@@ -123,22 +121,18 @@ def _exporter(servers: Mapping[str, Server], port: int, log: Path | None) -> sub
     return process
 
 
-def _wait_exporter(process: subprocess.Popen[str], port: int) -> None:
+def _wait_exporter(process: subprocess.Popen[str], port: int, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
     with httpx.Client(timeout=2.0) as client:
-        for _ in range(600):
-            if process.poll() is not None:
-                raise RuntimeError(f"the power exporter exited with {process.returncode}")
+        while time.monotonic() < deadline:
             with contextlib.suppress(httpx.HTTPError):
                 if client.get(f"http://127.0.0.1:{port}/healthz").status_code == 200:
                     return
-            process_wait(process, 0.05)
-    raise TimeoutError("the power exporter did not start")
-
-
-def process_wait(process: subprocess.Popen[str], seconds: float) -> None:
-    """Wait up to `seconds` for `process` to exit (a paced poll that ends early if it does)."""
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        process.wait(seconds)
+            # A paced poll that ends at once if the exporter exits.
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(0.05)
+                raise RuntimeError(f"the power exporter exited with {process.returncode}")
+    raise TimeoutError(f"the power exporter did not start in {timeout_s} s")
 
 
 @contextlib.contextmanager
