@@ -13,7 +13,7 @@ import logging
 import random
 import secrets
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import orjson
@@ -28,19 +28,24 @@ from gateway.errors import (
 )
 from gateway.exchange import Exchange
 from gateway.fleet.ratelimit import admit_tenant, settle_tenant
-from gateway.ingress.body import BodyDeadlines, Receive, Scope
+from gateway.ingress.body import BodyDeadlines
 from gateway.ingress.responses import ResponsesRelay, to_chat
 from gateway.ingress.telemetry import Telemetry
 from gateway.policy.model import Policy, Tenant
-from gateway.routing.classify import ENDPOINTS, MAX_MODEL_CHARS, RequestProfile, classify
+from gateway.routing.classify import (
+    ENDPOINTS,
+    MAX_MODEL_CHARS,
+    RequestProfile,
+    classify,
+    tenant_of,
+)
 from gateway.routing.router import decide, tokens_at_most
 from gateway.runtime import Gateway
 from gateway.shadow.sample import ShadowPlan
+from gateway.upstream.asgi import Receive, Scope, Send
 
 log = logging.getLogger(__name__)
 RESPONSES_PATH = "/v1/responses"
-
-Send = Callable[[dict[str, Any]], Any]
 
 JSON = [(b"content-type", b"application/json")]
 
@@ -61,16 +66,16 @@ async def _refuse(send: Send, exc: GatewayError, ex: Exchange | None = None) -> 
     await _respond(send, exc.status, exc.body(), extra)
 
 
-def _bounded(body: bytes, payload: Any, profile: RequestProfile, policy: Policy) -> bytes:
-    """Return the body with `max_tokens` written in when the client named no output limit.
+def _assumed_max_tokens(payload: Any, profile: RequestProfile, policy: Policy) -> int | None:
+    """Return the output limit to give a request that named none, or None when it needs none.
 
     A backend told nothing generates up to its context; the request is reserved and charged
-    the policy's `assumed_max_tokens` (or its `min_tokens`, if more), so that is its limit.
+    the policy's `assumed_max_tokens` (or its `min_tokens`, if more), so that is its limit,
+    written into the body it is forwarded with.
     """
     if profile.max_tokens is not None or profile.endpoint == "embeddings":
-        return body
-    profile.max_tokens = max(policy.assumed_max_tokens, payload.get("min_tokens") or 0)
-    return orjson.dumps(payload | {"max_tokens": profile.max_tokens})
+        return None
+    return max(policy.assumed_max_tokens, payload.get("min_tokens") or 0)
 
 
 def _used(ex: Exchange, charged: int) -> int:
@@ -169,10 +174,13 @@ class Ingress:
                 if name.startswith(b"x-slo-") or name == b"authorization"
             }
             policy, fleet = gw.policy, gw.fleet
-            ex.profile = classify(endpoint, payload, headers, policy, gw.estimator)
-            body = _bounded(body, payload, ex.profile, policy)
+            tenant = tenant_of(policy, headers)
+            ex.profile = classify(endpoint, payload, headers, tenant, policy, gw.estimator)
+            assumed = _assumed_max_tokens(payload, ex.profile, policy)
+            if assumed is not None:
+                ex.profile.max_tokens = assumed
+                body = orjson.dumps(payload | {"max_tokens": assumed})
             if policy.tenants:
-                tenant = policy.tenant_named(ex.profile.tenant)
                 tokens = tokens_at_most(ex.profile, policy)
                 await admit_tenant(gw.buckets, tenant, tokens)
                 charged = tokens

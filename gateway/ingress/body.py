@@ -8,13 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 from typing import Any
 
 from gateway.errors import BodyTooLarge, InvalidRequest, RequestTimeout
-
-Scope = dict[str, Any]
-Receive = Callable[[], Any]
+from gateway.upstream.asgi import Receive, Scope
 
 
 class BodyDeadlines:

@@ -23,15 +23,13 @@ comparisons see chat completions on both sides.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
 
 from gateway.compare.events import EventReader
 from gateway.errors import InvalidRequest
-
-Send = Callable[[dict[str, Any]], Awaitable[None]]
+from gateway.upstream.asgi import Message, Send
 
 _FORMATS = {"json_object", "json_schema", "text"}
 
@@ -192,7 +190,7 @@ class ResponsesRelay:
         self._started = False
         self._start: dict[str, Any] = {}
 
-    async def __call__(self, message: dict[str, Any]) -> None:
+    async def __call__(self, message: Message) -> None:
         if message["type"] == "http.response.start":
             self._translate = message["status"] == 200
             if not self._translate or self._stream:

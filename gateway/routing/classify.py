@@ -255,11 +255,11 @@ def classify(
     endpoint: str,
     payload: Any,
     headers: dict[str, str],
+    tenant: Tenant | None,
     policy: Policy,
     estimator: TokenEstimator,
 ) -> RequestProfile:
-    """Validate a parsed request body and headers into a RequestProfile."""
-    tenant = tenant_of(policy, headers)
+    """Validate a parsed request body and headers, from a tenant (`tenant_of`), into a profile."""
     if not isinstance(payload, dict):
         raise InvalidRequest("the request body must be a JSON object")
     model = payload.get("model")

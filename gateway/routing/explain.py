@@ -9,7 +9,7 @@ from gateway.errors import GatewayError
 from gateway.fleet.state import Fleet
 from gateway.policy.model import Policy, Pool
 from gateway.policy.tariffs import Rate, own_rate
-from gateway.routing.classify import TokenEstimator, classify
+from gateway.routing.classify import TokenEstimator, classify, tenant_of
 from gateway.routing.ranking import CostRanker
 from gateway.routing.router import decide
 
@@ -31,7 +31,7 @@ def explain(
     """
     headers = {k.lower(): v for k, v in headers.items()}
     try:
-        profile = classify(endpoint, body, headers, policy, estimator)
+        profile = classify(endpoint, body, headers, tenant_of(policy, headers), policy, estimator)
         decision = decide(profile, policy, fleet, ranker)
     except GatewayError as exc:
         return {"decision": None, "status": exc.status, **exc.document()}

@@ -32,14 +32,12 @@ from gateway.policy.model import Policy
 from gateway.routing.ranking import CostRanker
 from gateway.routing.router import pick_backend
 from gateway.upstream import usage
+from gateway.upstream.asgi import Receive, Send
 from gateway.upstream.client import PATHS
 from gateway.upstream.http1 import Response
 from gateway.upstream.metering import EnergyMeter
 from gateway.upstream.outliers import OutlierDetector
 from gateway.upstream.sse import StreamTally
-
-Send = Callable[[dict[str, Any]], Any]
-Receive = Callable[[], Any]
 
 MAX_ATTEMPTS = 2
 # What serving engines say when a prompt does not fit (see the docstring).

@@ -7,7 +7,7 @@ from collections import deque
 import pytest
 
 from gateway.errors import InvalidRequest, SloNotAllowed, Unauthorized
-from gateway.routing.classify import TokenEstimator, classify, text_tokens
+from gateway.routing.classify import TokenEstimator, classify, tenant_of, text_tokens
 from policies import MODEL, fleet_policy
 
 
@@ -17,7 +17,7 @@ def chat(**kw: object) -> dict:
 
 def test_profile_carries_model_tokens_class_and_stream() -> None:
     policy = fleet_policy()
-    p = classify("chat", chat(max_tokens=64, stream=True), {}, policy, TokenEstimator())
+    p = classify("chat", chat(max_tokens=64, stream=True), {}, None, policy, TokenEstimator())
     assert (p.model, p.max_tokens, p.stream, p.slo_class) == (MODEL, 64, True, "interactive")
     assert p.prompt_tokens == 104  # 400 chars / 4 + one message's overhead
     assert (p.ttft_ms, p.tpot_ms) == (500, 50)
@@ -26,7 +26,7 @@ def test_profile_carries_model_tokens_class_and_stream() -> None:
 def test_slo_headers_set_class_and_targets() -> None:
     policy = fleet_policy()
     headers = {"x-slo-class": "batch", "x-slo-ttft-ms": "250", "x-slo-tpot-ms": "20"}
-    p = classify("chat", chat(), headers, policy, TokenEstimator())
+    p = classify("chat", chat(), headers, None, policy, TokenEstimator())
     assert (p.slo_class, p.ttft_ms, p.tpot_ms, p.e2e_ms) == ("batch", 250, 20, 60000)
 
 
@@ -40,7 +40,7 @@ def test_slo_headers_set_class_and_targets() -> None:
 )
 def test_bad_slo_headers_are_invalid(headers: dict, param: str) -> None:
     with pytest.raises(InvalidRequest) as info:
-        classify("chat", chat(), headers, fleet_policy(), TokenEstimator())
+        classify("chat", chat(), headers, None, fleet_policy(), TokenEstimator())
     assert info.value.param == param
 
 
@@ -63,17 +63,22 @@ def test_bad_slo_headers_are_invalid(headers: dict, param: str) -> None:
 )
 def test_invalid_bodies_name_the_field(body: dict, param: str) -> None:
     with pytest.raises(InvalidRequest) as info:
-        classify("chat", body, {}, fleet_policy(), TokenEstimator())
+        classify("chat", body, {}, None, fleet_policy(), TokenEstimator())
     assert info.value.param == param
 
 
 def test_a_request_generates_n_answers_or_best_of_them() -> None:
     policy, est = fleet_policy(), TokenEstimator()
-    assert classify("chat", chat(), {}, policy, est).sequences == 1
-    assert classify("chat", chat(n=3), {}, policy, est).sequences == 3
+    assert classify("chat", chat(), {}, None, policy, est).sequences == 1
+    assert classify("chat", chat(n=3), {}, None, policy, est).sequences == 3
     assert (
         classify(
-            "completions", {"model": MODEL, "prompt": "x", "n": 2, "best_of": 5}, {}, policy, est
+            "completions",
+            {"model": MODEL, "prompt": "x", "n": 2, "best_of": 5},
+            {},
+            None,
+            policy,
+            est,
         ).sequences
         == 5
     )
@@ -82,13 +87,17 @@ def test_a_request_generates_n_answers_or_best_of_them() -> None:
 def test_completions_and_embeddings_read_their_prompt_fields() -> None:
     policy, est = fleet_policy(), TokenEstimator()
     assert (
-        classify("completions", {"model": MODEL, "prompt": "y" * 80}, {}, policy, est).prompt_tokens
+        classify(
+            "completions", {"model": MODEL, "prompt": "y" * 80}, {}, None, policy, est
+        ).prompt_tokens
         == 20
     )
-    emb = classify("embeddings", {"model": MODEL, "input": ["ab" * 10, "cd" * 10]}, {}, policy, est)
+    emb = classify(
+        "embeddings", {"model": MODEL, "input": ["ab" * 10, "cd" * 10]}, {}, None, policy, est
+    )
     assert emb.prompt_tokens == 10 and emb.max_tokens is None
     with pytest.raises(InvalidRequest):
-        classify("embeddings", {"model": MODEL, "input": 5}, {}, policy, est)
+        classify("embeddings", {"model": MODEL, "input": 5}, {}, None, policy, est)
 
 
 def test_estimator_calibrates_toward_reported_usage() -> None:
@@ -143,8 +152,8 @@ def test_every_part_the_backend_tokenizes_is_counted() -> None:
             },
         },
     }
-    plain = classify("chat", chat(), {}, fleet_policy(), est).prompt_tokens
-    with_tools = classify("chat", chat(tools=[tool]), {}, fleet_policy(), est).prompt_tokens
+    plain = classify("chat", chat(), {}, None, fleet_policy(), est).prompt_tokens
+    with_tools = classify("chat", chat(tools=[tool]), {}, None, fleet_policy(), est).prompt_tokens
     assert with_tools - plain > 1000  # the schema's 4,000 characters
     call = {
         "role": "assistant",
@@ -163,7 +172,7 @@ def test_every_part_the_backend_tokenizes_is_counted() -> None:
     }
     body = chat()
     body["messages"] = [*body["messages"], call, image]
-    tokens = classify("chat", body, {}, fleet_policy(), est).prompt_tokens
+    tokens = classify("chat", body, {}, None, fleet_policy(), est).prompt_tokens
     # The call's arguments and name (1,100), the image (1,000, not its 100 kB of base64).
     assert 2_100 < tokens - plain < 2_200
 
@@ -172,19 +181,16 @@ def test_tenant_from_key_and_required_keys() -> None:
     digest = hashlib.sha256(b"sk-acme").hexdigest()
     open_policy = fleet_policy(tenants=[{"name": "acme", "api_key_sha256": [digest]}])
     est = TokenEstimator()
-    assert (
-        classify("chat", chat(), {"authorization": "Bearer sk-acme"}, open_policy, est).tenant
-        == "acme"
-    )
-    assert (
-        classify("chat", chat(), {"authorization": "Bearer nope"}, open_policy, est).tenant
-        == "anonymous"
-    )
+    acme = tenant_of(open_policy, {"authorization": "Bearer sk-acme"})
+    assert acme is not None and acme.name == "acme"
+    assert classify("chat", chat(), {}, acme, open_policy, est).tenant == "acme"
+    assert tenant_of(open_policy, {"authorization": "Bearer nope"}) is None
+    assert classify("chat", chat(), {}, None, open_policy, est).tenant == "anonymous"
     closed = fleet_policy(
         tenants=[{"name": "acme", "api_key_sha256": [digest]}], require_tenant_key=True
     )
     with pytest.raises(Unauthorized):
-        classify("chat", chat(), {"authorization": "Bearer nope"}, closed, est)
+        tenant_of(closed, {"authorization": "Bearer nope"})
 
 
 def test_tenant_defaults_and_limits_its_slo_headers() -> None:
@@ -200,16 +206,16 @@ def test_tenant_defaults_and_limits_its_slo_headers() -> None:
             }
         ]
     )
-    key = {"authorization": "Bearer sk-batch"}
+    nightly = tenant_of(policy, {"authorization": "Bearer sk-batch"})
     est = TokenEstimator()
-    assert classify("chat", chat(), key, policy, est).slo_class == "batch"
+    assert classify("chat", chat(), {}, nightly, policy, est).slo_class == "batch"
     with pytest.raises(SloNotAllowed) as denied:
-        classify("chat", chat(), key | {"x-slo-class": "interactive"}, policy, est)
+        classify("chat", chat(), {"x-slo-class": "interactive"}, nightly, policy, est)
     assert denied.value.status == 403 and "'interactive'" in denied.value.message
     with pytest.raises(SloNotAllowed):
-        classify("chat", chat(), key | {"x-slo-ttft-ms": "50"}, policy, est)
+        classify("chat", chat(), {"x-slo-ttft-ms": "50"}, nightly, policy, est)
     # Anonymous traffic keeps the policy's defaults and may still override.
-    anonymous = classify("chat", chat(), {"x-slo-ttft-ms": "50"}, policy, est)
+    anonymous = classify("chat", chat(), {"x-slo-ttft-ms": "50"}, None, policy, est)
     assert (anonymous.slo_class, anonymous.ttft_ms) == ("interactive", 50)
 
 
