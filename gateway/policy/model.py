@@ -531,13 +531,6 @@ class Policy(Strict):
                 return tenant
         return None
 
-    def tenant_named(self, name: str) -> Tenant | None:
-        """Return the tenant of this name, or None (e.g. for anonymous requests)."""
-        for tenant in self.tenants:
-            if tenant.name == name:
-                return tenant
-        return None
-
     def params_b(self, model: str) -> float:
         """Return a model's size in billions of parameters (DEFAULT_PARAMS_B when unlisted)."""
         spec = self.models.get(model)
