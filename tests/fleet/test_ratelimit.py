@@ -236,3 +236,31 @@ def test_a_request_naming_no_output_limit_is_given_the_one_it_is_charged(
             policy.assumed_max_tokens + 44,
             "length",
         )
+
+
+def test_a_request_without_a_key_is_not_charged_to_a_tenant_named_anonymous(
+    sims, tmp_path: Path
+) -> None:
+    # Requests without a tenant key are recorded as "anonymous"; a tenant may have that name.
+    policy = fleet_policy(
+        sims.urls("gpu"),
+        sims.urls("asic"),
+        sims.urls("cim"),
+        tenants=[tenant("anonymous", "its-key", requests_per_minute=1)],
+    )
+
+    def ask(server, key: str) -> str:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key=key, max_retries=0)
+        try:
+            client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4
+            )
+            return "ok"
+        except openai.RateLimitError:
+            return "limited"
+
+    with run_gateway(policy, tmp_path) as server:
+        keyless = [ask(server, "no-tenant") for _ in range(3)]
+        keyed = [ask(server, "its-key") for _ in range(2)]
+    assert keyless == ["ok"] * 3
+    assert keyed == ["ok", "limited"]
