@@ -147,7 +147,16 @@ class Telemetry:
             # profile's, so a client's x-slo-ttft-ms counts here; records do not keep it, so the
             # report judges by the class alone.
             met, missed = self._slo(route, pool, profile.slo_class)
-            ok = meets_slo(profile, ex.status, record.ttft_ms, record.tpot_ms, record.e2e_ms)
+            ok = meets_slo(
+                profile,
+                ex.status,
+                record.ttft_ms,
+                record.tpot_ms,
+                record.e2e_ms,
+                endpoint=profile.endpoint,
+                stream=profile.stream,
+                completion_tokens=ex.completion_tokens,
+            )
             (met if ok else missed).inc()
         if ex.backend is None or not ex.attempt_started:
             self.sink(record)

@@ -228,9 +228,17 @@ def guards(engine: sa.Engine, policy: Policy, route: str, candidate: str, since:
     with engine.connect() as conn:
         # Requests the canary was given: a fallback that saved the client is still its failure.
         served = conn.execute(
-            sa.select(r.status, r.slo_class, r.ttft_ms, r.tpot_ms, r.e2e_ms, r.fallback).where(
-                r.route == route, r.first_pool == candidate, r.ts >= since
-            )
+            sa.select(
+                r.status,
+                r.slo_class,
+                r.endpoint,
+                r.stream,
+                r.completion_tokens,
+                r.ttft_ms,
+                r.tpot_ms,
+                r.e2e_ms,
+                r.fallback,
+            ).where(r.route == route, r.first_pool == candidate, r.ts >= since)
         ).all()
         copies = conn.execute(
             sa.select(*(s[name] for name in MEASURES)).where(
@@ -243,11 +251,20 @@ def guards(engine: sa.Engine, policy: Policy, route: str, candidate: str, since:
             )
         ).all()
     met = errors = 0
-    for status_code, slo_class, ttft, tpot, e2e, fallback in served:
-        cls = policy.slo_classes.get(slo_class or policy.default_slo_class)
-        ok = status_code == 200 and not fallback
+    for row in served:
+        cls = policy.slo_classes.get(row.slo_class or policy.default_slo_class)
+        ok = row.status == 200 and not row.fallback
         errors += not ok
-        met += ok and meets_slo(cls, status_code, ttft, tpot, e2e)
+        met += ok and meets_slo(
+            cls,
+            row.status,
+            row.ttft_ms,
+            row.tpot_ms,
+            row.e2e_ms,
+            endpoint=row.endpoint,
+            stream=bool(row.stream),
+            completion_tokens=row.completion_tokens,
+        )
     return Guards(
         requests=len(served),
         errors=errors,

@@ -132,6 +132,9 @@ class Passage:
             ms(self.ttft_s),
             ms(self.tpot_s),
             ms(self.e2e_s),
+            endpoint=self.profile.endpoint,
+            stream=self.profile.stream,
+            completion_tokens=self.request.output_tokens,
         )
 
 

@@ -128,7 +128,16 @@ def summarize_live(
         if ttft_ms is not None:
             ttft.append(ttft_ms)
         profile = request_profile(policy, request)
-        met += meets_slo(profile, outcome.status, ttft_ms, tpot_ms, e2e_ms)
+        met += meets_slo(
+            profile,
+            outcome.status,
+            ttft_ms,
+            tpot_ms,
+            e2e_ms,
+            endpoint="chat",
+            stream=True,  # every request of a live run is a streamed chat (chat_body)
+            completion_tokens=request.output_tokens,
+        )
     pools = Counter(o.pool for o in outcomes if o.status == 200)
     live = [name for name, pool in policy.pools.items() if pool.live]
     return {

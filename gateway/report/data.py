@@ -77,6 +77,7 @@ _REQUEST_COLUMNS = (
     "route",
     "pool",
     "model",
+    "endpoint",
     "slo_class",
     "stream",
     "prompt_tokens",
@@ -316,7 +317,17 @@ def slo_attainment(requests: Sequence[Row], policy: Policy) -> list[dict[str, An
             (spec.ttft_ms, spec.tpot_ms, spec.e2e_ms) if spec is not None else (None, None, None)
         )
         met = sum(
-            meets_slo(spec, r["status"], r["ttft_ms"], r["tpot_ms"], r["e2e_ms"]) for r in rows
+            meets_slo(
+                spec,
+                r["status"],
+                r["ttft_ms"],
+                r["tpot_ms"],
+                r["e2e_ms"],
+                endpoint=r["endpoint"],
+                stream=bool(r["stream"]),
+                completion_tokens=r["completion_tokens"],
+            )
+            for r in rows
         )
         out.append(
             {

@@ -94,6 +94,8 @@ def test_an_operator_reads_the_fleet_edits_the_policy_and_rolls_back(
     page.click("#tabs [data-view=traffic]")
     route = page.locator("section.route[data-route=chat]")
     expect(route.locator("table td").first).to_have_text("4")
+    # Not streamed: the SLO is judged on the whole answer, which the view shows.
+    expect(route.locator("table td").nth(3)).to_contain_text("end to end")
     expect(route.locator("svg")).to_have_count(5)
 
     # Shadow: the verdict in words, and the sampled pairs side by side.

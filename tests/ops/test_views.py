@@ -11,6 +11,8 @@ from shadowworld import serve, shadow_policy
 from gateway.db.schema import shadow_records
 from gateway.policy.load import to_yaml
 from harness.gateways import run_gateway
+from harness.metrics import metric_value
+from policies import EMBED, MODEL, fleet_policy
 
 TOKEN = "s3cret-admin-token"
 AUTH = {"authorization": f"Bearer {TOKEN}"}
@@ -51,6 +53,51 @@ def test_the_fleet_traffic_and_pairs_views_show_what_the_traffic_did(sims, tmp_p
     assert len(pairs) == 4 and none == []
     assert all(p["primary_text"] and p["candidate_pool"] == "cim" for p in pairs)
     assert [p["ts"] for p in pairs] == sorted((p["ts"] for p in pairs), reverse=True)
+
+
+def test_traffic_judges_embeddings_and_unstreamed_chat_on_their_whole_answer(
+    sims, tmp_path: Path
+) -> None:
+    # Interactive: 500 ms to the first token, 50 ms per token after it, no end-to-end target.
+    policy = fleet_policy(sims.urls("gpu"), sims.urls("asic"), sims.urls("cim"))
+    with run_gateway(policy, tmp_path, admin_token=TOKEN) as gw, gw.http() as http:
+        client = gw.client()
+        for _ in range(3):  # fast: a few milliseconds each, well within 500
+            client.embeddings.create(model=EMBED, input="how fast is an embedding")
+        gw.records(3)
+        for sim in sims.all():
+            sim.set_faults(added_latency_ms=700)
+        client.embeddings.create(model=EMBED, input="and a slow one")  # past 500 ms
+        # Not streamed, 700 ms in all: within 500 + 19 × 50 for 20 tokens, past 500 + 50 for 2.
+        for tokens in (20, 2):
+            answer = client.chat.completions.create(
+                model=MODEL,
+                messages=[{"role": "user", "content": "Say something."}],
+                max_tokens=tokens,
+                extra_body={"ignore_eos": True},
+            )
+            assert answer.usage is not None and answer.usage.completion_tokens == tokens
+        records = gw.records(6)
+        routes = {
+            r["route"]: r
+            for r in http.get("/admin/traffic", params={"window": "hour"}, headers=AUTH).json()
+        }
+        text = http.get("/metrics").text
+
+    assert all(r["status"] == 200 and r["ttft_ms"] is None for r in records)
+    embeddings, chat = routes["embeddings"], routes["chat-8b-short"]
+    assert embeddings["requests"] == 4 and embeddings["slo_attainment"] == 0.75
+    assert chat["requests"] == 2 and chat["slo_attainment"] == 0.5
+    # What the SLO was judged on is shown: the whole answer's time, none to a first token.
+    assert embeddings["ttft_p50_ms"] is None and chat["ttft_p50_ms"] is None
+    assert 0 < embeddings["e2e_p50_ms"] < 500 < embeddings["e2e_p95_ms"]
+    assert 700 <= chat["e2e_p50_ms"] <= chat["e2e_p95_ms"]
+    # The live metric judges by the same rule.
+    labels = {"route": "chat-8b-short", "slo_class": "interactive"}
+    assert metric_value(text, "gateway_slo_requests_total", result="met", **labels) == 1
+    assert metric_value(text, "gateway_slo_requests_total", result="missed", **labels) == 1
+    labels["route"] = "embeddings"
+    assert metric_value(text, "gateway_slo_requests_total", result="met", **labels) == 3
 
 
 def test_a_pair_marks_where_its_answers_part_in_each_text(tmp_path: Path) -> None:

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
 import pytest
+from rows import request_record
 
+from gateway.db.engine import make_engine
+from gateway.db.schema import request_records
 from gateway.policy.load import load_policy
-from gateway.promotion.rollout import Guards, next_move, promoted, with_canary
+from gateway.promotion.rollout import Guards, guards, next_move, promoted, with_canary
 from harness.gateways import GatewayServer, run_gateway
 from policies import MODEL, fleet_policy
 
@@ -66,6 +70,39 @@ def test_guards_decide_advance_wait_and_rollback() -> None:
     assert "agreement" in next_move(drifting, policy, elapsed_s=3600)[1]
     quiet = Guards(requests=3, errors=0, slo_met=3, compared=0, agreed=0)
     assert next_move(quiet, policy, elapsed_s=3600)[0] == "wait"
+
+
+def test_guards_judge_each_canary_request_by_its_endpoint(database: str) -> None:
+    # Interactive: 500 ms to the first token and 50 ms per token after it.
+    policy = fleet_policy()
+    served = [
+        ("embeddings", False, None, None, 30.0, None),  # met: its whole answer within 500 ms
+        ("embeddings", False, None, None, 800.0, None),  # missed
+        ("chat", False, None, None, 1_400.0, 20),  # met: within 500 + 19 × 50
+        ("chat", False, None, None, 1_400.0, 2),  # missed: past 500 + 50
+        ("chat", True, 120.0, 20.0, 1_400.0, 20),  # met: streamed, first token and per token
+    ]
+    rows = [
+        dataclasses.replace(
+            request_record(n),
+            route="chat",
+            pool="asic",
+            first_pool="asic",
+            endpoint=endpoint,
+            stream=stream,
+            ttft_ms=ttft,
+            tpot_ms=tpot,
+            e2e_ms=e2e,
+            completion_tokens=tokens,
+        ).row()
+        for n, (endpoint, stream, ttft, tpot, e2e, tokens) in enumerate(served)
+    ]
+    engine = make_engine(database)
+    with engine.begin() as conn:
+        conn.execute(request_records.insert(), rows)
+    measured = guards(engine, policy, "chat", "asic", since=0.0)
+    engine.dispose()
+    assert (measured.requests, measured.errors, measured.slo_met) == (5, 0, 3)
 
 
 def test_policy_edits_add_the_canary_and_finish_the_promotion() -> None:

@@ -50,3 +50,33 @@ def test_every_request_ends_served_or_refused_and_a_served_one_held_a_slot_from_
         assert 1 <= p.concurrent <= policy.pools[p.pool].slots_per_backend
     # The fleet is healthy and every prompt fits: a refusal can only be for capacity.
     assert {p.refused for p in refused} == {"NoCapacity"}
+
+
+def test_embeddings_and_unstreamed_answers_are_judged_on_their_end_to_end_time(
+    policy: Policy,
+) -> None:
+    # Interactive (the default class): 500 ms to the first token, 50 ms per token after it. A
+    # 30k-token prompt takes the GPU well past 500 ms to its first token.
+    mix = [
+        TraceRequest(0.1 * i, prompt, output, endpoint=endpoint, stream=stream, model=model)
+        for i, (prompt, output, endpoint, stream, model) in enumerate(
+            [
+                (300, 0, "embeddings", False, "bge-large-en-v1.5"),
+                (6000, 0, "embeddings", False, "bge-large-en-v1.5"),
+                (30_000, 100, "chat", False, None),
+                (30_000, 100, "chat", True, None),
+                (30_000, 2, "chat", False, None),
+            ]
+        )
+    ]
+    replay = Replay(strategy_for("static", policy), mix).run()
+    *embeddings, whole, streamed, short = replay.passages
+    assert all(p.served and p.e2e_s is not None and p.e2e_s < 0.5 for p in embeddings)
+    assert all(p.meets_slo() for p in embeddings)
+    for p in (whole, streamed, short):
+        assert p.served and p.ttft_s is not None and p.ttft_s > 0.5
+    # The same answer: streamed, its first token is late; whole, it is in by 500 + 99 × 50 ms.
+    assert whole.e2e_s is not None and whole.e2e_s <= 0.5 + 99 * 0.05 and whole.meets_slo()
+    assert not streamed.meets_slo()
+    # Two tokens are due by 550 ms.
+    assert short.e2e_s is not None and short.e2e_s > 0.55 and not short.meets_slo()
