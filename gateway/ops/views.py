@@ -17,7 +17,7 @@ from gateway.compare.measures import WORD
 from gateway.db.schema import request_records, shadow_records
 from gateway.policy.model import Policy
 from gateway.policy.tariffs import DAY_S
-from gateway.records.slo import judged_on, meets_slo
+from gateway.records.slo import judged_on, record_meets_slo
 from gateway.routing.explain import hardware
 from gateway.stats import percentile
 
@@ -133,16 +133,7 @@ def _figures(rows: Sequence[Any], policy: Policy) -> dict[str, Any]:
     whole: list[float] = []  # end to end of the answers judged on it
     for row in rows:
         spec = policy.slo_classes.get(row.slo_class or policy.default_slo_class)
-        met += meets_slo(
-            spec,
-            row.status,
-            row.ttft_ms,
-            row.tpot_ms,
-            row.e2e_ms,
-            endpoint=row.endpoint,
-            stream=bool(row.stream),
-            completion_tokens=row.completion_tokens,
-        )
+        met += record_meets_slo(spec, row._mapping)
         on = judged_on(row.endpoint, bool(row.stream))
         if on == "e2e" and row.status == 200 and row.e2e_ms is not None:
             whole.append(row.e2e_ms)

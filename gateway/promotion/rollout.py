@@ -32,7 +32,7 @@ from gateway.policy.load import PolicyLoader, to_yaml
 from gateway.policy.model import Policy
 from gateway.promotion.departures import Tolerance, departs
 from gateway.promotion.evidence import MEASURES, latest
-from gateway.records.slo import meets_slo
+from gateway.records.slo import record_meets_slo
 from gateway.shadow.sample import CANDIDATE
 
 ROLLING, COMPLETE, ROLLED_BACK = "rolling", "complete", "rolled_back"
@@ -255,16 +255,7 @@ def guards(engine: sa.Engine, policy: Policy, route: str, candidate: str, since:
         cls = policy.slo_classes.get(row.slo_class or policy.default_slo_class)
         ok = row.status == 200 and not row.fallback
         errors += not ok
-        met += ok and meets_slo(
-            cls,
-            row.status,
-            row.ttft_ms,
-            row.tpot_ms,
-            row.e2e_ms,
-            endpoint=row.endpoint,
-            stream=bool(row.stream),
-            completion_tokens=row.completion_tokens,
-        )
+        met += ok and record_meets_slo(cls, row._mapping)
     return Guards(
         requests=len(served),
         errors=errors,

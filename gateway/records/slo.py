@@ -22,8 +22,9 @@ attainment: `ttft` for a stream, `e2e` for the rest.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 JudgedOn = Literal["ttft", "e2e"]
 
@@ -95,6 +96,20 @@ def meets_slo(
         if target is not None and measured is not None and measured > target:
             return False
     return True
+
+
+def record_meets_slo(targets: Targets | None, record: Mapping[Any, Any]) -> bool:
+    """Say whether a stored request record (request_records' columns) met its SLO."""
+    return meets_slo(
+        targets,
+        record["status"],
+        record["ttft_ms"],
+        record["tpot_ms"],
+        record["e2e_ms"],
+        endpoint=record["endpoint"],
+        stream=bool(record["stream"]),
+        completion_tokens=record["completion_tokens"],
+    )
 
 
 def tpot_s(

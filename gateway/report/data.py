@@ -22,7 +22,7 @@ from gateway.db.schema import cost_models, request_records, shadow_drops, shadow
 from gateway.policy.model import Policy
 from gateway.promotion import evidence, precision
 from gateway.promotion.judge import FAIL, PASS, Criteria, judge
-from gateway.records.slo import meets_slo
+from gateway.records.slo import record_meets_slo
 from gateway.report.period import Period
 from gateway.shadow.sample import CANDIDATE, NOISE
 from gateway.stats import mean, percentile, share, total
@@ -316,19 +316,7 @@ def slo_attainment(requests: Sequence[Row], policy: Policy) -> list[dict[str, An
         targets = (
             (spec.ttft_ms, spec.tpot_ms, spec.e2e_ms) if spec is not None else (None, None, None)
         )
-        met = sum(
-            meets_slo(
-                spec,
-                r["status"],
-                r["ttft_ms"],
-                r["tpot_ms"],
-                r["e2e_ms"],
-                endpoint=r["endpoint"],
-                stream=bool(r["stream"]),
-                completion_tokens=r["completion_tokens"],
-            )
-            for r in rows
-        )
+        met = sum(record_meets_slo(spec, r) for r in rows)
         out.append(
             {
                 "slo_class": name,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from functools import partial
 
 from gateway.policy.model import SloClass
-from gateway.records.slo import Budget, budget, judged_on, meets_slo
+from gateway.records.slo import Budget, budget, judged_on, meets_slo, record_meets_slo
 
 INTERACTIVE = SloClass(ttft_ms=500, tpot_ms=50)
 BATCH = SloClass(e2e_ms=60_000)
@@ -89,3 +89,14 @@ def test_a_stream_is_judged_on_its_first_token_and_everything_else_on_its_whole_
     assert judged_on("chat", False) == judged_on("completions", False) == "e2e"
     assert judged_on("embeddings", False) == "e2e"
     assert budget(BOTH, "chat", True, 20) == Budget(500, 50, 2_000)
+
+
+def test_a_stored_record_is_judged_by_its_own_endpoint_and_streaming() -> None:
+    # A whole answer of 20 tokens may take 500 + 19 x 50 = 1,450 ms; a stream of it is judged
+    # on its first token, which this record does not have.
+    record = {"status": 200, "ttft_ms": None, "tpot_ms": None, "e2e_ms": 1_400.0,
+              "endpoint": "chat", "stream": False, "completion_tokens": 20}  # fmt: skip
+    assert record_meets_slo(INTERACTIVE, record)
+    assert not record_meets_slo(INTERACTIVE, record | {"e2e_ms": 1_500.0})
+    assert not record_meets_slo(INTERACTIVE, record | {"endpoint": "embeddings"})
+    assert record_meets_slo(INTERACTIVE, record | {"stream": True})
