@@ -8,7 +8,9 @@ its evidence so the decision can be audited and shown in the weekly report.
 from __future__ import annotations
 
 import json
+import math
 import time
+from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
 
@@ -19,6 +21,8 @@ from gateway.policy.model import Policy
 from gateway.promotion.departures import Tolerance, compared, departs, tolerance
 from gateway.promotion.judge import Criteria, Evidence, Verdict, judge
 from gateway.shadow.sample import CANDIDATE, NOISE
+
+EvidenceByKey = dict[tuple[str, str], Evidence]
 
 
 def criteria(policy: Policy) -> Criteria:
@@ -101,28 +105,29 @@ MEASURES = (
 )
 
 
-def _means(rows: list[dict[str, Any]], evidence: dict[tuple[str, str], Evidence]) -> None:
-    sums: dict[tuple[str, str], list[float]] = {}
+def add_paired_means(rows: Iterable[dict[str, Any]], evidence: EvidenceByKey) -> None:
+    """Set each candidate's mean energy and cost per request, primary and candidate, over the
+    answered copies where both sides have the measure (the judge's benefit test and the weekly
+    report read these)."""
+    answered: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
-        if r["kind"] != CANDIDATE or r["candidate_error"] is not None:
-            continue
-        s = sums.setdefault((r["route"], r["candidate_pool"]), [0.0, 0.0, 0.0, 0.0, 0, 0])
-        if r["primary_energy_j"] is not None and r["candidate_energy_j"] is not None:
-            s[0] += r["primary_energy_j"]
-            s[1] += r["candidate_energy_j"]
-            s[4] += 1
-        if r["primary_cost_usd"] is not None and r["candidate_cost_usd"] is not None:
-            s[2] += r["primary_cost_usd"]
-            s[3] += r["candidate_cost_usd"]
-            s[5] += 1
-    for key, s in sums.items():
-        e = evidence.get(key)
-        if e is None:
-            continue
-        if s[4]:
-            e.primary_energy_j, e.candidate_energy_j = s[0] / s[4], s[1] / s[4]
-        if s[5]:
-            e.primary_cost_usd, e.candidate_cost_usd = s[2] / s[5], s[3] / s[5]
+        if r["kind"] == CANDIDATE and r["candidate_error"] is None:
+            answered[r["route"], r["candidate_pool"]].append(r)
+    for key, e in evidence.items():
+        copies = answered.get(key, [])
+        e.primary_energy_j, e.candidate_energy_j = _paired_means(copies, "energy_j")
+        e.primary_cost_usd, e.candidate_cost_usd = _paired_means(copies, "cost_usd")
+
+
+def _paired_means(rows: list[dict[str, Any]], measure: str) -> tuple[float | None, float | None]:
+    pairs = [
+        (r[f"primary_{measure}"], r[f"candidate_{measure}"])
+        for r in rows
+        if r[f"primary_{measure}"] is not None and r[f"candidate_{measure}"] is not None
+    ]
+    if not pairs:
+        return None, None
+    return math.fsum(p for p, _ in pairs) / len(pairs), math.fsum(c for _, c in pairs) / len(pairs)
 
 
 def load_evidence(
@@ -156,7 +161,7 @@ def load_evidence(
     with engine.connect() as conn:
         rows = [dict(row._mapping) for row in conn.execute(query)]
     evidence = gather(rows)
-    _means(rows, evidence)
+    add_paired_means(rows, evidence)
     return evidence
 
 

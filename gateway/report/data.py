@@ -665,16 +665,7 @@ def judge_rows(shadows: Sequence[Row], rules: Criteria, at: float) -> dict[tuple
     since = at - judge_window(rules)
     rows = [dict(r) for r in shadows if since <= r["ts"] < at]
     gathered = evidence.gather(rows)
-    for (route, pool), e in gathered.items():
-        answered = [
-            r
-            for r in rows
-            if r["kind"] == CANDIDATE
-            and (r["route"], r["candidate_pool"]) == (route, pool)
-            and r["candidate_error"] is None
-        ]
-        e.primary_energy_j, e.candidate_energy_j = _paired_means(answered, "energy_j")
-        e.primary_cost_usd, e.candidate_cost_usd = _paired_means(answered, "cost_usd")
+    evidence.add_paired_means(rows, gathered)  # as the judge's own evaluation does
     verdicts = {}
     for key, e in gathered.items():
         verdict = judge(e, rules, at).as_dict()
@@ -685,20 +676,6 @@ def judge_rows(shadows: Sequence[Row], rules: Criteria, at: float) -> dict[tuple
             check["plain"] = plain_check(check)
         verdicts[key] = verdict
     return verdicts
-
-
-def _paired_means(rows: Sequence[Row], measure: str) -> tuple[float | None, float | None]:
-    pairs = [
-        (r[f"primary_{measure}"], r[f"candidate_{measure}"])
-        for r in rows
-        if r[f"primary_{measure}"] is not None and r[f"candidate_{measure}"] is not None
-    ]
-    if not pairs:
-        return (None, None)
-    return (
-        math.fsum(p for p, _ in pairs) / len(pairs),
-        math.fsum(c for _, c in pairs) / len(pairs),
-    )
 
 
 _OUTCOME_WORDS = {
