@@ -103,13 +103,18 @@ def launch(
 ) -> Server:
     """Start a server of `spec` (on a free port unless one is given); it is not yet ready."""
     port = port or free_port()
-    out = open(log, "ab") if log is not None else subprocess.DEVNULL  # noqa: SIM115
-    process = subprocess.Popen(
-        [*spec.args(port), *extra], stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
-    )
-    if log is not None:
-        out.close()  # type: ignore[union-attr]
-    return Server(spec, process, port)
+    return Server(spec, spawn([*spec.args(port), *extra], log), port)
+
+
+def spawn(
+    args: Sequence[str], log: Path | None, cwd: Path | None = None
+) -> subprocess.Popen[bytes]:
+    """Start a process whose output is appended to `log`, or discarded without one."""
+    with open(log if log is not None else os.devnull, "ab") as out:
+        # The child has its own copy of the descriptor, so ours closes at once.
+        return subprocess.Popen(
+            args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=cwd
+        )
 
 
 def wait_ready(server: Server, timeout_s: float = 120.0) -> None:

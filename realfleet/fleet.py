@@ -100,7 +100,7 @@ class RealFleet:
     """The running fleet: its engines by backend name, the exporter, and their ports."""
 
     servers: dict[str, Server]
-    exporter: subprocess.Popen[str]
+    exporter: subprocess.Popen[bytes]
     ports: dict[str, int] = field(default_factory=dict)
 
     def url(self, backend: str) -> str:
@@ -110,18 +110,16 @@ class RealFleet:
         return policy(self.ports)
 
 
-def _exporter(servers: Mapping[str, Server], port: int, log: Path | None) -> subprocess.Popen[str]:
+def _exporter(
+    servers: Mapping[str, Server], port: int, log: Path | None
+) -> subprocess.Popen[bytes]:
     args = [sys.executable, "-m", "realfleet.power", "--port", str(port)]
     for name, server in servers.items():
         args += ["--backend", f"{name}={server.pid}"]
-    out = open(log, "a") if log is not None else subprocess.DEVNULL  # noqa: SIM115
-    process = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
-    if log is not None:
-        out.close()  # type: ignore[union-attr]
-    return process
+    return engine.spawn(args, log, cwd=ROOT)
 
 
-def _wait_exporter(process: subprocess.Popen[str], port: int, timeout_s: float = 30.0) -> None:
+def _wait_exporter(process: subprocess.Popen[bytes], port: int, timeout_s: float = 30.0) -> None:
     deadline = time.monotonic() + timeout_s
     with httpx.Client(timeout=2.0) as client:
         while time.monotonic() < deadline:
