@@ -11,13 +11,13 @@ the answer of two choices, anything else the answer of one, whole or streamed.
 from __future__ import annotations
 
 import contextlib
-import threading
 from collections.abc import Iterator, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import orjson
+from threadserver import serving
 
 from gateway.policy.load import parse_policy, to_yaml
 from gateway.policy.model import Policy
@@ -151,11 +151,5 @@ def llama_server(
     context: int = SLOT_CONTEXT, metrics: str = "metrics-after.txt"
 ) -> Iterator[ReplayServer]:
     """Serve the captured llama-server on loopback while the block runs."""
-    server = ReplayServer(context, captured(metrics).decode())
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with serving(ReplayServer(context, captured(metrics).decode())) as server:
         yield server
-    finally:
-        server.shutdown()
-        server.server_close()

@@ -18,6 +18,7 @@ import orjson
 import pytest
 import yaml
 from shadowworld import shadow_rows
+from threadserver import serving
 from waiting import wait_for
 
 from gateway.policy.model import Policy
@@ -237,14 +238,8 @@ def redirecting_backend(location: str) -> Iterator[tuple[str, list[str]]]:
         def log_message(self, *args: object) -> None:
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Redirect)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with serving(http.server.ThreadingHTTPServer(("127.0.0.1", 0), Redirect)) as server:
         yield f"http://127.0.0.1:{server.server_address[1]}", gets
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def test_the_gateway_connects_only_to_backends_of_its_policy(sims, tmp_path: Path) -> None:

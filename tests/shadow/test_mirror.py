@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
 import uuid
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -15,6 +14,7 @@ import pytest
 import sqlalchemy as sa
 from llamacpp import llama_server
 from shadowworld import PROMPT, drop_counts, settle, shadow_policy, shadow_rows
+from threadserver import serving
 from waiting import wait_for
 
 from gateway.compare.answers import Answer
@@ -401,13 +401,8 @@ class RecordingUpstream(BaseHTTPRequestHandler):
 def recording_upstream(status: int) -> Iterator[ThreadingHTTPServer]:
     server = ThreadingHTTPServer(("127.0.0.1", 0), RecordingUpstream)
     server.seen, server.status = [], status  # type: ignore[attr-defined]
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with serving(server):
         yield server
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def test_failing_candidate_gets_each_copy_once_marked_and_unchanged(sims, tmp_path: Path) -> None:
