@@ -22,7 +22,7 @@ from gateway.costmodel.model import CostModel, OutputLengths
 from gateway.costmodel.train import RetrainSchedule
 from gateway.db.engine import make_engine
 from gateway.db.retention import Pruner, Windows
-from gateway.db.schema import request_records
+from gateway.db.schema import RequestRecord, request_records
 from gateway.errors import PolicyStoreUnavailable
 from gateway.fleet.admission import Admission
 from gateway.fleet.collector import FleetCollector
@@ -40,7 +40,7 @@ from gateway.policy.sync import FileWatcher, PolicyWatcher
 from gateway.policy.tariffs import DAY_S, Rate, rate_at
 from gateway.policy.versions import PolicyVersion
 from gateway.promotion.rollout import RolloutDriver
-from gateway.records.requests import RecordWriter, RequestRecord
+from gateway.records.requests import RecordWriter
 from gateway.records.writer import WriterProcess
 from gateway.report.schedule import ReportScheduler, parse_schedule
 from gateway.routing.classify import TokenEstimator

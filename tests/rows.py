@@ -8,11 +8,10 @@ import uuid
 
 import sqlalchemy as sa
 
+from gateway.compare.measures import MEASURES, Diff
 from gateway.db.engine import make_engine
-from gateway.db.schema import request_records, shadow_records
+from gateway.db.schema import RequestRecord, ShadowRecord, request_records, shadow_records
 from gateway.metrics import GatewayMetrics
-from gateway.records.requests import RequestRecord
-from gateway.shadow.records import ShadowRecord
 
 DAY = 86400.0
 NOW = 1_790_000_000.0
@@ -74,7 +73,8 @@ def shadow_record(n: int, **fields: object) -> ShadowRecord:
         "similarity": 0.5,
     }
     values.update(fields)
-    return ShadowRecord(**values)
+    measured = {name: values.pop(name) for name in MEASURES if name in values}
+    return ShadowRecord(**values, diff=Diff(**measured))
 
 
 def store_rows(

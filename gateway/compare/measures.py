@@ -85,24 +85,44 @@ MAX_DIFF_PATHS = 50
 EPSILON = 1e-6  # the least probability a KL bucket holds: log(p / q) stays finite
 
 
+def _described(comment: str) -> Any:
+    return field(default=None, metadata={"comment": comment})
+
+
 @dataclass(slots=True)
 class Diff:
-    """The measures of one pair of answers; None where a measure did not apply."""
+    """The measures of one pair of answers; None where a measure did not apply.
+
+    The one definition of them: a shadow record stores each as a column of its own (the field's
+    metadata is what the table says of it, gateway/db/schema.py), and the summary, the console
+    and the report list them from here.
+    """
 
     exact_match: bool | None = None
     normalized_match: bool | None = None
     similarity: float | None = None
-    similarity_method: str | None = None
+    similarity_method: str | None = field(default=None, metadata={"width": 16})
     first_divergence: int | None = None
     length_ratio: float | None = None
     json_diff: dict[str, Any] | None = None
     embedding_cosine: float | None = None
-    token_divergence: int | None = None
-    near_tie: bool | None = None
-    kl_divergence: float | None = None
+    token_divergence: int | None = _described("First token that differs (logprobs).")
+    near_tie: bool | None = _described("The candidate's token there is a primary top-k.")
+    kl_divergence: float | None = _described("Mean KL from top-k logprobs, in nats.")
+    # Needs an embedding model, so the shadow path sets it after the comparators have run.
+    semantic_similarity: float | None = _described("Cosine of the answers' embeddings.")
     measures: dict[str, Any] = field(default_factory=dict)
 
+    def stored(self) -> dict[str, Any]:
+        """The measures as a shadow record's columns hold them: JSON as text, none as None."""
+        row = {name: getattr(self, name) for name in MEASURES}
+        if self.json_diff is not None:
+            row["json_diff"] = orjson.dumps(self.json_diff).decode()
+        row["measures"] = orjson.dumps(self.measures).decode() if self.measures else None
+        return row
 
+
+MEASURES = tuple(f.name for f in fields(Diff))
 Comparator = Callable[[Answer, Answer], Mapping[str, Any]]
 COMPARATORS: dict[str, Comparator] = {}
 SIMILARITY = ("rouge_l", "edit_ratio")
@@ -117,7 +137,7 @@ DEFAULT_COMPARATORS = (
     "near_tie",
     "kl",
 )
-_DIFF_FIELDS = frozenset(f.name for f in fields(Diff)) - {"measures"}
+_DIFF_FIELDS = frozenset(MEASURES) - {"measures"}
 
 
 def comparator(name: str) -> Callable[[Comparator], Comparator]:

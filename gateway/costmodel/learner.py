@@ -31,10 +31,10 @@ from gateway.costmodel.train import (
     observation,
     train,
 )
+from gateway.db.schema import RequestRecord
 from gateway.metrics import GatewayMetrics
 from gateway.periodic import Periodic, helper_process
 from gateway.policy.model import Policy
-from gateway.records.requests import RequestRecord
 
 log = logging.getLogger(__name__)
 

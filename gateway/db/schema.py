@@ -4,16 +4,99 @@ Rows are written by their owners (request and shadow records, policy versions, c
 promotion verdicts, rollouts, precision checks) and read by the judge, the reports and the admin
 API; retention deletes the old ones. `gateway/db/migrations/` creates exactly these tables: a
 test compares the two.
+
+The two records written per request and per shadow copy are defined once, as dataclasses, and
+their tables derived from them (`table`): a column per field, typed and nullable as the field
+is, with what `column` says of it in the field's metadata. A shadow record's measures are the
+fields of compare's `Diff`, stored flat.
 """
 
 from __future__ import annotations
 
+import operator
+import types
+import typing
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, fields, is_dataclass
+from typing import Any
+
 import sqlalchemy as sa
+
+from gateway.compare.measures import Diff
 
 metadata = sa.MetaData()
 
 # Integer keys: 64-bit where rows are many, SQLite's own INTEGER (its rowid) there.
 _ID = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
+
+TEXT = 0  # the width of a string column of any length
+_TYPES: dict[Any, Callable[[], sa.types.TypeEngine[Any]]] = {
+    bool: sa.Boolean,
+    int: sa.Integer,
+    float: sa.Float,
+    dict: sa.Text,  # JSON, written by the record's row()
+}
+
+
+def column(
+    *,
+    width: int | None = None,
+    comment: str | None = None,
+    index: bool = False,
+    unique: bool = False,
+) -> dict[str, Any]:
+    """What a record's field says of its column, as the field's metadata: a string's width, and
+    the table's comment, index and uniqueness. Nullable follows the field's type (`X | None`),
+    the SQL type its Python type.
+    """
+    return {"width": width, "comment": comment, "index": index, "unique": unique}
+
+
+def table(name: str, record: type, *extra: sa.schema.SchemaItem) -> sa.Table:
+    """The table that holds a record's rows: an id, then a column per field, in their order."""
+    return sa.Table(
+        name, metadata, sa.Column("id", _ID, primary_key=True), *_columns(record), *extra
+    )
+
+
+def _columns(record: type) -> Iterator[sa.Column[Any]]:
+    hints = typing.get_type_hints(record)
+    for f in fields(record):
+        hint = hints[f.name]
+        if is_dataclass(hint):  # a record within the record, stored as its own columns
+            yield from _columns(typing.cast(type, hint))
+            continue
+        parts = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+        (kind,) = (p for p in parts if p is not type(None))
+        kind = typing.get_origin(kind) or kind
+        width = f.metadata.get("width")
+        if kind is str:
+            assert width is not None, f"{record.__name__}.{f.name}: a string column needs a width"
+            sql: sa.types.TypeEngine[Any] = sa.Text() if width == TEXT else sa.String(width)
+        else:
+            sql = _TYPES[kind]()
+        yield sa.Column(
+            f.name,
+            sql,
+            nullable=type(None) in parts or kind is dict,
+            index=f.metadata.get("index") or None,
+            unique=f.metadata.get("unique") or None,
+            comment=f.metadata.get("comment"),
+        )
+
+
+_READERS: dict[type, tuple[tuple[str, ...], Callable[[Any], tuple[Any, ...]]]] = {}
+
+
+def row_of(record: Any) -> dict[str, Any]:
+    """Return a dataclass record as a table row (shallow; asdict's deep copy costs more)."""
+    reader = _READERS.get(type(record))
+    if reader is None:
+        names = tuple(f.name for f in fields(record))
+        reader = _READERS[type(record)] = (names, operator.attrgetter(names[0], *names[1:]))
+    names, values = reader
+    return dict(zip(names, values(record), strict=True))
+
 
 policy_versions = sa.Table(
     "policy_versions",
@@ -38,115 +121,129 @@ active_policy = sa.Table(
 )
 
 
-request_records = sa.Table(
+@dataclass(slots=True)
+class RequestRecord:
+    """What the gateway keeps about one request; never the prompt or the answer."""
+
+    decision_id: str = field(metadata=column(width=32, unique=True))
+    ts: float = field(metadata=column(index=True, comment="Arrival, Unix seconds."))
+    endpoint: str = field(metadata=column(width=16))
+    route: str | None = field(metadata=column(width=64))
+    pool: str | None = field(metadata=column(width=64))
+    backend: str | None = field(metadata=column(width=64))
+    model: str = field(metadata=column(width=128))
+    tenant: str | None = field(metadata=column(width=64))
+    slo_class: str | None = field(metadata=column(width=32))
+    stream: bool
+    prompt_tokens: int | None
+    prompt_tokens_estimated: int | None
+    max_tokens: int | None
+    completion_tokens: int | None
+    queue_ms: float | None
+    ttft_ms: float | None
+    tpot_ms: float | None
+    e2e_ms: float | None
+    gateway_ms: float | None
+    attempts: int
+    fallback: bool
+    status: int
+    error: str | None = field(metadata=column(width=64))
+    energy_j: float | None = field(
+        default=None, metadata=column(comment="Measured energy attributed to the request.")
+    )
+    cost_usd: float | None = field(
+        default=None, metadata=column(comment="Energy price plus the device time it held.")
+    )
+    energy_estimated: bool | None = field(
+        default=None,
+        metadata=column(
+            comment="True when the pool reported no power and energy_j is from nominal figures."
+        ),
+    )
+    concurrent: int | None = field(
+        default=None, metadata=column(comment="Requests on the backend, this one included.")
+    )
+    context_tokens: int | None = field(
+        default=None,
+        metadata=column(
+            comment="KV-cache tokens its backend held at admission (every replica's), its own in."
+        ),
+    )
+    predicted_ttft_ms: float | None = None
+    predicted_e2e_ms: float | None = None
+    predicted_energy_j: float | None = None
+    first_pool: str | None = field(
+        default=None,
+        metadata=column(width=64, comment="The pool tried first, before any fallback."),
+    )
+
+    def row(self) -> dict[str, Any]:
+        return row_of(self)
+
+
+request_records = table(
     "request_records",
-    metadata,
-    sa.Column("id", _ID, primary_key=True),
-    sa.Column("decision_id", sa.String(32), nullable=False, unique=True),
-    sa.Column("ts", sa.Float, nullable=False, index=True, comment="Arrival, Unix seconds."),
-    sa.Column("endpoint", sa.String(16), nullable=False),
-    sa.Column("route", sa.String(64)),
-    sa.Column("pool", sa.String(64)),
-    sa.Column("backend", sa.String(64)),
-    sa.Column("model", sa.String(128), nullable=False),
-    sa.Column("tenant", sa.String(64)),
-    sa.Column("slo_class", sa.String(32)),
-    sa.Column("stream", sa.Boolean, nullable=False),
-    sa.Column("prompt_tokens", sa.Integer),
-    sa.Column("prompt_tokens_estimated", sa.Integer),
-    sa.Column("max_tokens", sa.Integer),
-    sa.Column("completion_tokens", sa.Integer),
-    sa.Column("queue_ms", sa.Float),
-    sa.Column("ttft_ms", sa.Float),
-    sa.Column("tpot_ms", sa.Float),
-    sa.Column("e2e_ms", sa.Float),
-    sa.Column("gateway_ms", sa.Float),
-    sa.Column("attempts", sa.Integer, nullable=False),
-    sa.Column("fallback", sa.Boolean, nullable=False),
-    sa.Column("status", sa.Integer, nullable=False),
-    sa.Column("error", sa.String(64)),
-    sa.Column("energy_j", sa.Float, comment="Measured energy attributed to the request."),
-    sa.Column("cost_usd", sa.Float, comment="Energy price plus the device time it held."),
-    sa.Column(
-        "energy_estimated",
-        sa.Boolean,
-        comment="True when the pool reported no power and energy_j is from nominal figures.",
-    ),
-    sa.Column("concurrent", sa.Integer, comment="Requests on the backend, this one included."),
-    sa.Column(
-        "context_tokens",
-        sa.Integer,
-        comment="KV-cache tokens its backend held at admission (every replica's), its own in.",
-    ),
-    sa.Column("predicted_ttft_ms", sa.Float),
-    sa.Column("predicted_e2e_ms", sa.Float),
-    sa.Column("predicted_energy_j", sa.Float),
-    sa.Column("first_pool", sa.String(64), comment="The pool tried first, before any fallback."),
+    RequestRecord,
     # The rollout guards' read of a canary's requests (migration 0007 says which query).
     sa.Index("ix_request_records_route_first_pool_ts", "route", "first_pool", "ts"),
 )
 
 
-shadow_records = sa.Table(
+@dataclass(slots=True)
+class ShadowRecord:
+    """One mirrored copy: who answered, how fast, and how the two answers differ."""
+
+    decision_id: str = field(metadata=column(width=32, index=True))
+    ts: float = field(metadata=column(index=True, comment="Primary's arrival, Unix seconds."))
+    route: str = field(metadata=column(width=64))
+    model: str = field(metadata=column(width=128))
+    tenant: str | None = field(metadata=column(width=64))
+    kind: str = field(metadata=column(width=16))
+    endpoint: str = field(metadata=column(width=16))
+    stream: bool
+    temperature: float | None
+    top_p: float | None
+    seeded: bool
+    sampled: bool
+    primary_pool: str = field(metadata=column(width=64))
+    primary_backend: str | None = field(metadata=column(width=64))
+    candidate_pool: str = field(metadata=column(width=64))
+    candidate_backend: str | None = field(metadata=column(width=64))
+    primary_status: int
+    candidate_status: int | None
+    candidate_error: str | None = field(metadata=column(width=64))
+    primary_ttft_ms: float | None = None
+    primary_tpot_ms: float | None = None
+    primary_e2e_ms: float | None = None
+    candidate_ttft_ms: float | None = None
+    candidate_tpot_ms: float | None = None
+    candidate_e2e_ms: float | None = None
+    primary_prompt_tokens: int | None = None
+    primary_completion_tokens: int | None = None
+    candidate_prompt_tokens: int | None = None
+    candidate_completion_tokens: int | None = None
+    # Stored as its own columns, one per measure (gateway/compare/measures.py).
+    diff: Diff = field(default_factory=Diff)
+    primary_energy_j: float | None = None
+    candidate_energy_j: float | None = None
+    primary_cost_usd: float | None = None
+    candidate_cost_usd: float | None = None
+    primary_text: str | None = field(default=None, metadata=column(width=TEXT))
+    candidate_text: str | None = field(default=None, metadata=column(width=TEXT))
+    text_expires_at: float | None = field(
+        default=None,
+        metadata=column(index=True, comment="When the stored texts are erased, Unix seconds."),
+    )
+
+    def row(self) -> dict[str, Any]:
+        row = row_of(self)
+        row.update(row.pop("diff").stored())
+        return row
+
+
+shadow_records = table(
     "shadow_records",
-    metadata,
-    sa.Column("id", _ID, primary_key=True),
-    sa.Column("decision_id", sa.String(32), nullable=False, index=True),
-    sa.Column(
-        "ts", sa.Float, nullable=False, index=True, comment="Primary's arrival, Unix seconds."
-    ),
-    sa.Column("route", sa.String(64), nullable=False),
-    sa.Column("model", sa.String(128), nullable=False),
-    sa.Column("tenant", sa.String(64)),
-    sa.Column("kind", sa.String(16), nullable=False),
-    sa.Column("endpoint", sa.String(16), nullable=False),
-    sa.Column("stream", sa.Boolean, nullable=False),
-    sa.Column("temperature", sa.Float),
-    sa.Column("top_p", sa.Float),
-    sa.Column("seeded", sa.Boolean, nullable=False),
-    sa.Column("sampled", sa.Boolean, nullable=False),
-    sa.Column("primary_pool", sa.String(64), nullable=False),
-    sa.Column("primary_backend", sa.String(64)),
-    sa.Column("candidate_pool", sa.String(64), nullable=False),
-    sa.Column("candidate_backend", sa.String(64)),
-    sa.Column("primary_status", sa.Integer, nullable=False),
-    sa.Column("candidate_status", sa.Integer),
-    sa.Column("candidate_error", sa.String(64)),
-    sa.Column("primary_ttft_ms", sa.Float),
-    sa.Column("primary_tpot_ms", sa.Float),
-    sa.Column("primary_e2e_ms", sa.Float),
-    sa.Column("candidate_ttft_ms", sa.Float),
-    sa.Column("candidate_tpot_ms", sa.Float),
-    sa.Column("candidate_e2e_ms", sa.Float),
-    sa.Column("primary_prompt_tokens", sa.Integer),
-    sa.Column("primary_completion_tokens", sa.Integer),
-    sa.Column("candidate_prompt_tokens", sa.Integer),
-    sa.Column("candidate_completion_tokens", sa.Integer),
-    sa.Column("exact_match", sa.Boolean),
-    sa.Column("normalized_match", sa.Boolean),
-    sa.Column("similarity", sa.Float),
-    sa.Column("similarity_method", sa.String(16)),
-    sa.Column("first_divergence", sa.Integer),
-    sa.Column("length_ratio", sa.Float),
-    sa.Column("json_diff", sa.Text),
-    sa.Column("embedding_cosine", sa.Float),
-    sa.Column("token_divergence", sa.Integer, comment="First token that differs (logprobs)."),
-    sa.Column("near_tie", sa.Boolean, comment="The candidate's token there is a primary top-k."),
-    sa.Column("kl_divergence", sa.Float, comment="Mean KL from top-k logprobs, in nats."),
-    sa.Column("semantic_similarity", sa.Float, comment="Cosine of the answers' embeddings."),
-    sa.Column("measures", sa.Text),
-    sa.Column("primary_energy_j", sa.Float),
-    sa.Column("candidate_energy_j", sa.Float),
-    sa.Column("primary_cost_usd", sa.Float),
-    sa.Column("candidate_cost_usd", sa.Float),
-    sa.Column("primary_text", sa.Text),
-    sa.Column("candidate_text", sa.Text),
-    sa.Column(
-        "text_expires_at",
-        sa.Float,
-        index=True,
-        comment="When the stored texts are erased, Unix seconds.",
-    ),
+    ShadowRecord,
     # The judge, the summary and the rollout guards read one route's time range (migration 0007).
     sa.Index("ix_shadow_records_route_ts", "route", "ts"),
 )

@@ -11,9 +11,10 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+import orjson
 import sqlalchemy as sa
 
-from gateway.compare.measures import WORD
+from gateway.compare.measures import MEASURES, WORD
 from gateway.db.schema import request_records, shadow_records
 from gateway.policy.model import Policy
 from gateway.policy.tariffs import DAY_S
@@ -155,32 +156,37 @@ def _figures(rows: Sequence[Any], policy: Policy) -> dict[str, Any]:
 
 def shadow_pairs(engine: sa.Engine, route: str, candidate: str, limit: int) -> list[dict[str, Any]]:
     """The newest sampled pairs of a route and candidate whose answers are still stored, each
-    with both answers and, where they part, the character offset of the first differing word
-    in each (the word tokens `first_divergence` counts)."""
+    with both answers, every measure of the pair under `diff`, and, where they part, the
+    character offset of the first differing word in each (the word tokens `first_divergence`
+    counts)."""
     c = shadow_records.c
     columns = (
         "ts", "decision_id", "kind", "temperature", "primary_pool", "candidate_pool",
-        "primary_status", "candidate_status", "candidate_error", "exact_match",
-        "first_divergence", "token_divergence", "near_tie", "kl_divergence",
-        "semantic_similarity", "primary_e2e_ms", "candidate_e2e_ms", "primary_text",
-        "candidate_text",
+        "primary_status", "candidate_status", "candidate_error", "primary_e2e_ms",
+        "candidate_e2e_ms", "primary_text", "candidate_text",
     )  # fmt: skip
     query = (
-        sa.select(*(c[name] for name in columns))
+        sa.select(*(c[name] for name in (*columns, *MEASURES)))
         .where(c.route == route, c.candidate_pool == candidate, c.primary_text.is_not(None))
         .order_by(c.ts.desc())
         .limit(limit)
     )
     with engine.connect() as conn:
-        rows = [dict(row._mapping) for row in conn.execute(query)]
-    for row in rows:
-        at = row["first_divergence"]
-        row["divergence_offsets"] = (
+        stored = [row._mapping for row in conn.execute(query)]
+    pairs = []
+    for row in stored:
+        pair = {name: row[name] for name in columns}
+        pair["diff"] = diff = {name: row[name] for name in MEASURES}
+        for name in ("json_diff", "measures"):  # stored as JSON text
+            diff[name] = None if diff[name] is None else orjson.loads(diff[name])
+        at = diff["first_divergence"]
+        pair["divergence_offsets"] = (
             None
             if at is None
-            else [_offset(row["primary_text"], at), _offset(row["candidate_text"] or "", at)]
+            else [_offset(pair["primary_text"], at), _offset(pair["candidate_text"] or "", at)]
         )
-    return rows
+        pairs.append(pair)
+    return pairs
 
 
 def _offset(text: str, index: int) -> int:

@@ -28,8 +28,6 @@ import logging
 import operator
 import os
 from collections import deque
-from collections.abc import Callable
-from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
@@ -60,19 +58,6 @@ class Row(Protocol):
 
 
 T = TypeVar("T", bound=Row)
-
-
-_READERS: dict[type, tuple[tuple[str, ...], Callable[[Any], tuple[Any, ...]]]] = {}
-
-
-def row_of(record: Any) -> dict[str, Any]:
-    """Return a dataclass record as a table row (shallow; asdict's deep copy costs more)."""
-    reader = _READERS.get(type(record))
-    if reader is None:
-        names = tuple(f.name for f in fields(record))
-        reader = _READERS[type(record)] = (names, operator.attrgetter(names[0], *names[1:]))
-    names, values = reader
-    return dict(zip(names, values(record), strict=True))
 
 
 class InsertStatement:

@@ -33,6 +33,7 @@ import orjson
 
 from gateway.compare.answers import Answer, read_body, read_stream
 from gateway.compare.measures import Diff, compare
+from gateway.db.schema import ShadowRecord
 from gateway.errors import UpstreamError, UpstreamTimeout
 from gateway.exchange import Exchange
 from gateway.fleet.admission import Admission
@@ -45,7 +46,7 @@ from gateway.records.requests import ms
 from gateway.records.slo import tpot_s
 from gateway.routing.classify import RequestProfile
 from gateway.routing.router import tokens_needed
-from gateway.shadow.records import ShadowRecord, ShadowWriter
+from gateway.shadow.records import ShadowWriter
 from gateway.shadow.sample import CANDIDATE, NOISE, Sampler, ShadowPlan, sample, stable_fraction
 from gateway.shadow.semantic import Embedder
 from gateway.upstream import usage
@@ -381,8 +382,8 @@ class Mirror:
         # takes milliseconds, and requests arriving meanwhile would wait for them.
         record, texts = await asyncio.to_thread(self._account, job, plan, backend, outcome)
         semantic = plan.compare.semantic_similarity
-        if semantic is not None and record.exact_match is False and texts is not None:
-            record.semantic_similarity = await self.embedder.similarity(semantic, *texts)
+        if semantic is not None and record.diff.exact_match is False and texts is not None:
+            record.diff.semantic_similarity = await self.embedder.similarity(semantic, *texts)
 
         def deliver(energy_j: float | None, cost: float | None, estimated: bool) -> None:
             record.candidate_energy_j, record.candidate_cost_usd = energy_j, cost
@@ -515,18 +516,7 @@ class Mirror:
             primary_completion_tokens=job.primary_completion_tokens,
             candidate_prompt_tokens=candidate.prompt_tokens,
             candidate_completion_tokens=completion,
-            exact_match=diff.exact_match,
-            normalized_match=diff.normalized_match,
-            similarity=diff.similarity,
-            similarity_method=diff.similarity_method,
-            first_divergence=diff.first_divergence,
-            length_ratio=diff.length_ratio,
-            json_diff=None if diff.json_diff is None else orjson.dumps(diff.json_diff).decode(),
-            embedding_cosine=diff.embedding_cosine,
-            token_divergence=diff.token_divergence,
-            near_tie=diff.near_tie,
-            kl_divergence=diff.kl_divergence,
-            measures=orjson.dumps(diff.measures).decode() if diff.measures else None,
+            diff=diff,
         )
         if plan.compare.store_text and (primary.text is not None or candidate.text is not None):
             record.primary_text = _clip(primary.text)

@@ -15,74 +15,15 @@ import math
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
 
-from gateway.db.schema import shadow_drops, shadow_records
+from gateway.db.schema import ShadowRecord, shadow_drops, shadow_records
 from gateway.metrics import GatewayMetrics
-from gateway.records.batching import BatchWriter, row_of
+from gateway.records.batching import BatchWriter
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(slots=True)
-class ShadowRecord:
-    """One mirrored copy: who answered, how fast, and how the two answers differ."""
-
-    decision_id: str
-    ts: float
-    route: str
-    model: str
-    tenant: str | None
-    kind: str
-    endpoint: str
-    stream: bool
-    temperature: float | None
-    top_p: float | None
-    seeded: bool
-    sampled: bool
-    primary_pool: str
-    primary_backend: str | None
-    candidate_pool: str
-    candidate_backend: str | None
-    primary_status: int
-    candidate_status: int | None
-    candidate_error: str | None
-    primary_ttft_ms: float | None = None
-    primary_tpot_ms: float | None = None
-    primary_e2e_ms: float | None = None
-    candidate_ttft_ms: float | None = None
-    candidate_tpot_ms: float | None = None
-    candidate_e2e_ms: float | None = None
-    primary_prompt_tokens: int | None = None
-    primary_completion_tokens: int | None = None
-    candidate_prompt_tokens: int | None = None
-    candidate_completion_tokens: int | None = None
-    exact_match: bool | None = None
-    normalized_match: bool | None = None
-    similarity: float | None = None
-    similarity_method: str | None = None
-    first_divergence: int | None = None
-    length_ratio: float | None = None
-    json_diff: str | None = None
-    embedding_cosine: float | None = None
-    token_divergence: int | None = None
-    near_tie: bool | None = None
-    kl_divergence: float | None = None
-    semantic_similarity: float | None = None
-    measures: str | None = None
-    primary_energy_j: float | None = None
-    candidate_energy_j: float | None = None
-    primary_cost_usd: float | None = None
-    candidate_cost_usd: float | None = None
-    primary_text: str | None = None
-    candidate_text: str | None = None
-    text_expires_at: float | None = None
-
-    def row(self) -> dict[str, Any]:
-        return row_of(self)
 
 
 DropKey = tuple[float, str, str, str, str]

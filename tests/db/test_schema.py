@@ -16,8 +16,17 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from rows import request_record, shadow_record
 
+from gateway.compare.measures import MEASURES
 from gateway.db.engine import alembic_config, make_engine, upgrade
-from gateway.db.schema import metadata, request_records, shadow_drops, shadow_records
+from gateway.db.schema import (
+    TEXT,
+    column,
+    metadata,
+    request_records,
+    shadow_drops,
+    shadow_records,
+    table,
+)
 from gateway.promotion import evidence, rollout
 from gateway.replay.whatif import recorded_requests
 from gateway.report import data
@@ -204,3 +213,50 @@ def test_migrations_match_the_table_definitions(database: str) -> None:
         diff = compare_metadata(MigrationContext.configure(conn), metadata)
     engine.dispose()
     assert diff == []
+
+
+@dataclasses.dataclass
+class Measured:
+    score: float | None = None
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class Probe:
+    name: str = dataclasses.field(metadata=column(width=8, index=True))
+    count: int
+    ok: bool | None
+    diff: Measured
+    note: str | None = dataclasses.field(default=None, metadata=column(width=TEXT, comment="c"))
+
+
+def test_a_records_table_has_a_column_per_field_typed_as_the_field_is() -> None:
+    probe = table("probe_records", Probe)
+    try:
+        described = {
+            c.name: (type(c.type).__name__, c.nullable, bool(c.index), c.comment)
+            for c in probe.columns
+        }
+        assert described == {
+            "id": ("BigInteger", False, False, None),
+            "name": ("String", False, True, None),
+            "count": ("Integer", False, False, None),
+            "ok": ("Boolean", True, False, None),
+            "score": ("Float", True, False, None),  # a record within the record: flat
+            "extra": ("Text", True, False, None),  # JSON; none is NULL
+            "note": ("Text", True, False, "c"),
+        }
+        assert probe.c.name.type.length == 8
+    finally:
+        metadata.remove(probe)
+
+
+def test_every_measure_of_a_pair_is_a_column_of_the_shadow_records() -> None:
+    measured = [c.name for c in shadow_records.columns if c.name in MEASURES]
+    assert measured == list(MEASURES)
+    row = shadow_record(0, json_diff={"missing": ["/a"]}, measures={"bleu": 0.5}).row()
+    assert set(row) == {c.name for c in shadow_records.columns} - {"id"}
+    assert json.loads(row["json_diff"]) == {"missing": ["/a"]} and json.loads(row["measures"]) == {
+        "bleu": 0.5
+    }
+    assert shadow_record(0).row()["measures"] is None

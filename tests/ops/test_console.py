@@ -105,6 +105,7 @@ def test_an_operator_reads_the_fleet_edits_the_policy_and_rolls_back(
     card.get_by_role("button", name="Sampled pairs").click()
     expect(card.locator(".pair")).to_have_count(4)
     expect(card.locator(".answer.candidate").first).to_contain_text("cim:")
+    expect(card.locator(".pair .measures").first).to_contain_text("exact_match")
 
     # Policy: an invalid edit is refused with its error at its line and column.
     page.click("#tabs [data-view=policy]")

@@ -8,6 +8,7 @@ from pathlib import Path
 from rows import shadow_record
 from shadowworld import serve, shadow_policy
 
+from gateway.compare.measures import MEASURES
 from gateway.db.schema import shadow_records
 from gateway.policy.load import to_yaml
 from harness.gateways import run_gateway
@@ -111,6 +112,8 @@ def test_a_pair_marks_where_its_answers_part_in_each_text(tmp_path: Path) -> Non
             candidate_text="The cat sat, as cats do, on a mat.",
             exact_match=False,
             first_divergence=3,  # the 4th word token: "on" against ","
+            json_diff={"changed": ["/a"]},
+            measures={"bleu": 0.25},
         ).row()
         with gw.gateway.engine.begin() as conn:
             conn.execute(shadow_records.insert(), [row])
@@ -120,6 +123,11 @@ def test_a_pair_marks_where_its_answers_part_in_each_text(tmp_path: Path) -> Non
             ).json()
     assert pair["divergence_offsets"] == [12, 11]
     assert pair["primary_text"][12:].startswith("on") and pair["candidate_text"][11] == ","
+    # Every measure a shadow record holds, as the comparators wrote it.
+    assert list(pair["diff"]) == list(MEASURES)
+    assert pair["diff"]["first_divergence"] == 3 and pair["diff"]["exact_match"] is False
+    assert pair["diff"]["json_diff"] == {"changed": ["/a"]}
+    assert pair["diff"]["measures"] == {"bleu": 0.25}
 
 
 def test_what_if_replays_recorded_traffic_under_a_proposed_policy(sims, tmp_path: Path) -> None:

@@ -9,13 +9,12 @@ from rows import shadow_record
 
 from gateway.db.engine import make_engine
 from gateway.metrics import GatewayMetrics
-from gateway.shadow.records import ShadowRecord, ShadowWriter
+from gateway.shadow.records import ShadowWriter
 from gateway.shadow.summary import summarize, summarize_rows
 
 
 def row(**fields: object) -> dict:
-    shadow = shadow_record(0, **fields)
-    return {name: getattr(shadow, name) for name in ShadowRecord.__slots__}
+    return shadow_record(0, **fields).row()
 
 
 def test_summary_reports_candidates_beside_their_routes_noise_floor() -> None:

@@ -278,6 +278,14 @@ async function act(call) {
   }
 }
 
+function measures(diff) {
+  // Every measure the pair has, as the gateway lists them (its one definition of them).
+  return Object.entries(diff)
+    .filter(([, v]) => v !== null && !(typeof v === "object" && !Object.keys(v).length))
+    .map(([k, v]) => `${k} ${typeof v === "number" ? num(v, 4) : typeof v === "object" ? JSON.stringify(v) : v}`)
+    .join(" · ");
+}
+
 function marked(text, at) {
   // The first differing word marked: the word token at the offset the gateway found.
   if (text === null) return h("span", { class: "muted" }, "(no answer)");
@@ -293,12 +301,14 @@ async function showPairs(route, candidate, into) {
     pairs.length ? "" : h("p", { class: "muted" }, "No sampled pairs with their answers still kept."),
     pairs.map((p) => {
       const [a, b] = p.divergence_offsets || [null, null];
+      const d = p.diff;
       return h("div", { class: "pair" },
         h("p", { class: "muted" }, `${when(p.ts)} · ${p.kind} · decision ${p.decision_id} · `,
-          p.exact_match ? "identical" : `first differing word ${dash(p.first_divergence, String)}${p.near_tie ? " (a near tie)" : ""}, similarity ${num(p.semantic_similarity, 3)}`),
+          d.exact_match ? "identical" : `first differing word ${dash(d.first_divergence, String)}${d.near_tie ? " (a near tie)" : ""}, similarity ${num(d.semantic_similarity, 3)}`),
         h("div", { class: "pairs" },
           h("div", { class: "answer primary" }, h("strong", {}, `${p.primary_pool}: `), marked(p.primary_text, a)),
-          h("div", { class: "answer candidate" }, h("strong", {}, `${p.candidate_pool}: `), marked(p.candidate_text, b))));
+          h("div", { class: "answer candidate" }, h("strong", {}, `${p.candidate_pool}: `), marked(p.candidate_text, b))),
+        h("p", { class: "muted measures" }, measures(d)));
     }),
   );
 }
