@@ -76,15 +76,22 @@ class Telemetry:
 
     def finish(self, ex: Exchange, ended: float) -> None:
         """Account for an exchange that ended at `ended` (same clock as ex.started)."""
-        m = self.metrics
-        profile = ex.profile
-        route, pool = ex.route_name, ex.pool_name
-        # Only routed models become label values: a client cannot mint new series.
-        model = ex.model if ex.decision is not None else ""
         e2e = ended - ex.started
         last = None if ex.last_token_s is None else ex.last_token_s - ex.started
         tpot = tpot_s(ex.ttft_s, last, ex.completion_tokens)
         overhead = max(e2e - ex.queue_s - ex.upstream_s, 0.0)
+        self._count(ex, e2e, tpot, overhead)
+        self._learn(ex)
+        record = _record(ex, e2e, tpot, overhead)
+        self._judge_slo(ex, record)
+        self._deliver(ex, record, ended)
+
+    def _count(self, ex: Exchange, e2e: float, tpot: float | None, overhead: float) -> None:
+        """The request's metrics: its outcome, and how long its answer took to each token."""
+        m = self.metrics
+        route, pool = ex.route_name, ex.pool_name
+        # Only routed models become label values: a client cannot mint new series.
+        model = ex.model if ex.decision is not None else ""
         m.child(m.requests, route, pool, model, str(ex.status)).inc()
         if ex.error is not None:
             m.child(m.errors, route, pool, model, ex.error).inc()
@@ -92,7 +99,7 @@ class Telemetry:
             m.child(m.slo_unmeetable, route).inc()
         if ex.fallback_reason is not None and pool:
             m.child(m.fallbacks, route, ex.first_pool or "", pool, ex.fallback_reason).inc()
-        if profile is not None:
+        if ex.profile is not None:
             m.child(m.overhead, route).observe(overhead)
         if pool and ex.status == 200:
             series = self._served(route, pool, model)
@@ -105,60 +112,40 @@ class Telemetry:
                 series.prompt_tokens.inc(ex.prompt_tokens)
             if ex.completion_tokens:
                 series.completion_tokens.inc(ex.completion_tokens)
+
+    def _learn(self, ex: Exchange) -> None:
+        """Correct the prompt-token estimate and learn the route's answer lengths."""
+        profile = ex.profile
         if profile is not None and ex.prompt_tokens:
             self.estimator.observe(
                 ex.model, profile.prompt_tokens, ex.prompt_tokens, profile.token_ratio
             )
-        if route and ex.status == 200 and ex.completion_tokens is not None:
-            self.outputs.observe(route, ex.completion_tokens)
-        predicted = ex.prediction
-        record = RequestRecord(
-            decision_id=ex.decision_id,
-            ts=ex.ts,
-            endpoint=ex.endpoint,
-            route=route or None,
-            pool=pool or None,
-            backend=ex.backend.name if ex.backend is not None else None,
-            model=ex.model[:128],
-            tenant=profile.tenant if profile else None,
-            slo_class=profile.slo_class if profile else None,
-            stream=profile.stream if profile else False,
-            prompt_tokens=ex.prompt_tokens,
-            prompt_tokens_estimated=profile.prompt_tokens if profile else None,
-            max_tokens=profile.max_tokens if profile else None,
+        if ex.route_name and ex.status == 200 and ex.completion_tokens is not None:
+            self.outputs.observe(ex.route_name, ex.completion_tokens)
+
+    def _judge_slo(self, ex: Exchange, record: RequestRecord) -> None:
+        """Count the request as meeting its SLO or missing it, judged on the record's numbers,
+        as the weekly report reads them. The targets are the profile's, so a client's
+        x-slo-ttft-ms counts here; records do not keep it, so the report judges by the class
+        alone."""
+        profile = ex.profile
+        if profile is None:
+            return
+        met, missed = self._slo(ex.route_name, ex.pool_name, profile.slo_class)
+        ok = meets_slo(
+            profile,
+            ex.status,
+            record.ttft_ms,
+            record.tpot_ms,
+            record.e2e_ms,
+            endpoint=profile.endpoint,
+            stream=profile.stream,
             completion_tokens=ex.completion_tokens,
-            queue_ms=ms(ex.queue_s),
-            ttft_ms=ms(ex.ttft_s),
-            tpot_ms=ms(tpot),
-            e2e_ms=ms(e2e),
-            gateway_ms=ms(overhead),
-            attempts=ex.attempts,
-            fallback=ex.fallback_reason is not None,
-            status=ex.status,
-            error=ex.error,
-            concurrent=ex.concurrent or None,
-            context_tokens=ex.context_tokens or None,
-            predicted_ttft_ms=ms(predicted.ttft_s) if predicted else None,
-            predicted_e2e_ms=ms(predicted.e2e_s) if predicted else None,
-            predicted_energy_j=predicted.energy_j if predicted else None,
-            first_pool=ex.first_pool,
         )
-        if profile is not None:
-            # The record's numbers, as the weekly report reads them. The targets are the
-            # profile's, so a client's x-slo-ttft-ms counts here; records do not keep it, so the
-            # report judges by the class alone.
-            met, missed = self._slo(route, pool, profile.slo_class)
-            ok = meets_slo(
-                profile,
-                ex.status,
-                record.ttft_ms,
-                record.tpot_ms,
-                record.e2e_ms,
-                endpoint=profile.endpoint,
-                stream=profile.stream,
-                completion_tokens=ex.completion_tokens,
-            )
-            (met if ok else missed).inc()
+        (met if ok else missed).inc()
+
+    def _deliver(self, ex: Exchange, record: RequestRecord, ended: float) -> None:
+        """Hand the record on, once the energy its backend drew for it is known."""
         if ex.backend is None or not ex.attempt_started:
             self.sink(record)
             return
@@ -180,3 +167,39 @@ class Telemetry:
             completion_tokens=ex.completion_tokens or 0,
             deliver=deliver,
         )
+
+
+def _record(ex: Exchange, e2e: float, tpot: float | None, overhead: float) -> RequestRecord:
+    """What is kept of the exchange: durations in milliseconds, never the prompt or answer."""
+    profile, predicted = ex.profile, ex.prediction
+    return RequestRecord(
+        decision_id=ex.decision_id,
+        ts=ex.ts,
+        endpoint=ex.endpoint,
+        route=ex.route_name or None,
+        pool=ex.pool_name or None,
+        backend=ex.backend.name if ex.backend is not None else None,
+        model=ex.model[:128],
+        tenant=profile.tenant if profile else None,
+        slo_class=profile.slo_class if profile else None,
+        stream=profile.stream if profile else False,
+        prompt_tokens=ex.prompt_tokens,
+        prompt_tokens_estimated=profile.prompt_tokens if profile else None,
+        max_tokens=profile.max_tokens if profile else None,
+        completion_tokens=ex.completion_tokens,
+        queue_ms=ms(ex.queue_s),
+        ttft_ms=ms(ex.ttft_s),
+        tpot_ms=ms(tpot),
+        e2e_ms=ms(e2e),
+        gateway_ms=ms(overhead),
+        attempts=ex.attempts,
+        fallback=ex.fallback_reason is not None,
+        status=ex.status,
+        error=ex.error,
+        concurrent=ex.concurrent or None,
+        context_tokens=ex.context_tokens or None,
+        predicted_ttft_ms=ms(predicted.ttft_s) if predicted else None,
+        predicted_e2e_ms=ms(predicted.e2e_s) if predicted else None,
+        predicted_energy_j=predicted.energy_j if predicted else None,
+        first_pool=ex.first_pool,
+    )
