@@ -4,7 +4,7 @@
 - `world`: the simulated fleet, one simulator device per backend, which alone knows the truth;
 - `strategies`: the learned router and the baselines, all through `decide()`;
 - `learner`: the cost model learned online from the replay's measurements;
-- `engine`: the discrete-event replay of one strategy;
+- `timeline`: the discrete-event replay of one strategy;
 - `summary`: energy, cost, SLO attainment, latency and pool shares of a replay;
 - `oracle`: the cheapest feasible pool per request under the true physics, computed;
 - `bench`: every strategy on one trace.

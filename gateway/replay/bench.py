@@ -13,11 +13,11 @@ from typing import Any
 
 from gateway.policy.load import load_policy
 from gateway.policy.model import Policy
-from gateway.replay.engine import MODEL, START_S, Replay
 from gateway.replay.learner import WARM_OBSERVATIONS
 from gateway.replay.scenario import PLAIN, Scenario, ScenarioRates, load_scenario
 from gateway.replay.strategies import STRATEGIES, describe_order, orders, strategy_for
 from gateway.replay.summary import summarize
+from gateway.replay.timeline import MODEL, START_S, Replay
 from gateway.replay.trace import TraceRequest, read_trace
 
 # Every replay's fleet is measured over the same window: the trace, then this long to drain.

@@ -22,8 +22,8 @@ import orjson
 
 from gateway.policy.model import Policy
 from gateway.records.slo import meets_slo, tpot_s
-from gateway.replay.engine import MODEL, request_profile
 from gateway.replay.summary import latency_percentile
+from gateway.replay.timeline import MODEL, request_profile
 from gateway.replay.trace import TraceRequest
 
 # One simulator token and four characters for the gateway's estimate; the simulator adds 3

@@ -1,4 +1,4 @@
-"""The oracle: a router that knows the truth, on the same engine, slots and queues as the others.
+"""The oracle: a router that knows the truth, on the same timeline, slots and queues as the others.
 
 It reads what no router may: every device's true figures (the simulator profile) and its state
 now (the requests it runs and their contexts, the scenario's slowdown and power factor on it),

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from gateway.replay.engine import Replay
+from gateway.replay.timeline import Replay
 from gateway.stats import percentile
 
 

@@ -8,8 +8,8 @@ import pytest
 
 from gateway.costmodel.train import Observation, RetrainSchedule
 from gateway.policy.model import Policy
-from gateway.replay.engine import MODEL
 from gateway.replay.learner import OnlineLearner
+from gateway.replay.timeline import MODEL
 from gateway.replay.trace import TraceRequest
 
 

@@ -1,4 +1,4 @@
-"""The replay's engine: a trace's requests on simulated devices, event by event, reproducibly."""
+"""The replay's timeline: a trace's requests on simulated devices, event by event, reproducibly."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Any
 
 from gateway.policy.model import Policy
 from gateway.replay.bench import benchmark
-from gateway.replay.engine import Replay
 from gateway.replay.strategies import strategy_for
+from gateway.replay.timeline import Replay
 from gateway.replay.trace import TraceRequest, read_trace
 
 
