@@ -47,7 +47,10 @@ def _check(args: argparse.Namespace, settings: Settings) -> int:
     from gateway.db.engine import make_engine
     from gateway.errors import InvalidRequest
     from gateway.policy.credentials import Access
-    from gateway.promotion import precision
+    from gateway.promotion.precision.check import read_suite, run
+    from gateway.promotion.precision.figures import PASS
+    from gateway.promotion.precision.limits import Limits
+    from gateway.promotion.precision.results import store
 
     for name in ("max_harmful_share", "max_error_share"):
         if not 0 <= getattr(args, name) <= 1:
@@ -55,12 +58,12 @@ def _check(args: argparse.Namespace, settings: Settings) -> int:
     if args.concurrency < 1 or args.timeout <= 0:
         raise InvalidRequest("--concurrency and --timeout must be positive")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request is noise here
-    suite = precision.read_suite(args.suite)
+    suite = read_suite(args.suite)
     policy, source = _policy(args, settings)
     access = Access(os.environ, settings.upstream_key_hosts, settings.upstream_hosts)
-    limits = precision.Limits(args.max_harmful_share, args.max_error_share)
+    limits = Limits(args.max_harmful_share, args.max_error_share)
     result = asyncio.run(
-        precision.run(
+        run(
             policy,
             access,
             suite,
@@ -77,7 +80,7 @@ def _check(args: argparse.Namespace, settings: Settings) -> int:
     args.out.write_text(json.dumps(result, indent=2, allow_nan=False) + "\n")
     engine = make_engine(settings.database_url)
     try:
-        precision.store(engine, result)
+        store(engine, result)
         stored = "stored"
     except sa.exc.SQLAlchemyError as exc:
         # The file is the check's record too; without the table, the policy gate cannot see it.
@@ -87,7 +90,7 @@ def _check(args: argparse.Namespace, settings: Settings) -> int:
         engine.dispose()
     print(_summary(result))
     print(f"written to {args.out}; {stored}")
-    return 0 if result["verdict"] == precision.PASS else 1
+    return 0 if result["verdict"] == PASS else 1
 
 
 def _summary(result: dict) -> str:

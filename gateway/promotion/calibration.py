@@ -37,7 +37,7 @@ import numpy as np
 
 from gateway.compare.answers import Answer, TokenChoice
 from gateway.compare.meaning import similarity, windows
-from gateway.compare.measures import compare
+from gateway.compare.measures import MEASURES, compare
 from gateway.promotion.departures import departs, tolerance
 from gateway.promotion.judge import PROMOTE, REJECT, Criteria, Evidence, Histogram, judge
 from simulator.answers import Answer as SimulatedAnswer
@@ -125,15 +125,8 @@ def _embedded(text: str) -> list[list[float]]:
 def _pair(primary: SimulatedAnswer, other: SimulatedAnswer) -> dict[str, Any]:
     """Compare two answers as the mirror does; return the measures a shadow record holds."""
     diff = compare(_read(primary), _read(other))
-    return {
-        "candidate_error": None,
-        "exact_match": diff.exact_match,
-        "similarity": diff.similarity,
-        "near_tie": diff.near_tie,
-        "json_diff": diff.json_diff,
-        "embedding_cosine": diff.embedding_cosine,
-        "semantic_similarity": similarity(_embedded(primary.text), _embedded(other.text)),
-    }
+    diff.semantic_similarity = similarity(_embedded(primary.text), _embedded(other.text))
+    return {**{name: getattr(diff, name) for name in MEASURES}, "candidate_error": None}
 
 
 @cache

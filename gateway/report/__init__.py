@@ -1,9 +1,13 @@
 """The weekly shadow-comparison report: one page an operator decides promotions from.
 
 - `period`: which week (or date range) a report covers, and the one before it.
-- `data`: the database read into plain numbers (pure folds over rows, one reading edge).
+- `records`: the period's records read from the database (the one edge that reads).
+- `verdicts`: the judge run on those rows at the end of the period and of the one before.
+- `numbers`: the rows folded into plain numbers (pure).
+- `wording`: the measures' titles and the verdicts in sentences (pure).
 - `charts`: matplotlib figures rendered to SVG text.
 - `render`: report.html (self-contained), report.md and report.json written to a directory.
+- `schedule`: the report written on a schedule by a running gateway.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import sqlalchemy as sa
 
 from gateway.costmodel.model import CostModel
 from gateway.policy.model import Policy
-from gateway.report import data, render
+from gateway.report import records, render
 from gateway.report.period import Period
 
 
@@ -30,7 +34,7 @@ def generate(
     now: float | None = None,
 ) -> dict[str, Any]:
     """Read the period's records and write report.html, report.md and report.json into `out`."""
-    report = data.collect(
+    report = records.collect(
         engine, policy, period, now=time.time() if now is None else now, model=model
     )
     render.write(report, out)

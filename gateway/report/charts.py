@@ -19,7 +19,7 @@ matplotlib.use("Agg")
 
 from matplotlib.figure import Figure
 
-from gateway.report.data import LATENCY_TITLES
+from gateway.report.wording import LATENCY_TITLES
 
 METADATA = re.compile(r"<metadata>.*?</metadata>\s*", re.S)
 PRIMARY, CANDIDATE, FLOOR = "#1f5fa8", "#d9730d", "#6b6b6b"

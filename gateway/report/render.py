@@ -12,7 +12,7 @@ from typing import Any
 
 import jinja2
 
-from gateway.report.data import LATENCY_TITLES
+from gateway.report.wording import LATENCY_TITLES
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 FILES = ("report.html", "report.md", "report.json")

@@ -29,7 +29,7 @@ from gateway.db.schema import (
 )
 from gateway.promotion import evidence, rollout
 from gateway.replay.whatif import recorded_requests
-from gateway.report import data
+from gateway.report import records as report_records
 from gateway.shadow.summary import summarize
 from policies import fleet_policy
 
@@ -186,9 +186,9 @@ def test_shadow_summary_of_one_route_reads_records_and_drops_by_index(filled: sa
 
 def test_weekly_report_and_what_if_read_their_period_by_index(filled: sa.Engine) -> None:
     since, until = NOW - 8 * DAY, NOW - DAY
-    (requests,) = plans(filled, lambda: data._read_requests(filled, since, until))
-    (copies,) = plans(filled, lambda: data._read_shadows(filled, since, until))
-    (drops,) = plans(filled, lambda: data._read_drops(filled, since, until))
+    (requests,) = plans(filled, lambda: report_records._read_requests(filled, since, until))
+    (copies,) = plans(filled, lambda: report_records._read_shadows(filled, since, until))
+    (drops,) = plans(filled, lambda: report_records._read_drops(filled, since, until))
     (replayed,) = plans(filled, lambda: recorded_requests(filled, since, limit=100))
     assert "ix_request_records_ts" in requests
     assert "ix_shadow_records_ts" in copies

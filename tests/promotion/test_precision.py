@@ -18,8 +18,12 @@ from gateway.policy import versions
 from gateway.policy.apply import apply
 from gateway.policy.load import render_policy, to_yaml
 from gateway.policy.model import Policy
-from gateway.promotion import precision, rollout
-from gateway.promotion.precision import Limits, Outcome, Plan, Suite, judge_check
+from gateway.promotion import rollout
+from gateway.promotion.precision.check import TOP_LOGPROBS, greedy
+from gateway.promotion.precision.figures import Outcome, judge_check
+from gateway.promotion.precision.limits import Limits
+from gateway.promotion.precision.plan import Plan, Suite
+from gateway.promotion.precision.results import newest, store
 from harness.databases import scratch_database
 from harness.gateways import run_gateway
 from harness.simulators import SimulatorProcess, start_simulator
@@ -148,7 +152,7 @@ def test_an_int8_asic_passes_the_chat_suite_though_its_words_differ(asic_check: 
     assert r["harmful_share"] == 0.0 and r["ci"]["harmful_share"][1] <= 0.03
     assert "PASS" in asic_check.stdout
     engine = make_engine(asic_check.database)
-    assert [(c["pool"], c["verdict"]) for c in precision.newest(engine)] == [("asic", "pass")]
+    assert [(c["pool"], c["verdict"]) for c in newest(engine)] == [("asic", "pass")]
     engine.dispose()
 
 
@@ -164,7 +168,7 @@ def test_a_cim_part_that_gets_facts_wrong_fails_and_says_why(cim_check: Ran) -> 
     assert r["departures"] and all("line" in d for d in r["departures"])
     assert r["policy"] == "policy version 1"  # the database's active version, no --policy
     engine = make_engine(cim_check.database)
-    assert [(c["pool"], c["verdict"]) for c in precision.newest(engine)] == [("cim", "fail")]
+    assert [(c["pool"], c["verdict"]) for c in newest(engine)] == [("cim", "fail")]
     engine.dispose()
 
 
@@ -299,7 +303,7 @@ def test_a_policy_apply_making_a_shadow_only_pool_live_needs_its_check_to_pass(
     )
     assert "gateway precision check --pool asic --suite suites/chat.jsonl" in refused.stderr
     assert versions.active_version(engine) == 1
-    precision.store(engine, asic_check.result)
+    store(engine, asic_check.result)
     accepted = gateway("policy", "apply", live, "-m", "asic goes live", env=env)
     assert accepted.returncode == 0, accepted.stderr
     active = versions.active(engine)
@@ -341,7 +345,7 @@ def test_a_rollout_of_a_shadow_only_candidate_is_gated_too(
     apply(engine, render_policy(policy), "policy.yaml", author="ana", message="cim shadows chat")
     with pytest.raises(InvalidRequest, match=r"'cim' .* but it has no precision check"):
         rollout.start(engine, policy, "chat", "cim", author="ana", force=True)
-    precision.store(engine, cim_check.result)
+    store(engine, cim_check.result)
     with pytest.raises(InvalidRequest, match=r"newest precision check .* is 'fail'"):
         rollout.start(engine, policy, "chat", "cim", author="ana", force=True)
     env = {"DATABASE_URL": database, "GATEWAY_POLICY": write(tmp_path / "p.yaml", policy)}
@@ -386,12 +390,12 @@ def test_a_labelled_suite_line_is_sent_without_its_labels() -> None:
         "kind": "sum",
         "expected": "8",
     }
-    sent = precision.greedy(line)
+    sent = greedy(line)
     assert sent == {
         "model": MODEL,
         "messages": line["messages"],
         "max_tokens": 16,
         "temperature": 0,
         "logprobs": True,
-        "top_logprobs": precision.TOP_LOGPROBS,
+        "top_logprobs": TOP_LOGPROBS,
     }

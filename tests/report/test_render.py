@@ -171,7 +171,9 @@ def test_unbounded_intervals_are_null_in_json() -> None:
 
 def test_the_report_shows_each_pools_newest_precision_check(tmp_path: Path) -> None:
     from gateway.policy.load import load_policy
-    from gateway.promotion import precision
+    from gateway.promotion.precision.figures import Outcome, judge_check
+    from gateway.promotion.precision.plan import Plan, Suite
+    from gateway.promotion.precision.results import store
 
     url = f"sqlite:///{tmp_path / 'gateway.db'}"
     upgrade(url)
@@ -184,17 +186,17 @@ def test_the_report_shows_each_pools_newest_precision_check(tmp_path: Path) -> N
         same = {"exact_match": True, "similarity": 1.0, "kl_divergence": 0.0}
         wrong = {"exact_match": False, "similarity": 0.9, "semantic_similarity": 0.7}
         body = {"model": "llama-3.1-8b-instruct", "messages": [{"role": "user", "content": "q"}]}
-        suite = precision.Suite("suites/chat.jsonl", tuple((n, body) for n in range(240)))
+        suite = Suite("suites/chat.jsonl", tuple((n, body) for n in range(240)))
         outcomes = [
-            precision.Outcome(n, {**(wrong if n < departing else same), "candidate_error": None})
+            Outcome(n, {**(wrong if n < departing else same), "candidate_error": None})
             for n in range(240)
         ]
-        plan = precision.Plan(pool, "gpu", "bge-large-en-v1.5", "gpu")
-        return {**precision.judge_check(plan, suite, outcomes), "ts": ts}
+        plan = Plan(pool, "gpu", "bge-large-en-v1.5", "gpu")
+        return {**judge_check(plan, suite, outcomes), "ts": ts}
 
-    precision.store(engine, checked("cim", 12, period.since + 3600))
-    precision.store(engine, checked("asic", 0, period.since + 7200))
-    precision.store(engine, checked("asic", 30, period.until + 60))  # after the week: not shown
+    store(engine, checked("cim", 12, period.since + 3600))
+    store(engine, checked("asic", 0, period.since + 7200))
+    store(engine, checked("asic", 30, period.until + 60))  # after the week: not shown
     report = generate(engine, policy, period, tmp_path / "out", now=period.until)
     engine.dispose()
     shown = [(c["pool"], c["verdict"], c["harmful_share"]) for c in report["precision_checks"]]

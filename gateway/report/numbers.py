@@ -1,27 +1,23 @@
-"""The report's numbers: read the records of a period and fold them into plain values.
+"""The report's numbers: pure folds of a period's rows into plain values.
 
-`collect` is the one edge that reads the database. Everything else is a pure function of rows
-(dictionaries with the columns of request_records, shadow_records and shadow_drops, and the
-stored precision checks' results), so the numbers can be checked against rows built by hand.
-Values that could not be measured are None, never zero.
+Rows are dictionaries with the columns of request_records, shadow_records and shadow_drops (as
+gateway/report/records.py reads them) and the stored precision checks' results, so the numbers
+can be checked against rows built by hand. Values that could not be measured are None, never
+zero.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-import sqlalchemy as sa
-
-from gateway.costmodel.model import CostModel, Prediction
-from gateway.db.schema import cost_models, request_records, shadow_drops, shadow_records
+from gateway.compare.measures import MEASURES
+from gateway.costmodel.model import Prediction
 from gateway.policy.model import Policy
-from gateway.promotion import evidence, precision
-from gateway.promotion.judge import FAIL, PASS, Criteria, judge
+from gateway.promotion.judge import Criteria
 from gateway.records.slo import record_meets_slo
 from gateway.report.period import Period
 from gateway.shadow.sample import CANDIDATE, NOISE
@@ -29,127 +25,14 @@ from gateway.stats import mean, percentile, share, total
 
 Row = Mapping[str, Any]
 Predict = Callable[[str, str, int, int, int], Prediction]
+# The judge's verdicts by (route, candidate), as gateway/report/verdicts.py gives them.
+Verdicts = Mapping[tuple[str, str], Mapping[str, Any]]
 
 QUANTILES = (50, 95, 99)
 LATENCIES = ("ttft", "tpot", "e2e")
 WORST_SHOWN = 5
 # Largest number of points a CDF keeps: enough for a smooth curve, small enough for the page.
 CDF_POINTS = 200
-
-
-# Reading -----------------------------------------------------------------------------------
-
-
-def collect(
-    engine: sa.Engine, policy: Policy, period: Period, *, now: float, model: CostModel | None
-) -> dict[str, Any]:
-    """Read everything the report needs for `period` and return its numbers."""
-    previous = period.previous()
-    window = judge_window(evidence.criteria(policy))
-    start = min(previous.since, period.until - window)
-    requests = _read_requests(engine, start, period.until)
-    shadows = _read_shadows(engine, start, period.until)
-    drops = _read_drops(engine, start, period.until)
-    cost_model = _read_cost_model(engine, period.until)
-    stored = evidence.latest(engine)
-    predict = (model or CostModel(policy)).predict
-    return build(
-        policy,
-        period,
-        requests=requests,
-        shadows=shadows,
-        drops=drops,
-        cost_model=cost_model,
-        stored_verdicts=stored,
-        predict=predict,
-        now=now,
-        checks=precision.newest(engine, until=period.until),
-    )
-
-
-def judge_window(c: Criteria) -> float:
-    """Return how much history the judge looks at, as `evidence.evaluate` does."""
-    return max(2 * c.min_window_s, 86400.0)
-
-
-_REQUEST_COLUMNS = (
-    "ts",
-    "route",
-    "pool",
-    "model",
-    "endpoint",
-    "slo_class",
-    "stream",
-    "prompt_tokens",
-    "completion_tokens",
-    "ttft_ms",
-    "tpot_ms",
-    "e2e_ms",
-    "status",
-    "error",
-    "energy_j",
-    "cost_usd",
-    "concurrent",
-    "predicted_e2e_ms",
-    "predicted_energy_j",
-)
-
-
-def _read_requests(engine: sa.Engine, since: float, until: float) -> list[dict[str, Any]]:
-    c = request_records.c
-    query = sa.select(*(c[n] for n in _REQUEST_COLUMNS)).where(c.ts >= since, c.ts < until)
-    with engine.connect() as conn:
-        return [dict(r._mapping) for r in conn.execute(query)]
-
-
-def _read_shadows(engine: sa.Engine, since: float, until: float) -> list[dict[str, Any]]:
-    c, r = shadow_records.c, request_records.c
-    measured = {
-        "primary_energy_j": sa.func.coalesce(c.primary_energy_j, r.energy_j),
-        "primary_cost_usd": sa.func.coalesce(c.primary_cost_usd, r.cost_usd),
-    }
-    columns = [
-        measured[col.name].label(col.name) if col.name in measured else col
-        for col in shadow_records.columns
-        # The report never carries answer texts (see `worst_disagreements`): not even read.
-        if col.name not in ("id", "measures", "primary_text", "candidate_text", "text_expires_at")
-    ]
-    query = (
-        sa.select(*columns)
-        .select_from(shadow_records.outerjoin(request_records, r.decision_id == c.decision_id))
-        .where(c.ts >= since, c.ts < until)
-    )
-    with engine.connect() as conn:
-        return [dict(row._mapping) for row in conn.execute(query)]
-
-
-def _read_drops(engine: sa.Engine, since: float, until: float) -> list[dict[str, Any]]:
-    d = shadow_drops.c
-    query = sa.select(d.ts, d.route, d.candidate_pool, d.kind, d.reason, d.count).where(
-        d.ts >= since, d.ts < until
-    )
-    with engine.connect() as conn:
-        return [dict(r._mapping) for r in conn.execute(query)]
-
-
-def _read_cost_model(engine: sa.Engine, until: float) -> dict[str, Any] | None:
-    m = cost_models.c
-    query = (
-        sa.select(m.version, m.created, m.observations, m.scores)
-        .where(m.status == "ok", m.created < until)
-        .order_by(m.version.desc())
-        .limit(1)
-    )
-    with engine.connect() as conn:
-        row = conn.execute(query).first()
-    if row is None:
-        return None
-    return {
-        "version": row.version,
-        "created": row.created,
-        "observations": row.observations,
-        "scores": json.loads(row.scores or "{}"),
-    }
 
 
 # The whole report --------------------------------------------------------------------------
@@ -166,11 +49,15 @@ def build(
     stored_verdicts: Sequence[Mapping[str, Any]],
     predict: Predict,
     now: float,
+    rules: Criteria,
+    verdicts: Verdicts,
+    verdicts_before: Verdicts,
     checks: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
     """Fold the rows of the period (and the history before it) into the report's numbers.
 
-    `checks` are each pool's newest precision check by the end of the period.
+    `verdicts` and `verdicts_before` are the judge's under `rules` at the end of the period and
+    of the one before; `checks` are each pool's newest precision check by the end of the period.
     """
     previous = period.previous()
     this_requests = _within(requests, period)
@@ -178,9 +65,6 @@ def build(
     this_shadows = _within(shadows, period)
     before_shadows = _within(shadows, previous)
     stored = {(v["route"], v["candidate"]): v for v in stored_verdicts}
-    rules = evidence.criteria(policy)
-    verdicts = judge_rows(shadows, rules, period.until)
-    verdicts_before = judge_rows(_before(shadows, previous.until), rules, previous.until)
 
     keys = sorted(
         {(r["route"], r["candidate_pool"]) for r in this_shadows if r["kind"] == CANDIDATE}
@@ -235,10 +119,6 @@ def build(
 
 def _within(rows: Iterable[Row], period: Period) -> list[Row]:
     return [r for r in rows if period.since <= r["ts"] < period.until]
-
-
-def _before(rows: Iterable[Row], until: float) -> list[Row]:
-    return [r for r in rows if r["ts"] < until]
 
 
 # Fleet -------------------------------------------------------------------------------------
@@ -500,14 +380,6 @@ def _cdf(values: Sequence[float]) -> list[float]:
     return [ordered[round(i * step)] for i in range(CDF_POINTS)]
 
 
-# The latency measures a candidate is compared on, keyed as `latency` returns them.
-LATENCY_TITLES = {
-    "ttft": "Time to first token",
-    "tpot": "Time per output token",
-    "e2e": "End to end",
-}
-
-
 def latency(sent: Sequence[Row], answered: Sequence[Row]) -> dict[str, Any]:
     """Return p50/p95/p99 and CDF points of the primary (all copies) and candidate (answers)."""
     out: dict[str, Any] = {}
@@ -575,13 +447,7 @@ _DISAGREEMENT_FIELDS = (
     "temperature",
     "primary_backend",
     "candidate_backend",
-    "exact_match",
-    "normalized_match",
-    "similarity",
-    "similarity_method",
-    "first_divergence",
-    "length_ratio",
-    "json_diff",
+    *MEASURES,
     "primary_completion_tokens",
     "candidate_completion_tokens",
 )
@@ -655,87 +521,6 @@ def projected_savings(
         "candidate_energy_j": candidate_energy if eligible else None,
         "energy_j_saved": primary_energy - candidate_energy if eligible else None,
     }
-
-
-# The judge ---------------------------------------------------------------------------------
-
-
-def judge_rows(shadows: Sequence[Row], rules: Criteria, at: float) -> dict[tuple[str, str], Any]:
-    """Judge every route and candidate as of `at` from the shadow rows of its window."""
-    since = at - judge_window(rules)
-    rows = [dict(r) for r in shadows if since <= r["ts"] < at]
-    gathered = evidence.gather(rows)
-    evidence.add_paired_means(rows, gathered)  # as the judge's own evaluation does
-    verdicts = {}
-    for key, e in gathered.items():
-        verdict = judge(e, rules, at).as_dict()
-        verdict["evaluated_at"] = datetime.fromtimestamp(at, UTC).isoformat().replace("+00:00", "Z")
-        verdict["why"] = why_sentence(verdict)
-        verdict["summary"] = summary_sentence(verdict)
-        for check in verdict["checks"]:
-            check["plain"] = plain_check(check)
-        verdicts[key] = verdict
-    return verdicts
-
-
-_OUTCOME_WORDS = {
-    "promote": "Promote",
-    "hold": "Hold",
-    "reject": "Reject",
-}
-_RESULT_WORDS = {PASS: "passes", FAIL: "fails", "undecided": "is not decided yet"}
-
-
-def why_sentence(verdict: Mapping[str, Any]) -> str:
-    """Say why the judge decided as it did, with how much evidence it had."""
-    text = verdict["reason"]
-    if verdict.get("samples_needed"):
-        text += f" (about {verdict['samples_needed']} more compared copies would decide it)"
-    return text + f"; {verdict['window_days']:g} days of evidence."
-
-
-def summary_sentence(verdict: Mapping[str, Any]) -> str:
-    """Say the verdict and why in one sentence."""
-    outcome = _OUTCOME_WORDS.get(verdict["outcome"], verdict["outcome"])
-    return f"{outcome}: {why_sentence(verdict)}"
-
-
-def plain_check(check: Mapping[str, Any]) -> str:
-    """Say one of the judge's checks in words, with its estimate, interval and margin."""
-    name, result = check["name"], _RESULT_WORDS.get(check["result"], check["result"])
-    estimate, interval, threshold = check["estimate"], check["interval"], check["threshold"]
-    n = check["samples"]
-    if estimate is None or interval is None:
-        return f"{name} {result}: {check['detail']}."
-    low, high = interval
-    if name in ("quality", "quality_sampled"):
-        traffic = "Temperature-0" if name == "quality" else "Sampled"
-        return (
-            f"{traffic} quality {result}: {check['detail']}. The candidate departs "
-            f"{estimate * 100:+.2f} points more often than the noise floor (interval "
-            f"{low * 100:+.2f} to {high * 100:+.2f}); at most {threshold * 100:.1f} allowed."
-        )
-    if name in ("ttft_p95", "e2e_p95"):
-        what = "time to first token" if name == "ttft_p95" else "end-to-end latency"
-        return (
-            f"95th-percentile {what} {result}: the candidate's is {estimate:.2f}× the primary's "
-            f"(interval {low:.2f}× to {_num(high)}×), at most {threshold:.2f}× allowed."
-        )
-    if name == "errors":
-        return (
-            f"Errors {result}: {check['detail']}, a rate of {estimate:.2%} (interval up to "
-            f"{high:.2%}); at most {threshold:.2%} allowed."
-        )
-    if name == "benefit":
-        return (
-            f"Benefit {result}: the candidate was cheaper on {estimate:.0%} of {n} paired "
-            f"requests (interval {low:.0%} to {high:.0%}); more than {threshold:.0%} needed."
-        )
-    return f"{name} {result}: {check['detail']}."
-
-
-def _num(value: float) -> str:
-    return "∞" if math.isinf(value) else f"{value:.2f}"
 
 
 # Against the previous period ---------------------------------------------------------------

@@ -1,0 +1,116 @@
+"""A precision check's figures and verdict, folded from what each prompt of its suite gave.
+
+Each pair of answers is measured as shadow copies are (gateway/compare/measures.py, with the
+semantic similarity of their windows on the fleet's embedding model, gateway/compare/meaning.py)
+and a pair *departs* by the judge's rule (gateway/promotion/departures.py). The figures:
+
+| figure | meaning |
+| --- | --- |
+| `top1_agreement` | share of compared prompts whose answers are identical |
+| `mean_kl` | mean KL(reference ‖ candidate) per token up to the first difference (top-5) |
+| `near_tie_share` | of the prompts that differ, the share whose first difference is a near tie |
+| `harmful_share` | share of compared prompts whose answers depart in meaning |
+| `noise_*` | the same between the reference's two answers |
+| `ci` | 95% intervals (gateway/promotion/judge.py `bernoulli_interval`) |
+
+The verdict is `pass` when the upper end of `harmful_share`'s interval exceeds the noise floor's
+share by at most `max_harmful_share`, and at most `max_error_share` of the candidate's requests
+failed (gateway/promotion/precision/limits.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gateway import stats
+from gateway.promotion.departures import compared, departs, tolerance
+from gateway.promotion.judge import bernoulli_interval
+from gateway.promotion.precision.limits import DEFAULT_LIMITS, Limits
+from gateway.promotion.precision.plan import Plan, Suite
+from gateway.promotion.precision.reasons import reasons
+
+PASS, FAIL = "pass", "fail"
+# What a check keeps of each pair in its result: the measures, never the answers' texts.
+KEPT = ("exact_match", "similarity", "semantic_similarity", "near_tie", "kl_divergence")
+
+Row = dict[str, Any]
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What one prompt of the suite gave: the candidate's pair and the noise floor's pair."""
+
+    line: int
+    candidate: Row | None = None  # None: the reference did not answer, the prompt is left out
+    noise: Row | None = None  # None: the reference's second answer failed
+    reference_error: str | None = None
+    embedding_failed: int = 0
+
+
+def judge_check(
+    plan: Plan, suite: Suite, outcomes: Sequence[Outcome], limits: Limits = DEFAULT_LIMITS
+) -> dict[str, Any]:
+    """Fold a suite's outcomes into the check's figures, verdict and reasons."""
+    answered = [(o.line, o.candidate) for o in outcomes if o.candidate is not None]
+    failed = [(line, r["candidate_error"]) for line, r in answered if r.get("candidate_error")]
+    pairs = [(line, r) for line, r in answered if compared(r)]
+    noise = [o.noise for o in outcomes if o.noise is not None and compared(o.noise)]
+    tol = tolerance(noise)
+    departing = [(line, r) for line, r in pairs if departs(r, tol)]
+    noise_departing = sum(departs(r, tol) for r in noise)
+    n, k = len(pairs), len(departing)
+    exact = sum(bool(r.get("exact_match")) for _, r in pairs)
+    harmful_ci = bernoulli_interval(k, n, limits.alpha)
+    noise_harmful = noise_departing / len(noise) if noise else 0.0
+    error_share = len(failed) / len(answered) if answered else 0.0
+    departs_ok = n > 0 and harmful_ci[1] - noise_harmful <= limits.max_harmful_share + 1e-12
+    errors_ok = error_share <= limits.max_error_share + 1e-12
+    result: dict[str, Any] = {
+        "pool": plan.pool,
+        "reference": plan.reference,
+        "suite": suite.name,
+        "models": suite.models,
+        "prompts": len(suite.bodies),
+        "compared": n,
+        "candidate_errors": len(failed),
+        "reference_errors": len(outcomes) - len(answered),
+        "top1_agreement": exact / n if n else None,
+        "mean_kl": stats.mean([r for _, r in pairs], "kl_divergence"),
+        # Of the answers that differ, the share whose first difference is a near tie.
+        "near_tie_share": stats.share(
+            [r for _, r in pairs if r.get("exact_match") is False], "near_tie"
+        ),
+        "harmful_share": k / n if n else None,
+        "noise_pairs": len(noise),
+        "noise_top1_agreement": (
+            sum(bool(r.get("exact_match")) for r in noise) / len(noise) if noise else None
+        ),
+        "noise_mean_kl": stats.mean(noise, "kl_divergence"),
+        "noise_harmful_share": noise_departing / len(noise) if noise else None,
+        "ci": {
+            "level": 1 - limits.alpha,
+            "top1_agreement": list(bernoulli_interval(exact, n, limits.alpha)),
+            "harmful_share": list(harmful_ci),
+        },
+        "tolerance": {"meaning": tol.meaning, "words": tol.words, "noise_pairs": tol.noise_pairs},
+        "limits": {
+            "max_harmful_share": limits.max_harmful_share,
+            "max_error_share": limits.max_error_share,
+        },
+        "embedding_model": plan.embedding_model,
+        "embeddings_failed": sum(o.embedding_failed for o in outcomes),
+        "verdict": PASS if departs_ok and errors_ok else FAIL,
+        "reasons": [],
+        "departures": [{"line": line, **_kept(r)} for line, r in departing],
+        "errors": [{"line": line, "error": error} for line, error in failed],
+    }
+    result["reasons"] = reasons(result, departs_ok, errors_ok, limits.alpha)
+    return result
+
+
+def _kept(row: Mapping[str, Any]) -> dict[str, Any]:
+    kept = {name: row.get(name) for name in KEPT}
+    kept["json_diff"] = row.get("json_diff")
+    return kept

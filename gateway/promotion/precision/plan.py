@@ -1,0 +1,103 @@
+"""What a precision check compares: the suite, the candidate, its reference, the embedding model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.errors import InvalidRequest
+from gateway.policy.model import Policy
+
+
+@dataclass(frozen=True, slots=True)
+class Suite:
+    """A prompt suite: chat request bodies, each with the line of the file it came from."""
+
+    name: str
+    bodies: tuple[tuple[int, dict[str, Any]], ...]
+
+    @property
+    def models(self) -> list[str]:
+        """Return the models the suite's bodies name, in first-seen order."""
+        return list(dict.fromkeys(body["model"] for _, body in self.bodies))
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What a check compares: the candidate, the reference and the embedding model's pool."""
+
+    pool: str
+    reference: str
+    embedding_model: str | None
+    embedding_pool: str | None
+
+
+def plan(
+    policy: Policy,
+    suite: Suite,
+    pool: str,
+    reference: str | None = None,
+    embedding_model: str | None = None,
+) -> Plan:
+    """Choose the reference and the embedding model; raise InvalidRequest saying what is wrong.
+
+    The reference defaults to the first live GPU pool that serves the suite's models; the
+    embedding model to the first embedding model (`models:` of kind embedding) a live pool
+    serves, embedded by the first live pool that serves it, as shadow comparisons are.
+    """
+    names = ", ".join(policy.pools)
+    models = suite.models
+    if pool not in policy.pools:
+        raise InvalidRequest(f"the policy has no pool {pool!r} (pools: {names})", param="pool")
+    missing = [m for m in models if m not in policy.pools[pool].models]
+    if missing:
+        raise InvalidRequest(
+            f"pool {pool!r} does not serve {', '.join(missing)}, which {suite.name} asks for",
+            param="pool",
+        )
+    if reference is None:
+        reference = next(
+            (
+                name
+                for name, spec in policy.pools.items()
+                if spec.kind == "gpu" and spec.live and name != pool
+                if all(m in spec.models for m in models)
+            ),
+            None,
+        )
+        if reference is None:
+            raise InvalidRequest(
+                f"no live gpu pool serves {', '.join(models)}: name the reference with "
+                f"--reference (pools: {names})",
+                param="reference",
+            )
+    elif reference not in policy.pools:
+        raise InvalidRequest(
+            f"the policy has no pool {reference!r} (pools: {names})", param="reference"
+        )
+    elif reference == pool:
+        raise InvalidRequest(
+            f"pool {pool!r} cannot be its own reference: its second answers are the noise floor",
+            param="reference",
+        )
+    elif missing := [m for m in models if m not in policy.pools[reference].models]:
+        raise InvalidRequest(
+            f"reference pool {reference!r} does not serve {', '.join(missing)}",
+            param="reference",
+        )
+    embedding_kinds = [m for m, spec in policy.models.items() if spec.kind == "embedding"]
+    if embedding_model is None:
+        embedding_model = next(
+            (m for m in embedding_kinds if _embedding_pool(policy, m) is not None), None
+        )
+    embedding_pool = None if embedding_model is None else _embedding_pool(policy, embedding_model)
+    if embedding_model is not None and embedding_pool is None:
+        raise InvalidRequest(
+            f"no live pool serves the embedding model {embedding_model!r}",
+            param="embedding_model",
+        )
+    return Plan(pool, reference, embedding_model, embedding_pool)
+
+
+def _embedding_pool(policy: Policy, model: str) -> str | None:
+    return next((n for n, s in policy.pools.items() if s.live and model in s.models), None)

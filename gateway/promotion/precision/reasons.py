@@ -1,0 +1,76 @@
+"""Why a precision check passed or failed, said in sentences with its numbers."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+from gateway.promotion.judge import bernoulli_interval
+from gateway.promotion.precision.limits import ALPHA, prompts_needed
+
+
+def reasons(
+    result: Mapping[str, Any], departs_ok: bool, errors_ok: bool, alpha: float = ALPHA
+) -> list[str]:
+    """Say in sentences why a check passed or failed, with its numbers."""
+    said = []
+    n, limit = result["compared"], result["limits"]["max_harmful_share"]
+    if n == 0:
+        said.append(
+            "No answer of the candidate could be compared with the reference's, so nothing "
+            "shows that it answers alike."
+        )
+    else:
+        k = len(result["departures"])
+        low, high = result["ci"]["harmful_share"]
+        floor = result["noise_harmful_share"] or 0.0
+        noise_k = round(floor * result["noise_pairs"])
+        said.append(
+            f"{k} of {n} answers ({_pct(k / n)}, {1 - alpha:.0%} interval {_pct(low)} to "
+            f"{_pct(high)}) depart in meaning from the reference's, and {noise_k} of "
+            f"{result['noise_pairs']} ({_pct(floor)}) of the reference's own second answers do: "
+            f"the interval's upper end is {_points(high - floor)} above the reference's share, "
+            f"at most {_points(limit)} allowed."
+        )
+        reach = bernoulli_interval(0, n, alpha)[1]
+        if not departs_ok and reach - floor > limit:
+            said.append(
+                f"No pool can pass on {n} compared prompts: even with no departure the interval "
+                f"reaches {_pct(reach)}; a suite needs at least "
+                f"{prompts_needed(limit + floor, alpha)} prompts to show at most "
+                f"{_points(limit)} more."
+            )
+    if not errors_ok or result["candidate_errors"]:
+        asked = result["prompts"] - result["reference_errors"]
+        kinds = Counter(e["error"] for e in result["errors"])
+        listed = ", ".join(f"{error} ×{count}" for error, count in kinds.most_common())
+        allowed = f"{result['limits']['max_error_share']:.1%}"
+        said.append(
+            f"{result['candidate_errors']} of {asked} requests to the candidate failed "
+            f"({listed}); at most {allowed} allowed."
+        )
+    if result["reference_errors"]:
+        said.append(
+            f"The reference failed {result['reference_errors']} of {result['prompts']} prompts; "
+            "they were left out."
+        )
+    if result["embedding_model"] is None:
+        said.append(
+            "No live pool serves an embedding model, so answers were judged on their words: a "
+            "wrong fact after a near-tie flip goes unseen (name one with --embedding-model)."
+        )
+    elif result["embeddings_failed"]:
+        said.append(
+            f"{result['embeddings_failed']} pairs could not be embedded with "
+            f"{result['embedding_model']} and were judged on their words."
+        )
+    return said
+
+
+def _pct(value: float) -> str:
+    return f"{value * 100:.1f}%"
+
+
+def _points(value: float) -> str:
+    return f"{value * 100:.3g} points"

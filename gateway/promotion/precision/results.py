@@ -1,0 +1,43 @@
+"""Stored precision checks: each result kept in `precision_checks`, and each pool's newest.
+
+The go-live gate (gateway/policy/apply.py) and the weekly report read the newest.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import sqlalchemy as sa
+
+from gateway.db.schema import precision_checks
+
+
+def store(engine: sa.Engine, result: Mapping[str, Any]) -> int:
+    """Keep a check's result in `precision_checks`; return its id."""
+    with engine.begin() as conn:
+        inserted = conn.execute(
+            precision_checks.insert().values(
+                ts=result["ts"],
+                pool=result["pool"],
+                reference=result["reference"],
+                suite=result["suite"],
+                verdict=result["verdict"],
+                result=json.dumps(result, allow_nan=False),
+            )
+        )
+    key = inserted.inserted_primary_key
+    return int(key[0]) if key else 0
+
+
+def newest(engine: sa.Engine, until: float | None = None) -> list[dict[str, Any]]:
+    """Return each pool's newest stored check (before `until`), by pool name."""
+    c = precision_checks.c
+    last = sa.select(c.pool, sa.func.max(c.id).label("id")).group_by(c.pool)
+    if until is not None:
+        last = last.where(c.ts < until)
+    latest = last.subquery()
+    query = sa.select(c.result).join(latest, c.id == latest.c.id).order_by(c.pool)
+    with engine.connect() as conn:
+        return [json.loads(row.result) for row in conn.execute(query)]

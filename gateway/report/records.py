@@ -1,0 +1,135 @@
+"""The report's reading: a period's records read from the database, then judged and folded.
+
+`collect` is the one edge of the report that reads: request records, shadow records (with the
+primary's measured energy and cost where the copy carries none), shadow drops, the newest cost
+model, the stored verdicts and precision checks. The judge (gateway/report/verdicts.py) and the
+pure folds (gateway/report/numbers.py) make the report's numbers of them.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import sqlalchemy as sa
+
+from gateway.costmodel.model import CostModel
+from gateway.db.schema import cost_models, request_records, shadow_drops, shadow_records
+from gateway.policy.model import Policy
+from gateway.promotion import evidence
+from gateway.promotion.precision import results
+from gateway.report.numbers import build
+from gateway.report.period import Period
+from gateway.report.verdicts import judge_rows, judge_window
+
+# What the report reads of each request record.
+REQUEST_COLUMNS = (
+    "ts",
+    "route",
+    "pool",
+    "model",
+    "endpoint",
+    "slo_class",
+    "stream",
+    "prompt_tokens",
+    "completion_tokens",
+    "ttft_ms",
+    "tpot_ms",
+    "e2e_ms",
+    "status",
+    "error",
+    "energy_j",
+    "cost_usd",
+    "concurrent",
+    "predicted_e2e_ms",
+    "predicted_energy_j",
+)
+# A shadow record is read whole but for these. The report never carries answer texts (see
+# `numbers.worst_disagreements`): not even read.
+SHADOW_COLUMNS_LEFT_OUT = ("id", "primary_text", "candidate_text", "text_expires_at")
+# What the report reads of each shadow drop.
+DROP_COLUMNS = ("ts", "route", "candidate_pool", "kind", "reason", "count")
+
+
+def collect(
+    engine: sa.Engine, policy: Policy, period: Period, *, now: float, model: CostModel | None
+) -> dict[str, Any]:
+    """Read everything the report needs for `period` and return its numbers."""
+    previous = period.previous()
+    rules = evidence.criteria(policy)
+    start = min(previous.since, period.until - judge_window(rules))
+    requests = _read_requests(engine, start, period.until)
+    shadows = _read_shadows(engine, start, period.until)
+    drops = _read_drops(engine, start, period.until)
+    cost_model = _read_cost_model(engine, period.until)
+    stored = evidence.latest(engine)
+    predict = (model or CostModel(policy)).predict
+    return build(
+        policy,
+        period,
+        requests=requests,
+        shadows=shadows,
+        drops=drops,
+        cost_model=cost_model,
+        stored_verdicts=stored,
+        predict=predict,
+        now=now,
+        rules=rules,
+        verdicts=judge_rows(shadows, rules, period.until),
+        verdicts_before=judge_rows(shadows, rules, previous.until),
+        checks=results.newest(engine, until=period.until),
+    )
+
+
+def _read_requests(engine: sa.Engine, since: float, until: float) -> list[dict[str, Any]]:
+    c = request_records.c
+    query = sa.select(*(c[n] for n in REQUEST_COLUMNS)).where(c.ts >= since, c.ts < until)
+    with engine.connect() as conn:
+        return [dict(r._mapping) for r in conn.execute(query)]
+
+
+def _read_shadows(engine: sa.Engine, since: float, until: float) -> list[dict[str, Any]]:
+    c, r = shadow_records.c, request_records.c
+    measured = {
+        "primary_energy_j": sa.func.coalesce(c.primary_energy_j, r.energy_j),
+        "primary_cost_usd": sa.func.coalesce(c.primary_cost_usd, r.cost_usd),
+    }
+    columns = [
+        measured[col.name].label(col.name) if col.name in measured else col
+        for col in shadow_records.columns
+        if col.name not in SHADOW_COLUMNS_LEFT_OUT
+    ]
+    query = (
+        sa.select(*columns)
+        .select_from(shadow_records.outerjoin(request_records, r.decision_id == c.decision_id))
+        .where(c.ts >= since, c.ts < until)
+    )
+    with engine.connect() as conn:
+        return [dict(row._mapping) for row in conn.execute(query)]
+
+
+def _read_drops(engine: sa.Engine, since: float, until: float) -> list[dict[str, Any]]:
+    d = shadow_drops.c
+    query = sa.select(*(d[n] for n in DROP_COLUMNS)).where(d.ts >= since, d.ts < until)
+    with engine.connect() as conn:
+        return [dict(r._mapping) for r in conn.execute(query)]
+
+
+def _read_cost_model(engine: sa.Engine, until: float) -> dict[str, Any] | None:
+    m = cost_models.c
+    query = (
+        sa.select(m.version, m.created, m.observations, m.scores)
+        .where(m.status == "ok", m.created < until)
+        .order_by(m.version.desc())
+        .limit(1)
+    )
+    with engine.connect() as conn:
+        row = conn.execute(query).first()
+    if row is None:
+        return None
+    return {
+        "version": row.version,
+        "created": row.created,
+        "observations": row.observations,
+        "scores": json.loads(row.scores or "{}"),
+    }

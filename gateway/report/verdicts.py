@@ -1,0 +1,42 @@
+"""The judge's verdicts as the report shows them: as of a moment, from the rows it read.
+
+The judge runs on the report's shadow rows as `gateway promote evaluate` does on the database
+(gateway/promotion/evidence.py), over the same window, and each verdict is said in sentences
+(gateway/report/wording.py). It does no I/O but is not listed pure: the folds it shares with the
+judge's own evaluation (`evidence.gather`, `evidence.add_paired_means`) live beside its reading.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from gateway.promotion import evidence
+from gateway.promotion.judge import Criteria, judge
+from gateway.report.wording import plain_check, summary_sentence, why_sentence
+
+Row = Mapping[str, Any]
+
+
+def judge_window(c: Criteria) -> float:
+    """Return how much history the judge looks at, as `evidence.evaluate` does."""
+    return max(2 * c.min_window_s, 86400.0)
+
+
+def judge_rows(shadows: Sequence[Row], rules: Criteria, at: float) -> dict[tuple[str, str], Any]:
+    """Judge every route and candidate as of `at` from the shadow rows of its window."""
+    since = at - judge_window(rules)
+    rows = [dict(r) for r in shadows if since <= r["ts"] < at]
+    gathered = evidence.gather(rows)
+    evidence.add_paired_means(rows, gathered)  # as the judge's own evaluation does
+    verdicts = {}
+    for key, e in gathered.items():
+        verdict = judge(e, rules, at).as_dict()
+        verdict["evaluated_at"] = datetime.fromtimestamp(at, UTC).isoformat().replace("+00:00", "Z")
+        verdict["why"] = why_sentence(verdict)
+        verdict["summary"] = summary_sentence(verdict)
+        for check in verdict["checks"]:
+            check["plain"] = plain_check(check)
+        verdicts[key] = verdict
+    return verdicts
