@@ -7,11 +7,13 @@ swaps in a new policy version between two requests. The ASGI app that serves it 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import socket
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
@@ -60,6 +62,17 @@ log = logging.getLogger(__name__)
 DATABASE_RECHECK_S = 2.0
 
 
+@dataclass(frozen=True, slots=True)
+class Serving:
+    """What requests are served by: one policy version and the fleet it configured, replaced
+    whole on a reload, so a request that reads it sees one version throughout."""
+
+    policy: Policy
+    fleet: Fleet
+    version: int
+    text: str  # the version's YAML, as stored
+
+
 class Gateway:
     """The running gateway: settings, active policy, fleet state and the parts serving requests."""
 
@@ -77,12 +90,11 @@ class Gateway:
         # The upstream keys policies name, read from `environ`, and where they may be sent: a
         # policy this gateway cannot serve by them is refused before anything changes.
         self.access = Access(environ, settings.upstream_key_hosts, settings.upstream_hosts)
-        self.policy = policy
-        self.policy_text = policy_text if policy_text is not None else render_policy(policy)
-        self.policy_version = 0  # 0 until the version store confirms or replaces it
         self.clock = clock
         self.metrics = metrics if metrics is not None else GatewayMetrics()
-        self.fleet = Fleet(policy, self.access)
+        # Version 0 until the version store confirms or replaces it.
+        text = policy_text if policy_text is not None else render_policy(policy)
+        self.serving = Serving(policy, Fleet(policy, self.access), 0, text)
         self.metrics.registry.register(FleetCollector(lambda: self.fleet))
         self.estimator = TokenEstimator()
         self.shared = (
@@ -206,6 +218,22 @@ class Gateway:
         self.database_ok = False
         self._database_wait: asyncio.Task[None] | None = None
 
+    @property
+    def policy(self) -> Policy:
+        return self.serving.policy
+
+    @property
+    def fleet(self) -> Fleet:
+        return self.serving.fleet
+
+    @property
+    def policy_version(self) -> int:
+        return self.serving.version
+
+    @property
+    def policy_text(self) -> str:
+        return self.serving.text
+
     def use_policy(self, policy: Policy, stored: PolicyVersion) -> None:
         """Serve a new policy version from the next request on.
 
@@ -216,9 +244,9 @@ class Gateway:
         fleet = self.fleet.reconfigure(policy)
         costmodel = _rebased(self.costmodel, policy)
         # One step on the event loop, no await: a request sees all of the old or all of the new.
-        self.policy, self.fleet, self.admission.fleet = policy, fleet, fleet
+        self.serving = Serving(policy, fleet, stored.version, stored.content)
+        self.admission.fleet = fleet
         self.costmodel = costmodel
-        self.policy_text, self.policy_version = stored.content, stored.version
         self.outputs.default = policy.assumed_max_tokens
         self.metrics.policy_version.set(stored.version)
         for pool in fleet.pools.values():
@@ -238,7 +266,7 @@ class Gateway:
                 only_if_none=True,
             )
             if stored.hash == content_hash(self.policy_text):
-                self.policy_version = stored.version
+                self.serving = dataclasses.replace(self.serving, version=stored.version)
                 self.metrics.policy_version.set(stored.version)
             else:
                 await self.policy_watcher.sync()
