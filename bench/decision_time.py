@@ -1,9 +1,11 @@
 """Time one routing decision with a learned cost model over the default policy's pools.
 
-    python -m bench.decision_time [--decisions 50000]
+    python -m bench.decision_time [--decisions 50000] [--out docs/results/decision-time-run1.json]
 
 Reports p50 / p99 / p99.9 of `decide()` in microseconds, for a short interactive chat request
-(three candidate pools ranked by the cost model) under a partly loaded fleet.
+(three candidate pools ranked by the cost model) under a partly loaded fleet, and the garbage
+collections that ran while it measured. The collector runs as in the serving gateway: enabled,
+with what exists once started frozen (gateway/ops/routes.py).
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ def learned_model(policy: Policy) -> CostModel:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--decisions", type=int, default=50_000)
+    parser.add_argument("--out", type=Path, help="also write the result to this JSON file")
     args = parser.parse_args()
     policy = three_pool_policy()
     fleet = Fleet(policy)
@@ -80,14 +83,22 @@ def main() -> None:
     )
     for _ in range(2000):
         decide(profile, policy, fleet, ranker)
+    gc.collect()
+    gc.freeze()
+    collections = [0]
+
+    def count(phase: str, info: dict[str, int]) -> None:
+        if phase == "stop":
+            collections[0] += 1
+
     samples = []
-    gc.disable()
     clock = time.perf_counter_ns
+    gc.callbacks.append(count)
     for _ in range(args.decisions):
         t0 = clock()
         decide(profile, policy, fleet, ranker)
         samples.append(clock() - t0)
-    gc.enable()
+    gc.callbacks.remove(count)
     samples.sort()
     pick = lambda q: samples[min(int(q * len(samples)), len(samples) - 1)] / 1000  # noqa: E731
     decision = decide(profile, policy, fleet, ranker)
@@ -96,9 +107,12 @@ def main() -> None:
         "p50_us": pick(0.5),
         "p99_us": pick(0.99),
         "p999_us": pick(0.999),
+        "gc_collections": collections[0],
         "pools_ranked": list(decision.predictions),
     }
     print(json.dumps(result))
+    if args.out is not None:
+        args.out.write_text(json.dumps(result) + "\n")
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import math
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from math import exp, log1p  # the request path's calls, without the module lookup
 
 from gateway.policy.model import Policy, Pool
 from gateway.policy.physics import Physics, physics
@@ -40,8 +41,11 @@ def features(
     prompt: int, output: int, concurrent: int, slots: int, context: int
 ) -> tuple[float, ...]:
     """Return φ for a request on a backend that will have `concurrent` requests with it, whose
-    KV cache will hold `context` tokens (every request's on it, this one's included)."""
-    # Conditionals, not max(): this runs for every pool of every request.
+    KV cache will hold `context` tokens (every request's on it, this one's included).
+
+    The definition: training computes it a column at a time (`train._columns`) and
+    `PoolModel.predict` inline, and tests hold both to it.
+    """
     low, high = CONTEXT_KNEES
     return (
         1.0,
@@ -64,10 +68,17 @@ class Residual:
     upper: float = field(init=False)  # exp(log_bound), the bound's factor, computed once
 
     def __post_init__(self) -> None:
+        if len(self.weights) != len(FEATURES):
+            raise ValueError(
+                f"a residual has {len(self.weights)} weights; expected one per feature "
+                f"({len(FEATURES)}: {', '.join(FEATURES)})"
+            )
         object.__setattr__(self, "upper", math.exp(self.log_bound))
 
     def factor(self, phi: tuple[float, ...]) -> float:
-        w = self.weights  # unrolled: this runs for every target of every pool of every request
+        """Return exp(w · φ), summed in φ's order: the definition `PoolModel.predict` evaluates
+        inline, in the same order, so that both round alike."""
+        w = self.weights
         return math.exp(
             w[0] * phi[0]
             + w[1] * phi[1]
@@ -114,19 +125,45 @@ class Prediction:
 
 
 class PoolModel:
-    """The prior and the learned residuals of one model on one pool, ready to evaluate fast."""
+    """The prior and the learned residuals of one model on one pool, ready to evaluate fast.
 
-    __slots__ = ("_e2e", "_energy", "_own", "_per_hour", "_tpot", "_ttft", "physics", "pool")
+    What does not depend on the request is computed once, when the cost model is built: each
+    target's weights as plain floats, and for every concurrency a backend takes, the prior's
+    decode step and draw and φ's two load features. `predict` evaluates `features` and
+    `Residual.factor` inline, term by term in their order, so it computes what they do
+    (tests/costmodel/test_model.py) in about 0.6 of the time their calls, the tuples between
+    them and the prior's methods took (docs/routing.md, "Decision time").
+    """
+
+    __slots__ = (
+        "_by_concurrent",
+        "_e2e_upper",
+        "_own",
+        "_own_g_co2_per_j",
+        "_own_usd_per_j",
+        "_per_hour",
+        "_tpot_upper",
+        "_ttft_upper",
+        "_weights",
+        "physics",
+        "pool",
+    )
 
     def __init__(self, pool: Pool, physics: Physics, residuals: Mapping[str, Residual]):
         self.pool = pool
         self.physics = physics
-        self._ttft = residuals.get("ttft", _PRIOR)
-        self._tpot = residuals.get("tpot", _PRIOR)
-        self._e2e = residuals.get("e2e", _PRIOR)
-        self._energy = residuals.get("energy", _PRIOR)
+        ttft, tpot, e2e, energy = (residuals.get(target, _PRIOR) for target in TARGETS)
+        # Plain floats, which the arithmetic below specialises on (a stored version's JSON
+        # could give ints).
+        self._weights = tuple(tuple(float(w) for w in r.weights) for r in (ttft, tpot, e2e, energy))
+        self._ttft_upper = ttft.upper
+        self._tpot_upper = tpot.upper
+        self._e2e_upper = e2e.upper
         self._own = own_rate(pool)
+        self._own_usd_per_j = self._own.usd_per_j
+        self._own_g_co2_per_j = self._own.g_co2_per_j
         self._per_hour = pool.price.usd_per_hour / 3600
+        self._by_concurrent = [_at_concurrency(physics, n) for n in range(physics.slots + 1)]
 
     def predict(
         self,
@@ -144,48 +181,125 @@ class PoolModel:
         phys = self.physics
         own = prompt + output
         context = own if context is None else context
-        phi = features(prompt, output, concurrent, phys.slots, context)
-        prefill_prior = phys.ttft_s(prompt)
-        step_prior = phys.tpot_s(concurrent)
-        prefill = prefill_prior * self._ttft.factor(phi)
-        tpot = step_prior * self._tpot.factor(phi)
+        by_concurrent = self._by_concurrent
+        if 0 <= concurrent < len(by_concurrent):
+            step_prior, watts, log_concurrent, load = by_concurrent[concurrent]
+        else:
+            step_prior, watts, log_concurrent, load = _at_concurrency(phys, concurrent)
+        # φ as `features` computes it; its bias term is 1.0, so w[0] · φ[0] is w[0] exactly.
+        log_prompt = log1p(prompt)
+        log_output = log1p(output)
+        log_context = log1p(context / 1000)
+        past_low = log1p((context - _KNEE_LOW) / 1000) if context > _KNEE_LOW else 0.0
+        past_high = log1p((context - _KNEE_HIGH) / 1000) if context > _KNEE_HIGH else 0.0
+        (
+            (a0, a1, a2, a3, a4, a5, a6, a7),
+            (b0, b1, b2, b3, b4, b5, b6, b7),
+            (c0, c1, c2, c3, c4, c5, c6, c7),
+            (d0, d1, d2, d3, d4, d5, d6, d7),
+        ) = self._weights
+        prefill_prior = phys.prefill_fixed_s + phys.prefill_per_token_s * prompt
+        prefill = prefill_prior * exp(
+            a0
+            + a1 * log_prompt
+            + a2 * log_output
+            + a3 * log_concurrent
+            + a4 * load
+            + a5 * log_context
+            + a6 * past_low
+            + a7 * past_high
+        )
+        # The request's own terms of the step's sum, shared with the batch's step without it.
+        step_own = b0 + b1 * log_prompt + b2 * log_output
+        tpot = step_prior * exp(
+            step_own
+            + b3 * log_concurrent
+            + b4 * load
+            + b5 * log_context
+            + b6 * past_low
+            + b7 * past_high
+        )
         # The batch it joins: the others' steps as they are now, and the slot time the request
         # adds to them by making each step longer (a price a lone request's view would miss).
         others = concurrent - 1
         slowed = 0.0
         if others > 0 and output > 1:
             rest = context - own if context > own else 0  # the others' KV cache alone
-            before = features(prompt, output, others, phys.slots, rest)
-            step_before = phys.tpot_s(others) * self._tpot.factor(before)
+            if others < len(by_concurrent):
+                step_prior_before, _, log_before, load_before = by_concurrent[others]
+            else:
+                step_prior_before, _, log_before, load_before = _at_concurrency(phys, others)
+            step_before = step_prior_before * exp(
+                step_own
+                + b3 * log_before
+                + b4 * load_before
+                + b5 * log1p(rest / 1000)
+                + b6 * (log1p((rest - _KNEE_LOW) / 1000) if rest > _KNEE_LOW else 0.0)
+                + b7 * (log1p((rest - _KNEE_HIGH) / 1000) if rest > _KNEE_HIGH else 0.0)
+            )
             if tpot > step_before:
                 slowed = others * (output - 1) * (tpot - step_before)
         service_prior = prefill_prior + (output - 1 if output > 1 else 0) * step_prior
-        service = service_prior * self._e2e.factor(phi)
-        watts = phys.watts(concurrent)
+        service = service_prior * exp(
+            c0
+            + c1 * log_prompt
+            + c2 * log_output
+            + c3 * log_concurrent
+            + c4 * load
+            + c5 * log_context
+            + c6 * past_low
+            + c7 * past_high
+        )
         # What the meter will attribute: the device's draw shared with the others in flight.
-        energy = service_prior * watts / concurrent * self._energy.factor(phi)
+        energy = (
+            service_prior
+            * watts
+            / concurrent
+            * exp(
+                d0
+                + d1 * log_prompt
+                + d2 * log_output
+                + d3 * log_concurrent
+                + d4 * load
+                + d5 * log_context
+                + d6 * past_low
+                + d7 * past_high
+            )
+        )
         marginal_energy = energy * (watts - phys.idle_w) / watts if watts > 0 else 0.0
-        rate = rate or self._own
-        per_j = rate.usd_per_j
+        if rate is None:
+            rate, per_j, g_per_j = self._own, self._own_usd_per_j, self._own_g_co2_per_j
+        else:
+            per_j, g_per_j = rate.usd_per_j, rate.g_co2_per_j
         return Prediction(
             name,
             output,
             concurrent,
             queue_s,
             queue_s + prefill,
-            queue_s + prefill * self._ttft.upper,
+            queue_s + prefill * self._ttft_upper,
             tpot,
-            tpot * self._tpot.upper,
+            tpot * self._tpot_upper,
             queue_s + service,
-            queue_s + service * self._e2e.upper,
+            queue_s + service * self._e2e_upper,
             energy,
             marginal_energy,
             energy * per_j + service * self._per_hour / concurrent,
             marginal_energy * per_j + (service + slowed) * self._per_hour / phys.slots,
-            energy * rate.g_co2_per_j,
-            marginal_energy * rate.g_co2_per_j,
+            energy * g_per_j,
+            marginal_energy * g_per_j,
             rate,
         )
+
+
+_KNEE_LOW, _KNEE_HIGH = CONTEXT_KNEES
+
+
+def _at_concurrency(phys: Physics, concurrent: int) -> tuple[float, float, float, float]:
+    """Return what depends on the batch alone: the prior's decode step and draw, and φ's
+    log_concurrent and load, as `features` computes them."""
+    log_concurrent = math.log(concurrent) if concurrent > 1 else 0.0
+    return phys.tpot_s(concurrent), phys.watts(concurrent), log_concurrent, concurrent / phys.slots
 
 
 _PRIOR = Residual()
@@ -224,6 +338,13 @@ class CostModel:
     version: int = 0
     trained: Mapping[tuple[str, str], Mapping[str, Residual]] = field(default_factory=dict)
     _cache: dict[tuple[str, str], PoolModel] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        # Built with the model (loaded, trained, or rebased on a new policy) rather than by the
+        # first decision to need each: a pool model's tables take 30-40 µs for 32 slots.
+        for pool, spec in self.policy.pools.items():
+            for model in spec.models:
+                self.pool_model(pool, model)
 
     def pool_model(self, pool: str, model: str) -> PoolModel:
         key = (pool, model)

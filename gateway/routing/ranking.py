@@ -82,7 +82,8 @@ class CostRanker:
 
     def predict(self, profile: RequestProfile, route: str, pool: PoolState) -> Prediction:
         """Predict the request on the pool's least-loaded backend, waiting if none is free."""
-        return self._predict(profile, pool, self._output(profile, route), self._model())
+        output, model = self._output(profile, route), self._model()
+        return self._predict(profile, pool, output, model, *_kv_share(profile, output, model))
 
     def _output(self, profile: RequestProfile, route: str) -> int:
         if profile.endpoint == "embeddings":
@@ -90,20 +91,22 @@ class CostRanker:
         return self.outputs.expect(route, profile.max_tokens)
 
     def _predict(
-        self, profile: RequestProfile, pool: PoolState, output: int, model: CostModel
+        self,
+        profile: RequestProfile,
+        pool: PoolState,
+        output: int,
+        model: CostModel,
+        per_token: float,
+        own: int,
     ) -> Prediction:
+        """Predict on one pool the request whose KV cache holds `own` tokens of `per_token`
+        bytes (`_kv_share`, the same for every pool of a decision)."""
         rate = self.rates(pool.name) if self.rates is not None else None
-        policy = model.policy
-        per_token = policy.kv_bytes_per_token(profile.model)
-        # Its own share as admission books it, and as records keep it: prompt, and every
-        # answer's output limit.
-        limit = profile.max_tokens or policy.assumed_max_tokens
-        own = profile.prompt_tokens + (0 if output == 0 else profile.sequences * limit)
+        pool_model = model.pool_model(pool.name, profile.model)
         backend = pool.most_free()
         if backend is not None:
-            return model.predict(
+            return pool_model.predict(
                 pool.name,
-                profile.model,
                 profile.prompt_tokens,
                 output,
                 backend.load + 1,
@@ -113,21 +116,15 @@ class CostRanker:
             )
         healthy = pool.healthy()
         context = max(b.kv_tokens(per_token) for b in healthy) + own
-        full = model.predict(
-            pool.name,
-            profile.model,
-            profile.prompt_tokens,
-            output,
-            healthy[0].slots,
-            context=context,
+        full = pool_model.predict(
+            pool.name, profile.prompt_tokens, output, healthy[0].slots, context=context
         )
         # Waiting: each request ahead frees a slot after about one service time, spread
         # over every slot of the pool.
         slots = sum(b.slots for b in healthy)
         queue_s = (len(pool.waiters) + 1) * full.e2e_s / slots
-        return model.predict(
+        return pool_model.predict(
             pool.name,
-            profile.model,
             profile.prompt_tokens,
             output,
             healthy[0].slots,
@@ -144,7 +141,10 @@ class CostRanker:
         trace: list[tuple[str, str]],
     ) -> Ranking:
         output, model = self._output(profile, route.name), self._model()
-        predictions = {pool.name: self._predict(profile, pool, output, model) for pool in pools}
+        per_token, own = _kv_share(profile, output, model)
+        predictions = {
+            pool.name: self._predict(profile, pool, output, model, per_token, own) for pool in pools
+        }
         objective = OBJECTIVES.get(route.objective)
         if objective is None:
             return Ranking(list(pools), predictions)
@@ -170,3 +170,13 @@ class CostRanker:
         if wait:
             trace.append((first.name, "full, but cheapest with its wait and within the SLO"))
         return Ranking(feasible, predictions, wait_for_first=wait)
+
+
+def _kv_share(profile: RequestProfile, output: int, model: CostModel) -> tuple[float, int]:
+    """Return the KV-cache bytes one token of the request's model holds, and the tokens of its
+    own share, as admission books it and records keep it: prompt, and every answer's output
+    limit; the same on every pool, so a ranking computes them once."""
+    policy = model.policy
+    limit = profile.max_tokens or policy.assumed_max_tokens
+    own = profile.prompt_tokens + (0 if output == 0 else profile.sequences * limit)
+    return policy.kv_bytes_per_token(profile.model), own

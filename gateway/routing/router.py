@@ -61,7 +61,11 @@ class RouteDecision:
 
 def match_route(profile: RequestProfile, policy: Policy) -> Route:
     """Return the first route that admits the request, or raise the error the client should see."""
-    if not any(p.live and profile.model in p.models for p in policy.pools.values()):
+    # A loop, not any() over a generator: 0.34 against 0.75 µs a decision (bench/decision_time.py).
+    for pool in policy.pools.values():
+        if pool.live and profile.model in pool.models:
+            break
+    else:
         raise ModelNotFound(
             f"model {profile.model!r} is not served here (models: "
             f"{', '.join(policy.served_models())})",

@@ -1,0 +1,131 @@
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from gateway.costmodel.model import FEATURES, TARGETS, CostModel, Prediction, Residual, features
+from gateway.policy.load import load_policy
+from gateway.policy.tariffs import Rate
+
+POLICY = load_policy(Path(__file__).resolve().parents[2] / "policies/default.yaml")
+MODEL = "llama-3.1-8b-instruct"
+
+
+def learned(seed: int) -> dict[tuple[str, str], dict[str, Residual]]:
+    rng = random.Random(seed)
+    return {
+        (pool, MODEL): {
+            target: Residual(tuple(rng.uniform(-0.5, 0.5) for _ in FEATURES), rng.uniform(0, 1))
+            for target in TARGETS
+        }
+        for pool in POLICY.pools
+    }
+
+
+def by_definition(
+    model: CostModel,
+    pool: str,
+    prompt: int,
+    output: int,
+    concurrent: int,
+    queue_s: float,
+    rate: Rate | None,
+    context: int | None,
+) -> Prediction:
+    """Predict as the model's docstring defines it: prior(x) · exp(w · φ(x)), with φ from
+    `features` (what training fits on) and each factor from `Residual.factor`."""
+    pm = model.pool_model(pool, MODEL)
+    phys = pm.physics
+    r = {t: model.trained.get((pool, MODEL), {}).get(t, Residual()) for t in TARGETS}
+    own = prompt + output
+    context = own if context is None else context
+    phi = features(prompt, output, concurrent, phys.slots, context)
+    prefill = phys.ttft_s(prompt) * r["ttft"].factor(phi)
+    tpot = phys.tpot_s(concurrent) * r["tpot"].factor(phi)
+    others, slowed = concurrent - 1, 0.0
+    if others > 0 and output > 1:
+        before = features(prompt, output, others, phys.slots, max(context - own, 0))
+        step_before = phys.tpot_s(others) * r["tpot"].factor(before)
+        slowed = others * (output - 1) * max(tpot - step_before, 0.0)
+    service_prior = phys.ttft_s(prompt) + max(output - 1, 0) * phys.tpot_s(concurrent)
+    service = service_prior * r["e2e"].factor(phi)
+    watts = phys.watts(concurrent)
+    energy = service_prior * watts / concurrent * r["energy"].factor(phi)
+    marginal = energy * (watts - phys.idle_w) / watts
+    rate = rate or Rate(pm.pool.price.usd_per_kwh, pm.pool.price.g_co2_per_kwh)
+    per_s = pm.pool.price.usd_per_hour / 3600
+    return Prediction(
+        pool=pool,
+        output_tokens=output,
+        concurrent=concurrent,
+        queue_s=queue_s,
+        ttft_s=queue_s + prefill,
+        ttft_upper_s=queue_s + prefill * r["ttft"].upper,
+        tpot_s=tpot,
+        tpot_upper_s=tpot * r["tpot"].upper,
+        e2e_s=queue_s + service,
+        e2e_upper_s=queue_s + service * r["e2e"].upper,
+        energy_j=energy,
+        marginal_energy_j=marginal,
+        cost_usd=energy * rate.usd_per_j + service * per_s / concurrent,
+        marginal_cost_usd=marginal * rate.usd_per_j + (service + slowed) * per_s / phys.slots,
+        carbon_g=energy * rate.g_co2_per_j,
+        marginal_carbon_g=marginal * rate.g_co2_per_j,
+        rate=rate,
+    )
+
+
+def figures(prediction: Prediction) -> dict[str, float]:
+    values = {name: getattr(prediction, name) for name in Prediction.__slots__}
+    return {name: value for name, value in values.items() if isinstance(value, float)}
+
+
+def assert_same(got: Prediction, want: Prediction) -> None:
+    assert figures(got) == pytest.approx(figures(want), rel=1e-12)
+    assert (got.pool, got.output_tokens, got.concurrent, got.rate) == (
+        want.pool,
+        want.output_tokens,
+        want.concurrent,
+        want.rate,
+    )
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("pool", ["gpu", "asic", "cim"])
+@pytest.mark.parametrize(
+    ("prompt", "output", "concurrent", "context"),
+    [
+        (600, 100, 1, None),  # alone: no batch to slow down
+        (600, 100, 6, 3000),  # below the first knee
+        (37, 1, 3, 5000),  # one output token: no decode steps
+        (4000, 900, 4, 20_000),  # past both knees, the others' cache past the first
+        (0, 0, 2, None),
+        (200, 50, 9, 9000),
+        (200, 50, 32, 60_000),  # a full backend of the largest pools
+        (200, 50, 41, 9000),  # more than a backend's slots: the load feature past 1
+    ],
+)
+def test_prediction_is_the_prior_times_the_learned_factor_of_the_features_training_fits_on(
+    seed: int, pool: str, prompt: int, output: int, concurrent: int, context: int | None
+) -> None:
+    model = CostModel(POLICY, version=1, trained=learned(seed))
+    for queue_s, rate in [(0.0, None), (0.25, Rate(0.31, 420.0))]:
+        got = model.predict(pool, MODEL, prompt, output, concurrent, queue_s, rate, context)
+        want = by_definition(model, pool, prompt, output, concurrent, queue_s, rate, context)
+        assert_same(got, want)
+
+
+def test_the_prior_alone_predicts_where_nothing_was_learned() -> None:
+    model = CostModel(POLICY)
+    got = model.predict("gpu", MODEL, 600, 100, 5, context=8000)
+    want = by_definition(model, "gpu", 600, 100, 5, 0.0, None, 8000)
+    assert_same(got, want)
+
+
+def test_a_residual_needs_one_weight_per_feature() -> None:
+    with pytest.raises(
+        ValueError, match=f"has 5 weights; expected one per feature \\({len(FEATURES)}"
+    ):
+        Residual((0.1,) * 5)
