@@ -88,6 +88,15 @@ class InvalidRequest(GatewayError):
     code = "invalid_request"
 
 
+class Conflict(GatewayError):
+    """A well-formed request that the gateway's state refuses now (a rollout already running,
+    none to take back, no earlier policy version); another state may take it."""
+
+    status = 409
+    type = "conflict_error"
+    code = "conflict"
+
+
 class ContextTooLong(InvalidRequest):
     """Prompt plus requested output exceed the context of every pool that serves the model."""
 

@@ -46,6 +46,7 @@ from gateway.upstream.asgi import Receive, Scope, Send
 
 log = logging.getLogger(__name__)
 RESPONSES_PATH = "/v1/responses"
+MODELS_PATH = "/v1/models"
 
 JSON = [(b"content-type", b"application/json")]
 
@@ -102,7 +103,11 @@ def decision_ids() -> Iterator[str]:
 
 class Ingress:
     """Serve /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses (through chat
-    completions, gateway/ingress/responses.py) and /v1/models."""
+    completions, gateway/ingress/responses.py) and /v1/models.
+
+    Another method on one of these paths is a 405 whose `Allow` names the one it takes; any
+    other /v1 path is a 404.
+    """
 
     def __init__(self, gateway: Gateway):
         self.gateway = gateway
@@ -126,8 +131,10 @@ class Ingress:
             await self._serve(endpoint, scope, receive, send)
         elif endpoint is not None or path == RESPONSES_PATH:
             await _refuse(send, MethodNotAllowed(f"{path} takes POST, not {method}", allow="POST"))
-        elif path == "/v1/models" and method == "GET":
+        elif path == MODELS_PATH and method == "GET":
             await _respond(send, 200, self._models())
+        elif path == MODELS_PATH:
+            await _refuse(send, MethodNotAllowed(f"{path} takes GET, not {method}", allow="GET"))
         else:
             await _refuse(send, NotFound(f"unknown path {path}"))
 

@@ -5,7 +5,14 @@ is read (gateway/ops/guard.py). Without a configured token the API is off (403
 `admin_disabled`) rather than open; a missing or wrong token is 401.
 Errors have OpenAI's shape, as on /v1, the framework's own included (gateway/ops/errors.py): a
 body that is not JSON or a field of the wrong type is a 400 naming the field, an unknown path a
-404.
+404, another method on a known path a 405 with `Allow`.
+
+The request models below are what each route validates with and what FastAPI describes it by
+(gateway/ops/openapi.py), so the two cannot part: bodies are typed strictly (`"yes"` is not a
+boolean, `"1"` not an integer; a query's values are text, read as their type: `evaluate=1` is
+true), and every form and bound checked is in the model, `since`'s pattern included. What the
+models accept, the gateway's state may still refuse (a rollout already running, none to take
+back, no earlier version, no promote verdict): those are 409 (`Conflict`).
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, FastAPI, Query, Response
 from fastapi.responses import FileResponse, JSONResponse
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.errors import (
     ReportNotFound,
@@ -40,6 +47,16 @@ from gateway.shadow.summary import summarize
 MAX_LISTED = 1000  # policy versions one listing returns; a bigger limit is a 400, not a crash
 MAX_VERSION = 2**63 - 1  # the widest integer the databases store
 MAX_PAIRS = 200  # shadow pairs one listing returns
+# What `since` may be, as gateway/report/period.py's parse_since reads it: Unix seconds, an age
+# (its DURATION: 90m, 24h, 7d) or an ISO 8601 date or time; empty is no bound. parse_since still
+# refuses a date matching this that is none, such as 2026-13-45 (400).
+SINCE = (
+    r"^(?:[0-9]{1,12}(?:\.[0-9]{1,6})?[smhd]?"  # seconds, or an age
+    r"|[0-9]{4}-[0-9]{2}-[0-9]{2}"  # a date
+    r"(?:[T ][0-9]{2}(?::[0-9]{2}(?::[0-9]{2}(?:\.[0-9]{1,6})?)?)?"  # and a time
+    r"(?:Z|[+-][0-9]{2}:?[0-9]{2})?)?"  # with its offset
+    r")?$"
+)
 
 
 def admin_router(gateway: Gateway) -> APIRouter:
@@ -50,7 +67,16 @@ def admin_router(gateway: Gateway) -> APIRouter:
 
     @router.get("/shadow/summary")
     async def shadow_summary(
-        route: str | None = None, candidate: str | None = None, since: str | None = None
+        route: str | None = None,
+        candidate: str | None = None,
+        since: Annotated[
+            str | None,
+            Query(
+                pattern=SINCE,
+                description="Only evidence from then on: Unix seconds, an ISO 8601 time (UTC "
+                "unless it says) or an age such as 24h or 7d.",
+            ),
+        ] = None,
     ) -> list[dict[str, Any]]:
         """Summarise shadow evidence per route and candidate pool."""
         start = parse_since(since, time.time())
@@ -107,15 +133,15 @@ def admin_router(gateway: Gateway) -> APIRouter:
         """Return every rollout with its steps."""
         return await asyncio.to_thread(rollout.status, gateway.engine)
 
-    @router.post("/promotions/apply")
-    async def promotion_apply(request: RolloutRequest) -> dict[str, Any]:
+    @router.post("/promotions/apply", responses=conflict(ROLLOUT_START_CONFLICTS))
+    async def promotion_apply(request: RolloutStart) -> dict[str, Any]:
         """Start rolling a candidate out on a route; served at once by this replica."""
         started = await asyncio.to_thread(
             rollout.start,
             gateway.engine,
             gateway.policy,
             request.route,
-            request.candidate or "",
+            request.candidate,
             author="admin-api",
             force=request.force,
             override_precision_gate=request.override_precision_gate,
@@ -123,7 +149,7 @@ def admin_router(gateway: Gateway) -> APIRouter:
         await gateway.policy_watcher.sync()
         return started
 
-    @router.post("/promotions/advance")
+    @router.post("/promotions/advance", responses=conflict(NO_ACTIVE_VERSION))
     async def promotion_advance() -> list[dict[str, Any]]:
         """Check every running rollout now: step, finish or roll back those whose step is due
         and whose guards say so (as the rollout driver does each round); return what moved."""
@@ -133,8 +159,10 @@ def admin_router(gateway: Gateway) -> APIRouter:
         await gateway.policy_watcher.sync()
         return moved
 
-    @router.post("/promotions/rollback")
-    async def promotion_rollback(request: RolloutRequest) -> dict[str, Any]:
+    @router.post(
+        "/promotions/rollback", responses=conflict("The route has no rollout in progress.")
+    )
+    async def promotion_rollback(request: RolloutStop) -> dict[str, Any]:
         """Take a route's rollout all the way back."""
         stopped = await asyncio.to_thread(
             rollout.stop, gateway.engine, request.route, author="admin-api"
@@ -232,7 +260,12 @@ def admin_router(gateway: Gateway) -> APIRouter:
 
     @router.post(
         "/policy/rollback",
-        responses={404: {"model": ErrorBody}, 422: {"model": PolicyErrors}, **STORE_ERRORS},
+        responses={
+            404: {"model": ErrorBody, "description": "No such version was ever stored."},
+            422: {"model": PolicyErrors},
+            **conflict("No version is active yet, or the active one is the first."),
+            **STORE_ERRORS,
+        },
     )
     async def rollback_policy(request: RollbackRequest) -> dict[str, Any]:
         """Serve a previous version's content again, stored as a new version."""
@@ -255,6 +288,23 @@ def admin_router(gateway: Gateway) -> APIRouter:
 STORE_ERRORS: dict[int | str, dict[str, Any]] = {
     503: {"model": ErrorBody, "description": "The policy versions cannot be read or written."}
 }
+NO_ACTIVE_VERSION = "No policy version is active yet, or the active one lacks the route."
+ROLLOUT_START_CONFLICTS = (
+    "The route has a rollout in progress or is not in the active policy, the candidate serves "
+    "it first already, the judge's newest verdict is not promote (without force), or a "
+    "shadow-only candidate has no passing precision check (without the override)."
+)
+
+
+def conflict(description: str) -> dict[int | str, dict[str, Any]]:
+    """Describe a route's 409: what state of the gateway refuses a request its model accepts."""
+    return {409: {"model": ErrorBody, "description": description}}
+
+
+class AdminRequest(BaseModel):
+    """A JSON body of the admin API, typed strictly: `"yes"` is no boolean, `"1"` no integer."""
+
+    model_config = ConfigDict(strict=True)
 
 
 class PolicyProblem(BaseModel):
@@ -271,10 +321,14 @@ class PolicyErrors(BaseModel):
     errors: list[PolicyProblem]
 
 
-class PolicyCandidate(BaseModel):
+class PolicyCandidate(AdminRequest):
     """A policy to check: its YAML text."""
 
-    yaml: str
+    yaml: str = Field(
+        min_length=1,
+        description="The policy as YAML: a mapping of pools, slo_classes and routes "
+        "(docs/policy.md).",
+    )
 
 
 class PolicyChange(PolicyCandidate):
@@ -298,7 +352,7 @@ class SimulateRequest(PolicyCandidate):
     )
 
 
-class RollbackRequest(BaseModel):
+class RollbackRequest(AdminRequest):
     """Which version to serve again (default: the one before the active version), and why."""
 
     version: int | None = Field(default=None, ge=1, le=MAX_VERSION)
@@ -311,12 +365,18 @@ class RollbackRequest(BaseModel):
     )
 
 
-class RolloutRequest(BaseModel):
-    """A rollout to start (route and candidate) or to take back (route)."""
+class RolloutStop(AdminRequest):
+    """A route whose rollout to take back."""
 
-    route: str
-    candidate: str | None = None
-    force: bool = False
+    route: str = Field(min_length=1)
+
+
+class RolloutStart(AdminRequest):
+    """A rollout to start: the route and the candidate pool to roll out on it."""
+
+    route: str = Field(min_length=1)
+    candidate: str = Field(min_length=1)
+    force: bool = Field(default=False, description="Start without the judge's promote verdict.")
     override_precision_gate: bool = Field(
         default=False,
         description="Start a shadow-only candidate without a passing precision check; the "
@@ -324,7 +384,7 @@ class RolloutRequest(BaseModel):
     )
 
 
-class ExplainRequest(BaseModel):
+class ExplainRequest(AdminRequest):
     """A request to explain: its endpoint, JSON body and headers."""
 
     endpoint: Literal["chat", "completions", "embeddings"] = "chat"

@@ -3,8 +3,11 @@
 FastAPI refuses some requests by itself: a body that is not JSON or a field of the wrong type
 (RequestValidationError), an unknown path or method (HTTPException). Each becomes the gateway's
 own error, and every GatewayError becomes its response in `answer`, so /admin answers as /v1
-does. A policy refused (PolicyError, from an apply or a rollback) is a 422 listing each problem
-where it is. A failure of the gateway's own is a 500 in the same shape; its traceback is logged.
+does; a 405's `Allow` names every method the app takes at that path. A policy refused
+(PolicyError, from an apply or a rollback) is a 422 listing each problem where it is. A request
+its model accepted that the gateway's state refuses (a rollout already running, none to take
+back, no earlier version to roll back to) is a 409 `Conflict`, raised by the core. A failure of the
+gateway's own is a 500 in the same shape; its traceback is logged.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
+from starlette.routing import Match
 
 from gateway.errors import (
     GatewayError,
@@ -54,13 +58,35 @@ def _validation(exc: RequestValidationError) -> InvalidRequest:
     return InvalidRequest(f"the request is not valid: {problems}", param=where[0] or None)
 
 
-def _refusal(exc: HTTPException) -> GatewayError:
+# The methods a 405's Allow may name, in the order it names them.
+METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """Return every method the app takes at the request's path, as its router would route it.
+
+    Starlette's 405 names the methods of the first route at the path only: `GET /admin/policy`'s,
+    not `PUT /admin/policy`'s too.
+    """
+    routes = request.app.router.routes
+    return [
+        method
+        for method in METHODS
+        if any(r.matches({**request.scope, "method": method})[0] is Match.FULL for r in routes)
+    ]
+
+
+def _refusal(request: Request, exc: HTTPException) -> GatewayError:
     """Return the gateway's error for a request the framework refused by itself."""
     detail = str(exc.detail)
     if exc.status_code == 404:
         return NotFound(detail)
     if exc.status_code == 405:
-        return MethodNotAllowed(detail, allow=(exc.headers or {}).get("allow", ""))
+        methods = allowed_methods(request)
+        path, method = request.url.path, request.method
+        return MethodNotAllowed(
+            f"{path} takes {' or '.join(methods)}, not {method}", allow=", ".join(methods)
+        )
     return InvalidRequest(detail) if exc.status_code < 500 else InternalError(detail)
 
 
@@ -72,7 +98,7 @@ async def _handle(request: Request, exc: Exception) -> Response:
     if isinstance(exc, RequestValidationError):
         return answer(_validation(exc))
     if isinstance(exc, HTTPException):
-        return answer(_refusal(exc))
+        return answer(_refusal(request, exc))
     return answer(InternalError())
 
 

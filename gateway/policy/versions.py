@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 
 from gateway.db.schema import active_policy, policy_versions
-from gateway.errors import InvalidRequest, PolicyStoreUnavailable, PolicyVersionNotFound
+from gateway.errors import Conflict, PolicyStoreUnavailable, PolicyVersionNotFound
 from gateway.policy.load import content_hash
 
 
@@ -158,7 +158,7 @@ def rollback_target(engine: sa.Engine, version: int | None = None) -> PolicyVers
     """Return the version a rollback serves again: `version`, or the one before the active."""
     current = active_version(engine)
     if current is None:
-        raise InvalidRequest("there is no policy version to roll back from")
+        raise Conflict("there is no policy version to roll back from")
     if version is None:
         with _converted(), engine.connect() as conn:
             version = conn.execute(
@@ -167,7 +167,7 @@ def rollback_target(engine: sa.Engine, version: int | None = None) -> PolicyVers
                 )
             ).scalar()
         if version is None:
-            raise InvalidRequest(f"version {current} is the first; there is none to roll back to")
+            raise Conflict(f"version {current} is the first; there is none to roll back to")
     return get(engine, version)
 
 

@@ -24,7 +24,7 @@ import sqlalchemy as sa
 import yaml
 
 from gateway.db.schema import request_records, rollouts, shadow_records
-from gateway.errors import InvalidRequest
+from gateway.errors import Conflict
 from gateway.periodic import Periodic
 from gateway.policy import check, versions
 from gateway.policy.apply import apply, overridden, refusal, uncleared
@@ -101,7 +101,7 @@ def with_canary(doc: dict[str, Any], route: str, pool: str, weight: float) -> di
             # The reverse sample: the former primary answers copies of the canary's requests.
             shadows.append({"pool": former, "sample_rate": REVERSE_SHADOW_RATE})
         return doc
-    raise InvalidRequest(f"the active policy has no route {route!r}", param="route")
+    raise Conflict(f"the active policy has no route {route!r}", param="route")
 
 
 def promoted(doc: dict[str, Any], route: str, pool: str) -> dict[str, Any]:
@@ -132,7 +132,7 @@ def _store(engine: sa.Engine, content: str, author: str, message: str) -> int:
 def _active_doc(engine: sa.Engine) -> dict[str, Any]:
     active = versions.active(engine)
     if active is None:
-        raise InvalidRequest("no policy version is active yet: start the gateway or apply one")
+        raise Conflict("no policy version is active yet: start the gateway or apply one")
     loaded: dict[str, Any] = yaml.load(active.content, Loader=PolicyLoader)
     return loaded
 
@@ -158,7 +158,7 @@ def start(
         verdicts = {(v["route"], v["candidate"]): v["outcome"] for v in latest(engine)}
         outcome = verdicts.get((route, candidate))
         if outcome != "promote":
-            raise InvalidRequest(
+            raise Conflict(
                 f"the judge's newest verdict for {candidate!r} on {route!r} is {outcome!r}, not "
                 "'promote' (run `gateway promote evaluate`, or pass --force)"
             )
@@ -167,14 +167,14 @@ def start(
             sa.select(rollouts.c.id).where(rollouts.c.route == route, rollouts.c.state == ROLLING)
         ).first()
     if running is not None:
-        raise InvalidRequest(f"route {route!r} already has a rollout in progress")
+        raise Conflict(f"route {route!r} already has a rollout in progress")
     doc = _active_doc(engine)
     route_doc = next((r for r in doc["routes"] if r["name"] == route), None)
     if route_doc is None:
-        raise InvalidRequest(f"the active policy has no route {route!r}", param="route")
+        raise Conflict(f"the active policy has no route {route!r}", param="route")
     former = route_doc["pools"][0]
     if candidate == former:
-        raise InvalidRequest(f"{candidate!r} already serves route {route!r} first")
+        raise Conflict(f"{candidate!r} already serves route {route!r} first")
     weight = policy.promotion.rollout_steps[0]
     message = f"rollout of {candidate} on {route}: {weight:.0%}"
     message += _precision_gate(engine, doc, route, candidate, author, override_precision_gate)
@@ -218,7 +218,7 @@ def _precision_gate(
         return ""
     if not override:
         change = f"take a share of route {route!r}'s live traffic as its canary"
-        raise InvalidRequest(refusal(candidate, ungated[candidate], change=change))
+        raise Conflict(refusal(candidate, ungated[candidate], change=change))
     return overridden(ungated, author)
 
 
@@ -350,7 +350,7 @@ def stop(engine: sa.Engine, route: str, *, author: str, now: float | None = None
             sa.select(rollouts).where(rollouts.c.route == route, rollouts.c.state == ROLLING)
         ).first()
     if row is None:
-        raise InvalidRequest(f"route {route!r} has no rollout in progress", param="route")
+        raise Conflict(f"route {route!r} has no rollout in progress", param="route")
     version = _store(
         engine,
         to_yaml(with_canary(_active_doc(engine), route, row.candidate, 0.0)),

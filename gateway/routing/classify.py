@@ -38,6 +38,11 @@ MESSAGE_OVERHEAD_TOKENS = 4
 MAX_RATIO_STEP = 2.0
 MAX_MODEL_CHARS = 128  # the width of the records' model column
 MAX_SEQUENCES = 128  # answers one request may ask for (n, best_of)
+# A per-request target in milliseconds (x-slo-ttft-ms, x-slo-tpot-ms): a positive decimal under
+# a billion (11 days), without sign, exponent or spaces. The OpenAPI description states this
+# pattern for both headers (gateway/ops/openapi.py), so what it says and what is checked agree.
+MS_PATTERN = r"^(?:[1-9][0-9]{0,8}(?:\.[0-9]+)?|0\.[0-9]*[1-9][0-9]*)$"
+_MS = re.compile(MS_PATTERN)
 
 
 @dataclass(slots=True)
@@ -229,16 +234,13 @@ def _header_ms(headers: dict[str, str], name: str) -> float | None:
     raw = headers.get(name)
     if raw is None:
         return None
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not (value > 0 and math.isfinite(value)):
+    if _MS.fullmatch(raw) is None:
         raise InvalidRequest(
-            f"header {name} must be a positive number of milliseconds, got {shown(raw)}",
+            f"header {name} must be a positive number of milliseconds such as 250 or 12.5, "
+            f"got {shown(raw)}",
             param=name,
         )
-    return value
+    return float(raw)
 
 
 def tenant_of(policy: Policy, headers: dict[str, str]) -> Tenant | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import openai
 import pytest
 from waiting import wait_for
 
+from gateway.routing.classify import MS_PATTERN
 from harness.gateways import GatewayServer, run_gateway
 from policies import BIG, EMBED, MODEL, fleet_policy
 
@@ -139,8 +141,40 @@ def test_body_over_the_limit_is_413(gw: GatewayServer) -> None:
 def test_unknown_path_and_wrong_method(gw: GatewayServer) -> None:
     with gw.http() as http:
         assert http.post("/v1/images/generations", json={}).status_code == 404
-        wrong = http.get("/v1/chat/completions")
-    assert wrong.status_code == 405 and wrong.json()["error"]["code"] == "method_not_allowed"
+        wrong = {
+            (method, path): http.request(method, path)
+            for method, path in [
+                ("GET", "/v1/chat/completions"),
+                ("PUT", "/v1/responses"),
+                ("POST", "/v1/models"),
+                ("DELETE", "/v1/models"),
+            ]
+        }
+    for (method, path), response in wrong.items():
+        assert response.status_code == 405, f"{method} {path}: {response.text}"
+        assert response.json()["error"]["code"] == "method_not_allowed"
+        assert response.headers["allow"] == ("GET" if path == "/v1/models" else "POST")
+
+
+@pytest.mark.parametrize(
+    "value", ["soon", "-5", "+250", "0", "0.0", "1e3", "1_000", "nan", "9" * 10]
+)
+def test_a_target_header_off_the_described_pattern_is_a_400(gw: GatewayServer, value: str) -> None:
+    assert re.fullmatch(MS_PATTERN, value) is None  # what the description says is refused
+    with pytest.raises(openai.BadRequestError) as info:
+        gw.client().chat.completions.create(
+            model=MODEL, messages=PROMPT, max_tokens=4, extra_headers={"x-slo-ttft-ms": value}
+        )
+    assert info.value.param == "x-slo-ttft-ms"
+
+
+def test_a_target_header_on_the_described_pattern_is_served(gw: GatewayServer) -> None:
+    for value in ("250", "12.5", "0.5", "999999999"):
+        assert re.fullmatch(MS_PATTERN, value)
+        raw = gw.client().chat.completions.with_raw_response.create(
+            model=MODEL, messages=PROMPT, max_tokens=4, extra_headers={"x-slo-tpot-ms": value}
+        )
+        assert raw.http_response.status_code == 200
 
 
 def test_health_readiness_and_metrics(gw: GatewayServer) -> None:

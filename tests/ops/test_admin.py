@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
+import httpx
 import pytest
 from shadowworld import PROMPT, settle, shadow_policy, shadow_rows
 
+from gateway.ops.admin import SINCE
 from gateway.report.period import parse_since
 from harness.gateways import run_gateway
 from harness.metrics import parse_metrics
@@ -56,18 +59,35 @@ def test_a_missing_or_wrong_token_is_401(tmp_path: Path, auth: str | None) -> No
 
 def test_since_takes_seconds_iso_times_and_ages() -> None:
     now = 1_000_000.0
-    assert parse_since("12.5", now) == 12.5
-    assert parse_since("24h", now) == now - 86_400
-    assert parse_since("1970-01-02T00:00:00", now) == 86_400
-    assert parse_since("1970-01-02T01:00:00+01:00", now) == 86_400
+    read = {
+        "12.5": 12.5,
+        "24h": now - 86_400,
+        "1970-01-02T00:00:00": 86_400,
+        "1970-01-02T01:00:00+01:00": 86_400,
+        "1970-01-02 01:00+0100": 86_400,
+    }
+    for value, start in read.items():
+        assert parse_since(value, now) == start
+        assert re.fullmatch(SINCE, value), f"the API's pattern refuses {value!r}"
     assert parse_since(None, now) is None
 
 
 def test_a_malformed_since_is_a_400_naming_it(tmp_path: Path) -> None:
     with run_gateway(fleet_policy(), tmp_path, admin_token=TOKEN) as gw, gw.http() as http:
-        response = http.get("/admin/shadow/summary", params={"since": "last week"}, headers=AUTH)
-    assert response.status_code == 400
-    assert response.json()["error"]["param"] == "since"
+
+        def since(value: str) -> httpx.Response:
+            return http.get("/admin/shadow/summary", params={"since": value}, headers=AUTH)
+
+        # Refused by the pattern the description states, before it is read; then a date of
+        # that form that is none, by the reading.
+        unlike = [since(value) for value in ("last week", "1e5", "-5", " 24h", "24 h")]
+        impossible = since("2026-13-45")
+        accepted = [since(value) for value in ("", "12.5", "24h", "2026-11-23T10:00:00Z")]
+    for response in unlike:
+        assert response.status_code == 400
+        assert response.json()["error"]["param"] == "query.since"
+    assert impossible.status_code == 400 and impossible.json()["error"]["param"] == "since"
+    assert [r.status_code for r in accepted] == [200] * 4
 
 
 def test_traffic_fills_the_shadow_summary(sims, tmp_path: Path) -> None:

@@ -145,3 +145,62 @@ def test_policies_are_validated_and_parsed_off_the_event_loop(
         assert gw.gateway.policy.assumed_max_tokens == 512
     assert {name for name, _ in seen} == {"validate", "apply", "reload"}
     assert [name for name, looped in seen if looped] == []
+
+
+GATE = "override_precision_gate"
+ROLLOUT = {"route": "chat-8b", "candidate": "asic"}
+# Each a body whose form its model refuses: a boolean or integer written as a string is not
+# one, and an empty policy text is none. method, path, body, the field named.
+MALFORMED = [
+    ("POST", "/admin/policy/rollback", {GATE: "yes"}, GATE),
+    ("POST", "/admin/policy/rollback", {"version": "1"}, "version"),
+    ("POST", "/admin/policy/rollback", {"version": True}, "version"),
+    ("PUT", "/admin/policy", {"yaml": "x", "message": "m", GATE: 1}, GATE),
+    ("PUT", "/admin/policy", {"yaml": "", "message": "m"}, "yaml"),
+    ("POST", "/admin/policy/validate", {"yaml": ""}, "yaml"),
+    ("POST", "/admin/policy/simulate", {"yaml": "x", "limit": "10"}, "limit"),
+    ("POST", "/admin/promotions/apply", ROLLOUT | {"force": "true"}, "force"),
+    ("POST", "/admin/promotions/apply", {"route": "chat-8b"}, "candidate"),
+    ("POST", "/admin/promotions/rollback", {"route": ""}, "route"),
+]
+
+
+def test_a_body_of_the_wrong_form_is_a_400_naming_the_field_and_changes_nothing(
+    tmp_path: Path,
+) -> None:
+    with run_gateway(fleet_policy(), tmp_path, admin_token=TOKEN) as gw, gw.http() as http:
+        wrong = []
+        for method, path, body, field in MALFORMED:
+            response = http.request(method, path, json=body, headers=AUTH)
+            error = response.json().get("error", {})
+            if response.status_code != 400 or error.get("param") != f"body.{field}":
+                wrong.append(f"{method} {path} {body}: {response.status_code} {response.text}")
+        assert http.get("/admin/policy/versions", headers=AUTH).json()["active"] == 1
+        assert http.get("/admin/rollouts", headers=AUTH).json() == []
+    assert not wrong, "\n".join(wrong)
+
+
+def test_what_the_gateways_state_refuses_is_a_409_conflict(tmp_path: Path) -> None:
+    rollout = ROLLOUT | {"force": True}
+    with run_gateway(fleet_policy(), tmp_path, admin_token=TOKEN) as gw, gw.http() as http:
+        first = http.post("/admin/policy/rollback", json={}, headers=AUTH)
+        unjudged = http.post(
+            "/admin/promotions/apply", json=rollout | {"force": False}, headers=AUTH
+        )
+        idle = http.post("/admin/promotions/rollback", json={"route": "chat-8b"}, headers=AUTH)
+        http.post("/admin/promotions/apply", json=rollout, headers=AUTH).raise_for_status()
+        again = http.post("/admin/promotions/apply", json=rollout, headers=AUTH)
+        stopped = http.post("/admin/promotions/rollback", json={"route": "chat-8b"}, headers=AUTH)
+    refusals = {
+        "version 1 is the first": first,
+        "not 'promote'": unjudged,
+        "has no rollout in progress": idle,
+        "already has a rollout in progress": again,
+    }
+    for phrase, response in refusals.items():
+        assert response.status_code == 409, response.text
+        error = response.json()["error"]
+        assert (error["type"], error["code"]) == ("conflict_error", "conflict")
+        assert phrase in error["message"]
+    assert idle.json()["error"]["param"] == "route"
+    assert stopped.status_code == 200 and stopped.json()["state"] == "rolled_back"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.db.engine import make_engine
-from gateway.errors import InvalidRequest, PolicyStoreUnavailable, PolicyVersionNotFound
+from gateway.errors import Conflict, PolicyStoreUnavailable, PolicyVersionNotFound
 from gateway.policy import versions
 from gateway.policy.load import content_hash
 
@@ -42,10 +42,10 @@ def test_a_rollback_serves_the_version_before_the_active_one_or_the_one_named(
 
 def test_rollback_needs_a_previous_version(database: str) -> None:
     engine = make_engine(database)
-    with pytest.raises(InvalidRequest):
+    with pytest.raises(Conflict):
         versions.rollback_target(engine)
     versions.record(engine, "a: 1\n", "ana", "only")
-    with pytest.raises(InvalidRequest, match="first"):
+    with pytest.raises(Conflict, match="first"):
         versions.rollback_target(engine)
     engine.dispose()
 

@@ -13,7 +13,7 @@ import pytest
 from command import ROOT, gateway
 
 from gateway.db.engine import make_engine
-from gateway.errors import InvalidRequest
+from gateway.errors import Conflict
 from gateway.policy import versions
 from gateway.policy.apply import apply
 from gateway.policy.load import render_policy, to_yaml
@@ -343,10 +343,10 @@ def test_a_rollout_of_a_shadow_only_candidate_is_gated_too(
     routes = [{**CHAT_ONLY[0], "shadow": [{"pool": "cim", "sample_rate": 0.2}]}]
     policy = fleet.policy(routes=routes)
     apply(engine, render_policy(policy), "policy.yaml", author="ana", message="cim shadows chat")
-    with pytest.raises(InvalidRequest, match=r"'cim' .* but it has no precision check"):
+    with pytest.raises(Conflict, match=r"'cim' .* but it has no precision check"):
         rollout.start(engine, policy, "chat", "cim", author="ana", force=True)
     store(engine, cim_check.result)
-    with pytest.raises(InvalidRequest, match=r"newest precision check .* is 'fail'"):
+    with pytest.raises(Conflict, match=r"newest precision check .* is 'fail'"):
         rollout.start(engine, policy, "chat", "cim", author="ana", force=True)
     env = {"DATABASE_URL": database, "GATEWAY_POLICY": write(tmp_path / "p.yaml", policy)}
     started = gateway(

@@ -196,7 +196,7 @@ def test_a_rollout_needs_a_promote_verdict_unless_forced(sims, tmp_path: Path) -
         refused = http.post(
             "/admin/promotions/apply", json={"route": "chat", "candidate": "asic"}, headers=AUTH
         )
-    assert refused.status_code == 400
+    assert refused.status_code == 409
     assert "not 'promote'" in refused.json()["error"]["message"]
 
 
