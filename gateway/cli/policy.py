@@ -18,7 +18,7 @@ def _access(settings: Settings) -> Access:
 
 
 def _validate(args: argparse.Namespace, settings: Settings) -> int:
-    from gateway.policy.check import validate
+    from gateway.policy.validation import validate
 
     # Upstream keys unset here are warnings: the CLI may run where no secret is kept, and each
     # serving gateway checks its own environment.

@@ -180,7 +180,8 @@ class Ingress:
                 for name, value in scope["headers"]
                 if name.startswith(b"x-slo-") or name == b"authorization"
             }
-            policy, fleet = gw.policy, gw.fleet
+            serving = gw.serving  # one policy version and its fleet for the whole request
+            policy, fleet = serving.policy, serving.fleet
             tenant = tenant_of(policy, headers)
             ex.profile = classify(endpoint, payload, headers, tenant, policy, gw.estimator)
             assumed = _assumed_max_tokens(payload, ex.profile, policy)

@@ -32,7 +32,7 @@ from gateway.ops import views
 from gateway.ops.errors import problem
 from gateway.ops.openapi import ADMIN_ERRORS, ErrorBody
 from gateway.periodic import helper_process
-from gateway.policy import check, versions
+from gateway.policy import validation, versions
 from gateway.policy.apply import apply, rollback
 from gateway.policy.load import content_hash
 from gateway.policy.tariffs import DAY_S
@@ -219,7 +219,7 @@ def admin_router(gateway: Gateway) -> APIRouter:
         """Check a policy without applying it: its errors and warnings."""
         # Off the event loop: validating a large policy takes the CPU for a while.
         checked = await asyncio.to_thread(
-            check.validate, candidate.yaml, "<request>", gateway.access
+            validation.validate, candidate.yaml, "<request>", gateway.access
         )
         return {
             "valid": checked.valid,
@@ -231,7 +231,9 @@ def admin_router(gateway: Gateway) -> APIRouter:
     async def simulate_policy(request: SimulateRequest) -> dict[str, Any]:
         """Replay the recorded requests of the last days under the active and a proposed policy:
         which pools serve them, and the energy, cost and SLO before and after."""
-        checked = await asyncio.to_thread(check.validate, request.yaml, "<request>", gateway.access)
+        checked = await asyncio.to_thread(
+            validation.validate, request.yaml, "<request>", gateway.access
+        )
         proposed = checked.accepted()
         since = time.time() - request.days * DAY_S
         requests = await asyncio.to_thread(

@@ -29,10 +29,10 @@ import yaml
 from gateway.db.schema import precision_checks
 from gateway.errors import PolicyError, PolicyStoreUnavailable, Problem
 from gateway.policy import versions
-from gateway.policy.check import validate
 from gateway.policy.credentials import Access
 from gateway.policy.load import PolicyLoader, content_hash, locator, parse_policy
 from gateway.policy.model import Policy
+from gateway.policy.validation import validate
 from gateway.policy.versions import PolicyVersion
 
 # How an apply treats a shadow-only pool going live: refuse it without a passing precision
@@ -66,7 +66,7 @@ def apply(
     """Validate a policy text and make it the active version; raise PolicyError if invalid.
 
     `access` and `serving` say whose upstream keys and rules the policy is checked against
-    (gateway/policy/check.py): a serving gateway's refuses a policy breaking them. A pool the
+    (gateway/policy/validation.py): a serving gateway's refuses a policy breaking them. A pool the
     active version keeps shadow-only may go live only past the precision gate (above).
     """
     checked = validate(text, source, access, serving=serving)

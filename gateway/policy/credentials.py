@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from gateway.errors import PolicyError, Problem
+from gateway.policy.consistency import Finding
 from gateway.policy.model import Backend, Policy
-from gateway.policy.rules import Finding
 
 GATEWAY_ENVIRONMENT = "in this gateway's environment"
 

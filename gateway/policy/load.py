@@ -1,7 +1,7 @@
 """Load a policy: YAML text into a validated Policy, every problem placed at its line and column.
 
 Loading validates every field (gateway/policy/model.py) and every cross-reference
-(gateway/policy/rules.py); errors name the file, the line and column, the field path and the
+(gateway/policy/consistency.py); errors name the file, the line and column, the field path and the
 bad value. A loaded policy is identified by the SHA-256 of its text.
 """
 
@@ -16,8 +16,8 @@ import yaml
 from pydantic import ValidationError
 
 from gateway.errors import PolicyError, Problem
+from gateway.policy.consistency import reference_errors
 from gateway.policy.model import Policy
-from gateway.policy.rules import reference_errors
 
 
 class PolicyLoader(yaml.SafeLoader):

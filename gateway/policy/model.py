@@ -2,8 +2,8 @@
 
 A policy names the pools (backends and capability matrix), the SLO classes, the tenants and the
 routes. Each model validates its own fields, and unknown keys are errors; the rules that join
-fields (a route naming a pool that exists) are `gateway/policy/rules.py`, and reading YAML into
-these models with located errors is `gateway/policy/load.py`.
+fields (a route naming a pool that exists) are `gateway/policy/consistency.py`, and reading YAML
+into these models with located errors is `gateway/policy/load.py`.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Memory: one backend holds the weights of every model its pool serves (params × bytes per
 parameter of the pool's precision), its KV cache, and a runtime margin; `footprint` adds them up
-for the policy's memory check (gateway/policy/rules.py).
+for the policy's memory check (gateway/policy/consistency.py).
 
 Prefill is compute-bound: 2·params FLOPs per prompt token at a fraction of peak compute. Decode is
 bandwidth-bound: each step reads the weights once for the whole batch, plus each sequence's KV

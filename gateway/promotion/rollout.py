@@ -26,7 +26,7 @@ import yaml
 from gateway.db.schema import request_records, rollouts, shadow_records
 from gateway.errors import Conflict
 from gateway.periodic import Periodic
-from gateway.policy import check, versions
+from gateway.policy import validation, versions
 from gateway.policy.apply import apply, overridden, refusal, uncleared
 from gateway.policy.load import PolicyLoader, to_yaml
 from gateway.policy.model import Policy
@@ -296,7 +296,7 @@ def advance(
             verb = "rolled back" if state == ROLLED_BACK else "stepped"
             message = f"rollout of {row.candidate} on {row.route}: {verb} to {weight:.0%}"
             content = to_yaml(with_canary(doc, row.route, row.candidate, weight))
-        check.validate(content, "rollout").accepted()
+        validation.validate(content, "rollout").accepted()
         # Claim the transition, so two replicas never both step one rollout; the new policy
         # was checked above, so storing it cannot fail on its content.
         with engine.begin() as conn:

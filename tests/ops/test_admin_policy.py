@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from gateway.policy import apply as apply_module
-from gateway.policy import check, sync, versions
+from gateway.policy import sync, validation, versions
 from gateway.policy.load import content_hash, render_policy
 from harness.gateways import run_gateway
 from policies import fleet_policy
@@ -134,7 +134,7 @@ def test_policies_are_validated_and_parsed_off_the_event_loop(
 
         return probed
 
-    monkeypatch.setattr(check, "validate", probe("validate", check.validate))
+    monkeypatch.setattr(validation, "validate", probe("validate", validation.validate))
     monkeypatch.setattr(apply_module, "validate", probe("apply", apply_module.validate))
     monkeypatch.setattr(sync, "parse_policy", probe("reload", sync.parse_policy))
     text = render_policy(fleet_policy(assumed_max_tokens=512))

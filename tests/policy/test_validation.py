@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gateway.policy.check import validate
 from gateway.policy.load import json_schema, parse_policy, render_policy
+from gateway.policy.validation import validate
 from policies import BIG, MODEL, fleet_policy
 
 Edit = Callable[[dict], None]

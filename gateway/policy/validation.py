@@ -1,13 +1,13 @@
 """Check a policy before it is applied: the loader's errors, plus warnings an operator should read.
 
-Errors make a policy invalid: it is never applied. They are the loader's, and the memory check
-(a pool whose models, KV cache and runtime margin do not fit a backend's memory,
-gateway/policy/rules.py). Warnings name things that load but are probably not what the operator
-meant: a route that can never match because an earlier one takes all of its requests, a model a
-route matches but none of its pools serves, a prompt range longer than every pool's context, an
-SLO target that no allowed pool can meet even by the capability matrix's own figures, a route
-without a fallback or whose fallback is not a GPU pool, a fallback missing some of a route's
-models, a pool no route uses.
+Errors make a policy invalid: it is never applied. They are the loader's, and the memory check (a
+pool whose models, KV cache and runtime margin do not fit a backend's memory,
+gateway/policy/consistency.py). Warnings name things that load but are probably not what the
+operator meant: a route that can never match because an earlier one takes all of its requests, a
+model a route matches but none of its pools serves, a prompt range longer than every pool's context,
+an SLO target that no allowed pool can meet even by the capability matrix's own figures, a route
+without a fallback or whose fallback is not a GPU pool, a fallback missing some of a route's models,
+a pool no route uses.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gateway.errors import PolicyError, Problem
+from gateway.policy.consistency import Finding, memory_errors
 from gateway.policy.credentials import Access
 from gateway.policy.load import locator, parse_policy
 from gateway.policy.model import Match, Policy, Route
 from gateway.policy.physics import physics
-from gateway.policy.rules import Finding, memory_errors
 
 
 @dataclass(frozen=True)

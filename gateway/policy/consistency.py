@@ -1,4 +1,4 @@
-"""The policy's cross-reference rules: what every field may be alone, checked against the rest.
+"""The policy's consistency: what every field may be alone, checked against the rest.
 
 A route must name pools, SLO classes and tenants that the policy defines, a shadow target must
 serve the route's models with comparators that exist, a noise floor a policy gives needs shadow
@@ -7,8 +7,8 @@ the bad value and what was expected; the loader places them in the file.
 
 `memory_errors` checks physics rather than references: a pool whose models, KV cache and runtime
 margin do not fit one backend's memory describes hardware that cannot exist. It is checked when
-a policy is validated or applied (gateway/policy/check.py), not when a stored version is loaded,
-so replicas upgraded over a version stored before the check keep serving it.
+a policy is validated or applied (gateway/policy/validation.py), not when a stored version is
+loaded, so replicas upgraded over a version stored before the check keep serving it.
 """
 
 from __future__ import annotations
