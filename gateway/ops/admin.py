@@ -38,7 +38,7 @@ from gateway.policy.load import content_hash
 from gateway.policy.tariffs import DAY_S
 from gateway.promotion import evidence, rollout
 from gateway.replay.whatif import recorded_requests, simulate
-from gateway.report.period import ISO_WEEK, parse_since
+from gateway.report.period import ISO_WEEK, SINCE, parse_since
 from gateway.report.schedule import FILES, listing
 from gateway.routing.explain import explain
 from gateway.runtime import Gateway
@@ -47,16 +47,6 @@ from gateway.shadow.summary import summarize
 MAX_LISTED = 1000  # policy versions one listing returns; a bigger limit is a 400, not a crash
 MAX_VERSION = 2**63 - 1  # the widest integer the databases store
 MAX_PAIRS = 200  # shadow pairs one listing returns
-# What `since` may be, as gateway/report/period.py's parse_since reads it: Unix seconds, an age
-# (its DURATION: 90m, 24h, 7d) or an ISO 8601 date or time; empty is no bound. parse_since still
-# refuses a date matching this that is none, such as 2026-13-45 (400).
-SINCE = (
-    r"^(?:[0-9]{1,12}(?:\.[0-9]{1,6})?[smhd]?"  # seconds, or an age
-    r"|[0-9]{4}-[0-9]{2}-[0-9]{2}"  # a date
-    r"(?:[T ][0-9]{2}(?::[0-9]{2}(?::[0-9]{2}(?:\.[0-9]{1,6})?)?)?"  # and a time
-    r"(?:Z|[+-][0-9]{2}:?[0-9]{2})?)?"  # with its offset
-    r")?$"
-)
 
 
 def admin_router(gateway: Gateway) -> APIRouter:

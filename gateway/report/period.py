@@ -115,6 +115,18 @@ DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
 UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
+# What `since` may be, as parse_since below reads it: Unix seconds, an age (DURATION: 90m, 24h,
+# 7d) or an ISO 8601 date or time; empty is no bound. The admin API's description and check
+# carry it; parse_since still refuses a date matching it that is none, such as 2026-13-45.
+SINCE = (
+    r"^(?:[0-9]{1,12}(?:\.[0-9]{1,6})?[smhd]?"  # seconds, or an age
+    r"|[0-9]{4}-[0-9]{2}-[0-9]{2}"  # a date
+    r"(?:[T ][0-9]{2}(?::[0-9]{2}(?::[0-9]{2}(?:\.[0-9]{1,6})?)?)?"  # and a time
+    r"(?:Z|[+-][0-9]{2}:?[0-9]{2})?)?"  # with its offset
+    r")?$"
+)
+
+
 def parse_since(value: str | None, now: float) -> float | None:
     """Read `since` as Unix seconds, an ISO 8601 time (UTC unless it says), or an age like 24h."""
     if value is None or value == "":

@@ -9,8 +9,7 @@ import httpx
 import pytest
 from shadowworld import PROMPT, settle, shadow_policy, shadow_rows
 
-from gateway.ops.admin import SINCE
-from gateway.report.period import parse_since
+from gateway.report.period import SINCE, parse_since
 from harness.gateways import run_gateway
 from harness.metrics import parse_metrics
 from policies import MODEL, fleet_policy

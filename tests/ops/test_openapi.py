@@ -11,7 +11,8 @@ from pathlib import Path
 
 import httpx
 
-from gateway.ops.admin import MAX_VERSION, SINCE
+from gateway.ops.admin import MAX_VERSION
+from gateway.report.period import SINCE
 from gateway.routing.classify import ENDPOINTS, MS_PATTERN
 from harness.gateways import run_gateway
 from policies import MODEL, fleet_policy
