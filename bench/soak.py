@@ -619,12 +619,12 @@ def shadow_sent(running: Deployment) -> float:
 
 def records(running: Deployment, sent: int, timeout_s: float = 30.0) -> dict[str, Any]:
     """Wait until the gateways wrote a record per request and per copy; return the counts."""
-    engine = sa.create_engine(running.database_url)
+    db = sa.create_engine(running.database_url)
     deadline = time.monotonic() + timeout_s
     try:
         while True:
             copies = shadow_sent(running)
-            with engine.connect() as conn:
+            with db.connect() as conn:
                 requests = conn.execute(sa.select(sa.func.count()).select_from(request_records))
                 n_requests = int(requests.scalar_one())
                 shadows = conn.execute(sa.select(sa.func.count()).select_from(shadow_records))
@@ -632,7 +632,7 @@ def records(running: Deployment, sent: int, timeout_s: float = 30.0) -> dict[str
             if (n_requests >= sent and n_shadows >= copies) or time.monotonic() > deadline:
                 break
             time.sleep(0.5)
-        with engine.connect() as conn:
+        with db.connect() as conn:
             c = request_records.c
             groups = conn.execute(
                 sa.select(c.status, c.error, sa.func.count()).group_by(c.status, c.error)
@@ -644,7 +644,7 @@ def records(running: Deployment, sent: int, timeout_s: float = 30.0) -> dict[str
                 )
             ).all()
     finally:
-        engine.dispose()
+        db.dispose()
     return {
         "request_records": n_requests,
         "failed_records": sum(n for status, _, n in groups if status != 200),

@@ -22,7 +22,7 @@ from gateway.costmodel import store
 from gateway.costmodel.learner import Learner
 from gateway.costmodel.model import CostModel, OutputLengths
 from gateway.costmodel.train import RetrainSchedule
-from gateway.db.engine import make_engine
+from gateway.db.connection import connect
 from gateway.db.retention import Pruner, Windows
 from gateway.db.schema import RequestRecord, request_records
 from gateway.errors import PolicyStoreUnavailable
@@ -116,7 +116,7 @@ class Gateway:
         self.outliers = OutlierDetector(self.metrics)
         if self.shared is not None:
             SharedEjections(self.shared, lambda: self.fleet, self.outliers)
-        self.engine = make_engine(settings.database_url)
+        self.db = connect(settings.database_url)
         # Records are inserted by a process of their own, off the serving process's interpreter
         # and below its priority.
         self.writer = (
@@ -131,7 +131,7 @@ class Gateway:
             "max_spill_bytes": settings.spill_max_bytes,
             "inserter": self.writer,
         }
-        self.records = RecordWriter(self.engine, self.metrics, **spill)
+        self.records = RecordWriter(self.db, self.metrics, **spill)
         self.meter = EnergyMeter(
             lambda: self.fleet,
             self.upstream,
@@ -145,7 +145,7 @@ class Gateway:
         self.costmodel = CostModel(policy)
         self.learner = Learner(
             lambda: self.policy,
-            self.engine,
+            self.db,
             self.metrics,
             self._use_model,
             schedule=RetrainSchedule(
@@ -167,7 +167,7 @@ class Gateway:
             self.ranker,
             clock,
         )
-        self.shadow_records = ShadowWriter(self.engine, self.metrics, **spill)
+        self.shadow_records = ShadowWriter(self.db, self.metrics, **spill)
         self.mirror = Mirror(
             self.upstream,
             self.admission,
@@ -185,7 +185,7 @@ class Gateway:
             interval_s=settings.health_check_interval_s,
         )
         self.policy_watcher = PolicyWatcher(
-            self.engine,
+            self.db,
             self.metrics,
             lambda: self.policy_version,
             self.use_policy,
@@ -195,13 +195,13 @@ class Gateway:
         if self.shared is not None:
             self.shared.on("policy", lambda _: self.policy_watcher.nudge())
         self.policy_file = FileWatcher(
-            settings.policy_path, self.engine, self.metrics, self.policy_watcher.sync, self.access
+            settings.policy_path, self.db, self.metrics, self.policy_watcher.sync, self.access
         )
         self.reports = (
             ReportScheduler(
                 parse_schedule(settings.report_schedule),
                 settings.reports_dir,
-                self.engine,
+                self.db,
                 lambda: self.policy,
                 lambda: self.costmodel,
             )
@@ -209,12 +209,12 @@ class Gateway:
             else None
         )
         self.rollouts = RolloutDriver(
-            self.engine,
+            self.db,
             lambda: self.policy,
             self.policy_watcher.sync,
             interval_s=settings.rollout_check_interval_s,
         )
-        self.retention = Pruner(self.engine, Windows.of(settings), settings.retention_interval_s)
+        self.retention = Pruner(self.db, Windows.of(settings), settings.retention_interval_s)
         self.database_ok = False
         self._database_wait: asyncio.Task[None] | None = None
 
@@ -259,7 +259,7 @@ class Gateway:
         try:
             stored = await asyncio.to_thread(
                 versions.record,
-                self.engine,
+                self.db,
                 self.policy_text,
                 f"gateway@{socket.gethostname()}",
                 source,
@@ -310,7 +310,7 @@ class Gateway:
     def check_database(self, *, quiet: bool = False) -> bool:
         """Return whether the request-records table is reachable."""
         try:
-            with self.engine.connect() as conn:
+            with self.db.connect() as conn:
                 conn.execute(sa.select(request_records.c.id).limit(1))
         except sa.exc.SQLAlchemyError as exc:
             if not quiet:
@@ -356,7 +356,7 @@ class Gateway:
             return False
         self.database_ok = True
         versioned = await self._seed_policy()
-        stored = await asyncio.to_thread(store.load_latest, self.engine, self.policy)
+        stored = await asyncio.to_thread(store.load_latest, self.db, self.policy)
         if stored is not None:
             self._use_model(stored)
             self.metrics.model_version.set(stored.version)
@@ -394,7 +394,7 @@ class Gateway:
         if self.shared is not None:
             await self.shared.stop()
         await self.upstream.close()
-        self.engine.dispose()
+        self.db.dispose()
 
     def readiness(self) -> dict[str, Any]:
         """Say whether the gateway can serve, and why not."""

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
-from gateway.db.engine import upgrade
+from gateway.db.connection import upgrade
 
 
 @contextlib.contextmanager

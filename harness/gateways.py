@@ -19,7 +19,7 @@ import sqlalchemy as sa
 import uvicorn
 
 from gateway.app import GatewayApp
-from gateway.db.engine import upgrade
+from gateway.db.connection import upgrade
 from gateway.db.schema import request_records
 from gateway.ingress.protocol import HttpProtocol, Limits
 from gateway.policy.model import Policy
@@ -44,7 +44,7 @@ class GatewayServer:
         """Wait until at least `expected` request records are written; return them all."""
         deadline = time.monotonic() + timeout
         while True:
-            with self.gateway.engine.connect() as conn:
+            with self.gateway.db.connect() as conn:
                 rows = [dict(r._mapping) for r in conn.execute(sa.select(request_records))]
             if len(rows) >= expected or time.monotonic() > deadline:
                 return rows

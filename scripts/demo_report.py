@@ -189,8 +189,8 @@ def main() -> int:
                 process.terminate()
                 process.wait(timeout=10)
     week = last_complete_week(time.time())
-    engine = sa.create_engine(url)
-    with engine.begin() as conn:
+    db = sa.create_engine(url)
+    with db.begin() as conn:
         t0, t1 = conn.execute(sa.text("select min(ts), max(ts) from request_records")).one()
         scale = (week.until - week.since - 60) / max(t1 - t0, 1e-9)
         for table in ("request_records", "shadow_records", "shadow_drops"):
@@ -205,7 +205,7 @@ def main() -> int:
             sa.text("update cost_models set created = :start + (created - :t0) * :scale"),
             {"start": week.since, "t0": t0, "scale": scale},
         )
-    engine.dispose()
+    db.dispose()
     subprocess.run(
         [python, "-m", "gateway", "report", "weekly", "--week", week.label, "--out", str(OUT)],
         env=env,

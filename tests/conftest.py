@@ -121,10 +121,10 @@ def postgres_url() -> str:
         "GATEWAY_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
     )
     try:
-        engine = sa.create_engine(url, connect_args={"connect_timeout": 2})
-        with engine.connect():
+        db = sa.create_engine(url, connect_args={"connect_timeout": 2})
+        with db.connect():
             pass
-        engine.dispose()
+        db.dispose()
     except sa.exc.OperationalError as exc:
         _unreachable("PostgreSQL", url, exc)
     return url
@@ -191,7 +191,7 @@ def private_redis(tmp_path: Path) -> Iterator[object]:
 
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
 def database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """A fresh database of each engine, migrated to the newest schema."""
+    """A fresh database of each kind (SQLite, PostgreSQL), migrated to the newest schema."""
     from harness.databases import scratch_database
 
     base = postgres_url() if request.param == "postgresql" else None

@@ -68,7 +68,7 @@ def request_row(n: int, ts: float, **fields: object) -> dict:
     return row
 
 
-def build(engine: sa.Engine) -> World:
+def build(db: sa.Engine) -> World:
     """Store a week of requests, shadow copies and drops (and a little of the week before)."""
     policy = load_policy(ROOT / "policies/default.yaml")
     period = week(WEEK)
@@ -167,7 +167,7 @@ def build(engine: sa.Engine) -> World:
         {"ts": start + 600, "route": "chat-8b", "candidate_pool": "gpu", "kind": "noise",
          "reason": "concurrency", "count": 2},
     ]  # fmt: skip
-    with engine.begin() as conn:
+    with db.begin() as conn:
         conn.execute(request_records.insert(), requests)
         conn.execute(shadow_records.insert(), shadows)
         conn.execute(shadow_drops.insert(), drops)

@@ -9,7 +9,7 @@ import uuid
 import sqlalchemy as sa
 
 from gateway.compare.measures import MEASURES, Diff
-from gateway.db.engine import make_engine
+from gateway.db.connection import connect
 from gateway.db.schema import RequestRecord, ShadowRecord, request_records, shadow_records
 from gateway.metrics import GatewayMetrics
 
@@ -77,9 +77,7 @@ def shadow_record(n: int, **fields: object) -> ShadowRecord:
     return ShadowRecord(**values, diff=Diff(**measured))
 
 
-def store_rows(
-    engine: sa.Engine, table: sa.Table, ages_days: list[float], now: float = NOW
-) -> None:
+def store_rows(db: sa.Engine, table: sa.Table, ages_days: list[float], now: float = NOW) -> None:
     """Store one row of `table` per age, its `route` naming the age."""
     rows = []
     for n, age in enumerate(ages_days):
@@ -99,17 +97,17 @@ def store_rows(
                     "count": 3,
                 }
             )
-    with engine.begin() as conn:
+    with db.begin() as conn:
         conn.execute(table.insert(), rows)
 
 
 def stored(url: str) -> list[int]:
     """The completion tokens of every request record stored at url, sorted (request_record(n)
     numbers its record by them)."""
-    engine = make_engine(url)
-    with engine.connect() as conn:
+    db = connect(url)
+    with db.connect() as conn:
         rows = conn.execute(sa.select(request_records.c.completion_tokens)).scalars().all()
-    engine.dispose()
+    db.dispose()
     return sorted(rows)
 
 

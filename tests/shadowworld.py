@@ -66,7 +66,7 @@ def shadow_rows(gw: GatewayServer, expected: int, timeout: float = 60.0) -> list
     """Wait until at least `expected` shadow records are written; return them all."""
     deadline = time.monotonic() + timeout
     while True:
-        with gw.gateway.engine.connect() as conn:
+        with gw.gateway.db.connect() as conn:
             rows = [dict(r._mapping) for r in conn.execute(sa.select(shadow_records))]
         if len(rows) >= expected or time.monotonic() > deadline:
             return rows
@@ -77,7 +77,7 @@ def drop_counts(gw: GatewayServer, expected: int = 0, timeout: float = 60.0) -> 
     """Wait until at least `expected` drops are written; return counts by reason."""
     deadline = time.monotonic() + timeout
     while True:
-        with gw.gateway.engine.connect() as conn:
+        with gw.gateway.db.connect() as conn:
             rows = conn.execute(sa.select(shadow_drops.c.reason, shadow_drops.c.count)).all()
         counts: dict[str, int] = {}
         for reason, count in rows:

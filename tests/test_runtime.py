@@ -7,7 +7,7 @@ from pathlib import Path
 import httpx
 from waiting import wait_for
 
-from gateway.db.engine import upgrade
+from gateway.db.connection import upgrade
 from harness.gateways import run_gateway
 from policies import MODEL, fleet_policy
 

@@ -17,7 +17,7 @@ import redis
 import yaml
 from waiting import wait_for
 
-from gateway.db.engine import upgrade
+from gateway.db.connection import upgrade
 from harness.gateways import ROOT, GatewayProcess, gateway_process
 from harness.metrics import metric_value
 from harness.simulators import SimulatorProcess, start_simulator

@@ -155,7 +155,7 @@ def test_no_secret_appears_in_responses_logs_metrics_records_or_reports(
         shadow_rows(gw, 3)
         # The weekly report of this week, written where the admin API serves it from.
         label = period.week_label(time.time())
-        generate(gw.gateway.engine, gw.gateway.policy, period.week(label), reports / label)
+        generate(gw.gateway.db, gw.gateway.policy, period.week(label), reports / label)
         for entry in http.get("/admin/reports", headers=ADMIN).json():
             for url in entry["files"].values():
                 assert http.get(url, headers=ADMIN).is_success

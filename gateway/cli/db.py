@@ -9,7 +9,7 @@ from gateway.settings import Settings
 
 
 def _upgrade(args: argparse.Namespace, settings: Settings) -> int:
-    from gateway.db.engine import upgrade
+    from gateway.db.connection import upgrade
 
     upgrade(settings.database_url, args.revision)
     print(f"database migrated to {args.revision}")
@@ -20,20 +20,20 @@ def _prune(args: argparse.Namespace, settings: Settings) -> int:
     import time
     from datetime import UTC, datetime
 
-    from gateway.db.engine import make_engine
+    from gateway.db.connection import connect
     from gateway.db.retention import Windows, prune
     from gateway.errors import DatabaseUnavailable
 
     windows, now = Windows.of(settings), time.time()
-    engine = make_engine(settings.database_url)
+    db = connect(settings.database_url)
     try:
-        deleted = prune(engine, windows, now)
+        deleted = prune(db, windows, now)
     except DatabaseUnavailable as exc:
-        where = engine.url.render_as_string(hide_password=True)
+        where = db.url.render_as_string(hide_password=True)
         print(f"error: {exc} at {where}; run `gateway db upgrade` first", file=sys.stderr)
         return 1
     finally:
-        engine.dispose()
+        db.dispose()
     cutoffs = windows.cutoffs(now)
     for table, days in windows.days().items():
         if table not in cutoffs:

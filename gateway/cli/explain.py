@@ -29,7 +29,7 @@ def _explain(args: argparse.Namespace, settings: Settings) -> int:
         return 0 if response.status_code == 200 else 1
     from gateway.costmodel import store
     from gateway.costmodel.model import CostModel, OutputLengths
-    from gateway.db.engine import make_engine
+    from gateway.db.connection import connect
     from gateway.fleet.state import Fleet
     from gateway.routing.classify import TokenEstimator
     from gateway.routing.explain import explain
@@ -37,7 +37,7 @@ def _explain(args: argparse.Namespace, settings: Settings) -> int:
 
     policy = load_policy(settings.policy_path)
     try:
-        model = store.load_latest(make_engine(settings.database_url), policy)
+        model = store.load_latest(connect(settings.database_url), policy)
     except Exception:
         model = None  # no database yet: the physics prior explains just as well
     ranker = CostRanker(lambda: model or CostModel(policy), OutputLengths())

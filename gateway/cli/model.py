@@ -15,13 +15,13 @@ def _train(args: argparse.Namespace, settings: Settings) -> int:
 
     from gateway.costmodel import store
     from gateway.costmodel.train import observations_from_rows, train
-    from gateway.db.engine import make_engine
+    from gateway.db.connection import connect
     from gateway.db.schema import request_records
 
     policy = load_policy(settings.policy_path)
-    engine = make_engine(settings.database_url)
+    db = connect(settings.database_url)
     since = time.time() - args.days * 86400
-    with engine.connect() as conn:
+    with db.connect() as conn:
         rows = conn.execute(
             sa.select(request_records)
             .where(request_records.c.ts >= since)
@@ -29,8 +29,8 @@ def _train(args: argparse.Namespace, settings: Settings) -> int:
             .limit(args.window)
         ).mappings()
         observations = observations_from_rows(reversed([dict(r) for r in rows]))
-    model, scores = train(policy, observations, store.next_version(engine))
-    model = store.save(engine, model, scores, len(observations))
+    model, scores = train(policy, observations, store.next_version(db))
+    model = store.save(db, model, scores, len(observations))
     print(f"cost model version {model.version} trained on {len(observations)} requests")
     print(f"{'pool':8} {'model':28} {'target':7} {'n':>6} {'MAPE':>7} {'prior':>7}")
     for pool, models in scores.items():

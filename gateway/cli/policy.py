@@ -34,10 +34,10 @@ def _validate(args: argparse.Namespace, settings: Settings) -> int:
 def _diff(args: argparse.Namespace, settings: Settings) -> int:
     import difflib
 
-    from gateway.db.engine import make_engine
+    from gateway.db.connection import connect
     from gateway.policy import versions
 
-    active = versions.active(make_engine(settings.database_url))
+    active = versions.active(connect(settings.database_url))
     text = read_text(args.file)
     before = active.content if active is not None else ""
     label = f"version {active.version} (active)" if active is not None else "no active version"
@@ -55,14 +55,14 @@ def _simulate(args: argparse.Namespace, settings: Settings) -> int:
     import json
     import time
 
-    from gateway.db.engine import make_engine
+    from gateway.db.connection import connect
     from gateway.policy import versions
     from gateway.policy.load import parse_policy
     from gateway.replay.whatif import recorded_requests, simulate
     from gateway.report.period import parse_since
 
-    engine = make_engine(settings.database_url)
-    stored = versions.active(engine)
+    db = connect(settings.database_url)
+    stored = versions.active(db)
     active = (
         parse_policy(stored.content, f"version {stored.version}")
         if stored is not None
@@ -70,7 +70,7 @@ def _simulate(args: argparse.Namespace, settings: Settings) -> int:
     )
     proposed = load_policy(args.file)
     since = parse_since(args.since, time.time()) or 0.0
-    requests = recorded_requests(engine, since, limit=args.limit)
+    requests = recorded_requests(db, since, limit=args.limit)
     if not requests:
         print(f"no recorded chat requests since {args.since}: nothing to replay", file=sys.stderr)
         return 1
@@ -89,11 +89,11 @@ def _simulate(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _apply(args: argparse.Namespace, settings: Settings) -> int:
-    from gateway.db.engine import make_engine
+    from gateway.db.connection import connect
     from gateway.policy.apply import apply
 
     applied = apply(
-        make_engine(settings.database_url),
+        connect(settings.database_url),
         read_text(args.file),
         args.file,
         author=args.author or operator(),
@@ -118,13 +118,13 @@ def _apply(args: argparse.Namespace, settings: Settings) -> int:
 def _history(args: argparse.Namespace, settings: Settings) -> int:
     from datetime import UTC, datetime
 
-    from gateway.db.engine import make_engine
+    from gateway.db.connection import connect
     from gateway.policy import versions
 
-    engine = make_engine(settings.database_url)
-    active = versions.active_version(engine)
+    db = connect(settings.database_url)
+    active = versions.active_version(db)
     print(f"{'':1} {'version':>7}  {'created (UTC)':19}  {'author':16} {'hash':12}  message")
-    for v in versions.history(engine, args.limit):
+    for v in versions.history(db, args.limit):
         created = datetime.fromtimestamp(v.created, UTC).strftime("%Y-%m-%d %H:%M:%S")
         mark = "*" if v.version == active else ""
         print(
@@ -134,11 +134,11 @@ def _history(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _rollback(args: argparse.Namespace, settings: Settings) -> int:
-    from gateway.db.engine import make_engine
+    from gateway.db.connection import connect
     from gateway.policy.apply import rollback
 
     applied = rollback(
-        make_engine(settings.database_url),
+        connect(settings.database_url),
         author=args.author or operator(),
         version=args.version,
         message=args.message,
@@ -158,13 +158,13 @@ def _rollback(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _show(args: argparse.Namespace, settings: Settings) -> int:
-    from gateway.db.engine import make_engine
+    from gateway.db.connection import connect
     from gateway.policy import versions
 
-    engine = make_engine(settings.database_url)
-    shown = versions.active(engine) if args.version is None else None
+    db = connect(settings.database_url)
+    shown = versions.active(db) if args.version is None else None
     if args.version is not None:
-        shown = versions.get(engine, args.version)
+        shown = versions.get(db, args.version)
     if shown is None:
         print("error: no policy version is stored yet", file=sys.stderr)
         return 1

@@ -16,20 +16,20 @@ def _policy(args: argparse.Namespace, settings: Settings) -> tuple[Policy, str]:
     `--policy FILE` if given; else the active version in the database; else the policy file of
     the settings (GATEWAY_POLICY), as a gateway starting on an empty database would.
     """
-    from gateway.db.engine import make_engine
+    from gateway.db.connection import connect
     from gateway.errors import PolicyStoreUnavailable
     from gateway.policy import versions
     from gateway.policy.load import load_policy, parse_policy
 
     if args.policy:
         return load_policy(args.policy), str(args.policy)
-    engine = make_engine(settings.database_url)
+    db = connect(settings.database_url)
     try:
-        stored = versions.active(engine)
+        stored = versions.active(db)
     except PolicyStoreUnavailable:
         stored = None
     finally:
-        engine.dispose()
+        db.dispose()
     if stored is not None:
         source = f"policy version {stored.version}"
         return parse_policy(stored.content, source), source
@@ -44,7 +44,7 @@ def _check(args: argparse.Namespace, settings: Settings) -> int:
 
     import sqlalchemy as sa
 
-    from gateway.db.engine import make_engine
+    from gateway.db.connection import connect
     from gateway.errors import InvalidRequest
     from gateway.policy.credentials import Access
     from gateway.promotion.precision.check import read_suite, run
@@ -78,16 +78,16 @@ def _check(args: argparse.Namespace, settings: Settings) -> int:
     result["policy"] = source
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2, allow_nan=False) + "\n")
-    engine = make_engine(settings.database_url)
+    db = connect(settings.database_url)
     try:
-        store(engine, result)
+        store(db, result)
         stored = "stored"
     except sa.exc.SQLAlchemyError as exc:
         # The file is the check's record too; without the table, the policy gate cannot see it.
         stored = f"not stored ({type(exc).__name__}; run `gateway db upgrade`)"
         print(f"warning: the check was {stored}", file=sys.stderr)
     finally:
-        engine.dispose()
+        db.dispose()
     print(_summary(result))
     print(f"written to {args.out}; {stored}")
     return 0 if result["verdict"] == PASS else 1

@@ -12,11 +12,11 @@ from gateway.settings import Settings
 def _evaluate(args: argparse.Namespace, settings: Settings) -> int:
     import json
 
-    from gateway.db.engine import make_engine
+    from gateway.db.connection import connect
     from gateway.promotion.evidence import evaluate
 
     policy = load_policy(settings.policy_path)
-    verdicts = evaluate(make_engine(settings.database_url), policy, route=args.route)
+    verdicts = evaluate(connect(settings.database_url), policy, route=args.route)
     if args.json:
         print(json.dumps([v.as_dict() for v in verdicts], indent=2))
         return 0
@@ -42,15 +42,15 @@ def _evaluate(args: argparse.Namespace, settings: Settings) -> int:
 def _rollout(args: argparse.Namespace, settings: Settings) -> int:
     import json
 
-    from gateway.db.engine import make_engine
+    from gateway.db.connection import connect
     from gateway.promotion import rollout
 
-    engine = make_engine(settings.database_url)
+    db = connect(settings.database_url)
     policy = load_policy(settings.policy_path)
     author = operator()
     if args.promote_command == "apply":
         result: object = rollout.start(
-            engine,
+            db,
             policy,
             args.route,
             args.candidate,
@@ -59,11 +59,11 @@ def _rollout(args: argparse.Namespace, settings: Settings) -> int:
             override_precision_gate=args.override_precision_gate,
         )
     elif args.promote_command == "rollback":
-        result = rollout.stop(engine, args.route, author=author)
+        result = rollout.stop(db, args.route, author=author)
     elif args.promote_command == "step":
-        result = rollout.advance(engine, policy, author=author)
+        result = rollout.advance(db, policy, author=author)
     else:
-        result = rollout.status(engine)
+        result = rollout.status(db)
     if args.promote_command != "status":
         announce(settings)  # each step is a policy version: running gateways serve it at once
     print(json.dumps(result, indent=2))

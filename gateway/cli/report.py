@@ -14,7 +14,7 @@ def _weekly(args: argparse.Namespace, settings: Settings) -> int:
     import time
 
     from gateway.costmodel import store
-    from gateway.db.engine import make_engine
+    from gateway.db.connection import connect
     from gateway.report import generate, period
 
     try:
@@ -32,9 +32,9 @@ def _weekly(args: argparse.Namespace, settings: Settings) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     policy = load_policy(settings.policy_path)
-    engine = make_engine(settings.database_url)
-    report = generate(engine, policy, span, args.out, model=store.load_latest(engine, policy))
-    engine.dispose()
+    db = connect(settings.database_url)
+    report = generate(db, policy, span, args.out, model=store.load_latest(db, policy))
+    db.dispose()
     for c in report["candidates"]:
         verdict = c["verdict"]["outcome"] if c["verdict"] else "no evidence"
         print(f"{c['route']} → {c['candidate']}: {verdict}")

@@ -45,7 +45,7 @@ class Learner:
     def __init__(
         self,
         policy: Callable[[], Policy],
-        engine: sa.Engine,
+        db: sa.Engine,
         metrics: GatewayMetrics,
         on_model: Callable[[CostModel], None],
         *,
@@ -53,7 +53,7 @@ class Learner:
         window: int = 20_000,
     ):
         self._policy = policy
-        self._engine = engine
+        self._db = db
         self._metrics = metrics
         self._on_model = on_model
         self.schedule = schedule
@@ -93,7 +93,7 @@ class Learner:
         policy = self._policy()
         version = 0
         try:
-            version = await asyncio.to_thread(store.next_version, self._engine)
+            version = await asyncio.to_thread(store.next_version, self._db)
             fitted = asyncio.get_running_loop().run_in_executor(
                 self._process(), _train, policy, snapshot, version
             )
@@ -102,12 +102,12 @@ class Learner:
             except BrokenProcessPool:
                 self._trainer = None  # it died (killed, out of memory): the next one starts anew
                 raise
-            model = await asyncio.to_thread(store.save, self._engine, model, scores, len(snapshot))
+            model = await asyncio.to_thread(store.save, self._db, model, scores, len(snapshot))
         except Exception as exc:
             log.exception("cost-model training failed; the previous version keeps serving")
             try:
                 await asyncio.to_thread(
-                    store.save_failure, self._engine, version, len(snapshot), repr(exc)
+                    store.save_failure, self._db, version, len(snapshot), repr(exc)
                 )
             except Exception:
                 log.exception("could not record the failed training run")

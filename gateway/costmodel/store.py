@@ -31,28 +31,28 @@ def scores_json(scores: Scores) -> dict[str, Any]:
     }
 
 
-def next_version(engine: sa.Engine) -> int:
-    with engine.connect() as conn:
+def next_version(db: sa.Engine) -> int:
+    with db.connect() as conn:
         latest = conn.execute(sa.select(sa.func.max(cost_models.c.version))).scalar()
     return int(latest or 0) + 1
 
 
-def _insert(engine: sa.Engine, version: int, row: dict[str, Any]) -> int:
+def _insert(db: sa.Engine, version: int, row: dict[str, Any]) -> int:
     """Insert a version's row, under the next free number if `version` is taken; return it."""
     attempts = 1
     while True:
         try:
-            with engine.begin() as conn:
+            with db.begin() as conn:
                 conn.execute(cost_models.insert().values(version=version, **row))
             return version
         except sa.exc.IntegrityError:
             if attempts == VERSION_ATTEMPTS:
                 raise
             attempts += 1
-            version = next_version(engine)
+            version = next_version(db)
 
 
-def save(engine: sa.Engine, model: CostModel, scores: Scores, observations: int) -> CostModel:
+def save(db: sa.Engine, model: CostModel, scores: Scores, observations: int) -> CostModel:
     """Store a trained version with its held-out error; return it with the number it got."""
     residuals = {
         f"{pool}|{name}": {t: [list(r.weights), r.log_bound] for t, r in targets.items()}
@@ -65,11 +65,11 @@ def save(engine: sa.Engine, model: CostModel, scores: Scores, observations: int)
         "scores": json.dumps(scores_json(scores)),
         "residuals": json.dumps(residuals),
     }
-    version = _insert(engine, model.version, row)
+    version = _insert(db, model.version, row)
     return model if version == model.version else CostModel(model.policy, version, model.trained)
 
 
-def save_failure(engine: sa.Engine, version: int, observations: int, error: str) -> int:
+def save_failure(db: sa.Engine, version: int, observations: int, error: str) -> int:
     """Record a training run that failed (the previous version keeps serving); return its number."""
     row = {
         "created": time.time(),
@@ -77,12 +77,12 @@ def save_failure(engine: sa.Engine, version: int, observations: int, error: str)
         "status": "failed",
         "error": error[:2000],
     }
-    return _insert(engine, version, row)
+    return _insert(db, version, row)
 
 
-def load_latest(engine: sa.Engine, policy: Policy) -> CostModel | None:
+def load_latest(db: sa.Engine, policy: Policy) -> CostModel | None:
     """Return the newest good version for this policy's pools, or None."""
-    with engine.connect() as conn:
+    with db.connect() as conn:
         row = conn.execute(
             sa.select(cost_models.c.version, cost_models.c.residuals)
             .where(cost_models.c.status == "ok")

@@ -75,7 +75,7 @@ class Windows:
         return {table: now - days * DAY_S for table, days in self.days().items() if days > 0}
 
 
-def delete_batch(engine: sa.Engine, table: sa.Table, cutoff: float, rows: int) -> int:
+def delete_batch(db: sa.Engine, table: sa.Table, cutoff: float, rows: int) -> int:
     """Delete up to `rows` rows of `table` older than `cutoff`; return how many went."""
     oldest = (
         sa.select(table.c.id)
@@ -84,7 +84,7 @@ def delete_batch(engine: sa.Engine, table: sa.Table, cutoff: float, rows: int) -
         .with_for_update(skip_locked=True)  # PostgreSQL only; SQLite has one writer anyway
     )
     try:
-        with engine.begin() as conn:
+        with db.begin() as conn:
             return int(conn.execute(table.delete().where(table.c.id.in_(oldest))).rowcount or 0)
     except sa.exc.SQLAlchemyError as exc:
         raise DatabaseUnavailable(
@@ -92,7 +92,7 @@ def delete_batch(engine: sa.Engine, table: sa.Table, cutoff: float, rows: int) -
         ) from exc
 
 
-def delete_cost_models(engine: sa.Engine, cutoff: float, rows: int) -> int:
+def delete_cost_models(db: sa.Engine, cutoff: float, rows: int) -> int:
     """Delete up to `rows` cost models created before `cutoff`, all but the newest good one."""
     m = cost_models.c
     in_force = (
@@ -104,14 +104,14 @@ def delete_cost_models(engine: sa.Engine, cutoff: float, rows: int) -> int:
         .limit(rows)
     )
     try:
-        with engine.begin() as conn:
+        with db.begin() as conn:
             return int(conn.execute(cost_models.delete().where(m.version.in_(oldest))).rowcount)
     except sa.exc.SQLAlchemyError as exc:
         raise DatabaseUnavailable(f"cannot delete old cost models ({type(exc).__name__})") from exc
 
 
 def prune(
-    engine: sa.Engine,
+    db: sa.Engine,
     windows: Windows,
     now: float,
     *,
@@ -125,12 +125,10 @@ def prune(
     """
     batches: dict[str, Callable[[], int]] = {}
     for table, cutoff in windows.cutoffs(now).items():
-        batches[table.name] = functools.partial(delete_batch, engine, table, cutoff, batch_rows)
+        batches[table.name] = functools.partial(delete_batch, db, table, cutoff, batch_rows)
     if windows.request_days > 0:
         cutoff = now - windows.request_days * DAY_S
-        batches[cost_models.name] = functools.partial(
-            delete_cost_models, engine, cutoff, batch_rows
-        )
+        batches[cost_models.name] = functools.partial(delete_cost_models, db, cutoff, batch_rows)
     deleted: dict[str, int] = {}
     for name, batch in batches.items():
         deleted[name] = 0
@@ -151,7 +149,7 @@ class Pruner:
 
     def __init__(
         self,
-        engine: sa.Engine,
+        db: sa.Engine,
         windows: Windows,
         interval_s: float,
         *,
@@ -159,7 +157,7 @@ class Pruner:
         pause_s: float = 0.05,
         wall: Callable[[], float] = time.time,
     ):
-        self._engine = engine
+        self._db = db
         self.windows = windows
         self._batch_rows = batch_rows
         self._pause_s = pause_s
@@ -172,7 +170,7 @@ class Pruner:
         """Run one round in a worker thread; return how many rows each table lost."""
         deleted = await asyncio.to_thread(
             prune,
-            self._engine,
+            self._db,
             self.windows,
             self._wall(),
             batch_rows=self._batch_rows,

@@ -71,7 +71,7 @@ def admin_router(gateway: Gateway) -> APIRouter:
         """Summarise shadow evidence per route and candidate pool."""
         start = parse_since(since, time.time())
         return await asyncio.to_thread(
-            summarize, gateway.engine, route or None, candidate or None, start
+            summarize, gateway.db, route or None, candidate or None, start
         )
 
     @router.get("/shadow/pairs")
@@ -82,7 +82,7 @@ def admin_router(gateway: Gateway) -> APIRouter:
     ) -> list[dict[str, Any]]:
         """The newest sampled pairs of a route and candidate with both answers (while their
         texts are kept) and where they first part."""
-        return await asyncio.to_thread(views.shadow_pairs, gateway.engine, route, candidate, limit)
+        return await asyncio.to_thread(views.shadow_pairs, gateway.db, route, candidate, limit)
 
     @router.get("/fleet")
     async def fleet() -> list[dict[str, Any]]:
@@ -93,15 +93,15 @@ def admin_router(gateway: Gateway) -> APIRouter:
     async def traffic(window: Literal["hour", "day"] = "hour") -> list[dict[str, Any]]:
         """Per route over the last hour or day: pool shares, SLO attainment, TTFT, energy, cost."""
         return await asyncio.to_thread(
-            views.traffic, gateway.engine, gateway.policy, time.time(), views.WINDOWS[window]
+            views.traffic, gateway.db, gateway.policy, time.time(), views.WINDOWS[window]
         )
 
     @router.get("/promotions")
     async def promotions(evaluate: bool = False) -> list[dict[str, Any]]:
         """Return the newest verdict per route and candidate; judge afresh with ?evaluate=1."""
         if evaluate:
-            await asyncio.to_thread(evidence.evaluate, gateway.engine, gateway.policy)
-        return await asyncio.to_thread(evidence.latest, gateway.engine)
+            await asyncio.to_thread(evidence.evaluate, gateway.db, gateway.policy)
+        return await asyncio.to_thread(evidence.latest, gateway.db)
 
     @router.get("/reports")
     async def reports() -> list[dict[str, Any]]:
@@ -121,14 +121,14 @@ def admin_router(gateway: Gateway) -> APIRouter:
     @router.get("/rollouts")
     async def rollouts() -> list[dict[str, Any]]:
         """Return every rollout with its steps."""
-        return await asyncio.to_thread(rollout.status, gateway.engine)
+        return await asyncio.to_thread(rollout.status, gateway.db)
 
     @router.post("/promotions/apply", responses=conflict(ROLLOUT_START_CONFLICTS))
     async def promotion_apply(request: RolloutStart) -> dict[str, Any]:
         """Start rolling a candidate out on a route; served at once by this replica."""
         started = await asyncio.to_thread(
             rollout.start,
-            gateway.engine,
+            gateway.db,
             gateway.policy,
             request.route,
             request.candidate,
@@ -144,7 +144,7 @@ def admin_router(gateway: Gateway) -> APIRouter:
         """Check every running rollout now: step, finish or roll back those whose step is due
         and whose guards say so (as the rollout driver does each round); return what moved."""
         moved = await asyncio.to_thread(
-            rollout.advance, gateway.engine, gateway.policy, author="admin-api"
+            rollout.advance, gateway.db, gateway.policy, author="admin-api"
         )
         await gateway.policy_watcher.sync()
         return moved
@@ -155,7 +155,7 @@ def admin_router(gateway: Gateway) -> APIRouter:
     async def promotion_rollback(request: RolloutStop) -> dict[str, Any]:
         """Take a route's rollout all the way back."""
         stopped = await asyncio.to_thread(
-            rollout.stop, gateway.engine, request.route, author="admin-api"
+            rollout.stop, gateway.db, request.route, author="admin-api"
         )
         await gateway.policy_watcher.sync()
         return stopped
@@ -187,7 +187,7 @@ def admin_router(gateway: Gateway) -> APIRouter:
         """
         applied = await asyncio.to_thread(
             apply,
-            gateway.engine,
+            gateway.db,
             change.yaml,
             "<request>",
             author=change.author,
@@ -227,7 +227,7 @@ def admin_router(gateway: Gateway) -> APIRouter:
         proposed = checked.accepted()
         since = time.time() - request.days * DAY_S
         requests = await asyncio.to_thread(
-            recorded_requests, gateway.engine, since, limit=request.limit
+            recorded_requests, gateway.db, since, limit=request.limit
         )
         if not requests:
             return {"requests": 0, "change": {}, "runs": {}}
@@ -246,8 +246,8 @@ def admin_router(gateway: Gateway) -> APIRouter:
         limit: Annotated[int, Query(ge=1, le=MAX_LISTED)] = 50,
     ) -> dict[str, Any]:
         """List stored policy versions, newest first, without their content."""
-        stored = await asyncio.to_thread(versions.history, gateway.engine, limit)
-        active = await asyncio.to_thread(versions.active_version, gateway.engine)
+        stored = await asyncio.to_thread(versions.history, gateway.db, limit)
+        active = await asyncio.to_thread(versions.active_version, gateway.db)
         return {"active": active, "versions": [v.summary() for v in stored]}
 
     @router.post(
@@ -263,7 +263,7 @@ def admin_router(gateway: Gateway) -> APIRouter:
         """Serve a previous version's content again, stored as a new version."""
         applied = await asyncio.to_thread(
             rollback,
-            gateway.engine,
+            gateway.db,
             author=request.author,
             version=request.version,
             message=request.message,

@@ -33,7 +33,7 @@ COST_MODEL_TARGETS = ("e2e", "energy", "ttft", "tpot")
 def fleet(gateway: Gateway, now: float) -> list[dict[str, Any]]:
     """Every pool of the policy and its backends now: health, slots, queue, power, energy
     attributed today (UTC), and the serving cost model's held-out error."""
-    today = _energy_since(gateway.engine, math.floor(now / DAY_S) * DAY_S)
+    today = _energy_since(gateway.db, math.floor(now / DAY_S) * DAY_S)
     pools = []
     for name, spec in gateway.policy.pools.items():
         state = gateway.fleet.pools.get(name)
@@ -81,18 +81,18 @@ def fleet(gateway: Gateway, now: float) -> list[dict[str, Any]]:
     return pools
 
 
-def _energy_since(engine: sa.Engine, since: float) -> dict[str, float]:
+def _energy_since(db: sa.Engine, since: float) -> dict[str, float]:
     r = request_records.c
     query = (
         sa.select(r.pool, sa.func.sum(r.energy_j))
         .where(r.ts >= since, r.pool.is_not(None))
         .group_by(r.pool)
     )
-    with engine.connect() as conn:
+    with db.connect() as conn:
         return {pool: float(j) for pool, j in conn.execute(query) if j is not None}
 
 
-def traffic(engine: sa.Engine, policy: Policy, now: float, window_s: float) -> list[dict[str, Any]]:
+def traffic(db: sa.Engine, policy: Policy, now: float, window_s: float) -> list[dict[str, Any]]:
     """Per route over the last `window_s`: the share each pool served, SLO attainment (the live
     rule), p50/p95 of what it is judged on (time to first token of streamed requests, end to end
     of successful ones that were not streamed, embeddings included), energy and cost per
@@ -102,7 +102,7 @@ def traffic(engine: sa.Engine, policy: Policy, now: float, window_s: float) -> l
         r.ts, r.route, r.pool, r.status, r.slo_class, r.endpoint, r.stream, r.completion_tokens,
         r.ttft_ms, r.tpot_ms, r.e2e_ms, r.energy_j, r.cost_usd,
     ).where(r.ts >= now - window_s, r.route.is_not(None))  # fmt: skip
-    with engine.connect() as conn:
+    with db.connect() as conn:
         rows = conn.execute(query).all()
     by_route: dict[str, list[Any]] = defaultdict(list)
     for row in rows:
@@ -154,7 +154,7 @@ def _figures(rows: Sequence[Any], policy: Policy) -> dict[str, Any]:
     }
 
 
-def shadow_pairs(engine: sa.Engine, route: str, candidate: str, limit: int) -> list[dict[str, Any]]:
+def shadow_pairs(db: sa.Engine, route: str, candidate: str, limit: int) -> list[dict[str, Any]]:
     """The newest sampled pairs of a route and candidate whose answers are still stored, each
     with both answers, every measure of the pair under `diff`, and, where they part, the
     character offset of the first differing word in each (the word tokens `first_divergence`
@@ -171,7 +171,7 @@ def shadow_pairs(engine: sa.Engine, route: str, candidate: str, limit: int) -> l
         .order_by(c.ts.desc())
         .limit(limit)
     )
-    with engine.connect() as conn:
+    with db.connect() as conn:
         stored = [row._mapping for row in conn.execute(query)]
     pairs = []
     for row in stored:

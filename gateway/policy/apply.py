@@ -52,7 +52,7 @@ class Applied:
 
 
 def apply(
-    engine: sa.Engine,
+    db: sa.Engine,
     text: str,
     source: str,
     *,
@@ -71,12 +71,12 @@ def apply(
     """
     checked = validate(text, source, access, serving=serving)
     policy = checked.accepted()
-    active = versions.active(engine)
+    active = versions.active(db)
     if active is not None and active.hash == content_hash(text):
         return Applied(active, False, checked.warnings)
     if precision_gate != "checked":
         # Without an active version, no pool served before: the first one is gated too.
-        ungated = uncleared(engine, going_live(engine, active.content if active else "", policy))
+        ungated = uncleared(db, going_live(db, active.content if active else "", policy))
         if ungated and precision_gate == "check":
             at = locator(text, source)
             problems = [
@@ -88,12 +88,12 @@ def apply(
         if ungated:
             message += overridden(ungated, author)
     return Applied(
-        versions.record(engine, text, author, message, restores=restores), True, checked.warnings
+        versions.record(db, text, author, message, restores=restores), True, checked.warnings
     )
 
 
 def rollback(
-    engine: sa.Engine,
+    db: sa.Engine,
     *,
     author: str,
     version: int | None = None,
@@ -104,9 +104,9 @@ def rollback(
 ) -> Applied:
     """Apply an earlier version's text again, as a new version (default: the one before the
     active version). It is validated and gated like any apply."""
-    target = versions.rollback_target(engine, version)
+    target = versions.rollback_target(db, version)
     return apply(
-        engine,
+        db,
         target.content,
         f"version {target.version}",
         author=author,
@@ -136,7 +136,7 @@ def shadow_only(content: str) -> frozenset[str]:
         )  # a stored version is valid where it was applied; nothing to compare if not
 
 
-def going_live(engine: sa.Engine, active_content: str, policy: Policy) -> list[str]:
+def going_live(db: sa.Engine, active_content: str, policy: Policy) -> list[str]:
     """Return the shadow-only pools that `policy` has serve clients and the active text does not.
 
     Shadow-only is what any stored version, or `policy` itself, says: a pool taken out and put
@@ -148,7 +148,7 @@ def going_live(engine: sa.Engine, active_content: str, policy: Policy) -> list[s
     except PolicyError:
         active = set()
     marked = {n for n, spec in policy.pools.items() if not spec.live}
-    for content in versions.contents(engine):
+    for content in versions.contents(db):
         marked |= shadow_only(content)
     return sorted((serving_pools(policy) - active) & marked)
 
@@ -165,7 +165,7 @@ def _serving_at(policy: Policy, pool: str) -> tuple[str | int, ...]:
     return ("routes", i, "canary", "pool")
 
 
-def newest_check(engine: sa.Engine, pool: str) -> dict[str, Any] | None:
+def newest_check(db: sa.Engine, pool: str) -> dict[str, Any] | None:
     """Return a pool's newest stored precision check (ts, reference, suite, verdict), or None."""
     c = precision_checks.c
     query = (
@@ -175,7 +175,7 @@ def newest_check(engine: sa.Engine, pool: str) -> dict[str, Any] | None:
         .limit(1)
     )
     try:
-        with engine.connect() as conn:
+        with db.connect() as conn:
             row = conn.execute(query).first()
     except sa.exc.SQLAlchemyError as exc:
         raise PolicyStoreUnavailable(
@@ -185,11 +185,11 @@ def newest_check(engine: sa.Engine, pool: str) -> dict[str, Any] | None:
     return None if row is None else dict(row._mapping)
 
 
-def uncleared(engine: sa.Engine, pools: Iterable[str]) -> dict[str, str]:
+def uncleared(db: sa.Engine, pools: Iterable[str]) -> dict[str, str]:
     """Return, for each pool whose newest precision check did not pass, why in words."""
     found = {}
     for pool in pools:
-        check = newest_check(engine, pool)
+        check = newest_check(db, pool)
         if check is None:
             found[pool] = "it has no precision check"
         elif check["verdict"] != "pass":

@@ -37,7 +37,7 @@ class PolicyWatcher:
 
     def __init__(
         self,
-        engine: sa.Engine,
+        db: sa.Engine,
         metrics: GatewayMetrics,
         serving: Callable[[], int],
         apply: Apply,
@@ -45,7 +45,7 @@ class PolicyWatcher:
         interval_s: float = 2.0,
         announce: Callable[[int], None] | None = None,
     ):
-        self._engine = engine
+        self._db = db
         self._metrics = metrics
         self._serving = serving
         self._apply = apply
@@ -62,10 +62,10 @@ class PolicyWatcher:
         `announce` tells the other replicas to sync too.
         """
         async with self._lock:  # one sync at a time: a poll and a PUT never swap in reverse
-            version = await asyncio.to_thread(versions.active_version, self._engine)
+            version = await asyncio.to_thread(versions.active_version, self._db)
             if version is None or version == self._serving() or version == self._refused:
                 return self._serving()
-            stored = await asyncio.to_thread(versions.get, self._engine, version)
+            stored = await asyncio.to_thread(versions.get, self._db, version)
             try:
                 source = f"policy version {version}"
                 policy = await asyncio.to_thread(parse_policy, stored.content, source)
@@ -118,7 +118,7 @@ class FileWatcher:
     def __init__(
         self,
         path: Path,
-        engine: sa.Engine,
+        db: sa.Engine,
         metrics: GatewayMetrics,
         synced: Callable[[], Awaitable[int]],
         access: Access | None = None,
@@ -127,7 +127,7 @@ class FileWatcher:
     ):
         self._path = path
         self._access = access
-        self._engine = engine
+        self._db = db
         self._metrics = metrics
         self._synced = synced
         self._seen = self._stamp()
@@ -150,7 +150,7 @@ class FileWatcher:
         try:
             applied = await asyncio.to_thread(
                 apply,
-                self._engine,
+                self._db,
                 text,
                 str(self._path),
                 author=f"watch@{socket.gethostname()}",

@@ -69,17 +69,17 @@ def _row(row: sa.Row[tuple[object, ...]]) -> PolicyVersion:
     )
 
 
-def active_version(engine: sa.Engine) -> int | None:
+def active_version(db: sa.Engine) -> int | None:
     """Return the number of the active version, or None before the first apply."""
-    with _converted(), engine.connect() as conn:
+    with _converted(), db.connect() as conn:
         return conn.execute(
             sa.select(active_policy.c.version).where(active_policy.c.id == 1)
         ).scalar()
 
 
-def get(engine: sa.Engine, version: int) -> PolicyVersion:
+def get(db: sa.Engine, version: int) -> PolicyVersion:
     """Return a stored version, or raise PolicyVersionNotFound."""
-    with _converted(), engine.connect() as conn:
+    with _converted(), db.connect() as conn:
         row = conn.execute(
             sa.select(policy_versions).where(policy_versions.c.version == version)
         ).first()
@@ -88,15 +88,15 @@ def get(engine: sa.Engine, version: int) -> PolicyVersion:
     return _row(row)
 
 
-def active(engine: sa.Engine) -> PolicyVersion | None:
+def active(db: sa.Engine) -> PolicyVersion | None:
     """Return the active version, or None before the first apply."""
-    version = active_version(engine)
-    return None if version is None else get(engine, version)
+    version = active_version(db)
+    return None if version is None else get(db, version)
 
 
-def history(engine: sa.Engine, limit: int = 50) -> list[PolicyVersion]:
+def history(db: sa.Engine, limit: int = 50) -> list[PolicyVersion]:
     """Return the newest versions first."""
-    with _converted(), engine.connect() as conn:
+    with _converted(), db.connect() as conn:
         rows = conn.execute(
             sa.select(policy_versions).order_by(policy_versions.c.version.desc()).limit(limit)
         ).all()
@@ -104,7 +104,7 @@ def history(engine: sa.Engine, limit: int = 50) -> list[PolicyVersion]:
 
 
 def record(
-    engine: sa.Engine,
+    db: sa.Engine,
     content: str,
     author: str,
     message: str,
@@ -119,12 +119,12 @@ def record(
     """
     with _converted():
         try:
-            with engine.begin() as conn:
+            with db.begin() as conn:
                 current = conn.execute(
                     sa.select(active_policy.c.version).where(active_policy.c.id == 1)
                 ).scalar()
                 if only_if_none and current is not None:
-                    return get(engine, current)
+                    return get(db, current)
                 latest = conn.execute(sa.select(sa.func.max(policy_versions.c.version))).scalar()
                 row = PolicyVersion(
                     int(latest or 0) + 1,
@@ -145,7 +145,7 @@ def record(
         except sa.exc.IntegrityError:
             # Another apply took the same version number first; what it stored is active now.
             if only_if_none:
-                found = active(engine)
+                found = active(db)
                 if found is not None:
                     return found
             raise PolicyStoreUnavailable(
@@ -154,13 +154,13 @@ def record(
             ) from None
 
 
-def rollback_target(engine: sa.Engine, version: int | None = None) -> PolicyVersion:
+def rollback_target(db: sa.Engine, version: int | None = None) -> PolicyVersion:
     """Return the version a rollback serves again: `version`, or the one before the active."""
-    current = active_version(engine)
+    current = active_version(db)
     if current is None:
         raise Conflict("there is no policy version to roll back from")
     if version is None:
-        with _converted(), engine.connect() as conn:
+        with _converted(), db.connect() as conn:
             version = conn.execute(
                 sa.select(sa.func.max(policy_versions.c.version)).where(
                     policy_versions.c.version < current
@@ -168,11 +168,11 @@ def rollback_target(engine: sa.Engine, version: int | None = None) -> PolicyVers
             ).scalar()
         if version is None:
             raise Conflict(f"version {current} is the first; there is none to roll back to")
-    return get(engine, version)
+    return get(db, version)
 
 
-def contents(engine: sa.Engine) -> list[str]:
+def contents(db: sa.Engine) -> list[str]:
     """Return the distinct texts of every stored version."""
-    with _converted(), engine.connect() as conn:
+    with _converted(), db.connect() as conn:
         rows = conn.execute(sa.select(policy_versions.c.content).distinct()).scalars()
         return list(rows)

@@ -131,7 +131,7 @@ def _paired_means(rows: list[dict[str, Any]], measure: str) -> tuple[float | Non
 
 
 def load_evidence(
-    engine: sa.Engine, since: float, route: str | None = None
+    db: sa.Engine, since: float, route: str | None = None
 ) -> dict[tuple[str, str], Evidence]:
     """Read the shadow records since `since` into evidence per route and candidate."""
     c, r = shadow_records.c, request_records.c
@@ -158,7 +158,7 @@ def load_evidence(
     )
     if route is not None:
         query = query.where(c.route == route)
-    with engine.connect() as conn:
+    with db.connect() as conn:
         rows = [dict(row._mapping) for row in conn.execute(query)]
     evidence = gather(rows)
     add_paired_means(rows, evidence)
@@ -166,16 +166,16 @@ def load_evidence(
 
 
 def evaluate(
-    engine: sa.Engine, policy: Policy, *, route: str | None = None, now: float | None = None
+    db: sa.Engine, policy: Policy, *, route: str | None = None, now: float | None = None
 ) -> list[Verdict]:
     """Judge every route and candidate with evidence in the promotion window; store verdicts."""
     now = time.time() if now is None else now
     rules = criteria(policy)
     # Twice the minimum window: enough history to see it, bounded so old behaviour fades.
     since = now - max(2 * rules.min_window_s, 86400.0)
-    verdicts = [judge(e, rules, now) for e in load_evidence(engine, since, route).values()]
+    verdicts = [judge(e, rules, now) for e in load_evidence(db, since, route).values()]
     if verdicts:
-        with engine.begin() as conn:
+        with db.begin() as conn:
             conn.execute(
                 promotion_evaluations.insert(),
                 [
@@ -193,7 +193,7 @@ def evaluate(
     return verdicts
 
 
-def latest(engine: sa.Engine) -> list[dict[str, Any]]:
+def latest(db: sa.Engine) -> list[dict[str, Any]]:
     """Return the newest stored verdict of every route and candidate."""
     p = promotion_evaluations.c
     newest = (
@@ -202,5 +202,5 @@ def latest(engine: sa.Engine) -> list[dict[str, Any]]:
         .subquery()
     )
     query = sa.select(p.ts, p.evidence).join(newest, newest.c.id == p.id).order_by(p.route)
-    with engine.connect() as conn:
+    with db.connect() as conn:
         return [{"evaluated_at": row.ts, **json.loads(row.evidence)} for row in conn.execute(query)]

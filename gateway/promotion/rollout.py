@@ -117,20 +117,20 @@ def promoted(doc: dict[str, Any], route: str, pool: str) -> dict[str, Any]:
     return doc
 
 
-def _store(engine: sa.Engine, content: str, author: str, message: str) -> int:
+def _store(db: sa.Engine, content: str, author: str, message: str) -> int:
     """Apply a rollout's policy text; return the version it became.
 
     The precision gate was passed (or overridden, and recorded) when the rollout started, so
     the step that makes the candidate live at the end is not refused for it.
     """
     applied = apply(
-        engine, content, "rollout", author=author, message=message, precision_gate="checked"
+        db, content, "rollout", author=author, message=message, precision_gate="checked"
     )
     return applied.version.version
 
 
-def _active_doc(engine: sa.Engine) -> dict[str, Any]:
-    active = versions.active(engine)
+def _active_doc(db: sa.Engine) -> dict[str, Any]:
+    active = versions.active(db)
     if active is None:
         raise Conflict("no policy version is active yet: start the gateway or apply one")
     loaded: dict[str, Any] = yaml.load(active.content, Loader=PolicyLoader)
@@ -138,7 +138,7 @@ def _active_doc(engine: sa.Engine) -> dict[str, Any]:
 
 
 def start(
-    engine: sa.Engine,
+    db: sa.Engine,
     policy: Policy,
     route: str,
     candidate: str,
@@ -155,20 +155,20 @@ def start(
     """
     now = time.time() if now is None else now
     if not force:
-        verdicts = {(v["route"], v["candidate"]): v["outcome"] for v in latest(engine)}
+        verdicts = {(v["route"], v["candidate"]): v["outcome"] for v in latest(db)}
         outcome = verdicts.get((route, candidate))
         if outcome != "promote":
             raise Conflict(
                 f"the judge's newest verdict for {candidate!r} on {route!r} is {outcome!r}, not "
                 "'promote' (run `gateway promote evaluate`, or pass --force)"
             )
-    with engine.connect() as conn:
+    with db.connect() as conn:
         running = conn.execute(
             sa.select(rollouts.c.id).where(rollouts.c.route == route, rollouts.c.state == ROLLING)
         ).first()
     if running is not None:
         raise Conflict(f"route {route!r} already has a rollout in progress")
-    doc = _active_doc(engine)
+    doc = _active_doc(db)
     route_doc = next((r for r in doc["routes"] if r["name"] == route), None)
     if route_doc is None:
         raise Conflict(f"the active policy has no route {route!r}", param="route")
@@ -177,10 +177,10 @@ def start(
         raise Conflict(f"{candidate!r} already serves route {route!r} first")
     weight = policy.promotion.rollout_steps[0]
     message = f"rollout of {candidate} on {route}: {weight:.0%}"
-    message += _precision_gate(engine, doc, route, candidate, author, override_precision_gate)
-    version = _store(engine, to_yaml(with_canary(doc, route, candidate, weight)), author, message)
+    message += _precision_gate(db, doc, route, candidate, author, override_precision_gate)
+    version = _store(db, to_yaml(with_canary(doc, route, candidate, weight)), author, message)
     history = [{"ts": now, "event": "started", "weight": weight, "policy_version": version}]
-    with engine.begin() as conn:
+    with db.begin() as conn:
         conn.execute(
             rollouts.insert().values(
                 route=route,
@@ -194,11 +194,11 @@ def start(
                 history=json.dumps(history),
             )
         )
-    return status(engine)[-1]
+    return status(db)[-1]
 
 
 def _precision_gate(
-    engine: sa.Engine,
+    db: sa.Engine,
     doc: dict[str, Any],
     route: str,
     candidate: str,
@@ -213,7 +213,7 @@ def _precision_gate(
     spec = doc["pools"].get(candidate)
     if not isinstance(spec, dict) or spec.get("live", True) is not False:
         return ""
-    ungated = uncleared(engine, [candidate])
+    ungated = uncleared(db, [candidate])
     if not ungated:
         return ""
     if not override:
@@ -222,10 +222,10 @@ def _precision_gate(
     return overridden(ungated, author)
 
 
-def guards(engine: sa.Engine, policy: Policy, route: str, candidate: str, since: float) -> Guards:
+def guards(db: sa.Engine, policy: Policy, route: str, candidate: str, since: float) -> Guards:
     """Measure the canary's requests and reverse shadow sample since the step began."""
     r, s = request_records.c, shadow_records.c
-    with engine.connect() as conn:
+    with db.connect() as conn:
         # Requests the canary was given: a fallback that saved the client is still its failure.
         served = conn.execute(
             sa.select(
@@ -267,16 +267,16 @@ def guards(engine: sa.Engine, policy: Policy, route: str, candidate: str, since:
 
 
 def advance(
-    engine: sa.Engine, policy: Policy, *, author: str = "rollout", now: float | None = None
+    db: sa.Engine, policy: Policy, *, author: str = "rollout", now: float | None = None
 ) -> list[dict[str, Any]]:
     """Check every running rollout's step; move, finish or roll back those that are due."""
     now = time.time() if now is None else now
     steps = policy.promotion.rollout_steps
-    with engine.connect() as conn:
+    with db.connect() as conn:
         running = conn.execute(sa.select(rollouts).where(rollouts.c.state == ROLLING)).all()
     moved = []
     for row in running:
-        g = guards(engine, policy, row.route, row.candidate, row.step_started)
+        g = guards(db, policy, row.route, row.candidate, row.step_started)
         move, reason = next_move(g, policy, now - row.step_started)
         if move == "wait":
             continue
@@ -288,7 +288,7 @@ def advance(
         else:
             step, state = row.step, COMPLETE
         weight = steps[step] if step >= 0 else 0.0
-        doc = _active_doc(engine)
+        doc = _active_doc(db)
         if state == COMPLETE:
             message = f"rollout of {row.candidate} on {row.route}: promoted"
             content = to_yaml(promoted(doc, row.route, row.candidate))
@@ -299,7 +299,7 @@ def advance(
         validation.validate(content, "rollout").accepted()
         # Claim the transition, so two replicas never both step one rollout; the new policy
         # was checked above, so storing it cannot fail on its content.
-        with engine.begin() as conn:
+        with db.begin() as conn:
             claimed = conn.execute(
                 rollouts.update()
                 .where(
@@ -311,7 +311,7 @@ def advance(
             ).rowcount
         if not claimed:
             continue
-        version = _store(engine, content, author, f"{message} ({reason})")
+        version = _store(db, content, author, f"{message} ({reason})")
         history = json.loads(row.history)
         history.append(
             {
@@ -326,7 +326,7 @@ def advance(
                 "agreement": g.agreement,
             }
         )
-        with engine.begin() as conn:
+        with db.begin() as conn:
             conn.execute(
                 rollouts.update().where(rollouts.c.id == row.id).values(history=json.dumps(history))
             )
@@ -342,18 +342,18 @@ def advance(
     return moved
 
 
-def stop(engine: sa.Engine, route: str, *, author: str, now: float | None = None) -> dict[str, Any]:
+def stop(db: sa.Engine, route: str, *, author: str, now: float | None = None) -> dict[str, Any]:
     """Roll a route's running rollout all the way back: the candidate serves nothing live."""
     now = time.time() if now is None else now
-    with engine.connect() as conn:
+    with db.connect() as conn:
         row = conn.execute(
             sa.select(rollouts).where(rollouts.c.route == route, rollouts.c.state == ROLLING)
         ).first()
     if row is None:
         raise Conflict(f"route {route!r} has no rollout in progress", param="route")
     version = _store(
-        engine,
-        to_yaml(with_canary(_active_doc(engine), route, row.candidate, 0.0)),
+        db,
+        to_yaml(with_canary(_active_doc(db), route, row.candidate, 0.0)),
         author,
         f"rollout of {row.candidate} on {route}: rolled back by {author}",
     )
@@ -361,18 +361,18 @@ def stop(engine: sa.Engine, route: str, *, author: str, now: float | None = None
         *json.loads(row.history),
         {"ts": now, "event": "stopped", "weight": 0.0, "policy_version": version},
     ]
-    with engine.begin() as conn:
+    with db.begin() as conn:
         conn.execute(
             rollouts.update()
             .where(rollouts.c.id == row.id)
             .values(state=ROLLED_BACK, step=-1, weight=0.0, history=json.dumps(history))
         )
-    return status(engine)[-1]
+    return status(db)[-1]
 
 
-def status(engine: sa.Engine) -> list[dict[str, Any]]:
+def status(db: sa.Engine) -> list[dict[str, Any]]:
     """Return every rollout, oldest first, with its history."""
-    with engine.connect() as conn:
+    with db.connect() as conn:
         rows = conn.execute(sa.select(rollouts).order_by(rollouts.c.id)).all()
     return [
         {
@@ -394,12 +394,12 @@ class RolloutDriver:
 
     def __init__(
         self,
-        engine: sa.Engine,
+        db: sa.Engine,
         policy: Callable[[], Policy],
         synced: Callable[[], Awaitable[int]],
         interval_s: float,
     ):
-        self._engine = engine
+        self._db = db
         self._policy = policy
         self._synced = synced
         self.periodic = Periodic("rollout-driver", interval_s, self.check)
@@ -412,7 +412,7 @@ class RolloutDriver:
 
     async def check(self) -> list[dict[str, Any]]:
         """Advance what is due now; serve the resulting policy version at once."""
-        moved = await asyncio.to_thread(advance, self._engine, self._policy())
+        moved = await asyncio.to_thread(advance, self._db, self._policy())
         if moved:
             await self._synced()
         return moved

@@ -61,16 +61,16 @@ T = TypeVar("T", bound=Row)
 
 
 class InsertStatement:
-    """A table's INSERT compiled once for an engine, taking rows of plain values as they are.
+    """A table's INSERT compiled once for a database, taking rows of plain values as they are.
 
     Rows go to the driver without SQLAlchemy's per-row parameter processing, which is half the
     CPU of a batch insert; they hold only str, int, float, bool and None, which need none.
     """
 
-    def __init__(self, table: sa.Table, engine: sa.Engine):
+    def __init__(self, table: sa.Table, db: sa.Engine):
         generated = table.autoincrement_column
         self.columns = tuple(c.name for c in table.columns if c is not generated)
-        compiled = table.insert().compile(dialect=engine.dialect, column_keys=list(self.columns))
+        compiled = table.insert().compile(dialect=db.dialect, column_keys=list(self.columns))
         self.sql = str(compiled)
         # Set for a positional paramstyle (SQLite's ?), empty for a named one (psycopg's).
         self.positions = tuple(compiled.positiontup or ())
@@ -107,23 +107,23 @@ class InsertStatement:
         return [{k: row.get(k) for k in self.columns} for row in rows]
 
 
-def _execute(engine: sa.Engine, sql: str, values: list[Any]) -> None:
+def _execute(db: sa.Engine, sql: str, values: list[Any]) -> None:
     """Insert rows of driver values in one transaction, in statements of ROWS_PER_STATEMENT."""
-    with engine.begin() as conn:
+    with db.begin() as conn:
         for start in range(0, len(values), ROWS_PER_STATEMENT):
             if start:
                 yield_cpu()
             conn.exec_driver_sql(sql, values[start : start + ROWS_PER_STATEMENT])
 
 
-def insert_batch(engine: sa.Engine, sql: str, values: list[Any]) -> tuple[int, list[str]]:
+def insert_batch(db: sa.Engine, sql: str, values: list[Any]) -> tuple[int, list[str]]:
     """Insert rows of driver values in one transaction; row by row if the database refuses one.
 
     Return how many rows were written and, for each row the database refused (a constraint,
     which no retry can fix), why. Raise DatabaseUnavailable when it cannot be reached.
     """
     try:
-        _execute(engine, sql, values)
+        _execute(db, sql, values)
     except (sa.exc.IntegrityError, sa.exc.DataError):
         pass
     except sa.exc.SQLAlchemyError as exc:
@@ -135,7 +135,7 @@ def insert_batch(engine: sa.Engine, sql: str, values: list[Any]) -> tuple[int, l
         if n:
             yield_cpu()
         try:
-            _execute(engine, sql, values[n : n + 1])
+            _execute(db, sql, values[n : n + 1])
         except (sa.exc.IntegrityError, sa.exc.DataError) as exc:
             refused.append(str(exc.orig))
         except sa.exc.SQLAlchemyError as exc:
@@ -152,13 +152,13 @@ class Inserter(Protocol):
 
 
 class InThread:
-    """Insert batches from a worker thread of this process, on its engine."""
+    """Insert batches from a worker thread of this process, on its connection pool."""
 
-    def __init__(self, engine: sa.Engine):
-        self._engine = engine
+    def __init__(self, db: sa.Engine):
+        self._db = db
 
     async def insert(self, sql: str, values: list[Any]) -> tuple[int, list[str]]:
-        return await asyncio.to_thread(insert_batch, self._engine, sql, values)
+        return await asyncio.to_thread(insert_batch, self._db, sql, values)
 
 
 class BatchWriter(Generic[T]):
@@ -169,7 +169,7 @@ class BatchWriter(Generic[T]):
 
     def __init__(
         self,
-        engine: sa.Engine,
+        db: sa.Engine,
         table: sa.Table,
         metrics: GatewayMetrics,
         written: Counter,
@@ -183,8 +183,8 @@ class BatchWriter(Generic[T]):
         max_spill_bytes: int = DEFAULT_MAX_SPILL_BYTES,
         inserter: Inserter | None = None,
     ):
-        self._engine = engine
-        self._inserter = inserter or InThread(engine)
+        self._db = db
+        self._inserter = inserter or InThread(db)
         self._table = table
         self._written = written
         self._dropped = dropped
@@ -276,7 +276,7 @@ class BatchWriter(Generic[T]):
     def _statement(self, table: sa.Table) -> InsertStatement:
         statement = self._statements.get(table.name)
         if statement is None:
-            statement = self._statements[table.name] = InsertStatement(table, self._engine)
+            statement = self._statements[table.name] = InsertStatement(table, self._db)
         return statement
 
     async def _run(self) -> None:

@@ -19,9 +19,9 @@ def ms(seconds: float | None) -> float | None:
 class RecordWriter(BatchWriter[RequestRecord]):
     """Write request records in batches; never waits, keeps what the database cannot take."""
 
-    def __init__(self, engine: sa.Engine, metrics: GatewayMetrics, **options: Any):
+    def __init__(self, db: sa.Engine, metrics: GatewayMetrics, **options: Any):
         super().__init__(
-            engine,
+            db,
             request_records,
             metrics,
             metrics.records_written,

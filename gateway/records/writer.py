@@ -7,7 +7,7 @@ checkpoints, and PostgreSQL's round trips do not take the serving process's inte
 and run below its priority on a core they share with its event loop:
 
     serving process                                     writer process (gateway.periodic)
-    BatchWriter ── sql, driver values (pickled) ──▶     insert_batch(engine, ...)
+    BatchWriter ── sql, driver values (pickled) ──▶     insert_batch(db, ...)
                 ◀── rows written, rows refused ────     one transaction, or row by row
 
 A writer process that dies (killed, out of memory) loses nothing: the batch it held is still
@@ -27,27 +27,27 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from gateway.db.engine import make_engine
+from gateway.db.connection import connect
 from gateway.errors import DatabaseUnavailable
 from gateway.periodic import helper_process
 from gateway.records.batching import insert_batch
 
-_engine: sa.Engine | None = None  # the writer process's own
+_db: sa.Engine | None = None  # the writer process's own
 
 
 def _open(url: str) -> None:
-    global _engine
-    _engine = make_engine(url)
+    global _db
+    _db = connect(url)
 
 
 def _insert(sql: str, values: list[Any]) -> tuple[int, list[str], int]:
-    assert _engine is not None
-    written, refused = insert_batch(_engine, sql, values)
+    assert _db is not None
+    written, refused = insert_batch(_db, sql, values)
     return written, refused, os.getpid()
 
 
 class WriterProcess:
-    """Insert batches in a spawned process that opens its own engine on the database URL.
+    """Insert batches in a spawned process that opens its own connection pool on the database URL.
 
     It starts with the first batch, so a gateway that writes nothing starts none.
     """

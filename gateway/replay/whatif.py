@@ -25,7 +25,7 @@ COMPARED = ("energy_j_per_request", "cost_usd_per_1k_tokens", "slo_attainment", 
 
 
 def recorded_requests(
-    engine: sa.Engine, since: float, *, limit: int | None = None
+    db: sa.Engine, since: float, *, limit: int | None = None
 ) -> list[TraceRequest]:
     """Return the period's successful requests as a replayable trace, oldest first: each with
     its model, SLO class, tenant, endpoint and streaming as recorded."""
@@ -51,7 +51,7 @@ def recorded_requests(
     )
     if limit is not None:
         query = query.limit(limit)
-    with engine.connect() as conn:
+    with db.connect() as conn:
         rows = conn.execute(query).all()
     if not rows:
         return []

@@ -25,7 +25,7 @@ from gateway.report.period import Period
 
 
 def generate(
-    engine: sa.Engine,
+    db: sa.Engine,
     policy: Policy,
     period: Period,
     out: Path,
@@ -35,7 +35,7 @@ def generate(
 ) -> dict[str, Any]:
     """Read the period's records and write report.html, report.md and report.json into `out`."""
     report = records.collect(
-        engine, policy, period, now=time.time() if now is None else now, model=model
+        db, policy, period, now=time.time() if now is None else now, model=model
     )
     render.write(report, out)
     return report

@@ -52,17 +52,17 @@ DROP_COLUMNS = ("ts", "route", "candidate_pool", "kind", "reason", "count")
 
 
 def collect(
-    engine: sa.Engine, policy: Policy, period: Period, *, now: float, model: CostModel | None
+    db: sa.Engine, policy: Policy, period: Period, *, now: float, model: CostModel | None
 ) -> dict[str, Any]:
     """Read everything the report needs for `period` and return its numbers."""
     previous = period.previous()
     rules = evidence.criteria(policy)
     start = min(previous.since, period.until - judge_window(rules))
-    requests = _read_requests(engine, start, period.until)
-    shadows = _read_shadows(engine, start, period.until)
-    drops = _read_drops(engine, start, period.until)
-    cost_model = _read_cost_model(engine, period.until)
-    stored = evidence.latest(engine)
+    requests = _read_requests(db, start, period.until)
+    shadows = _read_shadows(db, start, period.until)
+    drops = _read_drops(db, start, period.until)
+    cost_model = _read_cost_model(db, period.until)
+    stored = evidence.latest(db)
     predict = (model or CostModel(policy)).predict
     return build(
         policy,
@@ -77,18 +77,18 @@ def collect(
         rules=rules,
         verdicts=judge_rows(shadows, rules, period.until),
         verdicts_before=judge_rows(shadows, rules, previous.until),
-        checks=results.newest(engine, until=period.until),
+        checks=results.newest(db, until=period.until),
     )
 
 
-def _read_requests(engine: sa.Engine, since: float, until: float) -> list[dict[str, Any]]:
+def _read_requests(db: sa.Engine, since: float, until: float) -> list[dict[str, Any]]:
     c = request_records.c
     query = sa.select(*(c[n] for n in REQUEST_COLUMNS)).where(c.ts >= since, c.ts < until)
-    with engine.connect() as conn:
+    with db.connect() as conn:
         return [dict(r._mapping) for r in conn.execute(query)]
 
 
-def _read_shadows(engine: sa.Engine, since: float, until: float) -> list[dict[str, Any]]:
+def _read_shadows(db: sa.Engine, since: float, until: float) -> list[dict[str, Any]]:
     c, r = shadow_records.c, request_records.c
     measured = {
         "primary_energy_j": sa.func.coalesce(c.primary_energy_j, r.energy_j),
@@ -104,18 +104,18 @@ def _read_shadows(engine: sa.Engine, since: float, until: float) -> list[dict[st
         .select_from(shadow_records.outerjoin(request_records, r.decision_id == c.decision_id))
         .where(c.ts >= since, c.ts < until)
     )
-    with engine.connect() as conn:
+    with db.connect() as conn:
         return [dict(row._mapping) for row in conn.execute(query)]
 
 
-def _read_drops(engine: sa.Engine, since: float, until: float) -> list[dict[str, Any]]:
+def _read_drops(db: sa.Engine, since: float, until: float) -> list[dict[str, Any]]:
     d = shadow_drops.c
     query = sa.select(*(d[n] for n in DROP_COLUMNS)).where(d.ts >= since, d.ts < until)
-    with engine.connect() as conn:
+    with db.connect() as conn:
         return [dict(r._mapping) for r in conn.execute(query)]
 
 
-def _read_cost_model(engine: sa.Engine, until: float) -> dict[str, Any] | None:
+def _read_cost_model(db: sa.Engine, until: float) -> dict[str, Any] | None:
     m = cost_models.c
     query = (
         sa.select(m.version, m.created, m.observations, m.scores)
@@ -123,7 +123,7 @@ def _read_cost_model(engine: sa.Engine, until: float) -> dict[str, Any] | None:
         .order_by(m.version.desc())
         .limit(1)
     )
-    with engine.connect() as conn:
+    with db.connect() as conn:
         row = conn.execute(query).first()
     if row is None:
         return None

@@ -83,14 +83,14 @@ class ReportScheduler:
         self,
         schedule: tuple[int, int, int],
         reports: Path,
-        engine: sa.Engine,
+        db: sa.Engine,
         policy: Callable[[], Policy],
         model: Callable[[], CostModel],
         interval_s: float = 60.0,
     ):
         self._schedule = schedule
         self._reports = reports
-        self._engine = engine
+        self._db = db
         self._policy = policy
         self._model = model
         self.periodic = Periodic("report-scheduler", interval_s, self.check, first_at_start=True)
@@ -104,7 +104,7 @@ class ReportScheduler:
         span = last_complete_week(now)
         await asyncio.to_thread(
             generate,
-            self._engine,
+            self._db,
             self._policy(),
             span,
             self._reports / label,

@@ -40,7 +40,7 @@ class ShadowWriter(BatchWriter[ShadowRecord]):
 
     def __init__(
         self,
-        engine: sa.Engine,
+        db: sa.Engine,
         metrics: GatewayMetrics,
         *,
         flush_interval_s: float = 0.5,
@@ -51,7 +51,7 @@ class ShadowWriter(BatchWriter[ShadowRecord]):
         **options: Any,
     ):
         super().__init__(
-            engine,
+            db,
             shadow_records,
             metrics,
             metrics.shadow_records_written,
@@ -108,7 +108,7 @@ class ShadowWriter(BatchWriter[ShadowRecord]):
 
     def _erase_expired(self, now: float) -> int:
         c = shadow_records.c
-        with self._engine.begin() as conn:
+        with self._db.begin() as conn:
             result = conn.execute(
                 shadow_records.update()
                 .where(c.text_expires_at <= now)

@@ -132,7 +132,7 @@ def summarize_rows(
 
 
 def summarize(
-    engine: sa.Engine,
+    db: sa.Engine,
     route: str | None = None,
     candidate: str | None = None,
     since: float | None = None,
@@ -157,7 +157,7 @@ def summarize(
     if since is not None:
         query = query.where(c.ts >= since)
         drops_query = drops_query.where(d.ts >= since)
-    with engine.connect() as conn:
+    with db.connect() as conn:
         rows = [dict(r._mapping) for r in conn.execute(query)]
         drops = [dict(r._mapping) for r in conn.execute(drops_query)]
     return summarize_rows(rows, drops)

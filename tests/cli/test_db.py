@@ -16,16 +16,16 @@ def test_db_upgrade_creates_the_schema(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'g.db'}"
     result = gateway("db", "upgrade", env={"DATABASE_URL": url})
     assert result.returncode == 0, result.stderr
-    engine = sa.create_engine(url)
-    assert request_records.name in sa.inspect(engine).get_table_names()
-    engine.dispose()
+    db = sa.create_engine(url)
+    assert request_records.name in sa.inspect(db).get_table_names()
+    db.dispose()
 
 
 def test_db_prune_deletes_records_past_retention_and_says_how_many(database: str) -> None:
-    engine = sa.create_engine(database)
+    db = sa.create_engine(database)
     now = time.time()
-    store_rows(engine, request_records, [40, 35, 1], now=now)
-    store_rows(engine, shadow_records, [40, 1], now=now)
+    store_rows(db, request_records, [40, 35, 1], now=now)
+    store_rows(db, shadow_records, [40, 1], now=now)
     result = gateway(
         "db",
         "prune",
@@ -35,10 +35,10 @@ def test_db_prune_deletes_records_past_retention_and_says_how_many(database: str
     assert "request_records: deleted 2 rows from before" in result.stdout
     assert "shadow_records: kept forever" in result.stdout
     assert "cost_models: deleted 0 from before the request window" in result.stdout
-    with engine.connect() as conn:
+    with db.connect() as conn:
         assert conn.execute(sa.select(sa.func.count()).select_from(request_records)).scalar() == 1
         assert conn.execute(sa.select(sa.func.count()).select_from(shadow_records)).scalar() == 2
-    engine.dispose()
+    db.dispose()
 
 
 def test_db_prune_on_an_unmigrated_database_says_so(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_model_train_learns_from_recorded_requests(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'g.db'}"
     assert gateway("db", "upgrade", env={"DATABASE_URL": url}).returncode == 0
-    engine = sa.create_engine(url)
+    db = sa.create_engine(url)
     rows = []
     for i in range(120):
         prompt, output, concurrent = 100 + 10 * i, 20 + i % 50, 1 + i % 8
@@ -46,7 +46,7 @@ def test_model_train_learns_from_recorded_requests(tmp_path: Path) -> None:
                 "status": 200,
             }
         )
-    with engine.begin() as conn:
+    with db.begin() as conn:
         conn.execute(request_records.insert(), rows)
     result = gateway("model", "train", env={"DATABASE_URL": url})
     assert result.returncode == 0, result.stderr
@@ -55,7 +55,7 @@ def test_model_train_learns_from_recorded_requests(tmp_path: Path) -> None:
     from gateway.costmodel.store import load_latest
     from gateway.policy.load import load_policy
 
-    model = load_latest(engine, load_policy(ROOT / "policies/default.yaml"))
-    engine.dispose()
+    model = load_latest(db, load_policy(ROOT / "policies/default.yaml"))
+    db.dispose()
     assert model is not None and model.version == 1
     assert ("asic", MODEL) in model.trained

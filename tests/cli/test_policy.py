@@ -8,7 +8,7 @@ from pathlib import Path
 import yaml
 from command import ROOT, gateway
 
-from gateway.db.engine import upgrade
+from gateway.db.connection import upgrade
 from gateway.policy.load import json_schema, render_policy
 from policies import fleet_policy
 

@@ -124,10 +124,10 @@ def test_sigterm_finishes_in_flight_streams_refuses_new_connections_and_flushes(
     assert still_streaming > 0, "the streams ended before the gateway stopped listening"
     assert len(results) == STREAMS
     assert all(text and finish in ("stop", "length") for text, finish in results), results
-    engine = sa.create_engine(env["DATABASE_URL"])
-    with engine.connect() as conn:
+    db = sa.create_engine(env["DATABASE_URL"])
+    with db.connect() as conn:
         rows = conn.execute(sa.select(request_records.c.status, request_records.c.stream)).all()
-    engine.dispose()
+    db.dispose()
     # The flush interval is 30 s: the records exist only because shutdown wrote them.
     assert sorted(rows) == [(200, True)] * STREAMS
 
@@ -167,10 +167,10 @@ def test_serve_answers_then_stops_on_sigterm_with_records_flushed(sims, tmp_path
     finally:
         if proc.poll() is None:
             proc.kill()
-    engine = sa.create_engine(env["DATABASE_URL"])
-    with engine.connect() as conn:
+    db = sa.create_engine(env["DATABASE_URL"])
+    with db.connect() as conn:
         count = conn.execute(sa.select(sa.func.count()).select_from(request_records)).scalar()
-    engine.dispose()
+    db.dispose()
     # The flush interval is 30 s: the records exist only because shutdown wrote them.
     assert count == 3
 

@@ -13,7 +13,7 @@ from rows import request_record
 from gateway.costmodel import store
 from gateway.costmodel.learner import Learner
 from gateway.costmodel.model import CostModel
-from gateway.db.engine import make_engine, upgrade
+from gateway.db.connection import connect, upgrade
 from gateway.metrics import GatewayMetrics
 from policies import MODEL, fleet_policy
 
@@ -21,10 +21,10 @@ from policies import MODEL, fleet_policy
 def test_a_retraining_is_fitted_outside_the_serving_process_and_stored(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'gateway.db'}"
     upgrade(url)
-    engine = make_engine(url)
+    db = connect(url)
     policy = fleet_policy()
     served: list[CostModel] = []
-    learner = Learner(lambda: policy, engine, GatewayMetrics(), served.append)
+    learner = Learner(lambda: policy, db, GatewayMetrics(), served.append)
     draw = random.Random(7)
     for n in range(200):  # measured GPU requests, each slower than the vendor sheet says
         prompt, output = draw.randint(50, 3000), draw.randint(20, 400)
@@ -53,10 +53,10 @@ def test_a_retraining_is_fitted_outside_the_serving_process_and_stored(tmp_path:
     model = asyncio.run(retrain())
     assert model is not None and served == [model]
     assert learner.trainer_pid is not None and learner.trainer_pid != os.getpid()
-    stored = store.load_latest(engine, policy)
+    stored = store.load_latest(db, policy)
     assert stored is not None and stored.version == model.version == 1
     # What it learned: the GPU's steps are slower than the prior, at every load.
     prior = CostModel(policy).predict("gpu", MODEL, 500, 100, 2)
     learned = model.predict("gpu", MODEL, 500, 100, 2)
     assert learned.tpot_s > 1.2 * prior.tpot_s
-    engine.dispose()
+    db.dispose()

@@ -6,7 +6,7 @@ import sqlalchemy as sa
 
 from gateway.costmodel import store
 from gateway.costmodel.model import CostModel
-from gateway.db.engine import make_engine
+from gateway.db.connection import connect
 from policies import fleet_policy
 
 
@@ -14,20 +14,20 @@ def test_a_version_number_another_replica_stored_first_is_stored_as_the_next(
     database: str,
 ) -> None:
     # Two replicas read the next version (1) before either stored it: both runs are kept.
-    engine = make_engine(database)
+    db = connect(database)
     policy = fleet_policy()
     try:
-        first = store.save(engine, CostModel(policy, version=1), {}, observations=10)
-        second = store.save(engine, CostModel(policy, version=1), {}, observations=20)
-        failed = store.save_failure(engine, 2, observations=30, error="boom")
-        with engine.connect() as conn:
+        first = store.save(db, CostModel(policy, version=1), {}, observations=10)
+        second = store.save(db, CostModel(policy, version=1), {}, observations=20)
+        failed = store.save_failure(db, 2, observations=30, error="boom")
+        with db.connect() as conn:
             c = store.cost_models.c
             rows = conn.execute(
                 sa.select(c.version, c.observations, c.status).order_by(c.version)
             ).all()
-        latest = store.load_latest(engine, policy)
+        latest = store.load_latest(db, policy)
     finally:
-        engine.dispose()
+        db.dispose()
     assert (first.version, second.version, failed) == (1, 2, 3)
     assert [tuple(r) for r in rows] == [(1, 10, "ok"), (2, 20, "ok"), (3, 30, "failed")]
     assert latest is not None and latest.version == 2

@@ -14,15 +14,15 @@ import sqlalchemy as sa
 from rows import DAY, NOW, store_rows
 from waiting import until, wait_for
 
-from gateway.db.engine import make_engine
+from gateway.db.connection import connect
 from gateway.db.retention import Pruner, Windows, prune
 from gateway.db.schema import cost_models, request_records, shadow_drops, shadow_records
 from harness.gateways import run_gateway
 from policies import fleet_policy
 
 
-def kept(engine: sa.Engine, table: sa.Table) -> list[str]:
-    with engine.connect() as conn:
+def kept(db: sa.Engine, table: sa.Table) -> list[str]:
+    with db.connect() as conn:
         return sorted(conn.execute(sa.select(table.c.route)).scalars())
 
 
@@ -31,35 +31,35 @@ def routes(*ages_days: float) -> list[str]:
 
 
 @pytest.fixture
-def engine(database: str) -> Iterator[sa.Engine]:
-    engine = make_engine(database)
-    yield engine
-    engine.dispose()
+def db(database: str) -> Iterator[sa.Engine]:
+    db = connect(database)
+    yield db
+    db.dispose()
 
 
-def deletes(engine: sa.Engine) -> list[int]:
-    """Start recording the row count of every DELETE the engine runs; return the list."""
+def deletes(db: sa.Engine) -> list[int]:
+    """Start recording the row count of every DELETE the database runs; return the list."""
     counts: list[int] = []
 
     def count(conn: Any, cursor: Any, statement: str, *_: Any) -> None:
         if statement.lstrip().upper().startswith("DELETE"):
             counts.append(cursor.rowcount)
 
-    sa.event.listen(engine, "after_cursor_execute", count)
+    sa.event.listen(db, "after_cursor_execute", count)
     return counts
 
 
-def test_deletes_exactly_the_rows_past_each_tables_window(engine: sa.Engine) -> None:
+def test_deletes_exactly_the_rows_past_each_tables_window(db: sa.Engine) -> None:
     ages = [45, 30.5, 30, 29.9, 10.5, 9.5, 1, 0]
     for table in (request_records, shadow_records, shadow_drops):
-        store_rows(engine, table, ages)
+        store_rows(db, table, ages)
 
-    deleted = prune(engine, Windows(request_days=30, shadow_days=10), NOW)
+    deleted = prune(db, Windows(request_days=30, shadow_days=10), NOW)
 
     # A row exactly at the window's edge is kept: it is not older than the window.
-    assert kept(engine, request_records) == routes(30, 29.9, 10.5, 9.5, 1, 0)
+    assert kept(db, request_records) == routes(30, 29.9, 10.5, 9.5, 1, 0)
     for table in (shadow_records, shadow_drops):
-        assert kept(engine, table) == routes(9.5, 1, 0)
+        assert kept(db, table) == routes(9.5, 1, 0)
     assert deleted == {
         "request_records": 2,
         "shadow_records": 5,
@@ -68,35 +68,35 @@ def test_deletes_exactly_the_rows_past_each_tables_window(engine: sa.Engine) -> 
     }
 
 
-def test_deletes_in_batches_of_at_most_batch_rows(engine: sa.Engine) -> None:
-    store_rows(engine, request_records, [40.0] * 25 + [1.0] * 3)
-    batches = deletes(engine)
+def test_deletes_in_batches_of_at_most_batch_rows(db: sa.Engine) -> None:
+    store_rows(db, request_records, [40.0] * 25 + [1.0] * 3)
+    batches = deletes(db)
 
-    deleted = prune(engine, Windows(request_days=30, shadow_days=0), NOW, batch_rows=10)
+    deleted = prune(db, Windows(request_days=30, shadow_days=0), NOW, batch_rows=10)
 
     assert batches == [10, 10, 5, 0]  # and one for cost models, none stored
     assert deleted == {"request_records": 25, "cost_models": 0}
-    assert kept(engine, request_records) == ["age-1"] * 3
+    assert kept(db, request_records) == ["age-1"] * 3
 
 
-def test_zero_keeps_a_table_forever(engine: sa.Engine) -> None:
+def test_zero_keeps_a_table_forever(db: sa.Engine) -> None:
     for table in (request_records, shadow_records, shadow_drops):
-        store_rows(engine, table, [400, 1])
+        store_rows(db, table, [400, 1])
 
-    assert prune(engine, Windows(request_days=0, shadow_days=0), NOW) == {}
-    assert prune(engine, Windows(request_days=0, shadow_days=30), NOW) == {
+    assert prune(db, Windows(request_days=0, shadow_days=0), NOW) == {}
+    assert prune(db, Windows(request_days=0, shadow_days=30), NOW) == {
         "shadow_records": 1,
         "shadow_drops": 1,
     }
-    assert kept(engine, request_records) == ["age-1", "age-400"]
+    assert kept(db, request_records) == ["age-1", "age-400"]
 
 
 def test_old_cost_models_go_but_the_one_in_force_at_the_windows_edge_stays(
-    engine: sa.Engine,
+    db: sa.Engine,
 ) -> None:
     ages = {1: (45, "ok"), 2: (40, "failed"), 3: (35, "ok"), 4: (31, "failed"), 5: (10, "ok")}
     ages[6] = (1, "ok")
-    with engine.begin() as conn:
+    with db.begin() as conn:
         conn.execute(
             cost_models.insert(),
             [
@@ -112,46 +112,46 @@ def test_old_cost_models_go_but_the_one_in_force_at_the_windows_edge_stays(
             ],
         )
 
-    assert "cost_models" not in prune(engine, Windows(request_days=0, shadow_days=30), NOW)
-    deleted = prune(engine, Windows(request_days=30, shadow_days=30), NOW, batch_rows=2)
+    assert "cost_models" not in prune(db, Windows(request_days=0, shadow_days=30), NOW)
+    deleted = prune(db, Windows(request_days=30, shadow_days=30), NOW, batch_rows=2)
 
-    with engine.connect() as conn:
+    with db.connect() as conn:
         versions = sorted(conn.execute(sa.select(cost_models.c.version)).scalars())
     # 3 was in force 30 days ago: a report of the week that began then reads it.
     assert versions == [3, 5, 6]
     assert deleted["cost_models"] == 3
 
 
-def test_the_job_is_off_when_its_interval_or_every_window_is_zero(engine: sa.Engine) -> None:
-    assert not Pruner(engine, Windows(30, 30), interval_s=0).enabled
-    assert not Pruner(engine, Windows(0, 0), interval_s=3600).enabled
-    assert Pruner(engine, Windows(0, 30), interval_s=3600).enabled
+def test_the_job_is_off_when_its_interval_or_every_window_is_zero(db: sa.Engine) -> None:
+    assert not Pruner(db, Windows(30, 30), interval_s=0).enabled
+    assert not Pruner(db, Windows(0, 0), interval_s=3600).enabled
+    assert Pruner(db, Windows(0, 30), interval_s=3600).enabled
 
 
-def test_a_stopped_round_ends_after_the_batch_it_is_on(engine: sa.Engine) -> None:
-    store_rows(engine, request_records, [40.0] * 25)
+def test_a_stopped_round_ends_after_the_batch_it_is_on(db: sa.Engine) -> None:
+    store_rows(db, request_records, [40.0] * 25)
     stopping = threading.Event()
 
     def stop_after_a_delete(conn: Any, cursor: Any, statement: str, *_: Any) -> None:
         if statement.lstrip().upper().startswith("DELETE"):
             stopping.set()
 
-    sa.event.listen(engine, "after_cursor_execute", stop_after_a_delete)
+    sa.event.listen(db, "after_cursor_execute", stop_after_a_delete)
 
-    deleted = prune(engine, Windows(30, 0), NOW, batch_rows=10, stopping=stopping)
+    deleted = prune(db, Windows(30, 0), NOW, batch_rows=10, stopping=stopping)
 
     assert deleted == {"request_records": 10, "cost_models": 0}  # cost models not begun
-    assert len(kept(engine, request_records)) == 15
+    assert len(kept(db, request_records)) == 15
 
 
-def test_replicas_pruning_at_once_delete_each_old_row_once(engine: sa.Engine) -> None:
-    store_rows(engine, request_records, [40.0] * 300 + [1.0] * 7)
+def test_replicas_pruning_at_once_delete_each_old_row_once(db: sa.Engine) -> None:
+    store_rows(db, request_records, [40.0] * 300 + [1.0] * 7)
     results: list[dict[str, int]] = []
     errors: list[BaseException] = []
 
     def replica() -> None:
         try:
-            results.append(prune(engine, Windows(30, 0), NOW, batch_rows=20))
+            results.append(prune(db, Windows(30, 0), NOW, batch_rows=20))
         except BaseException as exc:  # the assertion below shows it
             errors.append(exc)
 
@@ -163,38 +163,34 @@ def test_replicas_pruning_at_once_delete_each_old_row_once(engine: sa.Engine) ->
 
     assert errors == []
     assert sum(r["request_records"] for r in results) == 300
-    assert kept(engine, request_records) == ["age-1"] * 7
+    assert kept(db, request_records) == ["age-1"] * 7
 
 
-def test_pruner_runs_rounds_in_the_background_until_stopped(engine: sa.Engine) -> None:
-    store_rows(engine, shadow_records, [40.0, 1.0])
+def test_pruner_runs_rounds_in_the_background_until_stopped(db: sa.Engine) -> None:
+    store_rows(db, shadow_records, [40.0, 1.0])
 
     async def scenario() -> None:
-        pruner = Pruner(engine, Windows(30, 30), interval_s=0.02, wall=lambda: NOW)
+        pruner = Pruner(db, Windows(30, 30), interval_s=0.02, wall=lambda: NOW)
         pruner.start()
-        await until(
-            lambda: len(kept(engine, shadow_records)) == 1, message="the pruner never pruned"
-        )
+        await until(lambda: len(kept(db, shadow_records)) == 1, message="the pruner never pruned")
         await pruner.stop()
-        store_rows(engine, shadow_records, [50.0])
+        store_rows(db, shadow_records, [50.0])
         # Nothing shows a stopped pruner: one still running would prune within these five
         # intervals. A slower machine can only miss that, never fail a pruner that stopped.
         await asyncio.sleep(0.1)
 
     asyncio.run(scenario())  # and returns once every worker thread, a late round's too, ended
-    assert kept(engine, shadow_records) == ["age-1", "age-50"]
+    assert kept(db, shadow_records) == ["age-1", "age-50"]
 
 
 def test_gateway_serve_prunes_on_its_interval(database: str, tmp_path: Path) -> None:
-    engine = make_engine(database)
+    db = connect(database)
     now = time.time()
-    store_rows(engine, request_records, [40.0, 1.0], now=now)
+    store_rows(db, request_records, [40.0, 1.0], now=now)
     with run_gateway(
         fleet_policy(), tmp_path, database_url=database, retention_interval_s=0.05
     ) as gw:
         assert gw.gateway.retention.enabled
-        wait_for(
-            lambda: len(kept(engine, request_records)) == 1, message="the gateway never pruned"
-        )
-    assert kept(engine, request_records) == ["age-1"]
-    engine.dispose()
+        wait_for(lambda: len(kept(db, request_records)) == 1, message="the gateway never pruned")
+    assert kept(db, request_records) == ["age-1"]
+    db.dispose()

@@ -17,7 +17,7 @@ from alembic.runtime.migration import MigrationContext
 from rows import request_record, shadow_record
 
 from gateway.compare.measures import MEASURES
-from gateway.db.engine import alembic_config, make_engine, upgrade
+from gateway.db.connection import alembic_config, connect, upgrade
 from gateway.db.schema import (
     TEXT,
     column,
@@ -35,19 +35,19 @@ from policies import fleet_policy
 
 
 def schema_drift(url: str) -> list[Any]:
-    engine = make_engine(url)
-    with engine.connect() as conn:
+    db = connect(url)
+    with db.connect() as conn:
         diff = compare_metadata(MigrationContext.configure(conn), metadata)
-    engine.dispose()
+    db.dispose()
     return diff
 
 
 def test_migrations_go_down_to_nothing_and_up_again_to_the_tables_in_code(database: str) -> None:
     config = alembic_config(database)
     command.downgrade(config, "base")
-    engine = make_engine(database)
-    assert sa.inspect(engine).get_table_names() == ["alembic_version"]
-    engine.dispose()
+    db = connect(database)
+    assert sa.inspect(db).get_table_names() == ["alembic_version"]
+    db.dispose()
     upgrade(database)
     assert schema_drift(database) == []
 
@@ -80,7 +80,7 @@ def route_of(n: int) -> str:
     return ROUTES[k]
 
 
-def fill(engine: sa.Engine) -> None:
+def fill(db: sa.Engine) -> None:
     """Store 60 days of records over eight routes of unequal traffic; refresh the statistics."""
     requests, shadows, drops = [], [], []
     for n in range(16_000):
@@ -107,28 +107,28 @@ def fill(engine: sa.Engine) -> None:
                 "count": 1,
             }
         )
-    with engine.begin() as conn:
+    with db.begin() as conn:
         conn.execute(request_records.insert(), requests)
         conn.execute(shadow_records.insert(), shadows)
         conn.execute(shadow_drops.insert(), drops)
-    with engine.begin() as conn:
+    with db.begin() as conn:
         conn.exec_driver_sql("ANALYZE")
 
 
 @contextlib.contextmanager
-def statements(engine: sa.Engine) -> Iterator[list[tuple[str, Any]]]:
-    """Collect every SELECT the engine sends while the block runs, with its parameters."""
+def statements(db: sa.Engine) -> Iterator[list[tuple[str, Any]]]:
+    """Collect every SELECT sent to the database while the block runs, with its parameters."""
     seen: list[tuple[str, Any]] = []
 
     def capture(conn: Any, cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
         if statement.lstrip().upper().startswith("SELECT"):
             seen.append((statement, parameters))
 
-    sa.event.listen(engine, "before_cursor_execute", capture)
+    sa.event.listen(db, "before_cursor_execute", capture)
     try:
         yield seen
     finally:
-        sa.event.remove(engine, "before_cursor_execute", capture)
+        sa.event.remove(db, "before_cursor_execute", capture)
 
 
 def _pg_indexes(plan: dict[str, Any]) -> set[str]:
@@ -138,30 +138,30 @@ def _pg_indexes(plan: dict[str, Any]) -> set[str]:
     return found
 
 
-def indexes_used(engine: sa.Engine, statement: str, parameters: Any) -> set[str]:
+def indexes_used(db: sa.Engine, statement: str, parameters: Any) -> set[str]:
     """Return the indexes the planner chooses for a statement."""
-    with engine.connect() as conn:
-        if engine.dialect.name == "postgresql":
+    with db.connect() as conn:
+        if db.dialect.name == "postgresql":
             (plan,) = conn.exec_driver_sql(f"EXPLAIN (FORMAT JSON) {statement}", parameters).one()
             return _pg_indexes((plan if isinstance(plan, list) else json.loads(plan))[0]["Plan"])
         rows = conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {statement}", parameters).all()
     return {m.group(1) for r in rows if (m := re.search(r"USING (?:COVERING )?INDEX (\w+)", r[3]))}
 
 
-def plans(engine: sa.Engine, run: Callable[[], object]) -> list[set[str]]:
+def plans(db: sa.Engine, run: Callable[[], object]) -> list[set[str]]:
     """Run a reader and return the indexes each of its queries would use."""
-    with statements(engine) as seen:
+    with statements(db) as seen:
         run()
     assert seen, "the reader sent no query"
-    return [indexes_used(engine, s, p) for s, p in seen]
+    return [indexes_used(db, s, p) for s, p in seen]
 
 
 @pytest.fixture
 def filled(database: str) -> Iterator[sa.Engine]:
-    engine = make_engine(database)
-    fill(engine)
-    yield engine
-    engine.dispose()
+    db = connect(database)
+    fill(db)
+    yield db
+    db.dispose()
 
 
 def test_judge_of_one_route_reads_its_time_range_by_index(filled: sa.Engine) -> None:
@@ -198,20 +198,20 @@ def test_weekly_report_and_what_if_read_their_period_by_index(filled: sa.Engine)
 
 def test_migration_0002_adds_and_removes_the_shadow_tables(database: str) -> None:
     command.downgrade(alembic_config(database), "0001")
-    engine = make_engine(database)
-    assert not {"shadow_records", "shadow_drops"} & set(sa.inspect(engine).get_table_names())
+    db = connect(database)
+    assert not {"shadow_records", "shadow_drops"} & set(sa.inspect(db).get_table_names())
     upgrade(database, "0002")
     assert {"shadow_records", "shadow_drops"} <= set(
-        sa.inspect(make_engine(database)).get_table_names()
+        sa.inspect(connect(database)).get_table_names()
     )
 
 
 def test_migrations_match_the_table_definitions(database: str) -> None:
     upgrade(database)  # idempotent on an up-to-date database
-    engine = make_engine(database)
-    with engine.connect() as conn:
+    db = connect(database)
+    with db.connect() as conn:
         diff = compare_metadata(MigrationContext.configure(conn), metadata)
-    engine.dispose()
+    db.dispose()
     assert diff == []
 
 

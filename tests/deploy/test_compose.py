@@ -11,7 +11,7 @@ import yaml
 from prometheus_client.metrics import MetricWrapperBase
 from shadowworld import ROOMY, shadow_rows
 
-from gateway.db.engine import MIGRATIONS
+from gateway.db.connection import MIGRATIONS
 from gateway.metrics import GatewayMetrics
 from gateway.policy.load import load_policy, parse_policy, to_yaml
 from gateway.policy.model import Policy

@@ -147,6 +147,6 @@ def test_a_client_that_stops_reading_a_stream_is_cut_and_its_slot_comes_back(
             raw.close()
             records = gw.records(1)
     assert len(records) == 1 and records[0]["status"] == 499, records
-    engine = sa.create_engine(f"sqlite:///{tmp_path / 'gateway.db'}")
-    with engine.connect() as conn:
+    db = sa.create_engine(f"sqlite:///{tmp_path / 'gateway.db'}")
+    with db.connect() as conn:
         assert conn.execute(sa.select(sa.func.count()).select_from(request_records)).scalar() == 1

@@ -99,7 +99,7 @@ def test_a_rollback_to_a_version_that_no_longer_validates_is_422_and_changes_not
         # the 8B one on a single 80 GB GPU.
         doc = yaml.safe_load(render_policy(fleet_policy()))
         doc["pools"]["gpu"]["memory_gb"] = 80
-        versions.record(gw.gateway.engine, yaml.safe_dump(doc), "old", "before the check")
+        versions.record(gw.gateway.db, yaml.safe_dump(doc), "old", "before the check")
         http.put(
             "/admin/policy", json={"yaml": render_policy(fleet_policy()), "message": "fits"},
             headers=AUTH,

@@ -115,7 +115,7 @@ def test_a_pair_marks_where_its_answers_part_in_each_text(tmp_path: Path) -> Non
             json_diff={"changed": ["/a"]},
             measures={"bleu": 0.25},
         ).row()
-        with gw.gateway.engine.begin() as conn:
+        with gw.gateway.db.begin() as conn:
             conn.execute(shadow_records.insert(), [row])
         with gw.http() as http:
             (pair,) = http.get(

@@ -7,7 +7,7 @@ import copy
 import pytest
 import yaml
 
-from gateway.db.engine import make_engine
+from gateway.db.connection import connect
 from gateway.db.schema import precision_checks
 from gateway.errors import PolicyError
 from gateway.policy import versions
@@ -27,55 +27,55 @@ def keyed(variable: str) -> str:
 
 
 def test_a_valid_text_becomes_the_active_version_with_its_warnings(database: str) -> None:
-    engine = make_engine(database)
-    applied = apply(engine, TEXT, "policy.yaml", author="ana", message="first")
-    active = versions.active(engine)
+    db = connect(database)
+    applied = apply(db, TEXT, "policy.yaml", author="ana", message="first")
+    active = versions.active(db)
     assert applied.changed and active is not None
     assert (active.version, active.author, active.message) == (1, "ana", "first")
     assert applied.version == active
     assert all(w.location.startswith("policy.yaml") for w in applied.warnings)
-    engine.dispose()
+    db.dispose()
 
 
 def test_an_invalid_text_is_refused_with_every_problem_located_and_nothing_stored(
     database: str,
 ) -> None:
-    engine = make_engine(database)
-    apply(engine, TEXT, "policy.yaml", author="ana", message="first")
+    db = connect(database)
+    apply(db, TEXT, "policy.yaml", author="ana", message="first")
     broken = TEXT.replace("max_context: 4096", "max_context: lots")
     with pytest.raises(PolicyError) as refused:
-        apply(engine, broken, "policy.yaml", author="bo", message="broken")
+        apply(db, broken, "policy.yaml", author="bo", message="broken")
     assert any(p.path.endswith("max_context") for p in refused.value.problems)
     assert refused.value.problems[0].location.startswith("policy.yaml:")
-    assert [v.version for v in versions.history(engine)] == [1]
-    engine.dispose()
+    assert [v.version for v in versions.history(db)] == [1]
+    db.dispose()
 
 
 def test_the_active_text_applied_again_is_not_a_new_version(database: str) -> None:
-    engine = make_engine(database)
-    first = apply(engine, TEXT, "policy.yaml", author="ana", message="first")
-    again = apply(engine, TEXT, "policy.yaml", author="bo", message="again")
+    db = connect(database)
+    first = apply(db, TEXT, "policy.yaml", author="ana", message="first")
+    again = apply(db, TEXT, "policy.yaml", author="bo", message="again")
     assert not again.changed and again.version == first.version
-    assert [v.version for v in versions.history(engine)] == [1]
-    engine.dispose()
+    assert [v.version for v in versions.history(db)] == [1]
+    db.dispose()
 
 
 def test_a_key_unset_where_the_policy_is_served_refuses_it_and_elsewhere_warns(
     database: str,
 ) -> None:
-    engine = make_engine(database)
+    db = connect(database)
     text = keyed("GATEWAY_UPSTREAM_KEY_GPU")
     with pytest.raises(PolicyError, match="GATEWAY_UPSTREAM_KEY_GPU"):
-        apply(engine, text, "policy.yaml", author="gw", message="m", access=Access({}))
-    assert versions.active(engine) is None
+        apply(db, text, "policy.yaml", author="gw", message="m", access=Access({}))
+    assert versions.active(db) is None
     # The CLI runs where no secret need be kept: the same text is stored, with a warning.
     applied = apply(
-        engine, text, "policy.yaml", author="op", message="m", access=Access({}), serving=False
+        db, text, "policy.yaml", author="op", message="m", access=Access({}), serving=False
     )
     assert applied.changed
     assert any("GATEWAY_UPSTREAM_KEY_GPU" in w.message for w in applied.warnings)
     served = apply(
-        engine,
+        db,
         keyed("GATEWAY_UPSTREAM_KEY_OTHER"),
         "policy.yaml",
         author="gw",
@@ -85,12 +85,12 @@ def test_a_key_unset_where_the_policy_is_served_refuses_it_and_elsewhere_warns(
     assert served.changed and not any(
         "GATEWAY_UPSTREAM_KEY_OTHER" in w.message for w in served.warnings
     )
-    engine.dispose()
+    db.dispose()
 
 
-def cleared(engine, pool: str, verdict: str = "pass") -> None:
+def cleared(db, pool: str, verdict: str = "pass") -> None:
     """Store a precision check of `pool` with `verdict`, as `gateway precision check` does."""
-    with engine.begin() as conn:
+    with db.begin() as conn:
         conn.execute(
             precision_checks.insert().values(
                 ts=1.0, pool=pool, reference="gpu", suite="suites/chat.jsonl", verdict=verdict,
@@ -107,20 +107,20 @@ def with_canary(pool: str, weight: float) -> str:
 
 
 def test_a_canary_on_a_shadow_only_pool_is_gated_like_going_live(database: str) -> None:
-    engine = make_engine(database)
-    apply(engine, TEXT, "policy.yaml", author="ana", message="first")  # cim: live false
+    db = connect(database)
+    apply(db, TEXT, "policy.yaml", author="ana", message="first")  # cim: live false
     with pytest.raises(PolicyError) as refused:
-        apply(engine, with_canary("cim", 0.5), "policy.yaml", author="bo", message="half")
+        apply(db, with_canary("cim", 0.5), "policy.yaml", author="bo", message="half")
     (problem,) = refused.value.problems
     assert problem.path == "routes.0.canary.pool"
     assert "pool 'cim' is shadow-only (live: false) and would serve clients as a canary" in (
         problem.message
     )
-    assert versions.active_version(engine) == 1
+    assert versions.active_version(db) == 1
     # A canary at weight 0 serves nobody; nor does a rollout's, which its start gated.
-    assert apply(engine, with_canary("cim", 0.0), "p.yaml", author="bo", message="0").changed
+    assert apply(db, with_canary("cim", 0.0), "p.yaml", author="bo", message="0").changed
     forced = apply(
-        engine,
+        db,
         with_canary("cim", 0.5),
         "policy.yaml",
         author="bo",
@@ -128,79 +128,77 @@ def test_a_canary_on_a_shadow_only_pool_is_gated_like_going_live(database: str) 
         precision_gate="override",
     )
     assert forced.version.message == "half [precision gate overridden for cim by bo]"
-    engine.dispose()
+    db.dispose()
 
 
 def test_a_shadow_only_pool_taken_out_and_put_back_live_is_still_gated(database: str) -> None:
-    engine = make_engine(database)
-    apply(engine, TEXT, "policy.yaml", author="ana", message="first")
+    db = connect(database)
+    apply(db, TEXT, "policy.yaml", author="ana", message="first")
     doc = yaml.safe_load(TEXT)
     cim = doc["pools"].pop("cim")
-    apply(engine, yaml.safe_dump(doc), "policy.yaml", author="bo", message="no cim")
+    apply(db, yaml.safe_dump(doc), "policy.yaml", author="bo", message="no cim")
     doc["pools"]["cim"] = cim | {"live": True}
     back_live = yaml.safe_dump(doc)
     with pytest.raises(PolicyError, match="pool 'cim' is shadow-only"):
-        apply(engine, back_live, "policy.yaml", author="bo", message="cim back, live")
-    cleared(engine, "cim", "fail")
+        apply(db, back_live, "policy.yaml", author="bo", message="cim back, live")
+    cleared(db, "cim", "fail")
     with pytest.raises(PolicyError, match=r"newest precision check .* is 'fail'"):
-        apply(engine, back_live, "policy.yaml", author="bo", message="cim back, live")
-    cleared(engine, "cim")
-    assert apply(engine, back_live, "policy.yaml", author="bo", message="cim passed").changed
+        apply(db, back_live, "policy.yaml", author="bo", message="cim back, live")
+    cleared(db, "cim")
+    assert apply(db, back_live, "policy.yaml", author="bo", message="cim passed").changed
     # A new pool that no version ever kept shadow-only serves at once.
     doc["pools"]["gpu-b"] = copy.deepcopy(doc["pools"]["gpu"])
-    assert apply(engine, yaml.safe_dump(doc), "p.yaml", author="bo", message="gpu-b").changed
-    engine.dispose()
+    assert apply(db, yaml.safe_dump(doc), "p.yaml", author="bo", message="gpu-b").changed
+    db.dispose()
 
 
 def test_a_rollback_is_an_apply_of_the_earlier_text(database: str) -> None:
-    engine = make_engine(database)
-    apply(engine, TEXT, "policy.yaml", author="ana", message="first")
-    apply(
-        engine, TEXT.replace("max_queue_ms: 200", "max_queue_ms: 300"), "p", author="a", message="2"
-    )
-    back = rollback(engine, author="bo")
+    db = connect(database)
+    apply(db, TEXT, "policy.yaml", author="ana", message="first")
+    apply(db, TEXT.replace("max_queue_ms: 200", "max_queue_ms: 300"), "p", author="a", message="2")
+    back = rollback(db, author="bo")
     assert back.changed
     assert (back.version.version, back.version.restores, back.version.content) == (3, 1, TEXT)
     assert back.version.message == "roll back to version 1"
-    again = rollback(engine, author="bo", version=1, message="same again")
-    assert not again.changed and versions.active_version(engine) == 3
-    engine.dispose()
+    again = rollback(db, author="bo", version=1, message="same again")
+    assert not again.changed and versions.active_version(db) == 3
+    db.dispose()
 
 
 def test_a_rollback_to_a_text_that_no_longer_validates_is_refused_and_changes_nothing(
     database: str,
 ) -> None:
-    engine = make_engine(database)
+    db = connect(database)
     # Stored before today's memory check: the 70B model and the 8B one on one 80 GB GPU.
     doc = yaml.safe_load(TEXT)
     doc["pools"]["gpu"]["memory_gb"] = 80
     doc["pools"]["gpu"]["models"].append("llama-3.1-70b-instruct")
-    versions.record(engine, yaml.safe_dump(doc), "ana", "old")
-    apply(engine, TEXT, "policy.yaml", author="ana", message="fits")
+    versions.record(db, yaml.safe_dump(doc), "ana", "old")
+    apply(db, TEXT, "policy.yaml", author="ana", message="fits")
     with pytest.raises(PolicyError) as refused:
-        rollback(engine, author="bo")
+        rollback(db, author="bo")
     assert any(p.path == "pools.gpu.memory_gb" for p in refused.value.problems)
     assert refused.value.problems[0].location.startswith("version 1:")
-    assert versions.active_version(engine) == 2
-    engine.dispose()
+    assert versions.active_version(db) == 2
+    db.dispose()
 
 
 def test_a_rollback_that_would_put_a_shadow_only_pool_live_is_gated(database: str) -> None:
-    engine = make_engine(database)
+    db = connect(database)
     doc = yaml.safe_load(TEXT)
     doc["pools"]["cim"]["live"] = True
-    versions.record(engine, yaml.safe_dump(doc), "ana", "cim live, before the gate")
-    apply(engine, TEXT, "policy.yaml", author="ana", message="cim shadow-only")
+    versions.record(db, yaml.safe_dump(doc), "ana", "cim live, before the gate")
+    apply(db, TEXT, "policy.yaml", author="ana", message="cim shadow-only")
     with pytest.raises(PolicyError, match="pool 'cim' is shadow-only"):
-        rollback(engine, author="bo")
-    forced = rollback(engine, author="bo", precision_gate="override")
+        rollback(db, author="bo")
+    forced = rollback(db, author="bo", precision_gate="override")
     assert forced.version.message.endswith("[precision gate overridden for cim by bo]")
-    engine.dispose()
+    db.dispose()
 
 
 def test_the_first_version_is_gated_too(database: str) -> None:
-    engine = make_engine(database)
+    db = connect(database)
     with pytest.raises(PolicyError, match="pool 'cim' is shadow-only"):
-        apply(engine, with_canary("cim", 0.5), "policy.yaml", author="ana", message="first")
-    assert versions.active(engine) is None
-    engine.dispose()
+        apply(db, with_canary("cim", 0.5), "policy.yaml", author="ana", message="first")
+    assert versions.active(db) is None
+    db.dispose()

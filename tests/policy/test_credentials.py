@@ -153,7 +153,7 @@ def test_the_admin_api_refuses_an_unset_key_and_a_replica_without_it_keeps_servi
         assert put.status_code == 422 and put.json()["errors"] == [error]
 
         # A replica that has the key applied it; this one must not serve it half-keyed.
-        versions.record(gw.gateway.engine, lacking, "elsewhere", "asic needs a key")
+        versions.record(gw.gateway.db, lacking, "elsewhere", "asic needs a key")
         reloads = "gateway_policy_reloads_total"
         wait_for(
             lambda: metric_value(http.get("/metrics").text, reloads, result="invalid") >= 1,

@@ -112,7 +112,7 @@ def test_applies_and_rollbacks_under_load_fail_no_request_and_move_traffic(
             assert traffic.pools_since(applied) == expected
 
         # Another replica (or the CLI) rolls back through the database: polling picks it up.
-        stored = rollback(gw.gateway.engine, author="ops", version=2, message="to the GPU").version
+        stored = rollback(gw.gateway.db, author="ops", version=2, message="to the GPU").version
         wait_for(
             lambda: gw.gateway.policy_version == stored.version,
             message=lambda: f"still on version {gw.gateway.policy_version}, not {stored.version}",
@@ -136,7 +136,7 @@ def test_a_stored_version_this_gateway_cannot_load_is_refused_and_counted(
     with run_gateway(policy, tmp_path, policy_poll_interval_s=0.05) as gw:
         before = gw.gateway.policy_version
         # Written past validation, as a replica running newer code might.
-        versions.record(gw.gateway.engine, "pools: {}\n", "future", "newer schema")
+        versions.record(gw.gateway.db, "pools: {}\n", "future", "newer schema")
         refused = wait_for(
             lambda: reloads(gw, "invalid"), message="the gateway never looked at version 2"
         )
@@ -154,21 +154,21 @@ def test_a_stored_version_this_gateway_cannot_load_is_refused_and_counted(
 def test_starts_from_the_active_version_else_stores_its_policy_as_version_1(
     sims, tmp_path: Path, stored_first: bool
 ) -> None:
-    from gateway.db.engine import make_engine, upgrade
+    from gateway.db.connection import connect, upgrade
 
     on_gpu = chat_on(["gpu"], fleet_policy(gpu=sims.urls("gpu"), asic=sims.urls("asic")))
     on_asic = chat_on(["asic"], fleet_policy(gpu=sims.urls("gpu"), asic=sims.urls("asic")))
     if stored_first:
         url = f"sqlite:///{tmp_path / 'gateway.db'}"
         upgrade(url)
-        versions.record(make_engine(url), render_policy(on_asic), "ops", "asic first")
+        versions.record(connect(url), render_policy(on_asic), "ops", "asic first")
     with run_gateway(on_gpu, tmp_path) as gw:
         reply = gw.client().chat.completions.with_raw_response.create(
             model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4
         )
         assert reply.headers["x-gateway-pool"] == ("asic" if stored_first else "gpu")
         assert gw.gateway.policy_version == 1
-        assert [v.version for v in versions.history(gw.gateway.engine)] == [1]
+        assert [v.version for v in versions.history(gw.gateway.db)] == [1]
         value = gw.gateway.metrics.registry.get_sample_value("gateway_policy_version")
         assert value == 1
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import sqlalchemy as sa
 from rows import shadow_record
 
-from gateway.db.engine import make_engine
+from gateway.db.connection import connect
 from gateway.db.schema import promotion_evaluations, shadow_records
 from gateway.policy.load import load_policy
 from gateway.promotion.evidence import evaluate, latest
@@ -25,7 +25,7 @@ NOW = 10 * 86400.0
 
 
 def shadow_history(
-    engine: sa.Engine,
+    db: sa.Engine,
     n: int,
     *,
     agree_every: int = 0,
@@ -54,34 +54,34 @@ def shadow_history(
                 2 * i + 1, kind="noise", candidate_pool="gpu", exact_match=True, **common
             ).row()
         )
-    with engine.begin() as conn:
+    with db.begin() as conn:
         conn.execute(shadow_records.insert(), rows)
 
 
 def test_evaluations_are_judged_stored_and_listed(database: str) -> None:
-    engine = make_engine(database)
+    db = connect(database)
     policy = load_policy(ROOT / "policies/default.yaml")
     # Non-inferiority within 0.2 points needs thousands of pairs on each side.
-    shadow_history(engine, 8000)
-    shadow_history(engine, 3000, agree_every=10, route="worse")
-    verdicts = {v.route: v for v in evaluate(engine, policy, now=NOW)}
+    shadow_history(db, 8000)
+    shadow_history(db, 3000, agree_every=10, route="worse")
+    verdicts = {v.route: v for v in evaluate(db, policy, now=NOW)}
     assert verdicts["chat"].outcome == PROMOTE, verdicts["chat"].reason
     assert verdicts["worse"].outcome == REJECT
     assert "temperature-0 answers depart in meaning" in verdicts["worse"].reason
-    listed = {entry["route"]: entry for entry in latest(engine)}
+    listed = {entry["route"]: entry for entry in latest(db)}
     assert listed["chat"]["outcome"] == PROMOTE
     assert {c["name"] for c in listed["worse"]["checks"]} >= {"quality", "ttft_p95", "errors"}
-    with engine.connect() as conn:
+    with db.connect() as conn:
         stored = conn.execute(sa.select(sa.func.count()).select_from(promotion_evaluations))
         assert stored.scalar() == 2
-    engine.dispose()
+    db.dispose()
 
 
 def test_a_candidate_that_costs_more_is_not_promoted(database: str) -> None:
-    engine = make_engine(database)
-    shadow_history(engine, 3000, cheaper=False)
-    (verdict,) = evaluate(engine, load_policy(ROOT / "policies/default.yaml"), now=NOW)
-    engine.dispose()
+    db = connect(database)
+    shadow_history(db, 3000, cheaper=False)
+    (verdict,) = evaluate(db, load_policy(ROOT / "policies/default.yaml"), now=NOW)
+    db.dispose()
     assert verdict.outcome == REJECT and "not cheaper than the primary" in verdict.reason
 
 
@@ -91,8 +91,8 @@ def test_cli_and_admin_api_show_the_verdicts(tmp_path: Path) -> None:
     subprocess.run(
         [sys.executable, "-m", "gateway", "db", "upgrade"], env=env, check=True, capture_output=True
     )
-    engine = make_engine(url)
-    shadow_history(engine, 600, now=time.time())
+    db = connect(url)
+    shadow_history(db, 600, now=time.time())
     result = subprocess.run(
         [sys.executable, "-m", "gateway", "promote", "evaluate", "--json"],
         env=env,
@@ -113,4 +113,4 @@ def test_cli_and_admin_api_show_the_verdicts(tmp_path: Path) -> None:
         ).json()
     assert [v["outcome"] for v in listed] == [HOLD]
     assert fresh[0]["evaluated_at"] >= listed[0]["evaluated_at"]
-    engine.dispose()
+    db.dispose()

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from command import ROOT, gateway
 
-from gateway.db.engine import make_engine
+from gateway.db.connection import connect
 from gateway.errors import Conflict
 from gateway.policy import versions
 from gateway.policy.apply import apply
@@ -134,9 +134,9 @@ def cim_check(fleet: Fleet, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     suite = tmp / "chat-60.jsonl"
     suite.write_text("".join((ROOT / "suites/chat.jsonl").read_text().splitlines(True)[:60]))
     with scratch_database(None, tmp) as url:
-        engine = make_engine(url)
-        apply(engine, render_policy(fleet.policy()), "policy.yaml", author="t", message="fleet")
-        engine.dispose()
+        db = connect(url)
+        apply(db, render_policy(fleet.policy()), "policy.yaml", author="t", message="fleet")
+        db.dispose()
         yield check(url, tmp / "cim.json", "--pool", "cim", "--suite", str(suite))
 
 
@@ -151,9 +151,9 @@ def test_an_int8_asic_passes_the_chat_suite_though_its_words_differ(asic_check: 
     assert r["near_tie_share"] > 0.9
     assert r["harmful_share"] == 0.0 and r["ci"]["harmful_share"][1] <= 0.03
     assert "PASS" in asic_check.stdout
-    engine = make_engine(asic_check.database)
-    assert [(c["pool"], c["verdict"]) for c in newest(engine)] == [("asic", "pass")]
-    engine.dispose()
+    db = connect(asic_check.database)
+    assert [(c["pool"], c["verdict"]) for c in newest(db)] == [("asic", "pass")]
+    db.dispose()
 
 
 def test_a_cim_part_that_gets_facts_wrong_fails_and_says_why(cim_check: Ran) -> None:
@@ -167,9 +167,9 @@ def test_a_cim_part_that_gets_facts_wrong_fails_and_says_why(cim_check: Ran) -> 
     assert "depart in meaning from the reference's" in r["reasons"][0]
     assert r["departures"] and all("line" in d for d in r["departures"])
     assert r["policy"] == "policy version 1"  # the database's active version, no --policy
-    engine = make_engine(cim_check.database)
-    assert [(c["pool"], c["verdict"]) for c in newest(engine)] == [("cim", "fail")]
-    engine.dispose()
+    db = connect(cim_check.database)
+    assert [(c["pool"], c["verdict"]) for c in newest(db)] == [("cim", "fail")]
+    db.dispose()
 
 
 def test_the_shipped_cim_part_fails_the_chat_suite_as_make_run_shows(
@@ -291,9 +291,9 @@ def test_a_suite_too_small_to_show_the_limit_fails_and_says_how_many_prompts_wou
 def test_a_policy_apply_making_a_shadow_only_pool_live_needs_its_check_to_pass(
     fleet: Fleet, asic_check: Ran, database: str, tmp_path: Path
 ) -> None:
-    engine = make_engine(database)
+    db = connect(database)
     shadow_only = fleet.policy(asic_extra={"live": False}, routes=CHAT_ONLY)
-    apply(engine, render_policy(shadow_only), "policy.yaml", author="ana", message="asic shadow")
+    apply(db, render_policy(shadow_only), "policy.yaml", author="ana", message="asic shadow")
     live = write(tmp_path / "live.yaml", fleet.policy(routes=CHAT_ONLY))
     env = {"DATABASE_URL": database}
     refused = gateway("policy", "apply", live, "-m", "asic goes live", env=env)
@@ -302,21 +302,21 @@ def test_a_policy_apply_making_a_shadow_only_pool_live_needs_its_check_to_pass(
         refused.stderr
     )
     assert "gateway precision check --pool asic --suite suites/chat.jsonl" in refused.stderr
-    assert versions.active_version(engine) == 1
-    store(engine, asic_check.result)
+    assert versions.active_version(db) == 1
+    store(db, asic_check.result)
     accepted = gateway("policy", "apply", live, "-m", "asic goes live", env=env)
     assert accepted.returncode == 0, accepted.stderr
-    active = versions.active(engine)
+    active = versions.active(db)
     assert active is not None and (active.version, active.message) == (2, "asic goes live")
-    engine.dispose()
+    db.dispose()
 
 
 def test_an_override_lets_the_pool_go_live_and_the_history_says_who(
     fleet: Fleet, database: str, tmp_path: Path
 ) -> None:
-    engine = make_engine(database)
+    db = connect(database)
     shadow_only = fleet.policy(asic_extra={"live": False}, routes=CHAT_ONLY)
-    apply(engine, render_policy(shadow_only), "policy.yaml", author="ana", message="asic shadow")
+    apply(db, render_policy(shadow_only), "policy.yaml", author="ana", message="asic shadow")
     live = write(tmp_path / "live.yaml", fleet.policy(routes=CHAT_ONLY))
     env = {"DATABASE_URL": database}
     forced = gateway(
@@ -333,30 +333,30 @@ def test_an_override_lets_the_pool_go_live_and_the_history_says_who(
     assert forced.returncode == 0, forced.stderr
     history = gateway("policy", "history", env=env).stdout
     assert "vendor says fine [precision gate overridden for asic by bo]" in history
-    engine.dispose()
+    db.dispose()
 
 
 def test_a_rollout_of_a_shadow_only_candidate_is_gated_too(
     fleet: Fleet, cim_check: Ran, database: str, tmp_path: Path
 ) -> None:
-    engine = make_engine(database)
+    db = connect(database)
     routes = [{**CHAT_ONLY[0], "shadow": [{"pool": "cim", "sample_rate": 0.2}]}]
     policy = fleet.policy(routes=routes)
-    apply(engine, render_policy(policy), "policy.yaml", author="ana", message="cim shadows chat")
+    apply(db, render_policy(policy), "policy.yaml", author="ana", message="cim shadows chat")
     with pytest.raises(Conflict, match=r"'cim' .* but it has no precision check"):
-        rollout.start(engine, policy, "chat", "cim", author="ana", force=True)
-    store(engine, cim_check.result)
+        rollout.start(db, policy, "chat", "cim", author="ana", force=True)
+    store(db, cim_check.result)
     with pytest.raises(Conflict, match=r"newest precision check .* is 'fail'"):
-        rollout.start(engine, policy, "chat", "cim", author="ana", force=True)
+        rollout.start(db, policy, "chat", "cim", author="ana", force=True)
     env = {"DATABASE_URL": database, "GATEWAY_POLICY": write(tmp_path / "p.yaml", policy)}
     started = gateway(
         "promote", "apply", "chat", "cim", "--force", "--override-precision-gate", env=env
     )
     assert started.returncode == 0, started.stderr
-    active = versions.active(engine)
+    active = versions.active(db)
     assert active is not None and active.message.startswith("rollout of cim on chat: 5%")
     assert "[precision gate overridden for cim by " in active.message
-    engine.dispose()
+    db.dispose()
 
 
 def test_the_admin_api_refuses_a_pool_going_live_unless_overridden(

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from rows import request_record
 
-from gateway.db.engine import make_engine
+from gateway.db.connection import connect
 from gateway.db.schema import request_records
 from gateway.policy.load import load_policy
 from gateway.promotion.rollout import Guards, guards, next_move, promoted, with_canary
@@ -97,11 +97,11 @@ def test_guards_judge_each_canary_request_by_its_endpoint(database: str) -> None
         ).row()
         for n, (endpoint, stream, ttft, tpot, e2e, tokens) in enumerate(served)
     ]
-    engine = make_engine(database)
-    with engine.begin() as conn:
+    db = connect(database)
+    with db.begin() as conn:
         conn.execute(request_records.insert(), rows)
-    measured = guards(engine, policy, "chat", "asic", since=0.0)
-    engine.dispose()
+    measured = guards(db, policy, "chat", "asic", since=0.0)
+    db.dispose()
     assert (measured.requests, measured.errors, measured.slo_met) == (5, 0, 3)
 
 

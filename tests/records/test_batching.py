@@ -19,7 +19,7 @@ from rows import request_record, sample, stored
 from waiting import wait_for
 
 import gateway.records.batching as batching
-from gateway.db.engine import make_engine
+from gateway.db.connection import connect
 from gateway.metrics import GatewayMetrics
 from gateway.records.requests import RecordWriter
 from gateway.records.writer import WriterProcess
@@ -50,10 +50,10 @@ def test_records_kept_while_the_database_is_unreachable_are_written_when_it_retu
 ) -> None:
     metrics = GatewayMetrics()
     spill = tmp_path / "spill"
-    with switchable(database, tmp_path) as db:
-        engine = make_engine(db.url)
+    with switchable(database, tmp_path) as switch:
+        db = connect(switch.url)
         writer = RecordWriter(
-            engine, metrics, batch_size=7, max_held=10, spill_dir=spill, **inserts(db.url)
+            db, metrics, batch_size=7, max_held=10, spill_dir=spill, **inserts(switch.url)
         )
 
         async def outage() -> None:
@@ -71,9 +71,9 @@ def test_records_kept_while_the_database_is_unreachable_are_written_when_it_retu
         assert sample(metrics, "gateway_record_write_failures_total", table=TABLE) >= 1
         assert len((spill / f"{TABLE}.jsonl").read_bytes().splitlines()) == 30
 
-        db.up()
+        switch.up()
         asyncio.run(writer.flush())
-        engine.dispose()
+        db.dispose()
     assert stored(database) == list(range(40))
     assert sample(metrics, "gateway_records_written_total") == 40
     assert sample(metrics, "gateway_records_replayed_total", table=TABLE) == 30
@@ -87,25 +87,25 @@ def test_stop_spills_what_the_database_cannot_take_and_the_next_start_replays_it
     database: str, tmp_path: Path, inserts: Callable[[str], dict[str, Any]]
 ) -> None:
     spill = tmp_path / "spill"
-    with switchable(database, tmp_path) as db:
+    with switchable(database, tmp_path) as switch:
 
         async def run(metrics: GatewayMetrics, adding: range) -> None:
-            engine = make_engine(db.url)
+            db = connect(switch.url)
             writer = RecordWriter(
-                engine, metrics, flush_interval_s=0.01, spill_dir=spill, **inserts(db.url)
+                db, metrics, flush_interval_s=0.01, spill_dir=spill, **inserts(switch.url)
             )
             writer.start()
             for n in adding:
                 writer.add(request_record(n))
             await writer.stop()
-            engine.dispose()
+            db.dispose()
 
         before = GatewayMetrics()
         asyncio.run(run(before, range(20)))
         assert sample(before, "gateway_records_spilled_total", table=TABLE) == 20
         assert sample(before, "gateway_records_dropped_total") == 0
 
-        db.up()
+        switch.up()
         after = GatewayMetrics()
         asyncio.run(run(after, range(20, 25)))
     assert stored(database) == list(range(25))
@@ -118,11 +118,11 @@ def test_records_survive_postgresql_cutting_the_connections_the_writer_holds(
     database: str, tmp_path: Path, inserts: Callable[[str], dict[str, Any]]
 ) -> None:
     metrics = GatewayMetrics()
-    with switchable(database, tmp_path) as db:
-        db.up()
-        engine = make_engine(db.url)
+    with switchable(database, tmp_path) as switch:
+        switch.up()
+        db = connect(switch.url)
         writer = RecordWriter(
-            engine, metrics, max_held=3, spill_dir=tmp_path / "spill", **inserts(db.url)
+            db, metrics, max_held=3, spill_dir=tmp_path / "spill", **inserts(switch.url)
         )
 
         async def write(numbers: range) -> None:
@@ -131,28 +131,28 @@ def test_records_survive_postgresql_cutting_the_connections_the_writer_holds(
             await writer.flush()
 
         asyncio.run(write(range(5)))
-        db.down()
+        switch.down()
         asyncio.run(write(range(5, 12)))
         assert sample(metrics, "gateway_records_written_total") == 5
         assert sample(metrics, "gateway_records_spilled_total", table=TABLE) == 4
-        db.up()
+        switch.up()
         asyncio.run(write(range(12, 15)))
-        engine.dispose()
+        db.dispose()
     assert stored(database) == list(range(15))
     assert sample(metrics, "gateway_records_dropped_total") == 0
 
 
 def test_records_past_memory_and_spill_limits_are_dropped_and_counted(tmp_path: Path) -> None:
-    from gateway.db.engine import upgrade
+    from gateway.db.connection import upgrade
 
     url = f"sqlite:///{tmp_path / 'gateway.db'}"
     upgrade(url)
     metrics = GatewayMetrics()
     one_row = len(orjson.dumps(request_record(10).row())) + 1
-    with switchable(url, tmp_path) as db:
-        engine = make_engine(db.url)
+    with switchable(url, tmp_path) as switch:
+        db = connect(switch.url)
         writer = RecordWriter(
-            engine,
+            db,
             metrics,
             max_held=5,
             spill_dir=tmp_path / "spill",
@@ -171,9 +171,9 @@ def test_records_past_memory_and_spill_limits_are_dropped_and_counted(tmp_path: 
         assert (held, spilled, dropped) == (5, 3, 32)
         assert held + spilled + dropped == 40
 
-        db.up()
+        switch.up()
         asyncio.run(writer.flush())
-        engine.dispose()
+        db.dispose()
     assert len(stored(url)) == held + spilled
 
 
@@ -181,8 +181,8 @@ def test_a_row_the_database_refuses_is_rejected_without_holding_back_the_others(
     database: str, inserts: Callable[[str], dict[str, Any]]
 ) -> None:
     metrics = GatewayMetrics()
-    engine = make_engine(database)
-    writer = RecordWriter(engine, metrics, **inserts(database))
+    db = connect(database)
+    writer = RecordWriter(db, metrics, **inserts(database))
 
     async def scenario() -> None:
         writer.add(request_record(0, decision_id="d" * 32))
@@ -193,7 +193,7 @@ def test_a_row_the_database_refuses_is_rejected_without_holding_back_the_others(
         await writer.flush()
 
     asyncio.run(scenario())
-    engine.dispose()
+    db.dispose()
     assert stored(database) == [0, 1, 3]
     assert sample(metrics, "gateway_records_rejected_total", table=TABLE) == 1
     assert sample(metrics, "gateway_records_dropped_total") == 0
@@ -204,11 +204,11 @@ def test_a_batch_is_one_transaction_of_short_statements_with_the_cpu_yielded_bet
     database: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     metrics = GatewayMetrics()
-    engine = make_engine(database)
+    db = connect(database)
     statements: list[int] = []
     yields: list[int] = []
 
-    @sa.event.listens_for(engine, "before_cursor_execute", named=True)
+    @sa.event.listens_for(db, "before_cursor_execute", named=True)
     def count(statement: str, parameters: list, executemany: bool, **_: object) -> None:
         if statement.startswith("INSERT INTO request_records"):
             statements.append(len(parameters) if executemany else 1)
@@ -220,7 +220,7 @@ def test_a_batch_is_one_transaction_of_short_statements_with_the_cpu_yielded_bet
         real_yield()
 
     monkeypatch.setattr(batching, "yield_cpu", counted_yield)
-    writer = RecordWriter(engine, metrics, batch_size=500)
+    writer = RecordWriter(db, metrics, batch_size=500)
 
     async def scenario() -> None:
         for n in range(500):
@@ -235,7 +235,7 @@ def test_a_batch_is_one_transaction_of_short_statements_with_the_cpu_yielded_bet
         await writer.flush()
 
     asyncio.run(scenario())
-    engine.dispose()
+    db.dispose()
     assert statements[10:12] == [50, 50]
     assert stored(database) == [n for n in range(600) if n != 560]
     assert sample(metrics, "gateway_records_rejected_total", table=TABLE) == 1
@@ -248,8 +248,8 @@ def test_gateway_serves_while_its_database_is_unreachable_and_records_every_requ
     policy = fleet_policy(sims.urls("gpu"), sims.urls("asic"), sims.urls("cim"))
     prompt = [{"role": "user", "content": "hello"}]
     with (
-        switchable(database, tmp_path) as db,
-        run_gateway(policy, tmp_path, database_url=db.url, record_buffer_rows=2) as gw,
+        switchable(database, tmp_path) as switch,
+        run_gateway(policy, tmp_path, database_url=switch.url, record_buffer_rows=2) as gw,
     ):
         client = gw.client()
         ids = []
@@ -267,7 +267,7 @@ def test_gateway_serves_while_its_database_is_unreachable_and_records_every_requ
         assert sample(metrics, "gateway_records_written_total") == 0
         assert gw.http().get("/readyz").json()["database"] is False
 
-        db.up()
+        switch.up()
         rows = gw.records(6)
         scraped = gw.http().get("/metrics").text
     assert sorted(r["decision_id"] for r in rows) == sorted(ids)

@@ -12,7 +12,7 @@ from pathlib import Path
 from rows import request_record, sample, stored
 from waiting import until
 
-from gateway.db.engine import make_engine, upgrade
+from gateway.db.connection import connect, upgrade
 from gateway.metrics import GatewayMetrics
 from gateway.periodic import HELPER_NICE, helper_process
 from gateway.records.requests import RecordWriter
@@ -52,9 +52,9 @@ def test_a_batch_in_flight_when_the_writer_process_dies_is_kept_and_written_once
     url = f"sqlite:///{tmp_path / 'gateway.db'}"
     upgrade(url)
     metrics = GatewayMetrics()
-    engine = make_engine(url)
+    db = connect(url)
     inserter = WriterProcess(url)
-    writer = RecordWriter(engine, metrics, inserter=inserter)
+    writer = RecordWriter(db, metrics, inserter=inserter)
     # The test holds the database's write lock, so the batch cannot commit before the kill.
     lock = sqlite3.connect(tmp_path / "gateway.db", isolation_level=None)
     lock.execute("BEGIN EXCLUSIVE")
@@ -83,7 +83,7 @@ def test_a_batch_in_flight_when_the_writer_process_dies_is_kept_and_written_once
     finally:
         lock.close()
         inserter.close()
-        engine.dispose()
+        db.dispose()
     assert stored(url) == list(range(20))
     assert sample(metrics, "gateway_records_written_total") == 20
     assert sample(metrics, "gateway_records_buffered", table=TABLE, where="memory") == 0

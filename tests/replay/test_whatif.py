@@ -12,7 +12,7 @@ from pathlib import Path
 import sqlalchemy as sa
 import yaml
 
-from gateway.db.engine import make_engine, upgrade
+from gateway.db.connection import connect, upgrade
 from gateway.db.schema import request_records
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,10 +40,10 @@ def record_trace_slice(url: str, n: int) -> None:
                 "status": 200,
             }
         )
-    engine = make_engine(url)
-    with engine.begin() as conn:
+    db = connect(url)
+    with db.begin() as conn:
         conn.execute(request_records.insert(), rows)
-    engine.dispose()
+    db.dispose()
 
 
 def test_simulate_reports_the_change_a_proposed_policy_would_make(tmp_path: Path) -> None:
@@ -83,10 +83,10 @@ def test_simulate_reports_the_change_a_proposed_policy_would_make(tmp_path: Path
     assert shares["proposed"].get("asic", 0) == 0
     # All on the GPU costs more energy per request than sending short prompts to the ASIC.
     assert report["change"]["energy_j_per_request"]["ratio"] > 1.2
-    engine = sa.create_engine(url)
-    with engine.connect() as conn:
+    db = sa.create_engine(url)
+    with db.connect() as conn:
         assert conn.execute(sa.text("select count(*) from policy_versions")).scalar() == 0
-    engine.dispose()
+    db.dispose()
 
 
 def test_simulate_says_when_there_is_nothing_to_replay(tmp_path: Path) -> None:
@@ -136,11 +136,11 @@ def test_every_recorded_model_class_tenant_and_endpoint_is_replayed_as_it_was(
         }
         for i, (model, slo, tenant, endpoint, stream, prompt, output) in enumerate(kinds * 30)
     ]
-    engine = make_engine(url)
-    with engine.begin() as conn:
+    db = connect(url)
+    with db.begin() as conn:
         conn.execute(request_records.insert(), rows)
-    requests = recorded_requests(engine, start - 1)
-    engine.dispose()
+    requests = recorded_requests(db, start - 1)
+    db.dispose()
     assert len(requests) == 120
     big = next(r for r in requests if r.model == "llama-3.1-70b-instruct")
     assert (big.slo_class, big.tenant, big.stream) == ("batch", "acme", False)

@@ -10,19 +10,19 @@ import pytest
 from reportworld import MODEL, build
 
 from gateway.costmodel.model import CostModel
-from gateway.db.engine import make_engine
+from gateway.db.connection import connect
 from gateway.promotion.evidence import evaluate
 from gateway.report import generate
 
 
 @pytest.fixture
 def written(database: str, tmp_path: Path) -> tuple:
-    engine = make_engine(database)
-    world = build(engine)
-    generate(engine, world.policy, world.period, tmp_path, now=world.period.until + 3600)
+    db = connect(database)
+    world = build(db)
+    generate(db, world.policy, world.period, tmp_path, now=world.period.until + 3600)
     report = json.loads((tmp_path / "report.json").read_text())
-    yield world, report, engine
-    engine.dispose()
+    yield world, report, db
+    db.dispose()
 
 
 def in_week(world, rows):
@@ -51,7 +51,7 @@ def test_fleet_numbers_are_sums_of_the_weeks_requests(written) -> None:
 
 
 def test_the_fleet_section_says_what_each_pool_runs_on(written, tmp_path: Path) -> None:
-    world, report, engine = written
+    world, report, db = written
     assert [(h["pool"], h["kind"], h["driver"]) for h in report["fleet"]["hardware"]] == [
         ("gpu", "gpu", None),
         ("gpu-70b", "gpu", None),
@@ -63,7 +63,7 @@ def test_the_fleet_section_says_what_each_pool_runs_on(written, tmp_path: Path) 
     pools["gpu-70b"] = pools["gpu-70b"].model_copy(update=versions)
     policy = world.policy.model_copy(update={"pools": pools})
     out = tmp_path / "versions"
-    generate(engine, policy, world.period, out, now=world.period.until + 3600)
+    generate(db, policy, world.period, out, now=world.period.until + 3600)
     hardware = {
         h["pool"]: h for h in json.loads((out / "report.json").read_text())["fleet"]["hardware"]
     }
@@ -217,9 +217,9 @@ def test_projected_savings_price_the_weeks_traffic_on_the_candidate(written) -> 
 
 
 def test_verdict_is_the_judges_at_the_end_of_the_week_and_said_in_words(written) -> None:
-    world, report, engine = written
+    world, report, db = written
     (c,) = report["candidates"]
-    (stored,) = evaluate(engine, world.policy, now=world.period.until)
+    (stored,) = evaluate(db, world.policy, now=world.period.until)
     assert c["verdict"]["outcome"] == stored.outcome
     assert c["verdict"]["reason"] == stored.reason
     plain = {check["name"]: check["plain"] for check in c["verdict"]["checks"]}

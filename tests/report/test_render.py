@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from reportworld import ROOT, STORED_TEXT, WEEK, build
 
-from gateway.db.engine import make_engine, upgrade
+from gateway.db.connection import connect, upgrade
 from gateway.report import generate
 from gateway.report.period import week
 
@@ -27,10 +27,10 @@ def written(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
     base = tmp_path_factory.mktemp("report")
     url = f"sqlite:///{base / 'gateway.db'}"
     upgrade(url)
-    engine = make_engine(url)
-    world = build(engine)
-    report = generate(engine, world.policy, world.period, base / "out", now=world.period.until)
-    engine.dispose()
+    db = connect(url)
+    world = build(db)
+    report = generate(db, world.policy, world.period, base / "out", now=world.period.until)
+    db.dispose()
     return report, base / "out"
 
 
@@ -121,12 +121,12 @@ def test_chromium_renders_the_page_without_console_messages(
 def test_a_week_without_traffic_still_makes_a_report(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'gateway.db'}"
     upgrade(url)
-    engine = make_engine(url)
+    db = connect(url)
     from gateway.policy.load import load_policy
 
     policy = load_policy(ROOT / "policies/default.yaml")
-    report = generate(engine, policy, week(WEEK), tmp_path / "out", now=0.0)
-    engine.dispose()
+    report = generate(db, policy, week(WEEK), tmp_path / "out", now=0.0)
+    db.dispose()
     assert report["candidates"] == [] and report["fleet"]["requests"] == 0
     assert "No shadow evidence" in (tmp_path / "out/report.md").read_text()
     assert 'id="chart-fleet"' in (tmp_path / "out/report.html").read_text()
@@ -135,9 +135,9 @@ def test_a_week_without_traffic_still_makes_a_report(tmp_path: Path) -> None:
 def test_cli_writes_a_named_week_and_refuses_a_malformed_one(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'gateway.db'}"
     upgrade(url)
-    engine = make_engine(url)
-    build(engine)
-    engine.dispose()
+    db = connect(url)
+    build(db)
+    db.dispose()
     env = {**os.environ, "DATABASE_URL": url}
     command = [sys.executable, "-m", "gateway", "report", "weekly"]
     done = subprocess.run(
@@ -177,9 +177,9 @@ def test_the_report_shows_each_pools_newest_precision_check(tmp_path: Path) -> N
 
     url = f"sqlite:///{tmp_path / 'gateway.db'}"
     upgrade(url)
-    engine = make_engine(url)
+    db = connect(url)
     policy, period = load_policy(ROOT / "policies/default.yaml"), week(WEEK)
-    generate(engine, policy, period, tmp_path / "none", now=period.until)
+    generate(db, policy, period, tmp_path / "none", now=period.until)
     assert "No precision check had been run" in (tmp_path / "none/report.html").read_text()
 
     def checked(pool: str, departing: int, ts: float) -> dict:
@@ -194,11 +194,11 @@ def test_the_report_shows_each_pools_newest_precision_check(tmp_path: Path) -> N
         plan = Plan(pool, "gpu", "bge-large-en-v1.5", "gpu")
         return {**judge_check(plan, suite, outcomes), "ts": ts}
 
-    store(engine, checked("cim", 12, period.since + 3600))
-    store(engine, checked("asic", 0, period.since + 7200))
-    store(engine, checked("asic", 30, period.until + 60))  # after the week: not shown
-    report = generate(engine, policy, period, tmp_path / "out", now=period.until)
-    engine.dispose()
+    store(db, checked("cim", 12, period.since + 3600))
+    store(db, checked("asic", 0, period.since + 7200))
+    store(db, checked("asic", 30, period.until + 60))  # after the week: not shown
+    report = generate(db, policy, period, tmp_path / "out", now=period.until)
+    db.dispose()
     shown = [(c["pool"], c["verdict"], c["harmful_share"]) for c in report["precision_checks"]]
     assert shown == [("asic", "pass", 0.0), ("cim", "fail", 0.05)]
     page = (tmp_path / "out/report.html").read_text()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.db.engine import make_engine, upgrade
+from gateway.db.connection import connect, upgrade
 from gateway.report.schedule import ReportScheduler, due, parse_schedule
 from harness.gateways import run_gateway
 from policies import fleet_policy
@@ -41,7 +41,7 @@ def test_the_scheduler_writes_the_report_and_the_admin_api_serves_it(tmp_path: P
     scheduler = ReportScheduler(
         parse_schedule("mon 06:00"),
         reports,
-        make_engine(url),
+        connect(url),
         lambda: policy,
         lambda: None,  # type: ignore[arg-type,return-value]
     )

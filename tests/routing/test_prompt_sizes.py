@@ -37,7 +37,7 @@ def test_an_8000_character_chinese_prompt_is_served_by_the_gpu(sims, tmp_path: P
         counted = raw.parse().usage.prompt_tokens
 
         def recorded():
-            with gw.gateway.engine.connect() as conn:
+            with gw.gateway.db.connect() as conn:
                 return conn.execute(
                     sa.select(request_records.c.prompt_tokens_estimated)
                 ).scalar_one_or_none()

@@ -19,7 +19,7 @@ from waiting import wait_for
 
 from gateway.compare.answers import Answer
 from gateway.compare.measures import COMPARATORS, comparator, compare, tokens
-from gateway.db.engine import make_engine, upgrade
+from gateway.db.connection import connect, upgrade
 from gateway.exchange import Exchange
 from gateway.fleet.state import Fleet
 from gateway.metrics import GatewayMetrics
@@ -74,8 +74,8 @@ def planned(ex: Exchange, policy) -> tuple[ShadowPlan, ...]:
 def test_a_full_queue_drops_and_counts_instead_of_growing(tmp_path: Path) -> None:
     policy = shadow_policy(["http://g:1"], ["http://a:2"], ["http://c:3"])
     fleet, metrics = Fleet(policy), GatewayMetrics()
-    engine = make_engine(f"sqlite:///{tmp_path / 'x.db'}")
-    writer = ShadowWriter(engine, metrics)
+    db = connect(f"sqlite:///{tmp_path / 'x.db'}")
+    writer = ShadowWriter(db, metrics)
     # Not started: nothing takes copies off the queue, as with every worker stuck.
     mirror = Mirror(None, None, metrics, writer, lambda: fleet, None, max_pending=3)  # type: ignore[arg-type]
     for _ in range(10):
@@ -91,7 +91,7 @@ def test_a_full_queue_drops_and_counts_instead_of_growing(tmp_path: Path) -> Non
 def test_the_queue_also_holds_at_most_its_byte_budget(tmp_path: Path) -> None:
     policy = shadow_policy(["http://g:1"], ["http://a:2"], ["http://c:3"])
     fleet, metrics = Fleet(policy), GatewayMetrics()
-    writer = ShadowWriter(make_engine(f"sqlite:///{tmp_path / 'x.db'}"), metrics)
+    writer = ShadowWriter(connect(f"sqlite:///{tmp_path / 'x.db'}"), metrics)
     mirror = Mirror(None, None, metrics, writer, lambda: fleet, None, max_pending_bytes=10_000)  # type: ignore[arg-type]
     for _ in range(10):
         ex = served_exchange(policy, fleet)
@@ -104,7 +104,7 @@ def test_a_copy_the_primary_counted_too_long_for_the_candidate_is_dropped(tmp_pa
     # backend then counted 4,100 prompt tokens, which no copy to CIM could hold.
     policy = shadow_policy(["http://g:1"], ["http://a:2"], ["http://c:3"])
     fleet, metrics = Fleet(policy), GatewayMetrics()
-    writer = ShadowWriter(make_engine(f"sqlite:///{tmp_path / 'x.db'}"), metrics)
+    writer = ShadowWriter(connect(f"sqlite:///{tmp_path / 'x.db'}"), metrics)
     mirror = Mirror(None, None, metrics, writer, lambda: fleet, None)  # type: ignore[arg-type]
     for counted, queued in ((4_100, 0), (3_000, 1), (None, 2)):
         ex = served_exchange(policy, fleet)
@@ -124,12 +124,12 @@ def test_a_copy_the_primary_counted_too_long_for_the_candidate_is_dropped(tmp_pa
 def test_drops_are_written_as_counts_per_minute(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'x.db'}"
     upgrade(url)
-    engine, metrics = make_engine(url), GatewayMetrics()
-    writer = ShadowWriter(engine, metrics, wall=lambda: 120.5)
+    db, metrics = connect(url), GatewayMetrics()
+    writer = ShadowWriter(db, metrics, wall=lambda: 120.5)
     for _ in range(5):
         writer.count_drop("chat", "cim", "candidate", "rate")
     asyncio.run(writer.flush())
-    with engine.connect() as conn:
+    with db.connect() as conn:
         rows = conn.execute(sa.text("select ts, reason, count from shadow_drops")).all()
     assert [tuple(r) for r in rows] == [(120.0, "rate", 5)]
 

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 from rows import shadow_record
 
-from gateway.db.engine import make_engine
+from gateway.db.connection import connect
 from gateway.metrics import GatewayMetrics
 from gateway.shadow.records import ShadowWriter
 from gateway.shadow.summary import summarize, summarize_rows
@@ -126,19 +126,19 @@ def test_the_noise_floor_is_reported_apart_for_greedy_and_sampled_copies() -> No
 
 
 def test_summary_filters_by_route_candidate_and_time(database: str) -> None:
-    engine = make_engine(database)
-    writer = ShadowWriter(engine, GatewayMetrics())
+    db = connect(database)
+    writer = ShadowWriter(db, GatewayMetrics())
     writer.add(shadow_record(1))
     writer.add(shadow_record(2, route="other"))
     writer.add(shadow_record(3, candidate_pool="asic"))
     writer.add(shadow_record(4, kind="noise", candidate_pool="gpu"))
     asyncio.run(writer.flush())
-    everything = summarize(engine)
+    everything = summarize(db)
     assert [(s["route"], s["candidate"]) for s in everything] == [
         ("chat", "asic"),
         ("chat", "cim"),
         ("other", "cim"),
     ]
-    (cim,) = summarize(engine, route="chat", candidate="cim")
+    (cim,) = summarize(db, route="chat", candidate="cim")
     assert (cim["samples"], cim["noise_samples"]) == (1, 1)
-    assert summarize(engine, since=1_003.5) == []
+    assert summarize(db, since=1_003.5) == []

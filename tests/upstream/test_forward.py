@@ -13,7 +13,7 @@ import pytest
 from llamacpp import captured, llama_policy, llama_server
 
 from gateway.app import GatewayApp
-from gateway.db.engine import upgrade
+from gateway.db.connection import upgrade
 from gateway.fleet.state import BackendState
 from gateway.runtime import Gateway
 from gateway.settings import Settings

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from alembic import context
 
-from gateway.db.engine import make_engine
+from gateway.db.connection import connect
 from gateway.db.schema import metadata
 from gateway.settings import Settings
 
@@ -18,8 +18,8 @@ def run_offline() -> None:
 
 
 def run_online() -> None:
-    engine = make_engine(url)
-    with engine.connect() as connection:
+    db = connect(url)
+    with db.connect() as connection:
         context.configure(
             connection=connection,
             target_metadata=metadata,
@@ -27,7 +27,7 @@ def run_online() -> None:
         )
         with context.begin_transaction():
             context.run_migrations()
-    engine.dispose()
+    db.dispose()
 
 
 if context.is_offline_mode():

@@ -14,9 +14,9 @@ import sqlalchemy as sa
 from gateway.db.schema import precision_checks
 
 
-def store(engine: sa.Engine, result: Mapping[str, Any]) -> int:
+def store(db: sa.Engine, result: Mapping[str, Any]) -> int:
     """Keep a check's result in `precision_checks`; return its id."""
-    with engine.begin() as conn:
+    with db.begin() as conn:
         inserted = conn.execute(
             precision_checks.insert().values(
                 ts=result["ts"],
@@ -31,7 +31,7 @@ def store(engine: sa.Engine, result: Mapping[str, Any]) -> int:
     return int(key[0]) if key else 0
 
 
-def newest(engine: sa.Engine, until: float | None = None) -> list[dict[str, Any]]:
+def newest(db: sa.Engine, until: float | None = None) -> list[dict[str, Any]]:
     """Return each pool's newest stored check (before `until`), by pool name."""
     c = precision_checks.c
     last = sa.select(c.pool, sa.func.max(c.id).label("id")).group_by(c.pool)
@@ -39,5 +39,5 @@ def newest(engine: sa.Engine, until: float | None = None) -> list[dict[str, Any]
         last = last.where(c.ts < until)
     latest = last.subquery()
     query = sa.select(c.result).join(latest, c.id == latest.c.id).order_by(c.pool)
-    with engine.connect() as conn:
+    with db.connect() as conn:
         return [json.loads(row.result) for row in conn.execute(query)]

@@ -1,4 +1,4 @@
-"""The database connection: engines for SQLite and PostgreSQL, and the migrations that build it."""
+"""The database connection: its pool for SQLite and PostgreSQL, and the migrations that build it."""
 
 from __future__ import annotations
 
@@ -13,16 +13,16 @@ if TYPE_CHECKING:
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 
 
-def make_engine(url: str) -> sa.Engine:
-    """Create an engine; SQLite gets a busy timeout and write-ahead logging.
+def connect(url: str) -> sa.Engine:
+    """Create the database's connection pool; SQLite gets a busy timeout and write-ahead logging.
 
     Statement parameters stay out of errors and logs: they hold answer texts and tenants.
     """
     if not url.startswith("sqlite"):
         return sa.create_engine(url, pool_pre_ping=True, hide_parameters=True)
-    engine = sa.create_engine(url, connect_args={"timeout": 30}, hide_parameters=True)
+    db = sa.create_engine(url, connect_args={"timeout": 30}, hide_parameters=True)
 
-    @sa.event.listens_for(engine, "connect")
+    @sa.event.listens_for(db, "connect")
     def _pragmas(connection: Any, _: Any) -> None:
         # WAL lets readers (reports, the admin API) run beside the record writer, and
         # synchronous=NORMAL makes a batch commit cheap while staying safe against crashes.
@@ -31,7 +31,7 @@ def make_engine(url: str) -> sa.Engine:
         cursor.execute("PRAGMA synchronous=NORMAL")
         cursor.close()
 
-    return engine
+    return db
 
 
 def alembic_config(url: str) -> Config:

@@ -1,4 +1,4 @@
-"""Engines: what an error says of a statement leaves out the values it carried."""
+"""The connection pool: what an error says of a statement leaves out the values it carried."""
 
 from __future__ import annotations
 
@@ -6,17 +6,17 @@ import pytest
 import sqlalchemy as sa
 from rows import request_record
 
-from gateway.db.engine import make_engine
+from gateway.db.connection import connect
 from gateway.db.schema import request_records
 
 
 def test_a_refused_statement_names_no_value_it_carried(database: str) -> None:
-    engine = make_engine(database)
+    db = connect(database)
     row = request_record(1).row() | {"tenant": "tenant-who-must-not-be-logged"}
-    with engine.begin() as conn:
+    with db.begin() as conn:
         conn.execute(request_records.insert(), [row])
-    with pytest.raises(sa.exc.IntegrityError) as refused, engine.begin() as conn:
+    with pytest.raises(sa.exc.IntegrityError) as refused, db.begin() as conn:
         conn.execute(request_records.insert(), [row])  # the same decision id again
     assert "tenant-who-must-not-be-logged" not in str(refused.value)
     assert "hidden" in str(refused.value)
-    engine.dispose()
+    db.dispose()
