@@ -15,6 +15,10 @@ are loaded in turn at each point, so drift in the machine's speed falls on them 
   metering (the upstream's /metrics is not Prometheus text, so energy falls back to estimates)
   and a shadow-only pool sampled at 0%.
 - gateway-shadow10: the same with 10% of requests copied to the shadow pool.
+- gateway-default (only when named in --paths): the gateway with the shipped policy's own
+  routes (policies/default.yaml), every backend on the instant upstream: learned routing with
+  exploration, 20% shadowed to CIM with semantic comparison, and the noise floor, as `make run`
+  serves.
 - relay (only when named in --paths): bench/relay.py, a bare ASGI app relaying through the
   gateway's upstream client; the floor of a proxy on this stack.
 - gateway-redis (only when named in --paths): the gateway with REDIS_URL set (Redis on
@@ -65,6 +69,8 @@ PATHS = ("direct", "gateway", "gateway-shadow10", "litellm")
 # Run only when asked: the gateway with its slots, ejections and budgets shared through Redis.
 REDIS_PATH = "gateway-redis"
 REDIS_URL = os.environ.get("GATEWAY_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
+# Run only when asked: the gateway with the shipped policy's routes, shadows and noise floor.
+DEFAULT_PATH = "gateway-default"
 # Run only when asked: a bare relay (bench/relay.py), the floor of a proxy on this stack.
 RELAY_PATH = "relay"
 MODES = ("chat", "stream")
@@ -101,13 +107,18 @@ def wrk(url: str, connections: int, seconds: int, script: str) -> dict[str, Any]
     p999 = re.search(r"p999_us (\d+)", out)
     non_2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     socket = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
+    counts = map(int, socket.groups()) if socket else (0, 0, 0, 0)
+    errors = dict(zip(("connect", "read", "write", "timeout"), counts, strict=True))
     return {
         "rps": round(float(rps.group(1)), 1) if rps else 0.0,
         "p50_ms": round(_ms(*p50.groups()), 3) if p50 else 0.0,
         "p99_ms": round(_ms(*p99.groups()), 3) if p99 else 0.0,
         "p999_ms": round(int(p999.group(1)) / 1000, 3) if p999 else 0.0,
         "non_2xx": int(non_2xx.group(1)) if non_2xx else 0,
-        "socket_errors": sum(int(n) for n in socket.groups()) if socket else 0,
+        "socket_errors": sum(errors.values()),
+        # A read error is a connection the server closed, a timeout a request it left
+        # unanswered for wrk's --timeout.
+        "socket_error_kinds": errors,
     }
 
 
@@ -188,12 +199,15 @@ def memory_mib(pid: int, field: str, children: bool = True) -> float:
     return round(total / 1024, 1)
 
 
-def bench_policy(upstream: str, shadow_rate: float) -> dict[str, Any]:
-    """The default policy with every backend on the instant upstream and one learned route."""
+def bench_policy(upstream: str, shadow_rate: float | None) -> dict[str, Any]:
+    """The default policy with every backend on the instant upstream and one learned route
+    shadowed at `shadow_rate`, or with the shipped routes when `shadow_rate` is None."""
     doc = yaml.safe_load((ROOT / "policies/default.yaml").read_text())
     for pool in doc["pools"].values():
         pool["backends"] = [{"url": upstream}]
         pool["slots_per_backend"] = 1000  # never queue: admission is not what is measured
+    if shadow_rate is None:
+        return doc
     doc["routes"] = [
         {
             "name": "chat",
@@ -219,7 +233,7 @@ def bench_policy(upstream: str, shadow_rate: float) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def gateway(
-    upstream: str, shadow_rate: float, redis_url: str | None = None
+    upstream: str, shadow_rate: float | None, redis_url: str | None = None
 ) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
     work = Path(tempfile.mkdtemp(prefix="hot-path-"))
     policy = work / "policy.yaml"
@@ -524,7 +538,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         proc, base = stack.enter_context(relay(upstream))
                         together[name] = (proc.pid, base)
                     elif name != "litellm":
-                        shadow = 0.1 if name == "gateway-shadow10" else 0.0
+                        shadow = {"gateway-shadow10": 0.1, DEFAULT_PATH: None}.get(name, 0.0)
                         redis = REDIS_URL if name == REDIS_PATH else None
                         proc, base = stack.enter_context(gateway(upstream, shadow, redis))
                         together[name] = (proc.pid, base)
@@ -584,7 +598,7 @@ def tail_ratios(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
     found: dict[str, dict[str, Any]] = {}
     if relay is None:
         return found
-    for name in ("gateway", "gateway-shadow10"):
+    for name in ("gateway", "gateway-shadow10", DEFAULT_PATH):
         for mode in MODES:
             for conns, point in paths.get(name, {}).get(mode, {}).items():
                 base = relay.get(mode, {}).get(conns)
@@ -784,7 +798,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rate", type=int, default=500, help="py-spy samples per second")
     args = parser.parse_args(argv)
     args.paths = [p for p in args.paths.split(",") if p]
-    known = (*PATHS, REDIS_PATH, RELAY_PATH)
+    known = (*PATHS, REDIS_PATH, RELAY_PATH, DEFAULT_PATH)
     unknown = sorted(set(args.paths) - set(known))
     if unknown:
         parser.error(f"unknown paths {unknown} (paths: {', '.join(known)})")

@@ -1,5 +1,8 @@
 """An upstream that answers every chat completion at once: the floor for proxy benchmarks.
 
+A request to /v1/embeddings is answered with one fixed vector per input, so that a shadow
+comparison's semantic measure (which asks the policy's embedding pool) has an answer too.
+
 A request whose body asks for `"stream": true` is answered with `--chunks` server-sent events
 (OpenAI's `chat.completion.chunk` shape, usage in the last one) and `data: [DONE]`, all at once,
 or `--gap-ms` apart with each event's id stamped with the monotonic clock when it was sent
@@ -34,6 +37,18 @@ ANSWER = orjson.dumps(
         "usage": {"prompt_tokens": 8, "completion_tokens": 1, "total_tokens": 9},
     }
 )
+# One 1,024-wide vector (bge-large-en-v1.5's width), the same for every input.
+VECTOR = [round(1 / (1 + i), 6) for i in range(1024)]
+
+
+def embeddings(body: bytes) -> bytes:
+    text = orjson.loads(body).get("input", "")
+    count = len(text) if isinstance(text, list) else 1
+    data = [{"object": "embedding", "index": i, "embedding": VECTOR} for i in range(count)]
+    usage = {"prompt_tokens": count, "total_tokens": count}
+    return orjson.dumps({"object": "list", "data": data, "model": "bench", "usage": usage})
+
+
 HEADERS = [(b"content-type", b"application/json"), (b"content-length", str(len(ANSWER)).encode())]
 STREAM_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
 STREAM_FLAGS = (b'"stream":true', b'"stream": true')
@@ -83,6 +98,13 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         message = await receive()
         body += message.get("body", b"")
         more = message.get("more_body", False)
+    if scope["path"].endswith("/embeddings"):
+        answer = embeddings(body)
+        length = str(len(answer)).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", length)]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": answer})
+        return
     if STREAM_FLAGS[0] in body or STREAM_FLAGS[1] in body:
         await send({"type": "http.response.start", "status": 200, "headers": STREAM_HEADERS})
         for event in EVENTS:
