@@ -94,10 +94,13 @@ def wrk_script(stream: bool) -> str:
     )
 
 
-def wrk(url: str, connections: int, seconds: int, script: str) -> dict[str, Any]:
-    """Load `url` with wrk pinned to the load core; return req/s, p50/p99 ms and failures."""
+def wrk(
+    url: str, connections: int, seconds: int, script: str, cores: str | None = None
+) -> dict[str, Any]:
+    """Load `url` with wrk pinned to `cores` (the load core unless given); return req/s,
+    p50/p99 ms and failures."""
     command = [
-        "taskset", "-c", str(LOAD_CORE), "wrk", "-t1", f"-c{connections}", f"-d{seconds}s",
+        "taskset", "-c", cores or str(LOAD_CORE), "wrk", "-t1", f"-c{connections}", f"-d{seconds}s",
         "--timeout", "10s", "--latency", "-s", script, url,
     ]  # fmt: skip
     out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
