@@ -12,19 +12,23 @@ from gateway.routing.router import RouteDecision
 
 @dataclass(slots=True, eq=False)
 class Exchange:
-    """One request's profile, decision, timings and outcome; telemetry turns it into a record."""
+    """One request's profile, decision, timings and outcome; telemetry turns it into a record.
+
+    Times name their clock: `ts` is wall-clock Unix seconds (what the record stores), a name
+    ending in `_at` an instant on the gateway's monotonic clock, one ending in `_s` a duration.
+    """
 
     decision_id: str
     endpoint: str
     ts: float
-    started: float
+    started_at: float
     model: str = ""
     profile: RequestProfile | None = None
     decision: RouteDecision | None = None
     backend: BackendState | None = None
     first_pool: str | None = None
     attempts: int = 0
-    attempt_started: float = 0.0
+    attempt_started_at: float = 0.0
     concurrent: int = 0
     context_tokens: int = 0  # KV-cache tokens its backend held at admission, its own included
     prediction: Prediction | None = None
@@ -32,7 +36,7 @@ class Exchange:
     queue_s: float = 0.0
     upstream_s: float = 0.0
     ttft_s: float | None = None
-    last_token_s: float | None = None
+    last_token_at: float | None = None
     tokens_seen: int = 0
     prompt_tokens: int | None = None
     completion_tokens: int | None = None

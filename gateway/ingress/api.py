@@ -13,11 +13,13 @@ import logging
 import random
 import secrets
 import time
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
 
 import orjson
 
+from gateway.costmodel.model import OutputLengths
+from gateway.db.schema import RequestRecord
 from gateway.errors import (
     GatewayError,
     InternalError,
@@ -27,22 +29,29 @@ from gateway.errors import (
     RateLimited,
 )
 from gateway.exchange import Exchange
-from gateway.fleet.ratelimit import admit_tenant, settle_tenant
+from gateway.fleet.ratelimit import TokenBuckets, admit_tenant, settle_tenant
 from gateway.ingress.body import BodyDeadlines
 from gateway.ingress.responses import ResponsesRelay, to_chat
 from gateway.ingress.telemetry import Telemetry
+from gateway.metrics import GatewayMetrics
 from gateway.policy.model import Policy, Tenant
 from gateway.routing.classify import (
     ENDPOINTS,
     MAX_MODEL_CHARS,
     RequestProfile,
+    TokenEstimator,
     classify,
     tenant_of,
 )
+from gateway.routing.ranking import CostRanker
 from gateway.routing.router import decide, tokens_at_most
-from gateway.runtime import Gateway
+from gateway.runtime import Serving
+from gateway.settings import Settings
+from gateway.shadow.mirror import Mirror
 from gateway.shadow.sample import ShadowPlan
 from gateway.upstream.asgi import Receive, Scope, Send
+from gateway.upstream.forward import Forwarder
+from gateway.upstream.metering import EnergyMeter
 
 log = logging.getLogger(__name__)
 RESPONSES_PATH = "/v1/responses"
@@ -101,6 +110,25 @@ def decision_ids() -> Iterator[str]:
         yield f"{prefix}{n:016x}"
 
 
+class Parts(Protocol):
+    """What the ingress uses of the running gateway (runtime.Gateway has them all): the
+    snapshot it serves by, its limits, the parts a request passes through and where it ends."""
+
+    serving: Serving
+    settings: Settings
+    clock: Callable[[], float]
+    estimator: TokenEstimator
+    buckets: TokenBuckets
+    ranker: CostRanker
+    forwarder: Forwarder
+    mirror: Mirror
+    metrics: GatewayMetrics
+    meter: EnergyMeter
+    outputs: OutputLengths
+
+    def record_finished(self, record: RequestRecord) -> None: ...
+
+
 class Ingress:
     """Serve /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses (through chat
     completions, gateway/ingress/responses.py) and /v1/models.
@@ -109,7 +137,7 @@ class Ingress:
     other /v1 path is a 404.
     """
 
-    def __init__(self, gateway: Gateway):
+    def __init__(self, gateway: Parts):
         self.gateway = gateway
         self._ids = decision_ids()
         self._draw = random.random
@@ -139,7 +167,7 @@ class Ingress:
             await _refuse(send, NotFound(f"unknown path {path}"))
 
     def _models(self) -> bytes:
-        policy = self.gateway.policy
+        policy = self.gateway.serving.policy
         owners: dict[str, list[str]] = {}
         for name, pool in policy.pools.items():
             if pool.live:

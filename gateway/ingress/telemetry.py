@@ -74,17 +74,17 @@ class Telemetry:
             )
         return series
 
-    def finish(self, ex: Exchange, ended: float) -> None:
-        """Account for an exchange that ended at `ended` (same clock as ex.started)."""
-        e2e = ended - ex.started
-        last = None if ex.last_token_s is None else ex.last_token_s - ex.started
+    def finish(self, ex: Exchange, ended_at: float) -> None:
+        """Account for an exchange that ended at `ended_at` (the clock of ex.started_at)."""
+        e2e = ended_at - ex.started_at
+        last = None if ex.last_token_at is None else ex.last_token_at - ex.started_at
         tpot = tpot_s(ex.ttft_s, last, ex.completion_tokens)
         overhead = max(e2e - ex.queue_s - ex.upstream_s, 0.0)
         self._count(ex, e2e, tpot, overhead)
         self._learn(ex)
         record = _record(ex, e2e, tpot, overhead)
         self._judge_slo(ex, record)
-        self._deliver(ex, record, ended)
+        self._deliver(ex, record, ended_at)
 
     def _count(self, ex: Exchange, e2e: float, tpot: float | None, overhead: float) -> None:
         """The request's metrics: its outcome, and how long its answer took to each token."""
@@ -144,9 +144,9 @@ class Telemetry:
         )
         (met if ok else missed).inc()
 
-    def _deliver(self, ex: Exchange, record: RequestRecord, ended: float) -> None:
+    def _deliver(self, ex: Exchange, record: RequestRecord, ended_at: float) -> None:
         """Hand the record on, once the energy its backend drew for it is known."""
-        if ex.backend is None or not ex.attempt_started:
+        if ex.backend is None or not ex.attempt_started_at:
             self.sink(record)
             return
         # Energy is measured upstream, so the record waits for its share of the readings.
@@ -160,9 +160,9 @@ class Telemetry:
         self.meter.settle(
             ex.backend,
             ex.decision_id,
-            start=ex.attempt_started,
-            end=ended,
-            first_token=None if ex.ttft_s is None else ex.started + ex.ttft_s,
+            start_at=ex.attempt_started_at,
+            end_at=ended_at,
+            first_token_at=None if ex.ttft_s is None else ex.started_at + ex.ttft_s,
             prompt_tokens=ex.prompt_tokens or 0,
             completion_tokens=ex.completion_tokens or 0,
             deliver=deliver,

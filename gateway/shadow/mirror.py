@@ -110,7 +110,7 @@ def _job(ex: Exchange, body: bytes, policy: Policy) -> ShadowJob:
     assert profile is not None and backend is not None and ex.captured is not None
     # Upstream latencies: from sending to the backend, the queue wait left out, as for copies.
     ttft_s = None if ex.ttft_s is None else ex.ttft_s - ex.queue_s
-    last_s = None if ex.last_token_s is None else ex.last_token_s - ex.started - ex.queue_s
+    last_s = None if ex.last_token_at is None else ex.last_token_at - ex.started_at - ex.queue_s
     return ShadowJob(
         decision_id=ex.decision_id,
         ts=ex.ts,
@@ -367,8 +367,8 @@ class Mirror:
         self.metrics.child(self.metrics.shadow_sent, *key).inc()
         # Copies draw power too: they get their own span, so primaries are not charged for them.
         span = f"{job.decision_id}:{plan.kind}:{backend.name}"
-        started = self._clock()
-        self.meter.open(backend, span, started)
+        started_at = self._clock()
+        self.meter.open(backend, span, started_at)
         try:
             outcome = await self._send(job, plan, backend)
         except BaseException:
@@ -392,9 +392,9 @@ class Mirror:
         self.meter.settle(
             backend,
             span,
-            start=started,
-            end=started + outcome.e2e_s,
-            first_token=None if outcome.ttft_s is None else started + outcome.ttft_s,
+            start_at=started_at,
+            end_at=started_at + outcome.e2e_s,
+            first_token_at=None if outcome.ttft_s is None else started_at + outcome.ttft_s,
             prompt_tokens=record.candidate_prompt_tokens or 0,
             completion_tokens=record.candidate_completion_tokens or 0,
             deliver=deliver,

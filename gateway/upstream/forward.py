@@ -174,10 +174,10 @@ class Forwarder:
         while True:
             backend = slot.backend
             ex.attempts += 1
-            ex.attempt_started = self.clock()
+            ex.attempt_started_at = self.clock()
             ex.backend = backend
             # The span opens before the first reading that may include this request's prefill.
-            self.meter.open(backend, ex.decision_id, ex.attempt_started)
+            self.meter.open(backend, ex.decision_id, ex.attempt_started_at)
             response: Response | None = None
             try:
                 response = await self.upstream.send(
@@ -355,8 +355,8 @@ class Forwarder:
 
     def _account_stream(self, ex: Exchange, tally: StreamTally) -> None:
         if tally.first_token_at is not None:
-            ex.ttft_s = tally.first_token_at - ex.started
-            ex.last_token_s = tally.last_token_at
+            ex.ttft_s = tally.first_token_at - ex.started_at
+            ex.last_token_at = tally.last_token_at
         ex.tokens_seen = tally.tokens
         if tally.usage is not None:
             ex.prompt_tokens = tally.usage.get("prompt_tokens")

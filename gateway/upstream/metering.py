@@ -121,10 +121,10 @@ class EnergyMeter:
         ledger = self._ledgers.get(backend.url)
         return ledger.power_w if ledger is not None and self._metered(backend) else None
 
-    def open(self, backend: BackendState, key: str, start: float) -> None:
-        """Begin attributing energy to a request that started upstream at `start`."""
+    def open(self, backend: BackendState, key: str, start_at: float) -> None:
+        """Begin attributing energy to a request that started upstream at `start_at`."""
         if self._metered(backend):
-            self._ledger(backend).open(key, start)
+            self._ledger(backend).open(key, start_at)
 
     def abandon(self, backend: BackendState, key: str) -> None:
         """Stop attributing energy to an attempt that failed; its time counts as idle."""
@@ -137,21 +137,22 @@ class EnergyMeter:
         backend: BackendState,
         key: str,
         *,
-        start: float,
-        end: float,
-        first_token: float | None,
+        start_at: float,
+        end_at: float,
+        first_token_at: float | None,
         prompt_tokens: int,
         completion_tokens: int,
         deliver: Deliver,
     ) -> None:
-        """Close a request's span; call `deliver` once its energy is known (or estimated)."""
+        """Close a request's span (instants on the meter's clock); call `deliver` once its
+        energy is known (or estimated)."""
         concurrent = backend.load + 1
         ledger = self._ledgers.get(backend.url)
         if ledger is not None and key in ledger and self._metered(backend):
-            ledger.close(key, end, prompt_tokens, completion_tokens, first_token)
+            ledger.close(key, end_at, prompt_tokens, completion_tokens, first_token_at)
             self._pending[key] = _Pending(deliver, backend, concurrent)
             return
-        self._estimate(_Pending(deliver, backend, concurrent), end - start)
+        self._estimate(_Pending(deliver, backend, concurrent), end_at - start_at)
 
     def _estimate(self, pending: _Pending, seconds: float) -> None:
         pool = self._pool(pending.backend)
