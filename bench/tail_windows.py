@@ -40,10 +40,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layout", choices=("bench", "split"), default="split")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
-    cores = str(hot_path.LOAD_CORE)
+    layout = (hot_path.SERVER_CORE, hot_path.LOAD_CORE)
     if args.layout == "split":
         hot_path.SERVER_CORE, hot_path.LOAD_CORE = 1, 0
-        cores = "0,1"
+    try:
+        found = measure(args, "0,1" if args.layout == "split" else str(hot_path.LOAD_CORE))
+    finally:
+        hot_path.SERVER_CORE, hot_path.LOAD_CORE = layout
+    if args.out:
+        args.out.write_text(json.dumps({"layout": args.layout, "windows": found}, indent=1))
+    return 0
+
+
+def measure(args: argparse.Namespace, cores: str) -> list[dict[str, Any]]:
+    """Every window of the gateway and the relay, wrk pinned to `cores`."""
     work = Path(tempfile.mkdtemp(prefix="tail-windows-"))
     script = work / "chat.lua"
     script.write_text(hot_path.wrk_script(False))
@@ -70,9 +80,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"({stalls.get('gc2_paused_s', 0) * 1e3:.1f} ms)",
                 flush=True,
             )
-    if args.out:
-        args.out.write_text(json.dumps({"layout": args.layout, "windows": found}, indent=1))
-    return 0
+    return found
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Short runs of bench/hot_path.py and bench/chunk_latency.py: ratios, never absolute times.
+"""Short runs of bench/hot_path.py, bench/tail_windows.py and bench/chunk_latency.py: ratios,
+never absolute times.
 
 Direct, the gateway with shadow sampling at 0% and at 10%, at 8 connections, 3 s per point;
 and one stream's chunks, timed against the upstream's gap between them.
@@ -19,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from bench import chunk_latency, hot_path
+from bench import chunk_latency, hot_path, tail_windows
 
 pytestmark = [
     pytest.mark.alone,  # it takes both cores, and measures them
@@ -97,3 +98,18 @@ def test_streamed_chunks_reach_the_client_as_they_are_sent(tmp_path: Path) -> No
     assert through["failures"] == 0 and through["events"] > 0, point
     assert through["events"] >= 0.5 * direct["events"], point
     assert point["added_p50_ms"] < MAX_CHUNK_DELAY_IN_GAPS * gap_ms, point
+
+
+def test_tail_windows_measures_the_gateway_beside_the_relay_in_the_split_layout(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "windows.json"
+    argv = ["--windows", "2", "--seconds", "1", "--layout", "split", "--out", str(out)]
+    assert tail_windows.main(argv) == 0
+    assert (hot_path.SERVER_CORE, hot_path.LOAD_CORE) == (0, 1)  # the layout is put back
+    windows = json.loads(out.read_text())["windows"]
+    assert len(windows) == 2
+    for window in windows:
+        for point in window.values():
+            assert point["rps"] > 0 and point["non_2xx"] == 0 and point["socket_errors"] == 0
+        assert "over_20ms" in window["gateway-default"]["loop_stalls"]
