@@ -77,12 +77,14 @@ def test_embeddings_come_from_the_real_embedding_model(real_gateway: GatewayServ
     assert cosine(vectors[0], vectors[1]) > cosine(vectors[0], vectors[2]) + 0.2
 
 
-def test_a_prompt_past_the_asic_slot_is_retried_on_the_gpu(real_gateway: GatewayServer) -> None:
+def test_a_prompt_past_the_asic_slot_is_retried_on_the_gpu(
+    asic_first_gateway: GatewayServer,
+) -> None:
     # Digits are one token each for this model, about four characters each for the gateway's
     # estimate: 1,500 digits look like some 400 tokens (within the ASIC's 512 a slot), and the
     # ASIC's engine refuses them; the GPU's 2,048-token slots hold them.
     digits = "".join(str(i % 10) for i in range(1500))
-    raw = real_gateway.client().chat.completions.with_raw_response.create(
+    raw = asic_first_gateway.client().chat.completions.with_raw_response.create(
         model=corpus.MODEL,
         messages=[{"role": "user", "content": f"What is {digits} plus 1?"}],
         max_tokens=8,
@@ -94,9 +96,9 @@ def test_a_prompt_past_the_asic_slot_is_retried_on_the_gpu(real_gateway: Gateway
     decision = raw.headers["x-gateway-decision-id"]
 
     def record() -> list[dict]:
-        return [r for r in real_gateway.records(1) if r["decision_id"] == decision]
+        return [r for r in asic_first_gateway.records(1) if r["decision_id"] == decision]
 
-    # Chosen for the ASIC first (its estimate fitted), refused there, served by the GPU.
+    # Tried on the ASIC first (its estimate fitted), refused there, served by the GPU.
     (row,) = wait_for(record, message="no record of the retried request")
     assert (row["attempts"], row["fallback"], row["pool"]) == (2, True, "gpu")
 
