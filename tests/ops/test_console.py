@@ -31,6 +31,10 @@ if CHROMIUM is None:
     if REQUIRED:
         raise RuntimeError("no chromium binary for the console's browser tests")
     pytest.skip("no chromium binary (Debian: apt-get install chromium)", allow_module_level=True)
+# Assertions on the page wait for their condition as long as actions do (set_default_timeout
+# below): Playwright's own 5 s is shorter than the what-if's process takes to start on a busy
+# machine.
+expect.set_options(timeout=60_000)
 
 
 @pytest.fixture
