@@ -103,9 +103,28 @@ def load(gateways: list[GatewayProcess], per_gateway: int, **kw: int) -> list[Ba
     return failures
 
 
+def held_load(
+    sim: SimulatorProcess, gateways: list[GatewayProcess], per_gateway: int, until: int
+) -> list[BaseException]:
+    """Run `load` with the backend slowed until `until` requests are in flight on it together.
+
+    Both replicas' requests then overlap however late a busy machine starts either one.
+    """
+    failures: list[BaseException] = []
+    sim.set_faults(slow_factor=50)
+    worker = threading.Thread(target=lambda: failures.extend(load(gateways, per_gateway)))
+    worker.start()
+    try:
+        sim.wait_for_metric("sim_inflight_requests", until)
+    finally:
+        sim.reset_faults()
+        worker.join(timeout=120)
+    return failures
+
+
 @pytest.fixture
 def asic(tmp_path: Path) -> Iterator[SimulatorProcess]:
-    # Slow enough that 24 requests on 4 slots overlap: each takes ~0.1-0.2 s.
+    # Each request takes ~0.1-0.2 s; `held_load` slows them while a test needs them to overlap.
     with start_simulator("asic", speed=4, seed=7) as sim:
         yield sim
 
@@ -114,7 +133,7 @@ def test_two_replicas_sharing_redis_never_exceed_the_pools_slots_together(
     tmp_path: Path, asic: SimulatorProcess, redis_url: str, redis_prefix: str
 ) -> None:
     with replicas(tmp_path, asic, redis_url, redis_prefix) as gateways:
-        failures = load(gateways, per_gateway=12)
+        failures = held_load(asic, gateways, per_gateway=12, until=SLOTS)
     assert failures == []
     assert asic.metric("sim_peak_inflight_requests") == SLOTS  # full, and never over
 
@@ -124,9 +143,9 @@ def test_without_redis_two_replicas_overfill_the_pool(
 ) -> None:
     # The control for the test above: the same load with no shared state overfills the card.
     with replicas(tmp_path, asic, None, "none") as gateways:
-        failures = load(gateways, per_gateway=12)
+        failures = held_load(asic, gateways, per_gateway=12, until=2 * SLOTS)
     assert failures == []
-    assert asic.metric("sim_peak_inflight_requests") > SLOTS
+    assert asic.metric("sim_peak_inflight_requests") == 2 * SLOTS  # each replica fills its own
 
 
 def leases_in_redis(url: str, prefix: str) -> int:
