@@ -36,6 +36,19 @@ def _evaluate(args: argparse.Namespace, settings: Settings) -> int:
                 f"    {check.name:9} {check.result:9} {estimate}{interval} vs {check.threshold:.4g}"
                 f" on {check.samples} samples: {check.detail}"
             )
+        shown = [
+            f"{what} {v.latency[f'{key}_p95_ratio']:.2f}x the primary's"
+            f" ({v.latency[f'candidate_{key}_p95_ms']:.0f} against"
+            f" {v.latency[f'primary_{key}_p95_ms']:.0f} ms)"
+            for key, what in (("ttft", "time to first token"), ("e2e", "end to end"))
+            if v.latency.get(f"{key}_p95_ratio") is not None
+        ]
+        if shown:
+            print(
+                f"    {'latency':9} {'shown':9} p95 "
+                + "; ".join(shown)
+                + " (the slo check decides)"
+            )
     return 0
 
 

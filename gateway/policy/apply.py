@@ -18,9 +18,11 @@ version's message, so `gateway policy history` shows who let which pool through 
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import PurePath
 from typing import Any, Literal
 
 import sqlalchemy as sa
@@ -31,7 +33,7 @@ from gateway.errors import PolicyError, PolicyStoreUnavailable, Problem
 from gateway.policy import versions
 from gateway.policy.credentials import Access
 from gateway.policy.load import PolicyLoader, content_hash, locator, parse_policy
-from gateway.policy.model import Policy
+from gateway.policy.model import GoLive, Policy
 from gateway.policy.validation import validate
 from gateway.policy.versions import PolicyVersion
 
@@ -39,7 +41,6 @@ from gateway.policy.versions import PolicyVersion
 # check ("check"), let it through and record that in the version's message ("override"), or
 # leave it to the caller, which checked already (a rollout, gated when it started: "checked").
 PrecisionGate = Literal["check", "override", "checked"]
-SUITE_HINT = "suites/chat.jsonl"
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,11 +77,14 @@ def apply(
         return Applied(active, False, checked.warnings)
     if precision_gate != "checked":
         # Without an active version, no pool served before: the first one is gated too.
-        ungated = uncleared(db, going_live(db, active.content if active else "", policy))
+        ungated = uncleared(db, policy, going_live(db, active.content if active else "", policy))
         if ungated and precision_gate == "check":
             at = locator(text, source)
             problems = [
-                at(_serving_at(policy, pool), refusal(pool, why, _how(policy, pool)))
+                at(
+                    _serving_at(policy, pool),
+                    refusal(pool, why, policy.pools[pool].go_live, _how(policy, pool)),
+                )
                 for pool, why in ungated.items()
             ]
             listed = "\n  ".join(map(str, problems))
@@ -165,49 +169,91 @@ def _serving_at(policy: Policy, pool: str) -> tuple[str | int, ...]:
     return ("routes", i, "canary", "pool")
 
 
-def newest_check(db: sa.Engine, pool: str) -> dict[str, Any] | None:
-    """Return a pool's newest stored precision check (ts, reference, suite, verdict), or None."""
+def checks_of(db: sa.Engine, pool: str, newest: int = 50) -> list[dict[str, Any]]:
+    """Return a pool's stored precision checks, newest first (at most `newest` of them)."""
     c = precision_checks.c
     query = (
-        sa.select(c.ts, c.reference, c.suite, c.verdict)
+        sa.select(c.ts, c.reference, c.suite, c.verdict, c.result)
         .where(c.pool == pool)
         .order_by(c.id.desc())
-        .limit(1)
+        .limit(newest)
     )
     try:
         with db.connect() as conn:
-            row = conn.execute(query).first()
+            rows = conn.execute(query).all()
     except sa.exc.SQLAlchemyError as exc:
         raise PolicyStoreUnavailable(
             f"the precision checks cannot be read ({type(exc).__name__}); run `gateway db "
             "upgrade` if the table is missing"
         ) from exc
-    return None if row is None else dict(row._mapping)
+    return [{**dict(row._mapping), "result": json.loads(row.result)} for row in rows]
 
 
-def uncleared(db: sa.Engine, pools: Iterable[str]) -> dict[str, str]:
-    """Return, for each pool whose newest precision check did not pass, why in words."""
+def why_not_counted(check: dict[str, Any], rule: GoLive, policy: Policy) -> str | None:
+    """Say why a stored check cannot open the gate under `rule`, or None if it can."""
+    result = check["result"]
+    ran = result.get("suite_file", PurePath(check["suite"]).name)
+    if ran != rule.suite:
+        return f"it replayed {ran}, and the pool's go_live names {rule.suite}"
+    if rule.suite_sha256 is not None and result.get("suite_sha256") != rule.suite_sha256:
+        return (
+            f"its {ran} (sha256 {str(result.get('suite_sha256'))[:12]}…) is not the one "
+            f"go_live pins ({rule.suite_sha256[:12]}…)"
+        )
+    reference = check["reference"]
+    if rule.reference is not None and reference != rule.reference:
+        return f"it compared against {reference!r}, and go_live names {rule.reference!r}"
+    spec = policy.pools.get(reference)
+    if rule.reference is None and (spec is None or spec.kind != "gpu" or not spec.live):
+        return f"its reference {reference!r} is not a live gpu pool of this policy"
+    if "gate" not in result:
+        return "it ran before suites were held to the gate's minimums; run it again"
+    if not result["gate"]["opens"]:
+        return f"its suite falls short: {'; '.join(result['gate']['lacks'])}"
+    return None
+
+
+def uncleared(db: sa.Engine, policy: Policy, pools: Iterable[str]) -> dict[str, str]:
+    """Return, for each pool without a passing precision check that counts, why in words.
+
+    A check counts when it replayed the suite the pool's `go_live` names (and pins), against
+    its reference (by default any live gpu pool), on a suite that opens the gate
+    (gateway/promotion/precision/figures.py `gate`). The newest that counts decides.
+    """
     found = {}
     for pool in pools:
-        check = newest_check(db, pool)
-        if check is None:
+        rule = policy.pools[pool].go_live
+        checks = checks_of(db, pool)
+        counted = next((c for c in checks if why_not_counted(c, rule, policy) is None), None)
+        if not checks:
             found[pool] = "it has no precision check"
-        elif check["verdict"] != "pass":
-            ran = datetime.fromtimestamp(check["ts"], UTC).strftime("%Y-%m-%d %H:%M UTC")
+        elif counted is None:
+            newest = checks[0]
             found[pool] = (
-                f"its newest precision check ({ran}, {check['suite']} against "
-                f"{check['reference']!r}) is {check['verdict']!r}"
+                f"no precision check of it counts: the newest ({_described(newest)}) does not, "
+                f"because {why_not_counted(newest, rule, policy)}"
+            )
+        elif counted["verdict"] != "pass":
+            found[pool] = (
+                f"its newest precision check that counts ({_described(counted)}) is "
+                f"{counted['verdict']!r}"
             )
     return found
 
 
-def refusal(pool: str, why: str, change: str = "serve clients") -> str:
+def _described(check: dict[str, Any]) -> str:
+    ran = datetime.fromtimestamp(check["ts"], UTC).strftime("%Y-%m-%d %H:%M UTC")
+    return f"{ran}, {check['suite']} against {check['reference']!r}"
+
+
+def refusal(pool: str, why: str, rule: GoLive, change: str = "serve clients") -> str:
     """Say why a shadow-only pool may not serve clients, and what the operator can do."""
+    reference = f" --reference {rule.reference}" if rule.reference else ""
     return (
         f"pool {pool!r} is shadow-only (live: false) and would {change}, but {why}: run `gateway "
-        f"precision check --pool {pool} --suite {SUITE_HINT}` until it passes, or override the "
-        "gate (--override-precision-gate, or override_precision_gate in the admin API), which "
-        "the policy history records"
+        f"precision check --pool {pool} --suite suites/{rule.suite}{reference}` until it passes, "
+        "or override the gate (--override-precision-gate, or override_precision_gate in the "
+        "admin API), which the policy history records"
     )
 
 

@@ -48,6 +48,15 @@ def reference_errors(policy: Policy) -> list[Finding]:
                     f"(tariffs: {known})",
                 )
             )
+        reference = pool.go_live.reference
+        if reference is not None and (reference == name or reference not in policy.pools):
+            errors.append(
+                (
+                    ("pools", name, "go_live", "reference"),
+                    f"pool {name!r} names reference {reference!r} for its precision check, which"
+                    + (" is itself" if reference == name else f" is not a pool (pools: {pools})"),
+                )
+            )
     for name, windows in policy.tariffs.items():
         spans = sorted((w.seconds(), i) for i, w in enumerate(windows))
         for (start, end), i in spans:

@@ -137,6 +137,25 @@ class PowerMetrics(Strict):
     )
 
 
+class GoLive(Strict):
+    """The precision check a shadow-only pool must have passed to serve clients."""
+
+    suite: str = Field(
+        default="chat.jsonl",
+        min_length=1,
+        description="File name of the suite the passing check replayed (its folder aside).",
+    )
+    suite_sha256: str | None = Field(
+        default=None,
+        pattern=r"^[0-9a-f]{64}$",
+        description="The suite's exact content: the SHA-256 of its file, as the check records it.",
+    )
+    reference: str | None = Field(
+        default=None,
+        description="The pool the passing check compared against; null: any live gpu pool.",
+    )
+
+
 class Pool(Strict):
     """A set of backends of one hardware kind sharing one capability entry."""
 
@@ -160,6 +179,10 @@ class Pool(Strict):
     )
     live: bool = Field(
         default=True, description="False marks a shadow-only pool: never serves clients."
+    )
+    go_live: GoLive = Field(
+        default=GoLive(),
+        description="The precision check that lets a shadow-only pool serve clients.",
     )
     queue_depth: int = Field(default=256, ge=0, description="Requests that may wait for a slot.")
     kv_cache_gb: PositiveFloat | None = Field(
@@ -419,8 +442,12 @@ class Promotion(Strict):
         le=1,
         description="The same for sampled answers (temperature > 0).",
     )
-    latency_margin: float = Field(
-        default=0.10, ge=0, description="Candidate p95 may exceed the primary's by this share."
+    slo_margin: float = Field(
+        default=0.01,
+        ge=0,
+        le=1,
+        description="Share of the candidate's copies meeting their SLO class's targets may be"
+        " this much below the share of the primary's answers that do.",
     )
     max_error_rate: float = Field(default=0.01, ge=0, le=1)
     alpha: float = Field(default=0.05, gt=0, lt=1, description="Chance of a false promotion.")

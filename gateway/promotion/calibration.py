@@ -2,7 +2,8 @@
 
 A scenario is a candidate pool described the way the simulator describes hardware: its logit
 noise (near-tie flips), its harmful rate (wrong facts or fields), the share of sampled traffic,
-its latency and its cost against the primary, a bf16 GPU pool.
+how often it misses the SLO where the primary meets it, and its cost against the primary, a bf16
+GPU pool.
 
 1. Pairs: `pairs` prompts are answered by the simulator's precision model (simulator/answers.py)
    on the primary, on the primary again (the noise floor) and on the candidate, with and without
@@ -20,13 +21,12 @@ its latency and its cost against the primary, a bf16 GPU pool.
 Scenarios: `aa` (the candidate is the primary's hardware at the same cost: never promote),
 `benign_int8` (the simulator's int8 ASIC: many near-tie flips, no harmful errors), `harmful`
 (the same flips and 0.5% harmful answers), `sampled` (the ASIC with 70% of traffic at
-temperature 0.7, for 14 days), `worse_latency` (GPU-like answers, p95 10% slower) and `good`
-(GPU-like answers, cheaper on 90% of requests).
+temperature 0.7, for 14 days), `worse_latency` (GPU-like answers, missing the SLO on 3% more
+requests than the primary) and `good` (GPU-like answers, cheaper on 90% of requests).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -39,7 +39,7 @@ from gateway.compare.answers import Answer, TokenChoice
 from gateway.compare.meaning import similarity, windows
 from gateway.compare.measures import MEASURES, compare
 from gateway.promotion.departures import departs, tolerance
-from gateway.promotion.judge import PROMOTE, REJECT, Criteria, Evidence, Histogram, judge
+from gateway.promotion.judge import PROMOTE, REJECT, Criteria, Evidence, judge
 from simulator.answers import Answer as SimulatedAnswer
 from simulator.answers import Question, compose
 from simulator.embeddings import embed
@@ -50,8 +50,10 @@ SHADOW_RATE = 0.05
 NOISE_SHARE = 0.25
 ERROR_RATE = 0.002
 TOP_LOGPROBS = 5
-TTFT_MS = (math.log(80.0), 0.5)  # lognormal: median 80 ms
-E2E_MS = (math.log(2500.0), 0.6)
+# Pairs judged against the SLO: the share where only one side misses, load spikes and slow
+# prompts that either pool can meet or miss (the rest both meet, or both miss).
+ONLY_PRIMARY_MISSES = ONLY_CANDIDATE_MISSES = 0.002
+BOTH_MISS = 0.005
 MODEL = "llama-3.1-8b-instruct"
 EMBEDDING = ("bge-large-en-v1.5", 1024)
 
@@ -64,7 +66,7 @@ class Scenario:
     harmful_rate: float = 0.0
     sampled_share: float = 0.0
     temperature: float = 0.7
-    slowdown: float = 1.0
+    slo_loss: float = 0.0  # share of requests where only the candidate misses, beyond noise
     cheaper: float = 0.9
     days: float = 7.0
 
@@ -74,7 +76,7 @@ SCENARIOS = {
     "benign_int8": Scenario("asic"),
     "harmful": Scenario("asic", harmful_rate=0.005),
     "sampled": Scenario("asic", sampled_share=0.7, days=14.0),
-    "worse_latency": Scenario("gpu", slowdown=1.10),
+    "worse_latency": Scenario("gpu", slo_loss=0.03),
     "good": Scenario("gpu"),
 }
 # Scenarios a sound judge never promotes, and the ones it should.
@@ -171,21 +173,6 @@ def measure(candidate: str, temperature: float, pairs: int, seed: int) -> Rates:
     )
 
 
-def _bin_probabilities(mu: float, sigma: float) -> np.ndarray:
-    """Return the chance of a lognormal latency falling in each of the judge's histogram bins."""
-    edges = np.asarray(Histogram.EDGES)
-    z = (np.log(edges) - mu) / (sigma * math.sqrt(2))
-    cdf = 0.5 * (1 + np.vectorize(math.erf)(z))
-    probabilities = np.diff(np.concatenate(([0.0], cdf, [1.0])))
-    return np.clip(probabilities, 0, None) / probabilities.clip(0).sum()
-
-
-def _add(hist: Histogram, counts: np.ndarray) -> None:
-    for i in np.flatnonzero(counts):
-        hist.counts[i] += int(counts[i])
-    hist.n += int(counts.sum())
-
-
 def run(
     scenario: Scenario,
     rates: dict[bool, Rates],
@@ -193,12 +180,17 @@ def run(
     rng: np.random.Generator,
     *,
     look_hours: float,
-    bins: dict[str, np.ndarray],
 ) -> tuple[str, float | None]:
     """Simulate one candidate's shadow stream; return its decision and the day it came."""
     e = Evidence("chat", "candidate", first_ts=0.0)
     per_look = REQUESTS_PER_HOUR * SHADOW_RATE * look_hours
-    slow = "slow_" if scenario.slowdown != 1.0 else ""
+    only_candidate_misses = ONLY_CANDIDATE_MISSES + scenario.slo_loss
+    cells = [  # (primary met, candidate met): chances
+        ONLY_PRIMARY_MISSES,
+        only_candidate_misses,
+        BOTH_MISS,
+        1 - ONLY_PRIMARY_MISSES - only_candidate_misses - BOTH_MISS,
+    ]
     for look in range(1, int(scenario.days * 24 / look_hours) + 1):
         n = int(rng.poisson(per_look))
         errors = int(rng.binomial(n, ERROR_RATE))
@@ -225,10 +217,13 @@ def run(
             a.tolerance = r.tolerance
         e.priced += ok
         e.cheaper += int(rng.binomial(ok, scenario.cheaper))
-        _add(e.primary_ttft_ms, rng.multinomial(ok, bins["ttft"]))
-        _add(e.primary_e2e_ms, rng.multinomial(ok, bins["e2e"]))
-        _add(e.candidate_ttft_ms, rng.multinomial(ok, bins[slow + "ttft"]))
-        _add(e.candidate_e2e_ms, rng.multinomial(ok, bins[slow + "e2e"]))
+        drawn = rng.multinomial(ok, cells)
+        primary_missed, candidate_missed, neither = int(drawn[0]), int(drawn[1]), int(drawn[3])
+        e.slo.pairs += ok
+        e.slo.only_candidate += primary_missed
+        e.slo.only_primary += candidate_missed
+        e.slo.primary_met += candidate_missed + neither
+        e.slo.candidate_met += primary_missed + neither
         now = look * look_hours * 3600
         outcome = judge(e, criteria, now).outcome
         if outcome in (PROMOTE, REJECT):
@@ -256,11 +251,10 @@ def calibrate(
             if scenario.sampled_share
             else measure(scenario.candidate, 0.0, pairs, seed),
         }
-        bins = _bins(scenario.slowdown)
         outcomes: dict[str, int] = {}
         days = []
         for _ in range(runs):
-            outcome, day = run(scenario, rates, criteria, rng, look_hours=look_hours, bins=bins)
+            outcome, day = run(scenario, rates, criteria, rng, look_hours=look_hours)
             outcomes[outcome] = outcomes.get(outcome, 0) + 1
             if day is not None:
                 days.append(day)
@@ -283,15 +277,6 @@ def calibrate(
             },
         }
     return _summary(results, runs=runs, pairs=pairs, look_hours=look_hours)
-
-
-def _bins(slowdown: float) -> dict[str, np.ndarray]:
-    return {
-        "ttft": _bin_probabilities(*TTFT_MS),
-        "e2e": _bin_probabilities(*E2E_MS),
-        "slow_ttft": _bin_probabilities(TTFT_MS[0] + math.log(slowdown), TTFT_MS[1]),
-        "slow_e2e": _bin_probabilities(E2E_MS[0] + math.log(slowdown), E2E_MS[1]),
-    }
 
 
 def _summary(

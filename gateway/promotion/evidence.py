@@ -11,7 +11,7 @@ import json
 import math
 import time
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import sqlalchemy as sa
@@ -20,9 +20,14 @@ from gateway.db.schema import promotion_evaluations, request_records, shadow_rec
 from gateway.policy.model import Policy
 from gateway.promotion.departures import Tolerance, compared, departs, tolerance
 from gateway.promotion.judge import Criteria, Evidence, Verdict, judge
+from gateway.records.slo import Targets, meets_slo
 from gateway.shadow.sample import CANDIDATE, NOISE
 
 EvidenceByKey = dict[tuple[str, str], Evidence]
+# The targets of a request's SLO class, by the class its request record names (None: none kept).
+TargetsOf = Callable[[str | None], Targets | None]
+# A shadow record is read whole but for these: answer texts are never read to judge or report.
+LEFT_OUT = ("id", "primary_text", "candidate_text", "text_expires_at")
 
 
 def criteria(policy: Policy) -> Criteria:
@@ -31,7 +36,7 @@ def criteria(policy: Policy) -> Criteria:
     return Criteria(
         quality_margin=p.quality_margin,
         sampled_quality_margin=p.sampled_quality_margin,
-        latency_margin=p.latency_margin,
+        slo_margin=p.slo_margin,
         max_error_rate=p.max_error_rate,
         alpha=p.alpha,
         min_samples=p.min_samples,
@@ -39,12 +44,32 @@ def criteria(policy: Policy) -> Criteria:
     )
 
 
-def gather(rows: Iterable[dict[str, Any]]) -> dict[tuple[str, str], Evidence]:
+def slo_targets(policy: Policy) -> TargetsOf:
+    """Return the targets of a class by name: the policy's default class where none is named."""
+    return lambda name: policy.slo_classes.get(name or policy.default_slo_class)
+
+
+def _met(r: dict[str, Any], side: str, targets: Targets | None) -> bool:
+    """Say whether one side of a pair met the targets, each side timed from its send."""
+    return meets_slo(
+        targets,
+        r[f"{side}_status"] or 0,
+        r[f"{side}_ttft_ms"],
+        r[f"{side}_tpot_ms"],
+        r[f"{side}_e2e_ms"],
+        endpoint=r["endpoint"],
+        stream=bool(r["stream"]),
+        completion_tokens=r[f"{side}_completion_tokens"],
+    )
+
+
+def gather(rows: Iterable[dict[str, Any]], targets_of: TargetsOf) -> EvidenceByKey:
     """Fold shadow rows into evidence per (route, candidate pool).
 
     Compared pairs are split into temperature-0 and sampled traffic; each kind's noise-floor
     pairs set the tolerance its pairs are held to (gateway/promotion/departures.py), and are
-    the floor of every candidate of their route.
+    the floor of every candidate of their route. Each answered copy and the primary's answer
+    are judged against the targets of the request's SLO class (`targets_of`).
     """
     evidence: dict[tuple[str, str], Evidence] = {}
     noise: dict[tuple[str, bool], list[dict[str, Any]]] = {}
@@ -66,6 +91,8 @@ def gather(rows: Iterable[dict[str, Any]]) -> dict[tuple[str, str], Evidence]:
             continue
         if compared(r):
             pairs.setdefault((r["route"], r["candidate_pool"], bool(r["sampled"])), []).append(r)
+        targets = targets_of(r.get("slo_class"))
+        e.slo.add(_met(r, "primary", targets), _met(r, "candidate", targets))
         for name, value in (
             ("primary_ttft_ms", r["primary_ttft_ms"]),
             ("candidate_ttft_ms", r["candidate_ttft_ms"]),
@@ -94,7 +121,7 @@ def gather(rows: Iterable[dict[str, Any]]) -> dict[tuple[str, str], Evidence]:
     return evidence
 
 
-# What gather and the report read of each shadow record.
+# What `departs` reads of a shadow record: all the rollout guards read of the copies.
 MEASURES = (
     "exact_match",
     "similarity",
@@ -130,37 +157,41 @@ def _paired_means(rows: list[dict[str, Any]], measure: str) -> tuple[float | Non
     return math.fsum(p for p, _ in pairs) / len(pairs), math.fsum(c for _, c in pairs) / len(pairs)
 
 
-def load_evidence(
-    db: sa.Engine, since: float, route: str | None = None
-) -> dict[tuple[str, str], Evidence]:
-    """Read the shadow records since `since` into evidence per route and candidate."""
+def shadow_rows(
+    db: sa.Engine, since: float, until: float | None = None, route: str | None = None
+) -> list[dict[str, Any]]:
+    """Read the shadow records from `since` (to `until`), with what their primaries' request
+    records add: the request's SLO class, and its measured energy and cost where the copy
+    carries none."""
     c, r = shadow_records.c, request_records.c
+    joined = {
+        "primary_energy_j": sa.func.coalesce(c.primary_energy_j, r.energy_j),
+        "primary_cost_usd": sa.func.coalesce(c.primary_cost_usd, r.cost_usd),
+    }
+    columns = [
+        joined[col.name].label(col.name) if col.name in joined else col
+        for col in shadow_records.columns
+        if col.name not in LEFT_OUT
+    ]
     query = (
-        sa.select(
-            c.ts,
-            c.route,
-            c.kind,
-            c.candidate_pool,
-            c.sampled,
-            *(c[name] for name in MEASURES),
-            c.candidate_error,
-            c.primary_ttft_ms,
-            c.candidate_ttft_ms,
-            c.primary_e2e_ms,
-            c.candidate_e2e_ms,
-            c.candidate_energy_j,
-            c.candidate_cost_usd,
-            sa.func.coalesce(c.primary_energy_j, r.energy_j).label("primary_energy_j"),
-            sa.func.coalesce(c.primary_cost_usd, r.cost_usd).label("primary_cost_usd"),
-        )
+        sa.select(*columns, r.slo_class)
         .select_from(shadow_records.outerjoin(request_records, r.decision_id == c.decision_id))
         .where(c.ts >= since)
     )
+    if until is not None:
+        query = query.where(c.ts < until)
     if route is not None:
         query = query.where(c.route == route)
     with db.connect() as conn:
-        rows = [dict(row._mapping) for row in conn.execute(query)]
-    evidence = gather(rows)
+        return [dict(row._mapping) for row in conn.execute(query)]
+
+
+def load_evidence(
+    db: sa.Engine, policy: Policy, since: float, route: str | None = None
+) -> EvidenceByKey:
+    """Read the shadow records since `since` into evidence per route and candidate."""
+    rows = shadow_rows(db, since, route=route)
+    evidence = gather(rows, slo_targets(policy))
     add_paired_means(rows, evidence)
     return evidence
 
@@ -173,7 +204,7 @@ def evaluate(
     rules = criteria(policy)
     # Twice the minimum window: enough history to see it, bounded so old behaviour fades.
     since = now - max(2 * rules.min_window_s, 86400.0)
-    verdicts = [judge(e, rules, now) for e in load_evidence(db, since, route).values()]
+    verdicts = [judge(e, rules, now) for e in load_evidence(db, policy, since, route).values()]
     if verdicts:
         with db.begin() as conn:
             conn.execute(

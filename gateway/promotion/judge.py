@@ -5,7 +5,7 @@ holds at every sample size at once (with probability 1 - alpha), so looking at t
 day, or after every batch, does not inflate the chance of a false promotion the way repeated
 fixed-sample tests would. Proportions use Robbins' beta-mixture sequence (a mixture martingale
 with Ville's inequality: Howard et al., "Time-uniform, nonparametric, nonasymptotic confidence
-sequences", 2021); a p95 is read off a latency histogram at the levels that sequence allows.
+sequences", 2021).
 
 Criteria, each a non-inferiority test against a margin from the policy:
 
@@ -16,8 +16,11 @@ Criteria, each a non-inferiority test against a margin from the policy:
 - quality_sampled: the same on sampled traffic (temperature > 0), with
   `sampled_quality_margin`: two samples differ in words, and the noise floor's samples say how
   much; judged only where sampled pairs were compared;
-- latency: the candidate's p95 time to first token and end to end are at most
-  `latency_margin` above the primary's;
+- slo: the share of the candidate's copies that meet their SLO class's targets
+  (gateway/records/slo.py) is at most `slo_margin` below the share of the primary's answers
+  that do, on the same requests: a cheaper chip may be slower, and one that meets every target
+  is what promotion is for. The p95 ratios of time to first token and end to end are reported
+  beside the verdict, as information;
 - errors: the candidate's error rate is at most `max_error_rate`.
 
 - benefit: the candidate serves more than half of the same requests for less than the primary
@@ -40,8 +43,7 @@ PASS, FAIL, UNDECIDED = "pass", "fail", "undecided"
 NAMES = {
     "quality": "quality at temperature 0",
     "quality_sampled": "quality of sampled answers",
-    "ttft_p95": "p95 time to first token",
-    "e2e_p95": "p95 end-to-end latency",
+    "slo": "SLO attainment",
     "errors": "error rate",
     "benefit": "cost benefit",
 }
@@ -50,8 +52,8 @@ FAILED = {
     " two answers of the primary's own pool do",
     "quality_sampled": "its sampled answers depart in meaning from the primary's more often"
     " than two samples of the primary's own pool do",
-    "ttft_p95": "its p95 time to first token is slower than the margin allows",
-    "e2e_p95": "its p95 end-to-end latency is slower than the margin allows",
+    "slo": "fewer of its copies meet the route's SLO than the primary's answers do, beyond"
+    " the margin",
     "errors": "it fails more requests than allowed",
     "benefit": "it is not cheaper than the primary on most requests",
 }
@@ -63,7 +65,7 @@ class Criteria:
 
     quality_margin: float = 0.002
     sampled_quality_margin: float = 0.01
-    latency_margin: float = 0.10
+    slo_margin: float = 0.01
     max_error_rate: float = 0.01
     alpha: float = 0.05
     min_samples: int = 500
@@ -138,6 +140,35 @@ class Agreement:
 
 
 @dataclass(slots=True)
+class Attainment:
+    """Answered copies judged against their SLO class, each beside the primary's answer to the
+    same request: how many of each side met every target, and where the two sides differ."""
+
+    pairs: int = 0
+    primary_met: int = 0
+    candidate_met: int = 0
+    only_primary: int = 0  # the primary's answer met its targets, the candidate's copy did not
+    only_candidate: int = 0
+
+    def add(self, primary: bool, candidate: bool) -> None:
+        self.pairs += 1
+        self.primary_met += primary
+        self.candidate_met += candidate
+        self.only_primary += primary and not candidate
+        self.only_candidate += candidate and not primary
+
+    def scaled(self, factor: int) -> Attainment:
+        """Return the counts as they would read with factor times the pairs at the same rates."""
+        return Attainment(
+            max(self.pairs, 1) * factor,
+            self.primary_met * factor,
+            self.candidate_met * factor,
+            self.only_primary * factor,
+            self.only_candidate * factor,
+        )
+
+
+@dataclass(slots=True)
 class Evidence:
     """What the shadow records of one route and candidate pool say."""
 
@@ -147,6 +178,8 @@ class Evidence:
     sampled: Agreement = field(default_factory=Agreement)  # temperature > 0
     errors: int = 0  # candidate copies that failed
     sent: int = 0  # candidate copies sent
+    slo: Attainment = field(default_factory=Attainment)
+    # Reported beside the verdict, not judged on: the SLO check decides latency.
     primary_ttft_ms: Histogram = field(default_factory=Histogram)
     candidate_ttft_ms: Histogram = field(default_factory=Histogram)
     primary_e2e_ms: Histogram = field(default_factory=Histogram)
@@ -186,6 +219,7 @@ class Verdict:
     samples_needed: int | None = None
     window_s: float = 0.0
     benefit: dict[str, float | None] = field(default_factory=dict)
+    latency: dict[str, float | None] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -196,6 +230,7 @@ class Verdict:
             "samples_needed": self.samples_needed,
             "window_days": round(self.window_s / 86400, 2),
             "benefit": self.benefit,
+            "latency": self.latency,
             "checks": [
                 {
                     "name": c.name,
@@ -247,14 +282,6 @@ def bernoulli_interval(successes: int, n: int, alpha: float) -> tuple[float, flo
     return (low, high)
 
 
-def quantile_interval(hist: Histogram, q: float, alpha: float) -> tuple[float, float]:
-    """Return a confidence sequence for the q-quantile: quantiles at the levels its share allows."""
-    if hist.n == 0:
-        return (0.0, math.inf)
-    low, high = bernoulli_interval(round(q * hist.n), hist.n, alpha)
-    return (hist.edge_at(low, upper=False), hist.edge_at(high, upper=True))
-
-
 def _quality(name: str, a: Agreement, margin: float, alpha: float, traffic: str) -> Check:
     if a.compared == 0 or a.noise_compared == 0:
         return Check(
@@ -285,27 +312,42 @@ def _quality(name: str, a: Agreement, margin: float, alpha: float, traffic: str)
     )
 
 
-def _latency(
-    name: str, primary: Histogram, candidate: Histogram, c: Criteria, alpha: float
-) -> Check:
-    if not primary.n or not candidate.n:
-        return Check(name, UNDECIDED, None, None, 1 + c.latency_margin, 0, "no latencies yet")
-    p_low, p_high = quantile_interval(primary, 0.95, alpha / 2)
-    c_low, c_high = quantile_interval(candidate, 0.95, alpha / 2)
-    ratio = candidate.quantile(0.95) / max(primary.quantile(0.95), 1e-9)
-    worst = c_high / p_low if p_low > 0 else math.inf
-    best = c_low / p_high if p_high not in (0, math.inf) else 0.0
-    limit = 1 + c.latency_margin
-    result = PASS if worst <= limit else FAIL if best > limit else UNDECIDED
+def _slo(a: Attainment, margin: float, alpha: float) -> Check:
+    """Non-inferiority of paired attainment: only the pairs where the two sides differ count.
+
+    The deficit is the share of pairs the primary met and the candidate missed less the share
+    the other way round; each share gets a confidence sequence at alpha / 2 (a union bound).
+    """
+    if a.pairs == 0:
+        return Check("slo", UNDECIDED, None, None, margin, 0, "no answered copies yet")
+    lost_low, lost_high = bernoulli_interval(a.only_primary, a.pairs, alpha / 2)
+    won_low, won_high = bernoulli_interval(a.only_candidate, a.pairs, alpha / 2)
+    low, high = lost_low - won_high, lost_high - won_low
+    result = PASS if high <= margin else FAIL if low > margin else UNDECIDED
     return Check(
-        name,
+        "slo",
         result,
-        ratio,
-        (best, worst),
-        limit,
-        min(primary.n, candidate.n),
-        "candidate p95 over primary p95",
+        (a.only_primary - a.only_candidate) / a.pairs,
+        (low, high),
+        margin,
+        a.pairs,
+        f"{a.candidate_met / a.pairs:.1%} of {a.pairs} copies met their SLO class's targets,"
+        f" {a.primary_met / a.pairs:.1%} of the primary's answers to the same requests",
     )
+
+
+def _p95_ratios(e: Evidence) -> dict[str, float | None]:
+    """Return each side's p95 and the candidate's over the primary's (information only)."""
+    shown: dict[str, float | None] = {}
+    for what, primary, candidate in (
+        ("ttft", e.primary_ttft_ms, e.candidate_ttft_ms),
+        ("e2e", e.primary_e2e_ms, e.candidate_e2e_ms),
+    ):
+        p = primary.quantile(0.95) if primary.n else None
+        c = candidate.quantile(0.95) if candidate.n else None
+        shown[f"primary_{what}_p95_ms"], shown[f"candidate_{what}_p95_ms"] = p, c
+        shown[f"{what}_p95_ratio"] = c / p if p and c is not None else None
+    return shown
 
 
 def _errors(e: Evidence, c: Criteria, alpha: float) -> Check:
@@ -345,11 +387,9 @@ def _benefit(e: Evidence, c: Criteria, alpha: float) -> Check:
 def _samples_needed(e: Evidence, checks: list[Check], c: Criteria, alpha: float) -> int | None:
     """Estimate how many more pairs would decide the undecided checks, if estimates hold."""
     undecided = {ch.name for ch in checks if ch.result == UNDECIDED}
-    if not undecided - {"ttft_p95", "e2e_p95"}:
-        return None  # quantile checks narrow with the others; no closed form of their own
     for factor in (2**k for k in range(1, 9)):
         scaled = _scaled(e, factor)
-        rechecked = {check.name: check for check in _counted_checks(scaled, c, alpha)}
+        rechecked = {check.name: check for check in _checks(scaled, c, alpha)}
         if all(rechecked[name].result != UNDECIDED for name in undecided if name in rechecked):
             return max(0, _pairs(scaled) - _pairs(e))
     return None
@@ -363,6 +403,7 @@ def _scaled(e: Evidence, factor: int) -> Evidence:
         e.candidate,
         greedy=e.greedy.scaled(factor) if e.greedy.compared else e.greedy,
         sampled=e.sampled.scaled(factor) if e.sampled.compared else e.sampled,
+        slo=e.slo.scaled(factor),
         errors=grow(e.errors),
         sent=grow(max(e.sent, 1)),
         cheaper=grow(e.cheaper),
@@ -377,28 +418,22 @@ def _pairs(e: Evidence) -> int:
     )
 
 
-def _counted_checks(e: Evidence, c: Criteria, each: float) -> list[Check]:
-    """The checks on counts: quality (per kind of traffic), errors and benefit."""
+def _checks(e: Evidence, c: Criteria, each: float) -> list[Check]:
+    """Every check: quality (per kind of traffic), SLO attainment, errors and benefit."""
     checks = [_quality("quality", e.greedy, c.quality_margin, each, "temperature-0")]
     if e.sampled.compared:
         checks.append(
             _quality("quality_sampled", e.sampled, c.sampled_quality_margin, each, "sampled")
         )
-    return [*checks, _errors(e, c, each), _benefit(e, c, each)]
+    return [*checks, _slo(e.slo, c.slo_margin, each), _errors(e, c, each), _benefit(e, c, each)]
 
 
 def judge(e: Evidence, c: Criteria, now: float, alpha: float | None = None) -> Verdict:
     """Decide promote, hold or reject for one route and candidate from its evidence."""
     alpha = c.alpha if alpha is None else alpha
-    # The criteria share the error budget (a union bound): each of at most six gets alpha / 6.
-    each = alpha / 6
-    counted = _counted_checks(e, c, each)
-    checks = [
-        *counted[:-2],
-        _latency("ttft_p95", e.primary_ttft_ms, e.candidate_ttft_ms, c, each),
-        _latency("e2e_p95", e.primary_e2e_ms, e.candidate_e2e_ms, c, each),
-        *counted[-2:],
-    ]
+    # The criteria share the error budget (a union bound): each of at most five gets alpha / 5.
+    each = alpha / 5
+    checks = _checks(e, c, each)
     if not e.greedy.compared and e.sampled.compared:
         checks.pop(0)  # sampled traffic only: its own check decides quality
     window = 0.0 if e.first_ts is None else now - e.first_ts
@@ -406,7 +441,16 @@ def judge(e: Evidence, c: Criteria, now: float, alpha: float | None = None) -> V
         "energy_j_saved_per_request": _saved(e.primary_energy_j, e.candidate_energy_j),
         "cost_usd_saved_per_request": _saved(e.primary_cost_usd, e.candidate_cost_usd),
     }
-    verdict = Verdict(e.route, e.candidate, HOLD, "", checks, window_s=window, benefit=benefit)
+    verdict = Verdict(
+        e.route,
+        e.candidate,
+        HOLD,
+        "",
+        checks,
+        window_s=window,
+        benefit=benefit,
+        latency=_p95_ratios(e),
+    )
     failed = [ch.name for ch in checks if ch.result == FAIL]
     if failed:
         verdict.outcome = REJECT

@@ -210,15 +210,17 @@ def _precision_gate(
     The text returned is appended to the rollout's first policy version's message: empty when
     the gate had nothing to say, the override and its author when it was overridden.
     """
-    spec = doc["pools"].get(candidate)
-    if not isinstance(spec, dict) or spec.get("live", True) is not False:
+    active = Policy.model_validate(doc)
+    spec = active.pools.get(candidate)
+    if spec is None or spec.live:
         return ""
-    ungated = uncleared(db, [candidate])
+    ungated = uncleared(db, active, [candidate])
     if not ungated:
         return ""
     if not override:
         change = f"take a share of route {route!r}'s live traffic as its canary"
-        raise Conflict(refusal(candidate, ungated[candidate], change=change))
+        rule = spec.go_live
+        raise Conflict(refusal(candidate, ungated[candidate], rule, change=change))
     return overridden(ungated, author)
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from gateway.costmodel.model import CostModel
-from gateway.db.schema import cost_models, request_records, shadow_drops, shadow_records
+from gateway.db.schema import cost_models, request_records, shadow_drops
 from gateway.policy.model import Policy
 from gateway.promotion import evidence
 from gateway.promotion.precision import results
@@ -44,9 +44,6 @@ REQUEST_COLUMNS = (
     "predicted_e2e_ms",
     "predicted_energy_j",
 )
-# A shadow record is read whole but for these. The report never carries answer texts (see
-# `numbers.worst_disagreements`): not even read.
-SHADOW_COLUMNS_LEFT_OUT = ("id", "primary_text", "candidate_text", "text_expires_at")
 # What the report reads of each shadow drop.
 DROP_COLUMNS = ("ts", "route", "candidate_pool", "kind", "reason", "count")
 
@@ -59,7 +56,7 @@ def collect(
     rules = evidence.criteria(policy)
     start = min(previous.since, period.until - judge_window(rules))
     requests = _read_requests(db, start, period.until)
-    shadows = _read_shadows(db, start, period.until)
+    shadows = evidence.shadow_rows(db, start, period.until)
     drops = _read_drops(db, start, period.until)
     cost_model = _read_cost_model(db, period.until)
     stored = evidence.latest(db)
@@ -75,8 +72,8 @@ def collect(
         predict=predict,
         now=now,
         rules=rules,
-        verdicts=judge_rows(shadows, rules, period.until),
-        verdicts_before=judge_rows(shadows, rules, previous.until),
+        verdicts=judge_rows(shadows, policy, period.until),
+        verdicts_before=judge_rows(shadows, policy, previous.until),
         checks=results.newest(db, until=period.until),
     )
 
@@ -86,26 +83,6 @@ def _read_requests(db: sa.Engine, since: float, until: float) -> list[dict[str, 
     query = sa.select(*(c[n] for n in REQUEST_COLUMNS)).where(c.ts >= since, c.ts < until)
     with db.connect() as conn:
         return [dict(r._mapping) for r in conn.execute(query)]
-
-
-def _read_shadows(db: sa.Engine, since: float, until: float) -> list[dict[str, Any]]:
-    c, r = shadow_records.c, request_records.c
-    measured = {
-        "primary_energy_j": sa.func.coalesce(c.primary_energy_j, r.energy_j),
-        "primary_cost_usd": sa.func.coalesce(c.primary_cost_usd, r.cost_usd),
-    }
-    columns = [
-        measured[col.name].label(col.name) if col.name in measured else col
-        for col in shadow_records.columns
-        if col.name not in SHADOW_COLUMNS_LEFT_OUT
-    ]
-    query = (
-        sa.select(*columns)
-        .select_from(shadow_records.outerjoin(request_records, r.decision_id == c.decision_id))
-        .where(c.ts >= since, c.ts < until)
-    )
-    with db.connect() as conn:
-        return [dict(row._mapping) for row in conn.execute(query)]
 
 
 def _read_drops(db: sa.Engine, since: float, until: float) -> list[dict[str, Any]]:

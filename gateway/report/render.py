@@ -242,14 +242,25 @@ def _precision_markdown(checks: list[Mapping[str, Any]]) -> list[str]:
     if not checks:
         return [*lines, "No precision check was run by the end of this period."]
     lines += [
-        _row("pool", "reference", "prompts", "top-1 agreement", "harmful", "mean KL", "verdict"),
-        _row(*["---"] * 7),
+        _row(
+            "pool",
+            "reference",
+            "suite (sha256)",
+            "prompts",
+            "top-1 agreement",
+            "harmful",
+            "mean KL",
+            "verdict",
+        ),
+        _row(*["---"] * 8),
     ]
     for check in checks:
+        digest = check.get("suite_sha256")
         lines.append(
             _row(
                 check["pool"],
                 check["reference"],
+                f"{check['suite']} ({digest[:12]})" if digest else check["suite"],
                 number(check["prompts"]),
                 percent(check["top1_agreement"]),
                 percent(check["harmful_share"]),

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from gateway.policy.model import Policy
 from gateway.promotion import evidence
 from gateway.promotion.judge import Criteria, judge
 from gateway.report.wording import plain_check, summary_sentence, why_sentence
@@ -24,11 +25,12 @@ def judge_window(c: Criteria) -> float:
     return max(2 * c.min_window_s, 86400.0)
 
 
-def judge_rows(shadows: Sequence[Row], rules: Criteria, at: float) -> dict[tuple[str, str], Any]:
+def judge_rows(shadows: Sequence[Row], policy: Policy, at: float) -> dict[tuple[str, str], Any]:
     """Judge every route and candidate as of `at` from the shadow rows of its window."""
+    rules = evidence.criteria(policy)
     since = at - judge_window(rules)
     rows = [dict(r) for r in shadows if since <= r["ts"] < at]
-    gathered = evidence.gather(rows)
+    gathered = evidence.gather(rows, evidence.slo_targets(policy))
     evidence.add_paired_means(rows, gathered)  # as the judge's own evaluation does
     verdicts = {}
     for key, e in gathered.items():

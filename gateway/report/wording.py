@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -53,11 +52,11 @@ def plain_check(check: Mapping[str, Any]) -> str:
             f"{estimate * 100:+.2f} points more often than the noise floor (interval "
             f"{low * 100:+.2f} to {high * 100:+.2f}); at most {threshold * 100:.1f} allowed."
         )
-    if name in ("ttft_p95", "e2e_p95"):
-        what = "time to first token" if name == "ttft_p95" else "end-to-end latency"
+    if name == "slo":
         return (
-            f"95th-percentile {what} {result}: the candidate's is {estimate:.2f}× the primary's "
-            f"(interval {low:.2f}× to {_num(high)}×), at most {threshold:.2f}× allowed."
+            f"SLO attainment {result}: {check['detail']}. The candidate meets the targets "
+            f"{estimate * 100:.2f} points less often than the primary (interval "
+            f"{low * 100:+.2f} to {high * 100:+.2f}); at most {threshold * 100:.1f} allowed."
         )
     if name == "errors":
         return (
@@ -70,7 +69,3 @@ def plain_check(check: Mapping[str, Any]) -> str:
             f"requests (interval {low:.0%} to {high:.0%}); more than {threshold:.0%} needed."
         )
     return f"{name} {result}: {check['detail']}."
-
-
-def _num(value: float) -> str:
-    return "∞" if math.isinf(value) else f"{value:.2f}"

@@ -165,7 +165,9 @@ def filled(database: str) -> Iterator[sa.Engine]:
 
 
 def test_judge_of_one_route_reads_its_time_range_by_index(filled: sa.Engine) -> None:
-    (used,) = plans(filled, lambda: evidence.load_evidence(filled, NOW - 14 * DAY, SMALL))
+    (used,) = plans(
+        filled, lambda: evidence.load_evidence(filled, fleet_policy(), NOW - 14 * DAY, SMALL)
+    )
     assert "ix_shadow_records_route_ts" in used
 
 
@@ -187,7 +189,7 @@ def test_shadow_summary_of_one_route_reads_records_and_drops_by_index(filled: sa
 def test_weekly_report_and_what_if_read_their_period_by_index(filled: sa.Engine) -> None:
     since, until = NOW - 8 * DAY, NOW - DAY
     (requests,) = plans(filled, lambda: report_records._read_requests(filled, since, until))
-    (copies,) = plans(filled, lambda: report_records._read_shadows(filled, since, until))
+    (copies,) = plans(filled, lambda: evidence.shadow_rows(filled, since, until))
     (drops,) = plans(filled, lambda: report_records._read_drops(filled, since, until))
     (replayed,) = plans(filled, lambda: recorded_requests(filled, since, limit=100))
     assert "ix_request_records_ts" in requests

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 import yaml
@@ -89,12 +90,14 @@ def test_a_key_unset_where_the_policy_is_served_refuses_it_and_elsewhere_warns(
 
 
 def cleared(db, pool: str, verdict: str = "pass") -> None:
-    """Store a precision check of `pool` with `verdict`, as `gateway precision check` does."""
+    """Store a precision check of `pool` with `verdict`, as `gateway precision check` does,
+    on a suite that opens the gate (the figures themselves are not read)."""
+    result = {"suite_file": "chat.jsonl", "gate": {"opens": True, "lacks": []}}
     with db.begin() as conn:
         conn.execute(
             precision_checks.insert().values(
                 ts=1.0, pool=pool, reference="gpu", suite="suites/chat.jsonl", verdict=verdict,
-                result="{}",
+                result=json.dumps(result),
             )
         )  # fmt: skip
 
@@ -142,7 +145,7 @@ def test_a_shadow_only_pool_taken_out_and_put_back_live_is_still_gated(database:
     with pytest.raises(PolicyError, match="pool 'cim' is shadow-only"):
         apply(db, back_live, "policy.yaml", author="bo", message="cim back, live")
     cleared(db, "cim", "fail")
-    with pytest.raises(PolicyError, match=r"newest precision check .* is 'fail'"):
+    with pytest.raises(PolicyError, match=r"newest precision check that counts .* is 'fail'"):
         apply(db, back_live, "policy.yaml", author="bo", message="cim back, live")
     cleared(db, "cim")
     assert apply(db, back_live, "policy.yaml", author="bo", message="cim passed").changed

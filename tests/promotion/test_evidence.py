@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -9,11 +10,12 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import sqlalchemy as sa
-from rows import shadow_record
+from rows import request_record, shadow_record
 
 from gateway.db.connection import connect
-from gateway.db.schema import promotion_evaluations, shadow_records
+from gateway.db.schema import promotion_evaluations, request_records, shadow_records
 from gateway.policy.load import load_policy
 from gateway.promotion.evidence import evaluate, latest
 from gateway.promotion.judge import HOLD, PROMOTE, REJECT
@@ -31,31 +33,50 @@ def shadow_history(
     agree_every: int = 0,
     route: str = "chat",
     cheaper: bool = True,
+    slower: float = 1.0,
+    late_every: int = 0,
+    slo_class: str | None = None,
     now: float = NOW,
 ) -> None:
-    """Store n temperature-0 candidate copies over 9 days, with a same-size A/A noise sample."""
-    rows = []
+    """Store n temperature-0 candidate copies over 9 days, with a same-size A/A noise sample.
+
+    Each answer is 40 tokens, not streamed: under the default policy's interactive class
+    (500 ms to the first token, 50 ms a token) it meets its SLO within 2,450 ms end to end.
+    The candidate takes `slower` times the primary's time, and 3 s on every `late_every`-th.
+    With `slo_class`, each primary has a request record naming that class.
+    """
+    rows, requests = [], []
+    first = sum(map(ord, route)) * 10**6  # decision ids of their own, for the request records
     for i in range(n):
         ts = now - 9 * 86400 + i * (9 * 86400 / n)
         disagrees = agree_every and i % agree_every == 0
+        late = late_every and i % late_every == 0
         common = {
             "route": route,
             "ts": ts,
-            "primary_ttft_ms": 80.0 + i % 40,
-            "candidate_ttft_ms": 80.0 + i % 40,
-            "primary_e2e_ms": 2000.0 + i % 400,
-            "candidate_e2e_ms": 2000.0 + i % 400,
+            "primary_e2e_ms": 1000.0 + i % 400,
+            "candidate_e2e_ms": 3000.0 if late else slower * (1000.0 + i % 400),
+            "primary_completion_tokens": 40,
+            "candidate_completion_tokens": 40,
             "primary_cost_usd": 1e-4,
             "candidate_cost_usd": 5e-5 if cheaper else 2e-4,
         }
-        rows.append(shadow_record(2 * i, exact_match=not disagrees, **common).row())
+        copy = shadow_record(first + 2 * i, exact_match=not disagrees, **common)
+        rows.append(copy.row())
         rows.append(
             shadow_record(
-                2 * i + 1, kind="noise", candidate_pool="gpu", exact_match=True, **common
+                first + 2 * i + 1, kind="noise", candidate_pool="gpu", exact_match=True, **common
             ).row()
         )
+        if slo_class is not None:
+            request = dataclasses.replace(
+                request_record(i, copy.decision_id), route=route, slo_class=slo_class
+            )
+            requests.append(request.row())
     with db.begin() as conn:
         conn.execute(shadow_records.insert(), rows)
+        if requests:
+            conn.execute(request_records.insert(), requests)
 
 
 def test_evaluations_are_judged_stored_and_listed(database: str) -> None:
@@ -70,11 +91,32 @@ def test_evaluations_are_judged_stored_and_listed(database: str) -> None:
     assert "temperature-0 answers depart in meaning" in verdicts["worse"].reason
     listed = {entry["route"]: entry for entry in latest(db)}
     assert listed["chat"]["outcome"] == PROMOTE
-    assert {c["name"] for c in listed["worse"]["checks"]} >= {"quality", "ttft_p95", "errors"}
+    assert {c["name"] for c in listed["worse"]["checks"]} >= {"quality", "slo", "errors"}
     with db.connect() as conn:
         stored = conn.execute(sa.select(sa.func.count()).select_from(promotion_evaluations))
         assert stored.scalar() == 2
     db.dispose()
+
+
+def test_latency_is_judged_against_the_requests_slo_class_not_the_primarys_p95(
+    database: str,
+) -> None:
+    db = connect(database)
+    policy = load_policy(ROOT / "policies/default.yaml")
+    shadow_history(db, 8000, slower=1.4)  # 1.4x the primary's time, every copy within 2,450 ms
+    shadow_history(db, 8000, late_every=20, route="late")  # 5 % of copies past it
+    # The same copies of requests whose records name the batch class (120 s): all on time.
+    shadow_history(db, 8000, late_every=20, route="late-batch", slo_class="batch")
+    verdicts = {v.route: v for v in evaluate(db, policy, now=NOW)}
+    db.dispose()
+    slower, late = verdicts["chat"], verdicts["late"]
+    assert slower.outcome == PROMOTE, slower.reason
+    assert slower.latency["e2e_p95_ratio"] == pytest.approx(1.4, rel=0.05)
+    assert late.outcome == REJECT
+    (slo,) = [c for c in late.checks if c.name == "slo"]
+    assert slo.estimate == pytest.approx(0.05, abs=0.001)
+    assert "fewer of its copies meet the route's SLO" in late.reason
+    assert verdicts["late-batch"].outcome == PROMOTE, verdicts["late-batch"].reason
 
 
 def test_a_candidate_that_costs_more_is_not_promoted(database: str) -> None:

@@ -13,6 +13,7 @@ from gateway.promotion.judge import (
     REJECT,
     UNDECIDED,
     Agreement,
+    Attainment,
     Criteria,
     Evidence,
     Histogram,
@@ -31,6 +32,7 @@ def evidence(
     sampled_departing: float = 0.01,
     sampled_floor: float = 0.01,
     slowdown: float = 1.0,
+    slo_loss: float = 0.0,
     cheaper: float = 0.9,
     error_rate: float = 0.001,
     seed: int = 1,
@@ -46,6 +48,9 @@ def evidence(
     e.greedy = _agreement(compared - sampled, departing, floor)
     e.sampled = _agreement(sampled, sampled_departing, sampled_floor)
     e.priced = compared
+    # Every answer meets the SLO but for `slo_loss` of the copies, however slow the candidate.
+    missed = round(compared * slo_loss)
+    e.slo = Attainment(compared, compared, compared - missed, missed, 0)
     e.cheaper = round(e.priced * cheaper)
     for _ in range(n):
         e.primary_ttft_ms.add(rng.lognormvariate(4.4, 0.5))
@@ -89,7 +94,7 @@ def test_the_same_evidence_is_held_until_the_minimum_window_passes() -> None:
     [
         ({"departing": 0.006}, "quality"),
         ({"sampled_share": 0.5, "sampled_departing": 0.04}, "quality_sampled"),
-        ({"slowdown": 1.4}, "ttft_p95"),
+        ({"slo_loss": 0.03}, "slo"),
         ({"error_rate": 0.05}, "errors"),
         ({"cheaper": 0.2}, "benefit"),
     ],
@@ -99,6 +104,42 @@ def test_a_candidate_failing_one_criterion_is_rejected_naming_it(truth: dict, fa
     assert verdict.outcome == REJECT
     assert results(verdict)[failed] == FAIL
     assert verdict.reason.startswith("rejected: ") and FAILED[failed] in verdict.reason
+
+
+def test_a_slower_candidate_that_meets_the_slo_is_promoted_with_its_p95s_reported() -> None:
+    # A cheaper chip is usually slower: 1.4x the primary's p95 is no reason to reject it while
+    # every copy meets its class's targets.
+    verdict = judge(evidence(slowdown=1.4), Criteria(), now=WEEK + 1)
+    assert verdict.outcome == PROMOTE, verdict.reason
+    assert verdict.latency["ttft_p95_ratio"] == pytest.approx(1.4, rel=0.05)
+    assert verdict.latency["e2e_p95_ratio"] == pytest.approx(1.4, rel=0.05)
+    assert verdict.as_dict()["latency"] == verdict.latency
+
+
+def test_slo_attainment_is_judged_on_the_pairs_where_the_sides_differ() -> None:
+    # Both sides miss 5 % of requests (the same slow prompts): no evidence against the candidate.
+    shared = Attainment(pairs=3000, primary_met=2850, candidate_met=2850)
+    e = evidence()
+    e.slo = shared
+    (slo,) = [c for c in judge(e, Criteria(), now=WEEK + 1).checks if c.name == "slo"]
+    assert slo.result == PASS and slo.estimate == 0.0
+    # The candidate misses 2.5 points more, beyond the 1-point margin: rejected.
+    e.slo = Attainment(10_000, 9500, 9250, only_primary=300, only_candidate=50)
+    verdict = judge(e, Criteria(), now=WEEK + 1)
+    assert results(verdict)["slo"] == FAIL
+    assert FAILED["slo"] in verdict.reason
+    # Where the candidate misses some the primary met and meets as many the primary missed,
+    # it is as good.
+    e.slo = Attainment(10_000, 9500, 9500, only_primary=40, only_candidate=40)
+    assert results(judge(e, Criteria(), now=WEEK + 1))["slo"] != FAIL
+
+
+def test_no_answered_copies_leave_the_slo_undecided() -> None:
+    e = evidence()
+    e.slo = Attainment()
+    verdict = judge(e, Criteria(), now=WEEK + 1)
+    assert verdict.outcome == HOLD and results(verdict)["slo"] == UNDECIDED
+    assert "SLO attainment" in verdict.reason
 
 
 def test_little_evidence_holds_with_an_estimate_of_samples_needed() -> None:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,14 +15,14 @@ import pytest
 from command import ROOT, gateway
 
 from gateway.db.connection import connect
-from gateway.errors import Conflict
+from gateway.errors import Conflict, PolicyError
 from gateway.policy import versions
 from gateway.policy.apply import apply
 from gateway.policy.load import render_policy, to_yaml
 from gateway.policy.model import Policy
 from gateway.promotion import rollout
-from gateway.promotion.precision.check import TOP_LOGPROBS, greedy
-from gateway.promotion.precision.figures import Outcome, judge_check
+from gateway.promotion.precision.check import TOP_LOGPROBS, greedy, read_suite
+from gateway.promotion.precision.figures import Outcome, gate, judge_check
 from gateway.promotion.precision.limits import Limits
 from gateway.promotion.precision.plan import Plan, Suite
 from gateway.promotion.precision.results import newest, store
@@ -129,15 +131,13 @@ def asic_check(fleet: Fleet, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
 @pytest.fixture(scope="module")
 def cim_check(fleet: Fleet, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ran]:
-    """The CIM part on the chat suite's first 60 prompts, with the database's active policy."""
+    """The CIM part on the whole chat suite, with the database's active policy."""
     tmp = tmp_path_factory.mktemp("cim")
-    suite = tmp / "chat-60.jsonl"
-    suite.write_text("".join((ROOT / "suites/chat.jsonl").read_text().splitlines(True)[:60]))
     with scratch_database(None, tmp) as url:
         db = connect(url)
         apply(db, render_policy(fleet.policy()), "policy.yaml", author="t", message="fleet")
         db.dispose()
-        yield check(url, tmp / "cim.json", "--pool", "cim", "--suite", str(suite))
+        yield check(url, tmp / "cim.json", "--pool", "cim", "--suite", "suites/chat.jsonl")
 
 
 def test_an_int8_asic_passes_the_chat_suite_though_its_words_differ(asic_check: Ran) -> None:
@@ -265,9 +265,16 @@ def outcomes(n: int, *, error_at: int | None = None) -> list[Outcome]:
     return found
 
 
-def suite_of(n: int) -> Suite:
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
-    return Suite("suite.jsonl", tuple((line, body) for line in range(1, n + 1)))
+def suite_of(n: int, name: str = "suite.jsonl", **body: Any) -> Suite:
+    """A suite of n different prompts (each its own question), each body with `body` added."""
+    return Suite(
+        name,
+        tuple(
+            (line, {"model": MODEL, "messages": [{"role": "user", "content": f"q{line}"}], **body})
+            for line in range(1, n + 1)
+        ),
+        sha256=f"{n:064x}",
+    )
 
 
 def test_a_failed_request_to_the_candidate_fails_the_check_by_default() -> None:
@@ -346,7 +353,7 @@ def test_a_rollout_of_a_shadow_only_candidate_is_gated_too(
     with pytest.raises(Conflict, match=r"'cim' .* but it has no precision check"):
         rollout.start(db, policy, "chat", "cim", author="ana", force=True)
     store(db, cim_check.result)
-    with pytest.raises(Conflict, match=r"newest precision check .* is 'fail'"):
+    with pytest.raises(Conflict, match=r"newest precision check that counts .* is 'fail'"):
         rollout.start(db, policy, "chat", "cim", author="ana", force=True)
     env = {"DATABASE_URL": database, "GATEWAY_POLICY": write(tmp_path / "p.yaml", policy)}
     started = gateway(
@@ -357,6 +364,101 @@ def test_a_rollout_of_a_shadow_only_candidate_is_gated_too(
     assert active is not None and active.message.startswith("rollout of cim on chat: 5%")
     assert "[precision gate overridden for cim by " in active.message
     db.dispose()
+
+
+def stored_pass(db: Any, suite: Suite, reference: str = "gpu") -> dict[str, Any]:
+    """Store a passing check of the ASIC on `suite` against `reference`; return it."""
+    result = judge_check(Plan("asic", reference, EMBED, "gpu"), suite, outcomes(len(suite.bodies)))
+    assert result["verdict"] == "pass"
+    result["ts"] = time.time()
+    store(db, result)
+    return result
+
+
+@pytest.mark.parametrize(
+    ("suite", "reference", "go_live", "refused"),
+    [
+        # Too few different prompts: 240 lines asking one question.
+        (
+            Suite("suites/chat.jsonl", tuple((n, {"model": MODEL, "messages": [{"role": "user",
+                "content": "hi"}]}) for n in range(240))),
+            "gpu", {}, "its suite falls short: 1 different prompts, 205 needed",
+        ),
+        # Answers with no room: max_tokens 1.
+        (suite_of(240, "chat.jsonl", max_tokens=1), "gpu", {},
+         "a prompt allows 1 tokens of answer, 64 needed"),
+        # Another suite than the one go_live names.
+        (suite_of(240, "mine.jsonl"), "gpu", {},
+         "it replayed mine.jsonl, and the pool's go_live names chat.jsonl"),
+        (suite_of(240, "chat.jsonl"), "gpu", {"suite": "facts.jsonl"},
+         "it replayed chat.jsonl, and the pool's go_live names facts.jsonl"),
+        # Another version of the named suite than the one go_live pins.
+        (suite_of(240, "chat.jsonl"), "gpu", {"suite_sha256": "ab" * 32},
+         "is not the one go_live pins (abababababab…)"),
+        # A reference that is not a live GPU pool, or not the one go_live names.
+        (suite_of(240, "chat.jsonl"), "cim", {},
+         "its reference 'cim' is not a live gpu pool of this policy"),
+        (suite_of(240, "chat.jsonl"), "gpu", {"reference": "cim"},
+         "it compared against 'gpu', and go_live names 'cim'"),
+    ],
+)  # fmt: skip
+def test_a_pass_by_a_side_door_does_not_open_the_gate(
+    fleet: Fleet,
+    database: str,
+    suite: Suite,
+    reference: str,
+    go_live: dict[str, Any],
+    refused: str,
+) -> None:
+    db = connect(database)
+    extra = {"go_live": go_live} if go_live else {}
+    shadow_only = fleet.policy(asic_extra={"live": False, **extra}, routes=CHAT_ONLY)
+    apply(db, render_policy(shadow_only), "policy.yaml", author="ana", message="asic shadow")
+    stored_pass(db, suite, reference)
+    live = fleet.policy(asic_extra=extra, routes=CHAT_ONLY)
+    with pytest.raises(PolicyError) as caught:
+        apply(db, render_policy(live), "live.yaml", author="ana", message="asic goes live")
+    assert "no precision check of it counts" in str(caught.value)
+    assert refused in str(caught.value)
+    # The same pass on a suite that holds, against the GPU, opens it.
+    stored_pass(db, suite_of(240, "chat.jsonl"), "gpu")
+    if not go_live:
+        apply(db, render_policy(live), "live.yaml", author="ana", message="asic goes live")
+        assert versions.active_version(db) == 2
+    db.dispose()
+
+
+def test_a_check_records_its_suite_and_what_it_fell_back_to() -> None:
+    result = judge_check(PLAN, suite_of(240, "suites/chat.jsonl"), outcomes(240))
+    assert (result["suite"], result["suite_file"]) == ("suites/chat.jsonl", "chat.jsonl")
+    assert result["suite_sha256"] == f"{240:064x}" and result["distinct_prompts"] == 240
+    assert result["gate"] == {"opens": True, "lacks": []}
+    assert result["fallbacks"] == {"without_logprobs": 0, "tokens_differ": 0}
+    # The same texts split into other tokens: the tokenizers differ, near ties and KL are out.
+    split = outcomes(240)
+    for o in split:
+        o.candidate = {**o.candidate, "tokens_differ": True, "near_tie": True}  # type: ignore[dict-item]
+    differ = judge_check(PLAN, suite_of(240), split)
+    assert differ["fallbacks"]["tokens_differ"] == 240
+    assert differ["mean_kl"] is None
+    assert any("their tokenizers differ" in reason for reason in differ["reasons"])
+    bare = outcomes(240)
+    for o in bare[:10]:
+        o.candidate = {**o.candidate, "without_logprobs": True}  # type: ignore[dict-item]
+    assert judge_check(PLAN, suite_of(240), bare)["fallbacks"]["without_logprobs"] == 10
+    assert any(
+        "10 of 240 pairs came without logprobs" in r
+        for r in judge_check(PLAN, suite_of(240), bare)["reasons"]
+    )
+
+
+def test_a_suite_file_is_read_with_its_hash(tmp_path: Path) -> None:
+    suite = read_suite(ROOT / "suites/chat.jsonl")
+    data = (ROOT / "suites/chat.jsonl").read_bytes()
+    assert suite.sha256 == hashlib.sha256(data).hexdigest() and suite.file == "chat.jsonl"
+    assert suite.distinct_prompts == 240 and suite.fewest_max_tokens >= 64
+    for name in ("chat", "facts", "json", "tools"):  # the shipped suites open the gate
+        assert gate(read_suite(ROOT / f"suites/{name}.jsonl"))["opens"], name
 
 
 def test_the_admin_api_refuses_a_pool_going_live_unless_overridden(

@@ -8,6 +8,7 @@ gateway/promotion/precision/figures.py. The result is returned, not stored.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -26,13 +27,12 @@ from gateway.policy.credentials import Access
 from gateway.policy.model import Backend, Policy
 from gateway.promotion.precision.figures import Outcome, Row, judge_check
 from gateway.promotion.precision.limits import DEFAULT_LIMITS, Limits
-from gateway.promotion.precision.plan import Suite, plan
+from gateway.promotion.precision.plan import DEFAULT_MAX_TOKENS, Suite, plan
 
 TOP_LOGPROBS = 5
 # A suite line's labels (suites/facts.jsonl): what kind of question it is and its right answer.
 # They describe the prompt and are never sent upstream.
 LABELS = ("kind", "expected")
-DEFAULT_MAX_TOKENS = 256
 
 
 # The suite ---------------------------------------------------------------------------------
@@ -41,9 +41,13 @@ DEFAULT_MAX_TOKENS = 256
 def read_suite(path: str | Path) -> Suite:
     """Read a suite file (JSON lines of chat bodies); raise InvalidRequest naming a bad line."""
     try:
-        text = Path(path).read_text()
+        data = Path(path).read_bytes()
     except OSError as exc:
         raise InvalidRequest(f"cannot read the suite {path}: {exc.strerror}") from exc
+    try:
+        text = data.decode()
+    except UnicodeDecodeError as exc:
+        raise InvalidRequest(f"the suite {path} is not UTF-8 text") from exc
     bodies = []
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
@@ -60,7 +64,7 @@ def read_suite(path: str | Path) -> Suite:
         bodies.append((number, body))
     if not bodies:
         raise InvalidRequest(f"the suite {path} holds no prompts")
-    return Suite(str(path), tuple(bodies))
+    return Suite(str(path), tuple(bodies), hashlib.sha256(data).hexdigest())
 
 
 def greedy(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -174,6 +178,14 @@ async def _pair(
             client, embedder, model, reference, other.answer
         )
     row = {**{name: getattr(diff, name) for name in MEASURES}, "candidate_error": None}
+    mine, theirs = reference.tokens, other.answer.tokens
+    row["without_logprobs"] = not mine or not theirs
+    # The same text split into other tokens: the two pools' tokenizers differ.
+    row["tokens_differ"] = (
+        bool(mine and theirs)
+        and reference.text == other.answer.text
+        and [t.token for t in mine] != [t.token for t in theirs]
+    )
     return row, failed
 
 

@@ -15,7 +15,11 @@ and a pair *departs* by the judge's rule (gateway/promotion/departures.py). The 
 
 The verdict is `pass` when the upper end of `harmful_share`'s interval exceeds the noise floor's
 share by at most `max_harmful_share`, and at most `max_error_share` of the candidate's requests
-failed (gateway/promotion/precision/limits.py).
+failed (gateway/promotion/precision/limits.py). `gate` says whether the suite is one whose pass
+opens the go-live gate (enough different prompts, room in every answer). `fallbacks` counts the
+pairs measured with less than the check asks for: without logprobs on a side (no KL, no near
+tie), or split into different tokens where the texts are equal (the tokenizers differ: KL and
+near ties compare unlike tokens, so the check leaves them out of every candidate pair).
 """
 
 from __future__ import annotations
@@ -27,7 +31,12 @@ from typing import Any
 from gateway import stats
 from gateway.promotion.departures import compared, departs, tolerance
 from gateway.promotion.judge import bernoulli_interval
-from gateway.promotion.precision.limits import DEFAULT_LIMITS, Limits
+from gateway.promotion.precision.limits import (
+    DEFAULT_LIMITS,
+    MIN_DISTINCT_PROMPTS,
+    MIN_MAX_TOKENS,
+    Limits,
+)
 from gateway.promotion.precision.plan import Plan, Suite
 from gateway.promotion.precision.reasons import reasons
 
@@ -56,6 +65,13 @@ def judge_check(
     answered = [(o.line, o.candidate) for o in outcomes if o.candidate is not None]
     failed = [(line, r["candidate_error"]) for line, r in answered if r.get("candidate_error")]
     pairs = [(line, r) for line, r in answered if compared(r)]
+    fallbacks = {
+        "without_logprobs": sum(bool(r.get("without_logprobs")) for _, r in pairs),
+        "tokens_differ": sum(bool(r.get("tokens_differ")) for _, r in pairs),
+    }
+    if fallbacks["tokens_differ"]:
+        for _, r in pairs:
+            r["near_tie"] = r["kl_divergence"] = None
     noise = [o.noise for o in outcomes if o.noise is not None and compared(o.noise)]
     tol = tolerance(noise)
     departing = [(line, r) for line, r in pairs if departs(r, tol)]
@@ -71,8 +87,14 @@ def judge_check(
         "pool": plan.pool,
         "reference": plan.reference,
         "suite": suite.name,
+        "suite_file": suite.file,
+        "suite_sha256": suite.sha256,
         "models": suite.models,
         "prompts": len(suite.bodies),
+        "distinct_prompts": suite.distinct_prompts,
+        "fewest_max_tokens": suite.fewest_max_tokens,
+        "gate": gate(suite),
+        "fallbacks": fallbacks,
         "compared": n,
         "candidate_errors": len(failed),
         "reference_errors": len(outcomes) - len(answered),
@@ -108,6 +130,18 @@ def judge_check(
     }
     result["reasons"] = reasons(result, departs_ok, errors_ok, limits.alpha)
     return result
+
+
+def gate(suite: Suite) -> dict[str, Any]:
+    """Say whether a pass on `suite` opens the go-live gate, and what it lacks if not."""
+    lacks = []
+    if suite.distinct_prompts < MIN_DISTINCT_PROMPTS:
+        lacks.append(f"{suite.distinct_prompts} different prompts, {MIN_DISTINCT_PROMPTS} needed")
+    if suite.fewest_max_tokens < MIN_MAX_TOKENS:
+        lacks.append(
+            f"a prompt allows {suite.fewest_max_tokens} tokens of answer, {MIN_MAX_TOKENS} needed"
+        )
+    return {"opens": not lacks, "lacks": lacks}
 
 
 def _kept(row: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""What a precision check allows, and the fewest prompts that can show it."""
+"""What a precision check allows, the fewest prompts that can show it, and what a suite needs
+for its pass to open the go-live gate."""
 
 from __future__ import annotations
 
@@ -38,3 +39,11 @@ def prompts_needed(limit: float, alpha: float = ALPHA) -> int:
         else:
             high = mid
     return high
+
+
+# A pass opens the go-live gate only on a suite that could have failed: at least as many
+# different prompts as it takes to show the default limit with no departure and no noise (205),
+# each allowed an answer of 64 tokens or more (a one-token answer shows only its first token,
+# and the labelled facts the fleet is checked on answer in up to 64).
+MIN_DISTINCT_PROMPTS = prompts_needed(MAX_HARMFUL_SHARE)
+MIN_MAX_TOKENS = 64

@@ -2,24 +2,56 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import PurePath
 from typing import Any
 
 from gateway.errors import InvalidRequest
 from gateway.policy.model import Policy
 
+DEFAULT_MAX_TOKENS = 256  # what a check asks of a prompt that names no limit
+
 
 @dataclass(frozen=True, slots=True)
 class Suite:
-    """A prompt suite: chat request bodies, each with the line of the file it came from."""
+    """A prompt suite: chat request bodies, each with the line of the file it came from, and
+    the SHA-256 of the file's bytes."""
 
     name: str
     bodies: tuple[tuple[int, dict[str, Any]], ...]
+    sha256: str = ""
+
+    @property
+    def file(self) -> str:
+        """Return the suite's file name, its folder aside: what a policy's `go_live` names."""
+        return PurePath(self.name).name
 
     @property
     def models(self) -> list[str]:
         """Return the models the suite's bodies name, in first-seen order."""
         return list(dict.fromkeys(body["model"] for _, body in self.bodies))
+
+    @property
+    def distinct_prompts(self) -> int:
+        """Return how many different questions the suite asks (model, messages, tools, format)."""
+        asked = ("model", "messages", "tools", "response_format")
+        return len(
+            {json.dumps({k: b.get(k) for k in asked}, sort_keys=True) for _, b in self.bodies}
+        )
+
+    @property
+    def fewest_max_tokens(self) -> int:
+        """Return the smallest answer any prompt allows, in tokens."""
+        return min(max_tokens(body) for _, body in self.bodies)
+
+
+def max_tokens(body: dict[str, Any]) -> int:
+    """Return how many tokens a check lets a prompt's answer run to."""
+    for key in ("max_completion_tokens", "max_tokens"):
+        if isinstance(body.get(key), int):
+            return int(body[key])
+    return DEFAULT_MAX_TOKENS
 
 
 @dataclass(frozen=True, slots=True)

@@ -55,6 +55,24 @@ def reasons(
             f"The reference failed {result['reference_errors']} of {result['prompts']} prompts; "
             "they were left out."
         )
+    if not result["gate"]["opens"]:
+        said.append(
+            f"A pass on {result['suite_file']} does not open the go-live gate: "
+            + "; ".join(result["gate"]["lacks"])
+            + "."
+        )
+    fallbacks = result["fallbacks"]
+    if fallbacks["tokens_differ"]:
+        said.append(
+            f"The candidate split {fallbacks['tokens_differ']} answers identical to the "
+            "reference's into other tokens: their tokenizers differ, so KL and near ties were "
+            "left out and every pair was judged on its meaning, or without embeddings its words."
+        )
+    elif fallbacks["without_logprobs"]:
+        said.append(
+            f"{fallbacks['without_logprobs']} of {n} pairs came without logprobs on a side: "
+            "KL and near ties were not measured for them, only meaning and words."
+        )
     if result["embedding_model"] is None:
         said.append(
             "No live pool serves an embedding model, so answers were judged on their words: a "
