@@ -207,6 +207,6 @@ def test_the_report_shows_each_pools_newest_precision_check(tmp_path: Path) -> N
     stored = json.loads((tmp_path / "out/report.json").read_text())["precision_checks"]
     assert stored[1]["reasons"] == report["precision_checks"][1]["reasons"]
     text = (tmp_path / "out/report.md").read_text()
-    assert "| asic | gpu | 240 | 100.0% | 0.0% | 0 | pass |" in text
-    assert "| cim | gpu | 240 | 95.0% | 5.0% |" in text and "- cim: 12 of 240 answers" in text
+    assert "| asic | gpu | suites/chat.jsonl | 240 | 100.0% | 0.0% | 0 | pass |" in text
+    assert "| cim | gpu | suites/chat.jsonl | 240 | 95.0% | 5.0% |" in text and "- cim: 12 of 240 answers" in text
     assert "No precision check was run" in (tmp_path / "none/report.md").read_text()
