@@ -32,6 +32,7 @@ from typing import Any
 
 import httpx
 
+from gateway.promotion.precision.labels import states
 from gateway.upstream import exposition
 from realfleet import corpus, fleet
 
@@ -80,7 +81,7 @@ def accuracy(prompts: Sequence[Mapping[str, Any]], texts: Sequence[str]) -> dict
     by_kind: dict[str, list[bool]] = {}
     for line, text in zip(prompts, texts, strict=True):
         if line["expected"] is not None:
-            by_kind.setdefault(line["kind"], []).append(corpus.is_right(text, line["expected"]))
+            by_kind.setdefault(line["kind"], []).append(states(text, line["expected"]))
     every = [right for marks in by_kind.values() for right in marks]
     return {
         "labelled": len(every),

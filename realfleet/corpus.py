@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import random
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -219,11 +218,6 @@ def suite_lines(name: str = "facts", seed: int = SEED) -> list[str]:
         )
         for p in suite(name, seed)
     ]
-
-
-def is_right(answer: str, expected: str) -> bool:
-    """Say whether an answer states the expected fact (as a whole word or number)."""
-    return re.search(rf"(?<![\w]){re.escape(expected)}(?![\w])", answer) is not None
 
 
 if __name__ == "__main__":

@@ -8,6 +8,8 @@
   noise (Joshi et al., Nature Communications 11, 2473 (2020), model read noise as additive
   Gaussian on each weight, relative to the weights' range). Norms stay exact: they run on the
   digital periphery. The noise is drawn from a seed, so the part is the same on every machine.
+- `subtle`: the same at `SUBTLE_SNR_DB`, where the part stays fluent and gets a few percent of
+  the labelled facts wrong: the judge's hardest candidate (bench/promotion.py).
 
 The f16 file ships in the repository (realfleet/models/); the others are derived from it by
 `derive` into the engine cache, in a second, without torch.
@@ -30,7 +32,8 @@ from realfleet.tokenizer import PRE_TOKENIZER, Tokenizer
 SHIPPED = Path(__file__).parent / "models" / f"{MODEL}-f16.gguf"
 ANALOG_SNR_DB = 8.0  # where labelled accuracy falls from 100% to 80% (docs/real-fleet.md)
 ANALOG_SEED = 7
-PRECISIONS = ("f16", "q8_0", "analog")
+SUBTLE_SNR_DB = 10.0  # 202 of 210 labelled questions right (docs/real-fleet.md)
+PRECISIONS = ("f16", "q8_0", "analog", "subtle")
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
@@ -169,7 +172,10 @@ def derive(folder: Path, source: Path = SHIPPED) -> dict[str, Part]:
     folder.mkdir(parents=True, exist_ok=True)
     parts = {p: Part(p, folder / f"{MODEL}-{p}.gguf") for p in PRECISIONS}
     stamp = folder / f"{MODEL}.source"
-    signature = f"{source.stat().st_size}:{source.stat().st_mtime_ns}:{ANALOG_SNR_DB}:{ANALOG_SEED}"
+    signature = (
+        f"{source.stat().st_size}:{source.stat().st_mtime_ns}:{ANALOG_SNR_DB}:{SUBTLE_SNR_DB}:"
+        f"{ANALOG_SEED}"
+    )
     fresh = stamp.exists() and stamp.read_text() == signature
     if fresh and all(part.path.exists() for part in parts.values()):
         return parts
@@ -177,5 +183,6 @@ def derive(folder: Path, source: Path = SHIPPED) -> dict[str, Part]:
     write(parts["f16"].path, shape, tok, tensors, "f16")
     write(parts["q8_0"].path, shape, tok, tensors, "q8_0")
     write(parts["analog"].path, shape, tok, analog(tensors, ANALOG_SNR_DB, ANALOG_SEED), "f16")
+    write(parts["subtle"].path, shape, tok, analog(tensors, SUBTLE_SNR_DB, ANALOG_SEED), "f16")
     stamp.write_text(signature)
     return parts

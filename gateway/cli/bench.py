@@ -1,4 +1,4 @@
-"""`gateway bench`: the routing benchmark on a trace, and the judge's calibration."""
+"""`gateway bench`: the routing benchmark on a trace."""
 
 from __future__ import annotations
 
@@ -48,19 +48,6 @@ def _routing(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def _promotion(args: argparse.Namespace, settings: Settings) -> int:
-    import json
-
-    from gateway.promotion.calibration import calibrate
-
-    result = calibrate(runs=args.runs, seed=args.seed, pairs=args.pairs)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
-    print(json.dumps({k: v for k, v in result.items() if k != "scenarios"}, indent=2))
-    print(f"written to {args.out}")
-    return 0
-
-
 def add(commands: argparse._SubParsersAction) -> None:
     """Add this group's commands to the `gateway` command."""
     bench = commands.add_parser("bench", help="benchmarks").add_subparsers(
@@ -90,17 +77,3 @@ def add(commands: argparse._SubParsersAction) -> None:
         "--live-speed", type=float, default=1.0, help="the simulators' --speed, for --live"
     )
     routing.set_defaults(run=_routing)
-    promotion = bench.add_parser(
-        "promotion",
-        help="calibrate the judge on scenarios run through the simulator's precision model",
-    )
-    promotion.add_argument("--out", type=Path, required=True, help="where to write the JSON")
-    promotion.add_argument("--runs", type=int, default=200, help="simulated runs per scenario")
-    promotion.add_argument("--seed", type=int, default=0)
-    promotion.add_argument(
-        "--pairs",
-        type=int,
-        default=1500,
-        help="prompts answered by the simulator's precision model to measure each scenario",
-    )
-    promotion.set_defaults(run=_promotion)

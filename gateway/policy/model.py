@@ -430,7 +430,7 @@ class Promotion(Strict):
     """When shadow evidence promotes a candidate pool (see docs/promotion.md)."""
 
     quality_margin: float = Field(
-        default=0.002,
+        default=0.01,
         ge=0,
         le=1,
         description="Share of temperature-0 answers that may depart in meaning beyond the"

@@ -63,7 +63,7 @@ FAILED = {
 class Criteria:
     """Margins and evidence requirements for a promotion."""
 
-    quality_margin: float = 0.002
+    quality_margin: float = 0.01
     sampled_quality_margin: float = 0.01
     slo_margin: float = 0.01
     max_error_rate: float = 0.01

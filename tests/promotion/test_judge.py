@@ -92,7 +92,7 @@ def test_the_same_evidence_is_held_until_the_minimum_window_passes() -> None:
 @pytest.mark.parametrize(
     ("truth", "failed"),
     [
-        ({"departing": 0.006}, "quality"),
+        ({"departing": 0.03}, "quality"),
         ({"sampled_share": 0.5, "sampled_departing": 0.04}, "quality_sampled"),
         ({"slo_loss": 0.03}, "slo"),
         ({"error_rate": 0.05}, "errors"),
@@ -143,13 +143,13 @@ def test_no_answered_copies_leave_the_slo_undecided() -> None:
 
 
 def test_little_evidence_holds_with_an_estimate_of_samples_needed() -> None:
-    verdict = judge(evidence(n=2000, departing=0.001, floor=0.001), Criteria(), now=WEEK + 1)
+    verdict = judge(evidence(n=2400, departing=0.005), Criteria(), now=WEEK + 1)
     assert verdict.outcome == HOLD
     assert verdict.reason.startswith("not enough evidence yet on quality at temperature 0")
     assert verdict.samples_needed is not None and verdict.samples_needed > 0
     # At the same rates, that many more noise-floor pairs (a quarter of the copies) decide it.
-    pairs = 2000 // 4 + verdict.samples_needed
-    enough = evidence(n=4 * pairs, departing=0.001, floor=0.001)
+    pairs = 2400 // 4 + verdict.samples_needed
+    enough = evidence(n=4 * pairs, departing=0.005)
     assert results(judge(enough, Criteria(), now=WEEK + 1))["quality"] != UNDECIDED
 
 

@@ -206,7 +206,7 @@ def test_the_json_and_tool_call_suites_run_and_compare_every_answer(
     )
     r = ran.result
     assert all(key in r for key in KEYS)
-    assert r["prompts"] == r["compared"] >= 205 and r["candidate_errors"] == 0
+    assert r["prompts"] == r["compared"] >= 230 and r["candidate_errors"] == 0
     # Every token of a structured answer is firm: int8 noise changes none of them.
     assert r["top1_agreement"] == 1.0 and r["verdict"] == "pass" and ran.returncode == 0
     # Without the table the check is written to --out all the same, and says it was not stored.
@@ -288,8 +288,72 @@ def test_a_failed_request_to_the_candidate_fails_the_check_by_default() -> None:
 def test_a_suite_too_small_to_show_the_limit_fails_and_says_how_many_prompts_would() -> None:
     result = judge_check(PLAN, suite_of(60), outcomes(60))
     assert result["verdict"] == "fail" and result["harmful_share"] == 0.0
-    assert "a suite needs at least 205 prompts" in result["reasons"][1]
-    assert judge_check(PLAN, suite_of(205), outcomes(205))["verdict"] == "pass"
+    assert "a suite needs at least 230 prompts" in result["reasons"][1]
+    assert judge_check(PLAN, suite_of(230), outcomes(230))["verdict"] == "pass"
+
+
+def departing(n: int, candidate: int, noise: int) -> list[Outcome]:
+    """n outcomes: the first `candidate` candidate pairs and `noise` noise pairs differ in a
+    field of their JSON (a departure at any tolerance), the rest match."""
+    base = outcomes(n)
+    apart = {**base[0].candidate, "exact_match": False, "similarity": 0.9}
+    apart["json_diff"] = {"missing": [], "extra": [], "changed": ["total"]}
+    for i, o in enumerate(base):
+        o.candidate = apart if i < candidate else o.candidate
+        o.noise = apart if i < noise else o.noise
+    return base
+
+
+def test_the_noise_floor_is_held_to_its_own_interval() -> None:
+    # As often apart as the reference from itself, 5% of 2000: the floor's share is only known
+    # to within its interval, so 2000 prompts cannot show the candidate within 3 points.
+    result = judge_check(PLAN, suite_of(2000), departing(2000, 100, 100))
+    low, high = result["ci"]["noise_harmful_share"]
+    assert result["noise_harmful_share"] == 0.05 and low < 0.05 < high
+    assert result["verdict"] == "fail"
+    assert "above the floor's lower end" in result["reasons"][0]
+    # Four times the prompts at the same shares narrow both intervals: it passes.
+    assert judge_check(PLAN, suite_of(8000), departing(8000, 400, 400))["verdict"] == "pass"
+
+
+def labelled_outcomes(n: int, turned_wrong: int, noise_turned_wrong: int = 0) -> list[Outcome]:
+    """n labelled outcomes whose answers all match in meaning, the reference right on every
+    one, the candidate wrong on the first `turned_wrong` (the second answer on the first
+    `noise_turned_wrong`)."""
+    found = outcomes(n)
+    for i, o in enumerate(found):
+        o.reference_right = True
+        o.candidate_right = i >= turned_wrong
+        o.noise_right = i >= noise_turned_wrong
+    return found
+
+
+def test_a_labelled_question_turned_wrong_fails_the_check_though_its_meaning_holds() -> None:
+    # One fact in twenty wrong, every pair the same in meaning: the labels see what the
+    # meaning does not.
+    result = judge_check(PLAN, suite_of(240), labelled_outcomes(240, 12))
+    assert result["harmful_share"] == 0.0 and result["verdict"] == "fail"
+    scored = result["labelled"]
+    assert (scored["questions"], scored["turned_wrong"], scored["noise_turned_wrong"]) == (
+        240,
+        12,
+        0,
+    )
+    said = " ".join(result["reasons"])
+    assert (
+        "Of 240 labelled questions the candidate answered 228 right and the reference 240" in said
+    )
+    assert judge_check(PLAN, suite_of(240), labelled_outcomes(240, 0))["verdict"] == "pass"
+    # Where the reference's own second answers turn as many wrong, the floor's interval says
+    # how little the candidate is known to add: still more than 3 points on 240.
+    noisy = judge_check(PLAN, suite_of(240), labelled_outcomes(240, 12, 12))
+    assert noisy["labelled"]["noise_turned_wrong"] == 12 and noisy["verdict"] == "fail"
+
+
+def test_an_unlabelled_suite_is_judged_on_meaning_alone() -> None:
+    result = judge_check(PLAN, suite_of(240), outcomes(240))
+    assert result["labelled"] is None and result["verdict"] == "pass"
+    assert not any("labelled" in reason for reason in result["reasons"])
 
 
 # The gate -----------------------------------------------------------------------------------
@@ -382,7 +446,7 @@ def stored_pass(db: Any, suite: Suite, reference: str = "gpu") -> dict[str, Any]
         (
             Suite("suites/chat.jsonl", tuple((n, {"model": MODEL, "messages": [{"role": "user",
                 "content": "hi"}]}) for n in range(240))),
-            "gpu", {}, "its suite falls short: 1 different prompts, 205 needed",
+            "gpu", {}, "its suite falls short: 1 different prompts, 230 needed",
         ),
         # Answers with no room: max_tokens 1.
         (suite_of(240, "chat.jsonl", max_tokens=1), "gpu", {},

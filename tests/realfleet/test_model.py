@@ -20,6 +20,7 @@ import pytest
 import yaml
 from realworld import require_engine
 
+from gateway.promotion.precision.labels import states
 from realfleet import corpus, engine, fleet, weights
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -113,7 +114,7 @@ def _accuracy(server: engine.Server) -> float:
             reply = http.post("/v1/chat/completions", json=body).json()
             text = reply["choices"][0]["message"]["content"]
             assert prompt.expected is not None
-            right.append(corpus.is_right(text, prompt.expected))
+            right.append(states(text, prompt.expected))
     return sum(right) / len(right)
 
 

@@ -13,6 +13,7 @@ import random
 import httpx
 from waiting import wait_for
 
+from gateway.promotion.precision.labels import states
 from harness.gateways import GatewayServer
 from realfleet import corpus, fleet
 
@@ -29,7 +30,7 @@ def test_chat_answers_a_labelled_question_through_the_gateway(real_gateway: Gate
     )
     answer = raw.parse()
     assert raw.headers["x-gateway-pool"] in ("asic", "gpu")
-    assert corpus.is_right(answer.choices[0].message.content or "", country.capital)
+    assert states(answer.choices[0].message.content or "", country.capital)
     assert answer.usage is not None and answer.usage.completion_tokens > 0
     assert answer.choices[0].finish_reason == "stop"
 
@@ -58,7 +59,7 @@ def test_completions_continue_a_prompt(real_gateway: GatewayServer) -> None:
     answer = real_gateway.client().completions.create(
         model=corpus.MODEL, prompt=prompt, max_tokens=24, temperature=0
     )
-    assert corpus.is_right(answer.choices[0].text, country.capital)
+    assert states(answer.choices[0].text, country.capital)
 
 
 def test_embeddings_come_from_the_real_embedding_model(real_gateway: GatewayServer) -> None:

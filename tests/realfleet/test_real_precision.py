@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from command import ROOT
 
+from gateway.promotion.precision.limits import MIN_DISTINCT_PROMPTS
 from harness.databases import scratch_database
 from realfleet import fleet
 
@@ -47,16 +48,23 @@ def checks(
 
 def test_the_suite_is_large_enough_for_the_gate() -> None:
     lines = (ROOT / SUITE).read_text().splitlines()
-    assert len(lines) >= 205 and len(set(lines)) == len(lines)
+    assert len(lines) >= MIN_DISTINCT_PROMPTS and len(set(lines)) == len(lines)
 
 
 def test_the_int8_part_passes_on_the_real_fleet(checks: dict) -> None:
     code, result, stderr = checks["asic"]
     assert (code, result.get("verdict")) == (0, "pass"), stderr
     assert result["prompts"] == result["compared"] == 240
+    # Its labelled answers are the reference's: none it turns wrong.
+    assert result["labelled"]["questions"] == 240 and result["labelled"]["turned_wrong"] == 0
 
 
 def test_the_analog_part_fails_on_the_real_fleet(checks: dict) -> None:
     code, result, stderr = checks["cim"]
     assert (code, result.get("verdict")) == (1, "fail"), stderr
     assert result["harmful_share"] > result["noise_harmful_share"]
+    # The labels say it too: it gets facts wrong the reference gets right, and the replica not.
+    scored = result["labelled"]
+    assert scored["turned_wrong"] > 0.1 * scored["questions"]
+    assert scored["noise_turned_wrong"] == 0
+    assert any("labelled questions" in reason for reason in result["reasons"])

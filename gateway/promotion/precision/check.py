@@ -26,13 +26,11 @@ from gateway.errors import InvalidRequest
 from gateway.policy.credentials import Access
 from gateway.policy.model import Backend, Policy
 from gateway.promotion.precision.figures import Outcome, Row, judge_check
+from gateway.promotion.precision.labels import LABELS, states
 from gateway.promotion.precision.limits import DEFAULT_LIMITS, Limits
 from gateway.promotion.precision.plan import DEFAULT_MAX_TOKENS, Suite, plan
 
 TOP_LOGPROBS = 5
-# A suite line's labels (suites/facts.jsonl): what kind of question it is and its right answer.
-# They describe the prompt and are never sent upstream.
-LABELS = ("kind", "expected")
 
 
 # The suite ---------------------------------------------------------------------------------
@@ -161,7 +159,7 @@ async def _semantic(
     return similarity(vectors[: len(a)], vectors[len(a) :]), False
 
 
-async def _pair(
+async def measure_pair(
     client: httpx.AsyncClient,
     embedder: Endpoint | None,
     model: str | None,
@@ -215,12 +213,20 @@ async def replay(
             if first.answer is None:
                 outcome.reference_error = first.error
                 return outcome
-            outcome.candidate, failed = await _pair(
+            outcome.candidate, failed = await measure_pair(
                 client, embedder, embedding_model, first.answer, other
             )
             outcome.embedding_failed += failed
+            expected = body.get("expected")
+            if isinstance(expected, str):
+                outcome.reference_right = states(first.answer.text or "", expected)
+                outcome.candidate_right = other.answer is not None and states(
+                    other.answer.text or "", expected
+                )
+            if isinstance(expected, str) and second.answer is not None:
+                outcome.noise_right = states(second.answer.text or "", expected)
             if second.answer is not None:
-                outcome.noise, failed = await _pair(
+                outcome.noise, failed = await measure_pair(
                     client, embedder, embedding_model, first.answer, second
                 )
                 outcome.embedding_failed += failed

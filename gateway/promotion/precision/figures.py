@@ -11,11 +11,17 @@ and a pair *departs* by the judge's rule (gateway/promotion/departures.py). The 
 | `near_tie_share` | of the prompts that differ, the share whose first difference is a near tie |
 | `harmful_share` | share of compared prompts whose answers depart in meaning |
 | `noise_*` | the same between the reference's two answers |
-| `ci` | 95% intervals (gateway/promotion/judge.py `bernoulli_interval`) |
+| `ci` | intervals, each at alpha/2 so a pair of them holds at 95% (judge.py `bernoulli_interval`) |
 
-The verdict is `pass` when the upper end of `harmful_share`'s interval exceeds the noise floor's
-share by at most `max_harmful_share`, and at most `max_error_share` of the candidate's requests
-failed (gateway/promotion/precision/limits.py). `gate` says whether the suite is one whose pass
+Where the suite's prompts are labelled (gateway/promotion/precision/labels.py), `labelled`
+scores them: the share of questions the candidate answers wrong where the reference's first
+answer is right (`turned_wrong`), and the same share of the reference's second answers.
+
+The verdict is `pass` when the upper end of `harmful_share`'s interval exceeds the lower end of
+the noise floor's by at most `max_harmful_share`, the same holds of `turned_wrong` against the
+noise floor's, and at most `max_error_share` of the candidate's requests failed
+(gateway/promotion/precision/limits.py). A wrong fact is a failure even where its words and
+meaning stay close to the right one. `gate` says whether the suite is one whose pass
 opens the go-live gate (enough different prompts, room in every answer). `fallbacks` counts the
 pairs measured with less than the check asks for: without logprobs on a side (no KL, no near
 tie), or split into different tokens where the texts are equal (the tokenizers differ: KL and
@@ -56,6 +62,10 @@ class Outcome:
     noise: Row | None = None  # None: the reference's second answer failed
     reference_error: str | None = None
     embedding_failed: int = 0
+    # A labelled prompt (gateway/promotion/precision/labels.py): whether each answer states it.
+    reference_right: bool | None = None
+    candidate_right: bool | None = None
+    noise_right: bool | None = None  # the reference's second answer
 
 
 def judge_check(
@@ -78,10 +88,18 @@ def judge_check(
     noise_departing = sum(departs(r, tol) for r in noise)
     n, k = len(pairs), len(departing)
     exact = sum(bool(r.get("exact_match")) for _, r in pairs)
-    harmful_ci = bernoulli_interval(k, n, limits.alpha)
-    noise_harmful = noise_departing / len(noise) if noise else 0.0
+    # The candidate's share and the floor's each hold at alpha/2: together at 1 - alpha.
+    half = limits.alpha / 2
+    harmful_ci = bernoulli_interval(k, n, half)
+    noise_ci = bernoulli_interval(noise_departing, len(noise), half) if noise else (0.0, 0.0)
     error_share = len(failed) / len(answered) if answered else 0.0
-    departs_ok = n > 0 and harmful_ci[1] - noise_harmful <= limits.max_harmful_share + 1e-12
+    limit = limits.max_harmful_share + 1e-12
+    departs_ok = n > 0 and harmful_ci[1] - noise_ci[0] <= limit
+    scored = labelled(outcomes, half)
+    labels_ok = (
+        scored is None
+        or scored["ci"]["turned_wrong"][1] - scored["ci"]["noise_turned_wrong"][0] <= limit
+    )
     errors_ok = error_share <= limits.max_error_share + 1e-12
     result: dict[str, Any] = {
         "pool": plan.pool,
@@ -115,7 +133,9 @@ def judge_check(
             "level": 1 - limits.alpha,
             "top1_agreement": list(bernoulli_interval(exact, n, limits.alpha)),
             "harmful_share": list(harmful_ci),
+            "noise_harmful_share": list(noise_ci),
         },
+        "labelled": scored,
         "tolerance": {"meaning": tol.meaning, "words": tol.words, "noise_pairs": tol.noise_pairs},
         "limits": {
             "max_harmful_share": limits.max_harmful_share,
@@ -123,13 +143,41 @@ def judge_check(
         },
         "embedding_model": plan.embedding_model,
         "embeddings_failed": sum(o.embedding_failed for o in outcomes),
-        "verdict": PASS if departs_ok and errors_ok else FAIL,
+        "verdict": PASS if departs_ok and labels_ok and errors_ok else FAIL,
         "reasons": [],
         "departures": [{"line": line, **_kept(r)} for line, r in departing],
         "errors": [{"line": line, "error": error} for line, error in failed],
     }
     result["reasons"] = reasons(result, departs_ok, errors_ok, limits.alpha)
     return result
+
+
+def labelled(outcomes: Sequence[Outcome], alpha: float) -> dict[str, Any] | None:
+    """Score the labelled prompts: the share the candidate answers wrong where the reference's
+    first answer is right, against the same share of the reference's second answers (the noise
+    floor), each with its interval at `alpha`; None where the suite has no labels."""
+    scored = [o for o in outcomes if o.candidate is not None and o.candidate_right is not None]
+    if not scored:
+        return None
+    n = len(scored)
+    wrong = sum(bool(o.reference_right and not o.candidate_right) for o in scored)
+    floor = [o for o in scored if o.noise_right is not None]
+    noise_wrong = sum(bool(o.reference_right and not o.noise_right) for o in floor)
+    return {
+        "questions": n,
+        "reference_right": sum(bool(o.reference_right) for o in scored),
+        "candidate_right": sum(bool(o.candidate_right) for o in scored),
+        "turned_wrong": wrong,
+        "turned_right": sum(bool(o.candidate_right and not o.reference_right) for o in scored),
+        "noise_questions": len(floor),
+        "noise_turned_wrong": noise_wrong,
+        "ci": {
+            "turned_wrong": list(bernoulli_interval(wrong, n, alpha)),
+            "noise_turned_wrong": (
+                list(bernoulli_interval(noise_wrong, len(floor), alpha)) if floor else [0.0, 0.0]
+            ),
+        },
+    }
 
 
 def gate(suite: Suite) -> dict[str, Any]:

@@ -16,6 +16,7 @@ def reasons(
     """Say in sentences why a check passed or failed, with its numbers."""
     said = []
     n, limit = result["compared"], result["limits"]["max_harmful_share"]
+    half = alpha / 2  # each share's interval (figures.py)
     if n == 0:
         said.append(
             "No answer of the candidate could be compared with the reference's, so nothing "
@@ -24,23 +25,38 @@ def reasons(
     else:
         k = len(result["departures"])
         low, high = result["ci"]["harmful_share"]
+        floor_low, floor_high = result["ci"]["noise_harmful_share"]
         floor = result["noise_harmful_share"] or 0.0
         noise_k = round(floor * result["noise_pairs"])
         said.append(
-            f"{k} of {n} answers ({_pct(k / n)}, {1 - alpha:.0%} interval {_pct(low)} to "
+            f"{k} of {n} answers ({_pct(k / n)}, {1 - half:.1%} interval {_pct(low)} to "
             f"{_pct(high)}) depart in meaning from the reference's, and {noise_k} of "
-            f"{result['noise_pairs']} ({_pct(floor)}) of the reference's own second answers do: "
-            f"the interval's upper end is {_points(high - floor)} above the reference's share, "
-            f"at most {_points(limit)} allowed."
+            f"{result['noise_pairs']} ({_pct(floor)}, {_pct(floor_low)} to {_pct(floor_high)}) "
+            f"of the reference's own second answers do: the candidate's upper end is "
+            f"{_points(high - floor_low)} above the floor's lower end, at most "
+            f"{_points(limit)} allowed."
         )
-        reach = bernoulli_interval(0, n, alpha)[1]
-        if not departs_ok and reach - floor > limit:
+        reach = bernoulli_interval(0, n, half)[1]
+        if not departs_ok and reach - floor_low > limit:
             said.append(
                 f"No pool can pass on {n} compared prompts: even with no departure the interval "
                 f"reaches {_pct(reach)}; a suite needs at least "
-                f"{prompts_needed(limit + floor, alpha)} prompts to show at most "
+                f"{prompts_needed(limit + floor_low, half)} prompts to show at most "
                 f"{_points(limit)} more."
             )
+    scored = result.get("labelled")
+    if scored:
+        q, (low, high) = scored["questions"], scored["ci"]["turned_wrong"]
+        floor_low = scored["ci"]["noise_turned_wrong"][0]
+        said.append(
+            f"Of {q} labelled questions the candidate answered {scored['candidate_right']} "
+            f"right and the reference {scored['reference_right']}; {scored['turned_wrong']} "
+            f"({_pct(scored['turned_wrong'] / q)}, {_pct(low)} to {_pct(high)}) the reference "
+            f"got right the candidate got wrong, and {scored['noise_turned_wrong']} of "
+            f"{scored['noise_questions']} the reference's own second answers did: the "
+            f"candidate's upper end is {_points(high - floor_low)} above the floor's lower end, "
+            f"at most {_points(limit)} allowed."
+        )
     if not errors_ok or result["candidate_errors"]:
         asked = result["prompts"] - result["reference_errors"]
         kinds = Counter(e["error"] for e in result["errors"])

@@ -1,0 +1,283 @@
+"""Pairs of answers for the judge's calibration, measured as the mirror measures shadow copies.
+
+Each kind of traffic (temperature 0, or sampled) gives a `Measured`: the candidate's pairs with
+the primary's answer, the noise floor's pairs (the primary asked again), and the labelled
+questions each side got right. Two sources:
+
+- `simulated`: the simulator's precision model (simulator/answers.py) composes the answers of a
+  bf16 GPU, of the GPU again and of a candidate profile, with and without a harmful error;
+  semantic similarity is taken over the simulator's concept embeddings.
+- `real`: the real fleet (realfleet/fleet.py) answers the labelled suite and the stories:
+  llama.cpp engines serving the same trained model in f16 (the reference and its replica, the
+  noise floor), Q8_0, and with analog read noise at two strengths; semantic similarity is
+  all-MiniLM-L6-v2's, on the fleet's embedding engine. Every candidate answer to a labelled
+  question is marked right or wrong against the question's label.
+
+Either way each pair is read and compared by gateway/compare and held to its noise floor's
+tolerance by gateway/promotion/departures.py, exactly as the judge's live evidence is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from random import Random
+from typing import Any
+
+import httpx
+
+from gateway.compare.answers import Answer, TokenChoice
+from gateway.compare.meaning import similarity, windows
+from gateway.compare.measures import MEASURES, compare
+from gateway.promotion.departures import Tolerance, departs, tolerance
+from gateway.promotion.precision.check import Endpoint, Reply, ask, measure_pair
+from gateway.promotion.precision.labels import states
+from realfleet import corpus, engine, fleet
+from simulator.answers import Answer as SimulatedAnswer
+from simulator.answers import Question, compose
+from simulator.embeddings import embed
+from simulator.profile import load_profile
+
+Row = dict[str, Any]
+TOP_LOGPROBS = 5  # what the mirror asks a copy for (compare.logprobs)
+SAMPLED_TEMPERATURE = 0.7
+
+
+@dataclass
+class Measured:
+    """One candidate's pairs of one kind of traffic, and the noise floor's. A pair of a labelled
+    question carries `primary_right` and `candidate_right`: whether each answer states it."""
+
+    candidate: list[Row] = field(default_factory=list)
+    noise: list[Row] = field(default_factory=list)
+
+    def rates(self) -> Rates:
+        """Return the shares the judge's evidence is drawn at, and what the labels say of them."""
+        held_to = tolerance(self.noise)
+
+        def share(rows: Sequence[Row], test: Callable[[Row], bool]) -> float:
+            return sum(map(test, rows)) / len(rows) if rows else 0.0
+
+        labelled = [r for r in self.candidate if r.get("candidate_right") is not None]
+        turned_wrong = [r for r in labelled if r["primary_right"] and not r["candidate_right"]]
+        return Rates(
+            candidate=share(self.candidate, lambda r: departs(r, held_to)),
+            noise=share(self.noise, lambda r: departs(r, held_to)),
+            candidate_exact=share(self.candidate, lambda r: bool(r["exact_match"])),
+            noise_exact=share(self.noise, lambda r: bool(r["exact_match"])),
+            tolerance=held_to,
+            pairs=len(self.candidate),
+            noise_pairs=len(self.noise),
+            labelled=len(labelled),
+            candidate_right=sum(bool(r["candidate_right"]) for r in labelled),
+            primary_right=sum(bool(r["primary_right"]) for r in labelled),
+            turned_wrong=len(turned_wrong),
+            turned_wrong_departed=sum(departs(r, held_to) for r in turned_wrong),
+            turned_wrong_similarity=max(
+                (
+                    r["semantic_similarity"]
+                    for r in turned_wrong
+                    if r["semantic_similarity"] is not None
+                ),
+                default=None,
+            ),
+            departing_kinds=dict(
+                Counter(r.get("prompt_kind", "") for r in self.candidate if departs(r, held_to))
+            ),
+        )
+
+
+@dataclass(frozen=True)
+class Rates:
+    """Measured chances, for one kind of traffic, that a pair departs (and matches exactly)."""
+
+    candidate: float
+    noise: float
+    candidate_exact: float
+    noise_exact: float
+    tolerance: Tolerance
+    pairs: int = 0
+    noise_pairs: int = 0
+    labelled: int = 0
+    candidate_right: int = 0
+    primary_right: int = 0
+    # Labelled answers the primary got right and the candidate wrong, and how many departed:
+    # a departure share bounds the accuracy lost only if every answer turned wrong departs.
+    turned_wrong: int = 0
+    turned_wrong_departed: int = 0
+    turned_wrong_similarity: float | None = None  # the highest, against the meaning tolerance
+    departing_kinds: dict[str, int] = field(default_factory=dict)  # real: by prompt kind
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "candidate": self.candidate,
+            "noise_floor": self.noise,
+            "candidate_exact_match": self.candidate_exact,
+            "noise_exact_match": self.noise_exact,
+            "tolerance": self.tolerance.describe(),
+            "meaning_tolerance": self.tolerance.meaning,
+            "pairs": self.pairs,
+            "noise_pairs": self.noise_pairs,
+            "labelled": self.labelled,
+            "candidate_accuracy": self.candidate_right / self.labelled if self.labelled else None,
+            "primary_accuracy": self.primary_right / self.labelled if self.labelled else None,
+            "turned_wrong": self.turned_wrong,
+            "turned_wrong_departed": self.turned_wrong_departed,
+            "turned_wrong_similarity": self.turned_wrong_similarity,
+            "departing_kinds": self.departing_kinds,
+        }
+
+
+# The simulated fleet -----------------------------------------------------------------------
+
+SIMULATED_MODEL = "llama-3.1-8b-instruct"
+SIMULATED_EMBEDDING = ("bge-large-en-v1.5", 1024)
+
+
+def simulated(
+    candidate: str, temperature: float, pairs: int, seed: int, harmful: float
+) -> Measured:
+    """Answer `pairs` prompts on the simulated GPU, again (the floor) and on `candidate` (a
+    simulator profile) with `harmful` of its answers carrying a harmful error."""
+
+    def read(answer: SimulatedAnswer) -> Answer:
+        tokens = tuple(
+            TokenChoice(entry.token, entry.logprob, entry.top) for entry in answer.logprobs or ()
+        )
+        return Answer(text=answer.text, tokens=tokens)
+
+    def embedded(text: str) -> list[list[float]]:
+        model, dimensions = SIMULATED_EMBEDDING
+        return [embed(model, w, dimensions, noise=0.0, rng=Random(0)) for w in windows(text)]
+
+    def pair(primary: SimulatedAnswer, other: SimulatedAnswer) -> Row:
+        diff = compare(read(primary), read(other))
+        diff.semantic_similarity = similarity(embedded(primary.text), embedded(other.text))
+        return {**{name: getattr(diff, name) for name in MEASURES}, "candidate_error": None}
+
+    rng = Random(seed)
+    gpu_noise = load_profile("gpu").precision.logit_noise
+    part_noise = load_profile(candidate).precision.logit_noise
+    measured = Measured()
+    for i in range(pairs):
+        question = Question(
+            SIMULATED_MODEL,
+            f"calibration {seed} {i}",
+            limit=1000,
+            temperature=temperature,
+            top_logprobs=TOP_LOGPROBS,
+        )
+        primary = compose(question, noise=gpu_noise, harmful_rate=0.0, rng=rng)
+        again = compose(question, noise=gpu_noise, harmful_rate=0.0, rng=rng)
+        other = compose(question, noise=part_noise, harmful_rate=harmful, rng=rng)
+        measured.noise.append(pair(primary, again))
+        measured.candidate.append(pair(primary, other))
+    return measured
+
+
+# The real fleet ----------------------------------------------------------------------------
+
+# The candidates of the real fleet, by the part they serve, and the backend that serves it.
+REAL_PARTS = {"f16": "gpu-1", "q8_0": "asic-0", "analog": "cim-0", "subtle": "subtle-0"}
+REFERENCE, REPLICA, EMBEDDER = "gpu-0", "gpu-1", "embed-0"
+
+
+@contextlib.contextmanager
+def real_fleet(logs: Path | None = None) -> Iterator[dict[str, str]]:
+    """Start the real fleet and an engine of the subtle part; yield each backend's URL."""
+    with fleet.running(logs=logs) as running:
+        files = fleet.models(engine.cache_dir())
+        spec = engine.ServerSpec(
+            model=files["subtle"], alias=corpus.MODEL, context=2048, slots=2, seed=9
+        )
+        with engine.serving(spec, logs / "subtle-0.log" if logs else None) as subtle:
+            urls = {name: running.url(name) for name in running.servers}
+            yield {**urls, "subtle-0": subtle.url}
+
+
+def prompts() -> list[dict[str, Any]]:
+    """Return every line of the real fleet's labelled suite and of its stories."""
+    return [
+        json.loads(line)
+        for name in corpus.SUITES
+        for line in Path(corpus.suite_file(name)).read_text().splitlines()
+    ]
+
+
+def body(line: Mapping[str, Any], temperature: float, seed: int) -> dict[str, Any]:
+    """Return a suite line as a client sends it, with the logprobs a shadow copy asks for."""
+    sent = {
+        "model": corpus.MODEL,
+        "messages": line["messages"],
+        "max_tokens": line["max_tokens"],
+        "temperature": temperature,
+        "logprobs": True,
+        "top_logprobs": TOP_LOGPROBS,
+    }
+    if temperature > 0:
+        sent["seed"] = seed
+    return sent
+
+
+async def real(
+    urls: Mapping[str, str], temperature: float, samples: int, seed: int, concurrency: int = 4
+) -> dict[str, Measured]:
+    """Ask every prompt of the suite `samples` times of the reference, its replica and every
+    candidate part; return each part's pairs with the reference and the noise floor's."""
+    lines = prompts()
+    gate = asyncio.Semaphore(concurrency)
+    measured = {part: Measured() for part in REAL_PARTS}
+    embedder = Endpoint("embed", urls[EMBEDDER])
+    embedding_model = fleet.EMBEDDING_MODEL
+
+    async with httpx.AsyncClient(timeout=120) as client:
+
+        async def one(index: int, line: Mapping[str, Any], sample: int) -> None:
+            async with gate:
+                # Independent draws on every side, as two unseeded requests are.
+                base = (seed * 1000 + sample) * 10_000 + index * 10
+                names = [REFERENCE, REPLICA, *REAL_PARTS.values()]
+                replies: list[Reply] = await asyncio.gather(
+                    *(
+                        ask(
+                            client,
+                            Endpoint(name, urls[name]),
+                            "/v1/chat/completions",
+                            body(line, temperature, base + k),
+                        )
+                        for k, name in enumerate(names)
+                    )
+                )
+                primary, again, *parts = replies
+                if primary.answer is None:
+                    raise RuntimeError(f"the reference failed a prompt: {primary.error}")
+                noise, _ = await measure_pair(
+                    client, embedder, embedding_model, primary.answer, again
+                )
+                expected = line.get("expected")
+                right = expected is not None and states(primary.answer.text or "", expected)
+                for part, reply in zip(REAL_PARTS, parts, strict=True):
+                    pair, _ = await measure_pair(
+                        client, embedder, embedding_model, primary.answer, reply
+                    )
+                    pair["prompt_kind"] = line.get("kind", "")
+                    if expected is not None:
+                        text = reply.answer.text if reply.answer is not None else ""
+                        pair["primary_right"] = right
+                        pair["candidate_right"] = states(text or "", expected)
+                    measured[part].candidate.append(pair)
+                    measured[part].noise.append(noise)
+
+        await asyncio.gather(
+            *(
+                one(index, line, sample)
+                for sample in range(samples)
+                for index, line in enumerate(lines)
+            )
+        )
+    return measured

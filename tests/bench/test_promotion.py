@@ -1,0 +1,77 @@
+"""The judge's calibration (bench/promotion.py): pairs measured on the simulator's precision model
+and on the real fleet, judged on a virtual clock over one or two weeks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from realworld import require_engine
+
+from bench import pairs
+from bench.promotion import QUALITY_MARGIN, SCENARIOS, calibrate, headline
+
+
+@pytest.fixture(scope="module")
+def simulated() -> dict:
+    return calibrate("simulated", runs=10, seed=3, pairs_measured=300)
+
+
+def test_every_simulated_scenario_meets_its_target(simulated: dict) -> None:
+    assert simulated["targets_met"] == dict.fromkeys(SCENARIOS["simulated"], True)
+
+
+def test_equal_quality_and_cheaper_is_promoted_and_the_quality_null_is_not(simulated) -> None:
+    s = simulated["scenarios"]
+    assert s["aa"]["promote_rate"] == 1.0
+    # At exactly the margin above the floor: the boundary a judge must not cross.
+    null = s["quality_null"]["rates"]["temperature_0"]
+    assert null["candidate"] == pytest.approx(null["noise_floor"] + QUALITY_MARGIN)
+    assert s["quality_null"]["promote_rate"] == 0.0
+
+
+def test_an_int8_part_with_benign_flips_only_is_promoted_once_a_week_has_passed(simulated):
+    benign = simulated["scenarios"]["benign"]
+    rates = benign["rates"]["temperature_0"]
+    # Most of its answers differ from the GPU's word for word, far more than the GPU's own do.
+    assert rates["candidate_exact_match"] < rates["noise_exact_match"] - 0.3
+    assert benign["promote_rate"] == 1.0 and benign["median_days_to_decision"] >= 7.0
+
+
+def test_harmful_errors_and_missed_slos_are_rejected(simulated: dict) -> None:
+    for name in ("harmful", "worse_latency"):
+        assert simulated["scenarios"][name]["reject_rate"] == 1.0, name
+
+
+def test_sampled_traffic_is_decided_within_two_weeks(simulated: dict) -> None:
+    sampled = simulated["scenarios"]["sampled"]
+    assert "sampled" in sampled["rates"]
+    assert sampled["promote_rate"] >= 0.8 and sampled["median_days_to_decision"] <= 14.0
+
+
+@pytest.mark.alone  # five engines, their answers to every prompt: a minute of both cores
+def test_the_real_fleet_is_measured_and_judged(tmp_path: Path) -> None:
+    """One short calibration on llama.cpp engines: every part answers every prompt, the labels
+    say how often each is right, and the analog part is rejected."""
+    require_engine()
+    result = calibrate("real", runs=5, seed=0, samples=1, logs=tmp_path)
+    s = result["scenarios"]
+    prompts = len(pairs.prompts())
+    for name, scenario in s.items():
+        rates = scenario["rates"]["temperature_0"]
+        assert rates["pairs"] == rates["noise_pairs"] == prompts, name
+        assert rates["labelled"] == 240, name
+    harmful = s["harmful"]["rates"]["temperature_0"]
+    # The analog part gets facts wrong: its labels say so, and so do its pairs.
+    assert harmful["candidate_accuracy"] < harmful["primary_accuracy"] - 0.1
+    assert harmful["candidate"] > harmful["noise_floor"] + 0.1
+    assert s["harmful"]["reject_rate"] == 1.0
+    # The answers it turns wrong are what departs: the departure share bounds the loss.
+    assert harmful["turned_wrong"] > 0.1 * harmful["labelled"]
+    assert harmful["turned_wrong_departed"] >= 0.9 * harmful["turned_wrong"]
+    # The int8 part turns none wrong and is promoted at the default margin.
+    assert s["benign"]["rates"]["temperature_0"]["turned_wrong"] == 0
+    assert s["benign"]["promote_rate"] == 1.0
+    # The replica is the reference's own hardware: it departs far less than the analog part.
+    assert s["aa"]["rates"]["temperature_0"]["candidate"] < harmful["candidate"] / 10
+    assert len(headline(result)) == len(s)
