@@ -78,6 +78,10 @@ class Measured:
             primary_right=sum(bool(r["primary_right"]) for r in labelled),
             turned_wrong=len(turned_wrong),
             turned_wrong_departed=sum(departs(r, held_to) for r in turned_wrong),
+            turned_wrong_departed_by_words=sum(
+                departs(words_only(r), held_to) for r in turned_wrong
+            ),
+            departed_by_words=share(self.candidate, lambda r: departs(words_only(r), held_to)),
             turned_wrong_similarity=max(
                 (
                     r["semantic_similarity"]
@@ -111,6 +115,9 @@ class Rates:
     turned_wrong: int = 0
     turned_wrong_departed: int = 0
     turned_wrong_similarity: float | None = None  # the highest, against the meaning tolerance
+    # The same judged as a pool without an embedding model is: on words and near ties alone.
+    turned_wrong_departed_by_words: int = 0
+    departed_by_words: float = 0.0
     departing_kinds: dict[str, int] = field(default_factory=dict)  # real: by prompt kind
 
     def as_dict(self) -> dict[str, Any]:
@@ -129,8 +136,15 @@ class Rates:
             "turned_wrong": self.turned_wrong,
             "turned_wrong_departed": self.turned_wrong_departed,
             "turned_wrong_similarity": self.turned_wrong_similarity,
+            "turned_wrong_departed_by_words": self.turned_wrong_departed_by_words,
+            "departed_by_words": self.departed_by_words,
             "departing_kinds": self.departing_kinds,
         }
+
+
+def words_only(row: Row) -> Row:
+    """Return a pair as it reads where no pool serves an embedding model."""
+    return {**row, "semantic_similarity": None, "embedding_cosine": None}
 
 
 # The simulated fleet -----------------------------------------------------------------------

@@ -187,8 +187,15 @@ def test_the_report_shows_each_pools_newest_precision_check(tmp_path: Path) -> N
         wrong = {"exact_match": False, "similarity": 0.9, "semantic_similarity": 0.7}
         body = {"model": "llama-3.1-8b-instruct", "messages": [{"role": "user", "content": "q"}]}
         suite = Suite("suites/chat.jsonl", tuple((n, body) for n in range(240)))
+        # Labelled: the answers that depart are wrong facts, the reference's all right.
         outcomes = [
-            Outcome(n, {**(wrong if n < departing else same), "candidate_error": None})
+            Outcome(
+                n,
+                {**(wrong if n < departing else same), "candidate_error": None},
+                reference_right=True,
+                candidate_right=n >= departing,
+                noise_right=True,
+            )
             for n in range(240)
         ]
         plan = Plan(pool, "gpu", "bge-large-en-v1.5", "gpu")
@@ -206,6 +213,8 @@ def test_the_report_shows_each_pools_newest_precision_check(tmp_path: Path) -> N
     assert "12 of 240 answers (5.0%, 97.5% interval" in page
     stored = json.loads((tmp_path / "out/report.json").read_text())["precision_checks"]
     assert stored[1]["reasons"] == report["precision_checks"][1]["reasons"]
+    assert stored[1]["labelled"]["turned_wrong"] == 12
+    assert "Of 240 labelled questions the candidate answered 228 right" in page
     text = (tmp_path / "out/report.md").read_text()
     assert "| asic | gpu | suites/chat.jsonl | 240 | 100.0% | 0.0% | 0 | pass |" in text
     assert "| cim | gpu | suites/chat.jsonl | 240 | 95.0% | 5.0% |" in text
