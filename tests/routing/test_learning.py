@@ -64,9 +64,9 @@ def test_traffic_moves_off_a_pool_that_slowed_and_back_once_it_recovers(
             return pools
 
         before = serve(60)
-        assert (
-            before["asic"] > 35
-        )  # the efficient card serves while it is what it claims (a fifth explores)
+        # The efficient card serves while it is what it claims; a fifth explores, unseeded, so
+        # its share is Bin(60, 0.8): at most 34 has chance 3.4e-5.
+        assert before["asic"] >= 35
         sims.asic[0].set_faults(slow_factor=30.0)
         serve(240)
         # Retraining runs beside the serving and may lag it on a busy machine: go on until a
@@ -90,4 +90,5 @@ def test_traffic_moves_off_a_pool_that_slowed_and_back_once_it_recovers(
 
         wait_for(back, timeout=600, message=lambda: f"the ASIC never came back: {regained[-3:]}")
     assert versions >= 2
-    assert after["gpu"] >= 35, after  # the explored fifth aside
+    # The explored fifth aside: Bin(50, 0.8) for the GPU, at most 27 has chance 3.0e-5.
+    assert after["gpu"] >= 28, after
