@@ -162,7 +162,11 @@ class SimulatorApp:
             raise ServerFault(503 if self.fault_rng.random() < 0.5 else 500)
         if faults.added_latency_ms > 0:
             self.metrics.faults["latency"] += 1
-            await asyncio.sleep(faults.added_latency_ms / 1000.0)
+            # The loop's timers may fire up to a millisecond early (uvloop keeps time in
+            # milliseconds): sleep until the wall clock says the latency has passed.
+            deadline = time.monotonic() + faults.added_latency_ms / 1000.0
+            while (left := deadline - time.monotonic()) > 0:
+                await asyncio.sleep(left)
         if faults.slow_factor != 1.0:
             self.metrics.faults["slow"] += 1  # the devices slow it down; counted as it arrives
         return True
