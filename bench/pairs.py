@@ -154,10 +154,16 @@ SIMULATED_EMBEDDING = ("bge-large-en-v1.5", 1024)
 
 
 def simulated(
-    candidate: str, temperature: float, pairs: int, seed: int, harmful: float
+    candidate: str,
+    temperature: float,
+    pairs: int,
+    seed: int,
+    harmful: float,
+    lengths: Sequence[int] = (),
 ) -> Measured:
     """Answer `pairs` prompts on the simulated GPU, again (the floor) and on `candidate` (a
-    simulator profile) with `harmful` of its answers carrying a harmful error."""
+    simulator profile) with `harmful` of its answers carrying a harmful error. Answers have
+    their natural lengths, or `lengths` in turn (the real fleet's, to compare with it)."""
 
     def read(answer: SimulatedAnswer) -> Answer:
         tokens = tuple(
@@ -172,7 +178,11 @@ def simulated(
     def pair(primary: SimulatedAnswer, other: SimulatedAnswer) -> Row:
         diff = compare(read(primary), read(other))
         diff.semantic_similarity = similarity(embedded(primary.text), embedded(other.text))
-        return {**{name: getattr(diff, name) for name in MEASURES}, "candidate_error": None}
+        return {
+            **{name: getattr(diff, name) for name in MEASURES},
+            "candidate_error": None,
+            "reference_tokens": primary.completion_tokens,
+        }
 
     rng = Random(seed)
     gpu_noise = load_profile("gpu").precision.logit_noise
@@ -182,7 +192,8 @@ def simulated(
         question = Question(
             SIMULATED_MODEL,
             f"calibration {seed} {i}",
-            limit=1000,
+            limit=lengths[i % len(lengths)] if lengths else 1000,
+            ignore_eos=bool(lengths),
             temperature=temperature,
             top_logprobs=TOP_LOGPROBS,
         )

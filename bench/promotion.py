@@ -32,6 +32,7 @@ import numpy as np
 from bench import pairs
 from bench.pairs import Rates
 from gateway.promotion.judge import PROMOTE, REJECT, Criteria, Evidence, judge
+from simulator.profile import load_profile
 
 REQUESTS_PER_HOUR = 19_366
 SHADOW_RATE = 0.05
@@ -58,12 +59,14 @@ class Scenario:
 
 
 QUALITY_MARGIN = Criteria().quality_margin
+# The simulated analog part, fit to the real one (bench/precision_fit.py).
+CIM_HARMFUL_RATE = load_profile("cim").precision.harmful_rate
 SCENARIOS = {
     "simulated": {
         "aa": Scenario("gpu", "promote"),
         "quality_null": Scenario("gpu", "not promote", excess=QUALITY_MARGIN),
         "benign": Scenario("asic", "promote"),
-        "harmful": Scenario("asic", "reject", harmful_rate=0.02, days=14.0),
+        "harmful": Scenario("cim", "reject", harmful_rate=CIM_HARMFUL_RATE, days=14.0),
         "sampled": Scenario("asic", "promote", sampled_share=0.7, days=14.0),
         "worse_latency": Scenario("gpu", "reject", slo_loss=0.03),
     },

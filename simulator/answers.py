@@ -7,9 +7,9 @@ A device decodes it through its precision (simulator/precision.py):
 - at temperature 0, its logit noise flips near-tie words to their synonyms (benign flips);
 - at temperature > 0, each content word is sampled from the noisy logits (same length, same
   sentences: a sampled answer says the same thing in other words, now and then another word);
-- with the profile's `harmful_rate`, one sentence's content words are replaced by other
-  concepts (a wrong fact), or in a structured answer (JSON mode, tool calls) one field's value
-  changes; the answer keeps its shape.
+- with the profile's `harmful_rate`, one content word is another concept (a wrong fact) and the
+  rest of its sentence goes on from it, or in a structured answer (JSON mode, tool calls) one
+  field's value changes; the answer keeps its shape.
 
 Each answer says which of these it is (`precision`), for the simulator's metrics and for
 benchmarks that score decisions; the gateway never sees it.
@@ -215,7 +215,8 @@ def _prose_answer(
 
 
 def _wrong_fact(pieces: list[str], harm: Random) -> list[int]:
-    """Replace the content words of one sentence with other concepts; return where."""
+    """Put a wrong fact in one sentence: a content word of another concept, and the rest of the
+    sentence going on from it, as the real fleet's wrong answers do. Return where."""
     sentences: list[list[int]] = [[]]
     for index, piece in enumerate(pieces):
         if concept(piece.strip()) is not None:
@@ -225,13 +226,17 @@ def _wrong_fact(pieces: list[str], harm: Random) -> list[int]:
     sentences = [words for words in sentences if words]
     if not sentences:
         return []
-    chosen = sentences[int(harm.random() * len(sentences))]
-    for index in chosen:
-        old = concept(pieces[index].strip())
+    sentence = sentences[int(harm.random() * len(sentences))]
+    chosen = sentence[int(harm.random() * len(sentence)) :]
+    old = concept(pieces[chosen[0]].strip())
+    word = CONTENT_WORDS[int(harm.random() * len(CONTENT_WORDS))]
+    while concept(word) == old:
         word = CONTENT_WORDS[int(harm.random() * len(CONTENT_WORDS))]
-        while concept(word) == old:
-            word = CONTENT_WORDS[int(harm.random() * len(CONTENT_WORDS))]
-        pieces[index] = restyle(pieces[index], word)
+    pieces[chosen[0]] = restyle(pieces[chosen[0]], word)
+    for index in chosen[1:]:
+        pieces[index] = restyle(
+            pieces[index], CONTENT_WORDS[int(harm.random() * len(CONTENT_WORDS))]
+        )
     return chosen
 
 

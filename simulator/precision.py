@@ -11,12 +11,14 @@ position of it the reference model also has a runner-up, and a margin between th
 A device adds Gaussian noise of its `logit_noise` (in logits) to the runner-up's logit, as
 accumulated rounding in bf16, int8 or analog arithmetic does. Where the noise exceeds the margin
 the argmax flips: a benign flip, the synonym in place of the word, the rest unchanged. Per content
-token the chance is about 0.2 x logit_noise, so answers of the same device disagree more often
-the longer they are. Sampling (temperature > 0) draws each content token from the noisy logits
-over the word, its synonym and a few other words, scaled by the temperature.
+token the chance is `flip_chance(logit_noise)`, about 0.2 x logit_noise, so answers of the same
+device disagree more often the longer they are. Sampling (temperature > 0) draws each content
+token from the noisy logits over the word, its synonym and a few other words, scaled by the
+temperature.
 
 Harmful errors (a changed fact or field) are not near ties; simulator/answers.py makes them.
-Figures are the simulator's own assumptions, documented in docs/simulator.md.
+Each profile's noise is fit to the real fleet's part it stands for (bench/precision_fit.py,
+docs/simulator.md).
 """
 
 from __future__ import annotations
@@ -36,6 +38,16 @@ OTHER_GAP = 4.0
 OTHERS = 4  # words beyond the top two that sampling may pick
 REST = -10.0
 _STRIDE = 7919  # prime: alternatives of one position are spread over the vocabulary
+
+
+def flip_chance(noise: float) -> float:
+    """Return the chance that `noise` flips a content token: P(N(0, noise) > margin) for an
+    exponential margin of mean `MEAN_MARGIN`."""
+    if noise <= 0:
+        return 0.0
+    rate = 1.0 / MEAN_MARGIN
+    below = 0.5 * math.erfc(rate * noise / math.sqrt(2))  # Phi(-rate * noise)
+    return 0.5 - math.exp((rate * noise) ** 2 / 2) * below
 
 
 @dataclass(frozen=True, slots=True)

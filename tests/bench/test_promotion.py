@@ -33,8 +33,9 @@ def test_equal_quality_and_cheaper_is_promoted_and_the_quality_null_is_not(simul
 def test_an_int8_part_with_benign_flips_only_is_promoted_once_a_week_has_passed(simulated):
     benign = simulated["scenarios"]["benign"]
     rates = benign["rates"]["temperature_0"]
-    # Most of its answers differ from the GPU's word for word, far more than the GPU's own do.
-    assert rates["candidate_exact_match"] < rates["noise_exact_match"] - 0.3
+    # Its flips (about 3% of its answers differ from the GPU's, 2% of the GPU's own do) keep
+    # the meaning: none departs (pairs.simulated is seeded: the same pairs every run).
+    assert rates["candidate_exact_match"] < 1.0 and rates["candidate"] == 0.0
     assert benign["promote_rate"] == 1.0 and benign["median_days_to_decision"] >= 7.0
 
 

@@ -140,15 +140,17 @@ def cim_check(fleet: Fleet, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         yield check(url, tmp / "cim.json", "--pool", "cim", "--suite", "suites/chat.jsonl")
 
 
-def test_an_int8_asic_passes_the_chat_suite_though_its_words_differ(asic_check: Ran) -> None:
+def test_an_int8_asic_passes_the_chat_suite(asic_check: Ran) -> None:
     assert asic_check.returncode == 0, asic_check.stderr
     r = asic_check.result
     assert (r["pool"], r["reference"], r["verdict"]) == ("asic", "gpu", "pass")
     assert r["prompts"] == r["compared"] == 240 and r["candidate_errors"] == 0
     assert r["embedding_model"] == EMBED
-    # Int8 flips near ties in most answers, each to a synonym: the words differ, the meaning not.
-    assert r["top1_agreement"] < 0.8 < r["noise_top1_agreement"]
-    assert r["near_tie_share"] > 0.9
+    # Int8 flips a near tie now and then, as the real fleet's Q8_0 does (2e-4 a token,
+    # docs/results/precision-fit.json), each to a synonym: the words differ, the meaning not.
+    # About 9 of 240 pairs differ (either side's flips); more than 24 has a chance below 1e-4.
+    assert r["top1_agreement"] > 0.9
+    assert r["near_tie_share"] in (None, 1.0)
     assert r["harmful_share"] == 0.0 and r["ci"]["harmful_share"][1] <= 0.03
     assert "PASS" in asic_check.stdout
     db = connect(asic_check.database)
@@ -175,8 +177,8 @@ def test_a_cim_part_that_gets_facts_wrong_fails_and_says_why(cim_check: Ran) -> 
 def test_the_shipped_cim_part_fails_the_chat_suite_as_make_run_shows(
     fleet: Fleet, tmp_path: Path
 ) -> None:
-    """The default fleet's story: the CIM profile as shipped (a wrong fact in 4% of answers,
-    analog noise on the rest), on the whole suite `make run` checks it with."""
+    """The default fleet's story: the CIM profile as shipped (a wrong fact in 20% of answers, as
+    the real analog part has; analog noise on the rest), on the suite `make run` checks it with."""
     with (
         start_simulator("cim", speed=SPEED, seed=4) as shipped,
         scratch_database(None, tmp_path) as url,
@@ -190,8 +192,9 @@ def test_the_shipped_cim_part_fails_the_chat_suite_as_make_run_shows(
     assert ran.returncode == 1, ran.stderr
     r = ran.result
     assert (r["verdict"], r["prompts"], r["candidate_errors"]) == ("fail", 240, 0)
-    # The verdict rests on the interval, not on the share itself: 6 of 240 (2.5%) fail as surely
-    # as 12. Some harmful answer is seen unless all 240 miss a 4% rate: 0.96**240 = 5.5e-5.
+    # About 48 of 240 answers are wrong, and a part with 10 (4.2%) already fails: its
+    # interval's upper end is past 3 points above the floor's lower end. 10 or fewer wrong of
+    # 240 at 20% has a chance below 1e-9 (some wrong facts keep the meaning and do not count).
     assert r["harmful_share"] > r["noise_harmful_share"]
 
 

@@ -59,14 +59,15 @@ def test_devices_depart_from_the_reference_in_order_of_their_noise():
     with start_simulator("gpu", speed=1000, extra_args=["--logit-noise", "0"]) as noiseless:
         reference = _sequential(noiseless.url, bodies)
     departed = {}
-    # Each device its own seeded process: a shared one's noise depends on the tests before it
-    # (the GPU departs on about 5.5 of 150 answers, none with chance 1.3e-3).
+    # Each device its own seeded process: a shared one's noise depends on the tests before it.
     for seed, kind in enumerate(("gpu", "asic", "cim"), start=11):
         with start_simulator(kind, speed=1000, seed=seed) as device:
             answers = _sequential(device.url, bodies)
         departed[kind] = sum(a != b for a, b in zip(answers, reference, strict=True))
-    # bf16 nondeterminism is small but not nothing; int8 and analog parts flip far more often.
-    assert 0 < departed["gpu"] < 30 < departed["asic"] < departed["cim"], departed
+    # Noise fit to the real fleet (docs/results/precision-fit.json): the bf16 GPU and the int8
+    # ASIC leave the reference on about 1.5 and 3 of 150 answers of 100 tokens (15 or more: a
+    # chance below 1e-7), the analog CIM part on about 95% of them (100 or fewer: below 1e-9).
+    assert max(departed["gpu"], departed["asic"]) < 15 < 100 < departed["cim"], departed
 
 
 def test_the_simulator_counts_each_answer_by_how_it_stands_to_the_reference():
@@ -150,11 +151,12 @@ def test_cim_json_answers_stay_valid_but_some_fields_are_wrong(gpu):
     bodies = [_body(f"json {i}", response_format={"type": "json_object"}) for i in range(200)]
     bodies = [{**body, "max_tokens": 200} for body in bodies]
     reference = [json.loads(text) for text in _sequential(gpu.url, bodies)]
-    # Its own seeded CIM part: on a shared one no answer in 200 is wrong with chance 2.9e-4.
     with start_simulator("cim", speed=1000, seed=5) as cim:
         answers = [json.loads(text) for text in _sequential(cim.url, bodies)]
     differing = [(a, b) for a, b in zip(answers, reference, strict=True) if a != b]
-    assert 0 < len(differing) < 30  # harmful errors only: a schema leaves no near ties
+    # Harmful errors only (a schema leaves no near ties), at the CIM part's 20%: about 40 of
+    # 200; 10 or fewer, or 80 or more, has a chance below 1e-8.
+    assert 10 < len(differing) < 80
     assert all(a.keys() == b.keys() for a, b in differing)
 
 

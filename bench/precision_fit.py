@@ -1,0 +1,234 @@
+"""How the real fleet's parts leave the reference's answer: the figures the simulator is fit to.
+
+    python -m bench.precision_fit --out docs/results/precision-fit.json
+
+Asks the labelled suite and the stories once at temperature 0 of the reference (gpu-0), its
+replica and every candidate part (bench/pairs.py), and measures, per part and kind of prompt:
+
+- the flip rate: answers that differ from the reference's, per token at risk (the reference's
+  tokens up to and including the first that differs; all of them when none does), the
+  maximum-likelihood per-token rate of a part that decodes along the reference until it flips;
+- divergence after a flip: of the differing answers, how many words still agree (ROUGE-L),
+  their semantic similarity, and how many depart at the default tolerance;
+- the shape of a harmful error: of the labelled answers turned wrong, where the first
+  differing token is, and how similar the wrong answer stays.
+
+The simulator's precision model (simulator/precision.py, docs/simulator.md) takes its figures
+from this file: `fit` gives each profile the logit noise at which it flips as often as the part
+it stands for, and tests/bench/test_precision_fit.py holds the simulator, answering prompts of
+the real answers' lengths, within `ALPHA` intervals of every figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from random import Random
+from typing import Any
+
+import httpx
+
+from bench import pairs
+from gateway.promotion.departures import Tolerance, departs
+from gateway.promotion.judge import bernoulli_interval
+from gateway.promotion.precision.check import Endpoint, ask, measure_pair
+from gateway.promotion.precision.labels import states
+from realfleet import fleet
+from simulator.answers import Question, compose
+from simulator.precision import flip_chance
+from simulator.profile import load_profile
+from simulator.words import concept
+
+Row = dict[str, Any]
+PARTS = {"f16 replica": pairs.REPLICA, **{k: v for k, v in pairs.REAL_PARTS.items() if k != "f16"}}
+# The part each simulator profile stands for.
+STANDS_FOR = {"gpu": "f16 replica", "asic": "q8_0", "cim": "analog"}
+ALPHA = 1e-3
+
+
+async def answered(urls: Mapping[str, str], concurrency: int = 4) -> dict[str, list[Row]]:
+    """Ask every prompt once of the reference and each part; return each part's pairs."""
+    lines = pairs.prompts()
+    gate = asyncio.Semaphore(concurrency)
+    found: dict[str, list[Row]] = {part: [] for part in PARTS}
+    embedder = Endpoint("embed", urls[pairs.EMBEDDER])
+    async with httpx.AsyncClient(timeout=120) as client:
+
+        async def one(line: Mapping[str, Any]) -> None:
+            async with gate:
+                names = [pairs.REFERENCE, *PARTS.values()]
+                replies = await asyncio.gather(
+                    *(
+                        ask(
+                            client,
+                            Endpoint(name, urls[name]),
+                            "/v1/chat/completions",
+                            pairs.body(line, 0.0, 0),
+                        )
+                        for name in names
+                    )
+                )
+                reference, *others = replies
+                if reference.answer is None:
+                    raise RuntimeError(f"the reference failed a prompt: {reference.error}")
+                expected = line.get("expected")
+                for part, reply in zip(PARTS, others, strict=True):
+                    row, _ = await measure_pair(
+                        client, embedder, fleet.EMBEDDING_MODEL, reference.answer, reply
+                    )
+                    row["kind"] = line.get("kind", "")
+                    row["reference_tokens"] = len(reference.answer.tokens)
+                    if not row["exact_match"]:  # what leaving the reference looks like
+                        row["reference_text"] = reference.answer.text
+                        row["text"] = reply.answer.text if reply.answer else None
+                    if expected is not None:
+                        text = reply.answer.text if reply.answer else None
+                        row["reference_right"] = states(reference.answer.text or "", expected)
+                        row["right"] = states(text or "", expected)
+                    found[part].append(row)
+
+        await asyncio.gather(*(one(line) for line in lines))
+    return found
+
+
+def at_risk(row: Row) -> int:
+    """The reference's tokens a part decoded before it flipped (the flip included)."""
+    if row["exact_match"] or row["token_divergence"] is None:
+        return int(row["reference_tokens"])
+    return min(int(row["token_divergence"]) + 1, int(row["reference_tokens"]))
+
+
+def summary(rows: Sequence[Row]) -> dict[str, Any]:
+    """Flip rate, divergence after a flip and the shape of wrong answers, for some pairs."""
+    differing = [r for r in rows if not r["exact_match"]]
+    tokens = sum(map(at_risk, rows))
+    wrong = [r for r in rows if r.get("reference_right") and r.get("right") is False]
+
+    def median(values: Sequence[float | None]) -> float | None:
+        present = [v for v in values if v is not None]
+        return statistics.median(present) if present else None
+
+    return {
+        "answers": len(rows),
+        "reference_tokens": sum(int(r["reference_tokens"]) for r in rows),
+        "tokens_at_risk": tokens,
+        "differing": len(differing),
+        "flip_rate_per_token": len(differing) / tokens if tokens else None,
+        "differing_departed": sum(departs(r, Tolerance()) for r in differing),
+        "differing_rouge_l_median": median([r["similarity"] for r in differing]),
+        "differing_similarity_median": median([r["semantic_similarity"] for r in differing]),
+        "first_differing_token_median": median([r["token_divergence"] for r in differing]),
+        "labelled": sum(r.get("right") is not None for r in rows),
+        "turned_wrong": len(wrong),
+        "turned_wrong_similarity_max": max(
+            (r["semantic_similarity"] for r in wrong if r["semantic_similarity"] is not None),
+            default=None,
+        ),
+        "turned_wrong_first_token_median": median([r["token_divergence"] for r in wrong]),
+    }
+
+
+def interval(events: int, trials: int) -> tuple[float, float]:
+    """The range a rate of `events` in `trials` holds the simulator's within (1 - ALPHA)."""
+    return bernoulli_interval(events, trials, ALPHA)
+
+
+def content_share(answers: int = 2000) -> float:
+    """The share of the simulator's prose tokens that are content words (the ones that flip)."""
+    rng = Random(0)
+    content = tokens = 0
+    for i in range(answers):
+        answer = compose(
+            Question("m", f"share {i}", limit=1000, temperature=0),
+            noise=0.0,
+            harmful_rate=0.0,
+            rng=rng,
+        )
+        tokens += answer.completion_tokens
+        content += sum(concept(piece.strip()) is not None for piece in answer.pieces)
+    return content / tokens
+
+
+def noise_for(rate: float, share: float) -> float:
+    """Return the logit noise at which prose flips `rate` of its tokens (bisection)."""
+    low, high = 0.0, 10.0
+    for _ in range(60):
+        mid = (low + high) / 2
+        low, high = (mid, high) if flip_chance(mid) * share < rate else (low, mid)
+    return (low + high) / 2
+
+
+def fit(result: Mapping[str, Any]) -> dict[str, Any]:
+    """Return, per profile, the part's figures with their intervals and the noise that fits."""
+    share = content_share()
+    fitted: dict[str, Any] = {}
+    for profile, part in STANDS_FOR.items():
+        s = result["parts"][part]["all"]
+        precision = load_profile(profile).precision
+        fitted[profile] = {
+            "stands_for": part,
+            "flip_rate_per_token": s["flip_rate_per_token"],
+            "flip_rate_interval": interval(s["differing"], s["tokens_at_risk"]),
+            "fitted_logit_noise": noise_for(s["flip_rate_per_token"], share),
+            "logit_noise": precision.logit_noise,
+            "turned_wrong_share": s["turned_wrong"] / s["labelled"],
+            "turned_wrong_interval": interval(s["turned_wrong"], s["labelled"]),
+            "harmful_rate": precision.harmful_rate,
+            "differing_departed_interval": interval(s["differing_departed"], s["differing"]),
+        }
+    return {"content_share": share, "alpha": ALPHA, "profiles": fitted}
+
+
+def measure(logs: Path | None = None) -> dict[str, Any]:
+    """Start the real fleet, ask the suite, and summarise each part: prose and facts apart."""
+    with pairs.real_fleet(logs) as urls:
+        found = asyncio.run(answered(urls))
+    reference = next(iter(found.values()))
+    result: dict[str, Any] = {
+        "lengths": [int(r["reference_tokens"]) for r in reference],  # the reference's, in order
+        "parts": {},
+    }
+    for part, rows in found.items():
+        facts = [r for r in rows if r["kind"] != "story"]
+        stories = [r for r in rows if r["kind"] == "story"]
+        result["parts"][part] = {
+            "all": summary(rows),
+            "facts": summary(facts),
+            "stories": summary(stories),
+            "differing": [r for r in rows if not r["exact_match"]],
+        }
+    return result
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--logs", type=Path, default=None)
+    args = parser.parse_args(argv)
+    result = measure(args.logs)
+    result["fit"] = fit(result)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    for part, kinds in result["parts"].items():
+        for kind in ("facts", "stories", "all"):
+            s = kinds[kind]
+            print(
+                f"{part:12} {kind:8} differ {s['differing']:3}/{s['answers']:3}"
+                f"  per token {s['flip_rate_per_token']:.2e}  departed {s['differing_departed']}"
+                f"  rouge {s['differing_rouge_l_median']}  sim {s['differing_similarity_median']}"
+                f"  wrong {s['turned_wrong']}/{s['labelled']}"
+            )
+    for profile, f in result["fit"]["profiles"].items():
+        print(
+            f"{profile:5} stands for {f['stands_for']:12} fitted logit noise"
+            f" {f['fitted_logit_noise']:.4f} (profile {f['logit_noise']}); turned wrong"
+            f" {f['turned_wrong_share']:.3f} (profile harmful rate {f['harmful_rate']})"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

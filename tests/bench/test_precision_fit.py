@@ -1,0 +1,58 @@
+"""The simulator's precision model held to the real fleet it is fit to (bench/precision_fit.py):
+each profile, answering prompts of the real answers' lengths, flips and turns answers wrong
+within the 1 - ALPHA interval of the real part it stands for (docs/results/precision-fit.json).
+The simulated answers are seeded, so each test's figure is the same every run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from random import Random
+
+import pytest
+
+from bench import pairs
+from bench.precision_fit import STANDS_FOR, noise_for, summary
+from simulator.answers import HARMFUL, Question, compose
+from simulator.precision import flip_chance
+from simulator.profile import load_profile
+
+FIT = json.loads((Path(__file__).parents[2] / "docs/results/precision-fit.json").read_text())
+LENGTHS = FIT["lengths"]
+
+
+@pytest.mark.parametrize("profile", sorted(STANDS_FOR))
+def test_a_profile_flips_as_often_as_the_real_part_it_stands_for(profile: str) -> None:
+    fitted = FIT["fit"]["profiles"][profile]
+    # Ten answers a prompt of the real suite, each as long as the real reference's answer.
+    measured = pairs.simulated(profile, 0.0, 10 * len(LENGTHS), 0, 0.0, lengths=LENGTHS)
+    rate = summary(measured.candidate)["flip_rate_per_token"]
+    low, high = fitted["flip_rate_interval"]
+    assert low <= rate <= high, (profile, rate, fitted)
+
+
+@pytest.mark.parametrize("profile", sorted(STANDS_FOR))
+def test_a_profile_turns_answers_wrong_as_often_as_the_real_part_it_stands_for(
+    profile: str,
+) -> None:
+    fitted = FIT["fit"]["profiles"][profile]
+    precision = load_profile(profile).precision
+    rng = Random(0)
+    answers = [
+        compose(
+            Question("m", f"fact {i}", limit=LENGTHS[i % len(LENGTHS)], temperature=0),
+            noise=precision.logit_noise,
+            harmful_rate=precision.harmful_rate,
+            rng=rng,
+        )
+        for i in range(10 * len(LENGTHS))
+    ]
+    share = sum(answer.precision == HARMFUL for answer in answers) / len(answers)
+    low, high = fitted["turned_wrong_interval"]
+    assert low <= share <= high, (profile, share, fitted)
+
+
+def test_the_fitted_noise_gives_back_the_rate_it_was_fit_to() -> None:
+    share = FIT["fit"]["content_share"]
+    for rate in (1e-4, 2e-4, 0.028):
+        assert flip_chance(noise_for(rate, share)) * share == pytest.approx(rate, rel=1e-9)
