@@ -63,6 +63,11 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
     log_level: str = Field(default="info")
     health_check_interval_s: float = Field(default=2.0, gt=0)
+    routing_seed: int | None = Field(
+        default=None,
+        description="Seed of the draw that puts a request in a canary's share or explores; "
+        "unset: random. Set, a replica given the same requests in order routes them alike.",
+    )
     power_scrape_interval_s: float = Field(default=1.0, gt=0)
     model_retrain_every: int = Field(default=200, gt=0)
     model_retrain_interval_s: float = Field(default=300.0, gt=0)

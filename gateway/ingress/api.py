@@ -140,7 +140,7 @@ class Ingress:
     def __init__(self, gateway: Parts):
         self.gateway = gateway
         self._ids = decision_ids()
-        self._draw = random.random
+        self._draw = random.Random(gateway.settings.routing_seed).random
         self._bodies = BodyDeadlines()
         self.telemetry = Telemetry(
             gateway.metrics,

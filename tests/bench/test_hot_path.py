@@ -79,7 +79,8 @@ def test_gateway_spends_a_bounded_multiple_of_the_upstreams_cpu(results: dict[st
 def test_ten_percent_shadow_sampling_adds_little_cpu(results: dict[str, Any]) -> None:
     assert cpu_over(results, "gateway-shadow10", "gateway", "chat") <= MAX_CPU_ADDED_BY_SHADOW
     copies = results["paths"]["gateway-shadow10"]["shadow_copies"]
-    assert copies.get("sent", 0) > 0, copies  # the 10% path really mirrors
+    # The 10% path really mirrors: thousands of requests in 3 s, none copied is below 1e-40.
+    assert copies.get("sent", 0) > 0, copies
 
 
 def test_streamed_chunks_reach_the_client_as_they_are_sent(tmp_path: Path) -> None:
