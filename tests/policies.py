@@ -38,6 +38,18 @@ def pool(kind: str, urls: Sequence[str], models: Sequence[str], **extra: object)
     return entry
 
 
+def ranked_route(explore: float) -> dict:
+    """A chat route ranking the GPU and the ASIC by energy, exploring `explore` of requests."""
+    return {
+        "name": "chat",
+        "match": {"models": [MODEL]},
+        "pools": ["gpu", "asic"],
+        "fallback": "gpu",
+        "objective": "min_energy",
+        "explore": explore,
+    }
+
+
 def fleet_policy(
     gpu: Sequence[str] = ("http://127.0.0.1:1",),
     asic: Sequence[str] = ("http://127.0.0.1:2",),

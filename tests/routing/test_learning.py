@@ -10,7 +10,7 @@ import pytest
 from waiting import wait_for
 
 from harness.gateways import run_gateway
-from policies import MODEL, fleet_policy
+from policies import MODEL, fleet_policy, ranked_route
 
 pytestmark = pytest.mark.alone  # the model learns from wall-clock timings
 
@@ -20,16 +20,7 @@ PROMPT = [{"role": "user", "content": "Describe how a systolic array multiplies 
 def test_traffic_moves_off_a_pool_that_slowed_and_back_once_it_recovers(
     sims, tmp_path: Path
 ) -> None:
-    routes = [
-        {
-            "name": "chat",
-            "match": {"models": [MODEL]},
-            "pools": ["gpu", "asic"],
-            "fallback": "gpu",
-            "objective": "min_energy",
-            "explore": 0.2,
-        }
-    ]
+    routes = [ranked_route(0.2)]
     policy = fleet_policy(
         sims.urls("gpu")[:1],
         sims.urls("asic"),

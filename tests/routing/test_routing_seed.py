@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from harness.gateways import run_gateway
-from policies import MODEL, fleet_policy
+from policies import MODEL, fleet_policy, ranked_route
 
 PROMPT = [{"role": "user", "content": "Which pool answers this?"}]
 
@@ -13,16 +13,7 @@ PROMPT = [{"role": "user", "content": "Which pool answers this?"}]
 def pools_chosen(sims, tmp_path: Path, seed: int, requests: int = 30) -> list[str]:
     """Send `requests` chats one at a time through a fresh gateway; return each one's pool."""
     tmp_path.mkdir()
-    routes = [
-        {
-            "name": "chat",
-            "match": {"models": [MODEL]},
-            "pools": ["gpu", "asic"],
-            "fallback": "gpu",
-            "objective": "min_energy",
-            "explore": 0.5,
-        }
-    ]
+    routes = [ranked_route(0.5)]
     policy = fleet_policy(sims.urls("gpu")[:1], sims.urls("asic"), sims.urls("cim"), routes=routes)
     with run_gateway(policy, tmp_path, routing_seed=seed) as gw:
         client = gw.client()
