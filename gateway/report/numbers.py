@@ -277,6 +277,7 @@ _CHECK_FIELDS = (
     "near_tie_share",
     "harmful_share",
     "noise_harmful_share",
+    "excess",
     "labelled",
     "ci",
     "verdict",

@@ -23,7 +23,7 @@ from gateway.policy.model import Policy
 from gateway.promotion import rollout
 from gateway.promotion.precision.check import TOP_LOGPROBS, greedy, read_suite
 from gateway.promotion.precision.figures import Outcome, gate, judge_check
-from gateway.promotion.precision.limits import Limits
+from gateway.promotion.precision.limits import MIN_DISTINCT_PROMPTS, Limits
 from gateway.promotion.precision.plan import Plan, Suite
 from gateway.promotion.precision.results import newest, store
 from harness.databases import scratch_database
@@ -151,7 +151,7 @@ def test_an_int8_asic_passes_the_chat_suite(asic_check: Ran) -> None:
     # About 9 of 240 pairs differ (either side's flips); more than 24 has a chance below 1e-4.
     assert r["top1_agreement"] > 0.9
     assert r["near_tie_share"] in (None, 1.0)
-    assert r["harmful_share"] == 0.0 and r["ci"]["harmful_share"][1] <= 0.03
+    assert r["harmful_share"] == 0.0 and r["ci"]["excess"][1] <= 0.03
     assert "PASS" in asic_check.stdout
     db = connect(asic_check.database)
     assert [(c["pool"], c["verdict"]) for c in newest(db)] == [("asic", "pass")]
@@ -162,10 +162,10 @@ def test_a_cim_part_that_gets_facts_wrong_fails_and_says_why(cim_check: Ran) -> 
     assert cim_check.returncode == 1, cim_check.stderr
     r = cim_check.result
     assert all(key in r for key in KEYS)
-    assert set(r["ci"]) >= {"top1_agreement", "harmful_share"}
+    assert set(r["ci"]) >= {"top1_agreement", "harmful_share", "noise_harmful_share", "excess"}
     assert (r["pool"], r["reference"], r["verdict"]) == ("cim", "gpu", "fail")
-    # Not for want of prompts: even the interval's lower end is beyond the 3 points allowed.
-    assert r["ci"]["harmful_share"][0] > 0.03 and r["noise_harmful_share"] == 0.0
+    # Not for want of prompts: even the excess interval's lower end is beyond the 3 points.
+    assert r["ci"]["excess"][0] > 0.03 and r["noise_harmful_share"] == 0.0
     assert "depart in meaning from the reference's" in r["reasons"][0]
     assert r["departures"] and all("line" in d for d in r["departures"])
     assert r["policy"] == "policy version 1"  # the database's active version, no --policy
@@ -192,9 +192,9 @@ def test_the_shipped_cim_part_fails_the_chat_suite_as_make_run_shows(
     assert ran.returncode == 1, ran.stderr
     r = ran.result
     assert (r["verdict"], r["prompts"], r["candidate_errors"]) == ("fail", 240, 0)
-    # About 48 of 240 answers are wrong, and a part with 10 (4.2%) already fails: its
-    # interval's upper end is past 3 points above the floor's lower end. 10 or fewer wrong of
-    # 240 at 20% has a chance below 1e-9 (some wrong facts keep the meaning and do not count).
+    # About 48 of 240 answers are wrong, and a part with 4 (1.7%) beyond the floor's already
+    # fails: the paired interval's upper end is past 3 points. 4 or fewer wrong of 240 at 20%
+    # has a chance below 1e-15 (some wrong facts keep the meaning and do not count).
     assert r["harmful_share"] > r["noise_harmful_share"]
 
 
@@ -209,7 +209,7 @@ def test_the_json_and_tool_call_suites_run_and_compare_every_answer(
     )
     r = ran.result
     assert all(key in r for key in KEYS)
-    assert r["prompts"] == r["compared"] >= 230 and r["candidate_errors"] == 0
+    assert r["prompts"] == r["compared"] == 240 and r["candidate_errors"] == 0
     # Every token of a structured answer is firm: int8 noise changes none of them.
     assert r["top1_agreement"] == 1.0 and r["verdict"] == "pass" and ran.returncode == 0
     # Without the table the check is written to --out all the same, and says it was not stored.
@@ -291,32 +291,42 @@ def test_a_failed_request_to_the_candidate_fails_the_check_by_default() -> None:
 def test_a_suite_too_small_to_show_the_limit_fails_and_says_how_many_prompts_would() -> None:
     result = judge_check(PLAN, suite_of(60), outcomes(60))
     assert result["verdict"] == "fail" and result["harmful_share"] == 0.0
-    assert "a suite needs at least 230 prompts" in result["reasons"][1]
-    assert judge_check(PLAN, suite_of(230), outcomes(230))["verdict"] == "pass"
+    assert f"a suite needs at least {MIN_DISTINCT_PROMPTS} prompts" in result["reasons"][1]
+    assert MIN_DISTINCT_PROMPTS == 125  # the paired interval of 0 in 125 ends at 2.98 points
+    assert judge_check(PLAN, suite_of(125), outcomes(125))["verdict"] == "pass"
+    assert judge_check(PLAN, suite_of(124), outcomes(124))["verdict"] == "fail"
 
 
-def departing(n: int, candidate: int, noise: int) -> list[Outcome]:
-    """n outcomes: the first `candidate` candidate pairs and `noise` noise pairs differ in a
-    field of their JSON (a departure at any tolerance), the rest match."""
+def departing(n: int, candidate: int, noise: int, apart: bool = True) -> list[Outcome]:
+    """n outcomes: `candidate` candidate pairs and `noise` noise pairs differ in a field of their
+    JSON (a departure at any tolerance), the rest match; the candidate's are the first prompts,
+    and the floor's the last (`apart`) or the first too."""
     base = outcomes(n)
-    apart = {**base[0].candidate, "exact_match": False, "similarity": 0.9}
-    apart["json_diff"] = {"missing": [], "extra": [], "changed": ["total"]}
+    differ = {**base[0].candidate, "exact_match": False, "similarity": 0.9}
+    differ["json_diff"] = {"missing": [], "extra": [], "changed": ["total"]}
     for i, o in enumerate(base):
-        o.candidate = apart if i < candidate else o.candidate
-        o.noise = apart if i < noise else o.noise
+        o.candidate = differ if i < candidate else o.candidate
+        o.noise = differ if (n - 1 - i if apart else i) < noise else o.noise
     return base
 
 
-def test_the_noise_floor_is_held_to_its_own_interval() -> None:
-    # As often apart as the reference from itself, 5% of 2000: the floor's share is only known
-    # to within its interval, so 2000 prompts cannot show the candidate within 3 points.
-    result = judge_check(PLAN, suite_of(2000), departing(2000, 100, 100))
-    low, high = result["ci"]["noise_harmful_share"]
-    assert result["noise_harmful_share"] == 0.05 and low < 0.05 < high
-    assert result["verdict"] == "fail"
-    assert "above the floor's lower end" in result["reasons"][0]
-    # Four times the prompts at the same shares narrow both intervals: it passes.
-    assert judge_check(PLAN, suite_of(8000), departing(8000, 400, 400))["verdict"] == "pass"
+def test_a_candidate_is_held_to_the_noise_floor_on_the_same_prompts() -> None:
+    # A reference that departs from itself on 5 of 240 prompts, and a candidate on 3 others: it
+    # departs no more often than the floor, and passes (holding each share to its own interval,
+    # 4.8% against 0.9%, it could not).
+    nondeterministic = judge_check(PLAN, suite_of(240), departing(240, 3, 5))
+    assert nondeterministic["verdict"] == "pass", nondeterministic["reasons"]
+    assert nondeterministic["paired_prompts"] == 240
+    assert round(nondeterministic["excess"] * 240) == -2
+    assert "departs -0.833 points more often" in nondeterministic["reasons"][0]
+    # Three more than the floor on 240 prompts already fail: the interval reaches 3.6 points.
+    assert judge_check(PLAN, suite_of(240), departing(240, 3, 0))["verdict"] == "fail"
+    assert judge_check(PLAN, suite_of(240), departing(240, 2, 0))["verdict"] == "pass"
+    # Where the floor departs on the very prompts the candidate does, they are prompts the
+    # reference itself answers two ways: the candidate adds nothing beyond it.
+    unstable = judge_check(PLAN, suite_of(240), departing(240, 10, 10, apart=False))
+    assert unstable["excess"] == 0.0 and unstable["verdict"] == "pass"
+    assert judge_check(PLAN, suite_of(240), departing(240, 10, 10))["verdict"] == "fail"
 
 
 def labelled_outcomes(n: int, turned_wrong: int, noise_turned_wrong: int = 0) -> list[Outcome]:
@@ -347,10 +357,15 @@ def test_a_labelled_question_turned_wrong_fails_the_check_though_its_meaning_hol
         "Of 240 labelled questions the candidate answered 228 right and the reference 240" in said
     )
     assert judge_check(PLAN, suite_of(240), labelled_outcomes(240, 0))["verdict"] == "pass"
-    # Where the reference's own second answers turn as many wrong, the floor's interval says
-    # how little the candidate is known to add: still more than 3 points on 240.
-    noisy = judge_check(PLAN, suite_of(240), labelled_outcomes(240, 12, 12))
-    assert noisy["labelled"]["noise_turned_wrong"] == 12 and noisy["verdict"] == "fail"
+    # Where the reference's own second answers are wrong on the same questions, the candidate
+    # adds nothing beyond the floor; on other questions it adds 12.
+    same = judge_check(PLAN, suite_of(240), labelled_outcomes(240, 12, 12))
+    assert same["labelled"]["noise_turned_wrong"] == 12 and same["labelled"]["excess"] == 0.0
+    assert same["verdict"] == "pass"
+    others = labelled_outcomes(240, 12)
+    for o in others[-12:]:
+        o.noise_right = False
+    assert judge_check(PLAN, suite_of(240), others)["verdict"] == "fail"
 
 
 def test_an_unlabelled_suite_is_judged_on_meaning_alone() -> None:
@@ -449,7 +464,7 @@ def stored_pass(db: Any, suite: Suite, reference: str = "gpu") -> dict[str, Any]
         (
             Suite("suites/chat.jsonl", tuple((n, {"model": MODEL, "messages": [{"role": "user",
                 "content": "hi"}]}) for n in range(240))),
-            "gpu", {}, "its suite falls short: 1 different prompts, 230 needed",
+            "gpu", {}, "its suite falls short: 1 different prompts, 125 needed",
         ),
         # Answers with no room: max_tokens 1.
         (suite_of(240, "chat.jsonl", max_tokens=1), "gpu", {},

@@ -192,6 +192,7 @@ def test_the_report_shows_each_pools_newest_precision_check(tmp_path: Path) -> N
             Outcome(
                 n,
                 {**(wrong if n < departing else same), "candidate_error": None},
+                {**same, "candidate_error": None},
                 reference_right=True,
                 candidate_right=n >= departing,
                 noise_right=True,
@@ -210,7 +211,8 @@ def test_the_report_shows_each_pools_newest_precision_check(tmp_path: Path) -> N
     assert shown == [("asic", "pass", 0.0), ("cim", "fail", 0.05)]
     page = (tmp_path / "out/report.html").read_text()
     assert "<h2>Precision checks</h2>" in page
-    assert "12 of 240 answers (5.0%, 97.5% interval" in page
+    assert "12 of 240 answers (5.0%) depart in meaning" in page
+    assert "5.0% above the floor (2.4% to 8.5%)" in page  # with the paired interval
     stored = json.loads((tmp_path / "out/report.json").read_text())["precision_checks"]
     assert stored[1]["reasons"] == report["precision_checks"][1]["reasons"]
     assert stored[1]["labelled"]["turned_wrong"] == 12

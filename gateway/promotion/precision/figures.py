@@ -11,14 +11,16 @@ and a pair *departs* by the judge's rule (gateway/promotion/departures.py). The 
 | `near_tie_share` | of the prompts that differ, the share whose first difference is a near tie |
 | `harmful_share` | share of compared prompts whose answers depart in meaning |
 | `noise_*` | the same between the reference's two answers |
-| `ci` | intervals, each at alpha/2 so a pair of them holds at 95% (judge.py `bernoulli_interval`) |
+| `excess` | the candidate's departing share minus the noise floor's, on the prompts both compared |
+| `ci` | 95% intervals: Wilson's for each share, Newcombe's paired one for `excess` (paired.py) |
 
 Where the suite's prompts are labelled (gateway/promotion/precision/labels.py), `labelled`
 scores them: the share of questions the candidate answers wrong where the reference's first
 answer is right (`turned_wrong`), and the same share of the reference's second answers.
 
-The verdict is `pass` when the upper end of `harmful_share`'s interval exceeds the lower end of
-the noise floor's by at most `max_harmful_share`, the same holds of `turned_wrong` against the
+The verdict is `pass` when the candidate departs at most `max_harmful_share` more often than
+the noise floor on the same prompts (the upper end of the paired difference's interval,
+gateway/promotion/precision/paired.py: `excess`), the same holds of `turned_wrong` against the
 noise floor's, and at most `max_error_share` of the candidate's requests failed
 (gateway/promotion/precision/limits.py). A wrong fact is a failure even where its words and
 meaning stay close to the right one. `gate` says whether the suite is one whose pass
@@ -36,13 +38,13 @@ from typing import Any
 
 from gateway import stats
 from gateway.promotion.departures import compared, departs, tolerance
-from gateway.promotion.judge import bernoulli_interval
 from gateway.promotion.precision.limits import (
     DEFAULT_LIMITS,
     MIN_DISTINCT_PROMPTS,
     MIN_MAX_TOKENS,
     Limits,
 )
+from gateway.promotion.precision.paired import Paired, wilson_interval
 from gateway.promotion.precision.plan import Plan, Suite
 from gateway.promotion.precision.reasons import reasons
 
@@ -88,18 +90,23 @@ def judge_check(
     noise_departing = sum(departs(r, tol) for r in noise)
     n, k = len(pairs), len(departing)
     exact = sum(bool(r.get("exact_match")) for _, r in pairs)
-    # The candidate's share and the floor's each hold at alpha/2: together at 1 - alpha.
-    half = limits.alpha / 2
-    harmful_ci = bernoulli_interval(k, n, half)
-    noise_ci = bernoulli_interval(noise_departing, len(noise), half) if noise else (0.0, 0.0)
+    alpha = limits.alpha
+    # The verdict compares like with like: the candidate's pair and the floor's on each prompt
+    # where both were compared.
+    paired = Paired.count(
+        (departs(o.candidate, tol), departs(o.noise, tol))
+        for o in outcomes
+        if o.candidate is not None
+        and o.noise is not None
+        and compared(o.candidate)
+        and compared(o.noise)
+    )
+    excess_ci = paired.interval(alpha)
     error_share = len(failed) / len(answered) if answered else 0.0
     limit = limits.max_harmful_share + 1e-12
-    departs_ok = n > 0 and harmful_ci[1] - noise_ci[0] <= limit
-    scored = labelled(outcomes, half)
-    labels_ok = (
-        scored is None
-        or scored["ci"]["turned_wrong"][1] - scored["ci"]["noise_turned_wrong"][0] <= limit
-    )
+    departs_ok = paired.n > 0 and excess_ci[1] <= limit
+    scored = labelled(outcomes, alpha)
+    labels_ok = scored is None or scored["ci"]["excess"][1] <= limit
     errors_ok = error_share <= limits.max_error_share + 1e-12
     result: dict[str, Any] = {
         "pool": plan.pool,
@@ -123,6 +130,8 @@ def judge_check(
             [r for _, r in pairs if r.get("exact_match") is False], "near_tie"
         ),
         "harmful_share": k / n if n else None,
+        "paired_prompts": paired.n,
+        "excess": paired.excess(),
         "noise_pairs": len(noise),
         "noise_top1_agreement": (
             sum(bool(r.get("exact_match")) for r in noise) / len(noise) if noise else None
@@ -130,10 +139,11 @@ def judge_check(
         "noise_mean_kl": stats.mean(noise, "kl_divergence"),
         "noise_harmful_share": noise_departing / len(noise) if noise else None,
         "ci": {
-            "level": 1 - limits.alpha,
-            "top1_agreement": list(bernoulli_interval(exact, n, limits.alpha)),
-            "harmful_share": list(harmful_ci),
-            "noise_harmful_share": list(noise_ci),
+            "level": 1 - alpha,
+            "top1_agreement": list(wilson_interval(exact, n, alpha)),
+            "harmful_share": list(wilson_interval(k, n, alpha)),
+            "noise_harmful_share": list(wilson_interval(noise_departing, len(noise), alpha)),
+            "excess": list(excess_ci),
         },
         "labelled": scored,
         "tolerance": {"meaning": tol.meaning, "words": tol.words, "noise_pairs": tol.noise_pairs},
@@ -148,14 +158,15 @@ def judge_check(
         "departures": [{"line": line, **_kept(r)} for line, r in departing],
         "errors": [{"line": line, "error": error} for line, error in failed],
     }
-    result["reasons"] = reasons(result, departs_ok, errors_ok, limits.alpha)
+    result["reasons"] = reasons(result, departs_ok, errors_ok, alpha)
     return result
 
 
 def labelled(outcomes: Sequence[Outcome], alpha: float) -> dict[str, Any] | None:
     """Score the labelled prompts: the share the candidate answers wrong where the reference's
     first answer is right, against the same share of the reference's second answers (the noise
-    floor), each with its interval at `alpha`; None where the suite has no labels."""
+    floor) on the same prompts, with intervals at 1 - `alpha`; None where the suite has no
+    labels."""
     scored = [o for o in outcomes if o.candidate is not None and o.candidate_right is not None]
     if not scored:
         return None
@@ -163,6 +174,13 @@ def labelled(outcomes: Sequence[Outcome], alpha: float) -> dict[str, Any] | None
     wrong = sum(bool(o.reference_right and not o.candidate_right) for o in scored)
     floor = [o for o in scored if o.noise_right is not None]
     noise_wrong = sum(bool(o.reference_right and not o.noise_right) for o in floor)
+    paired = Paired.count(
+        (
+            bool(o.reference_right and not o.candidate_right),
+            bool(o.reference_right and not o.noise_right),
+        )
+        for o in floor
+    )
     return {
         "questions": n,
         "reference_right": sum(bool(o.reference_right) for o in scored),
@@ -171,11 +189,11 @@ def labelled(outcomes: Sequence[Outcome], alpha: float) -> dict[str, Any] | None
         "turned_right": sum(bool(o.candidate_right and not o.reference_right) for o in scored),
         "noise_questions": len(floor),
         "noise_turned_wrong": noise_wrong,
+        "excess": paired.excess(),
         "ci": {
-            "turned_wrong": list(bernoulli_interval(wrong, n, alpha)),
-            "noise_turned_wrong": (
-                list(bernoulli_interval(noise_wrong, len(floor), alpha)) if floor else [0.0, 0.0]
-            ),
+            "turned_wrong": list(wilson_interval(wrong, n, alpha)),
+            "noise_turned_wrong": list(wilson_interval(noise_wrong, len(floor), alpha)),
+            "excess": list(paired.interval(alpha)),
         },
     }
 

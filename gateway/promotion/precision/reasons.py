@@ -6,8 +6,8 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
-from gateway.promotion.judge import bernoulli_interval
-from gateway.promotion.precision.limits import ALPHA, prompts_needed
+from gateway.promotion.precision.limits import ALPHA
+from gateway.promotion.precision.paired import Paired, prompts_needed
 
 
 def reasons(
@@ -16,7 +16,7 @@ def reasons(
     """Say in sentences why a check passed or failed, with its numbers."""
     said = []
     n, limit = result["compared"], result["limits"]["max_harmful_share"]
-    half = alpha / 2  # each share's interval (figures.py)
+    level = f"{1 - alpha:.0%}"
     if n == 0:
         said.append(
             "No answer of the candidate could be compared with the reference's, so nothing "
@@ -24,38 +24,34 @@ def reasons(
         )
     else:
         k = len(result["departures"])
-        low, high = result["ci"]["harmful_share"]
-        floor_low, floor_high = result["ci"]["noise_harmful_share"]
-        floor = result["noise_harmful_share"] or 0.0
-        noise_k = round(floor * result["noise_pairs"])
+        low, high = result["ci"]["excess"]
+        floor = result["noise_harmful_share"]
+        noise_k = round((floor or 0.0) * result["noise_pairs"])
         said.append(
-            f"{k} of {n} answers ({_pct(k / n)}, {1 - half:.1%} interval {_pct(low)} to "
-            f"{_pct(high)}) depart in meaning from the reference's, and {noise_k} of "
-            f"{result['noise_pairs']} ({_pct(floor)}, {_pct(floor_low)} to {_pct(floor_high)}) "
-            f"of the reference's own second answers do: the candidate's upper end is "
-            f"{_points(high - floor_low)} above the floor's lower end, at most "
-            f"{_points(limit)} allowed."
+            f"{k} of {n} answers ({_pct(k / n)}) depart in meaning from the reference's, and "
+            f"{noise_k} of {result['noise_pairs']} ({_pct(floor or 0.0)}) of the reference's "
+            f"own second answers do: on the {result['paired_prompts']} prompts both compared, "
+            f"the candidate departs {_points(result['excess'] or 0.0)} more often ({level} "
+            f"interval {_points(low)} to {_points(high)}), at most {_points(limit)} allowed."
         )
-        reach = bernoulli_interval(0, n, half)[1]
-        if not departs_ok and reach - floor_low > limit:
+        reach = Paired(n=result["paired_prompts"]).interval(alpha)[1]
+        if not departs_ok and reach > limit:
             said.append(
-                f"No pool can pass on {n} compared prompts: even with no departure the interval "
-                f"reaches {_pct(reach)}; a suite needs at least "
-                f"{prompts_needed(limit + floor_low, half)} prompts to show at most "
-                f"{_points(limit)} more."
+                f"No pool can pass on {result['paired_prompts']} prompts: even with no "
+                f"departure the interval reaches {_points(reach)}; a suite needs at least "
+                f"{prompts_needed(limit, alpha)} prompts to show at most {_points(limit)} more."
             )
     scored = result.get("labelled")
     if scored:
-        q, (low, high) = scored["questions"], scored["ci"]["turned_wrong"]
-        floor_low = scored["ci"]["noise_turned_wrong"][0]
+        q, (low, high) = scored["questions"], scored["ci"]["excess"]
         said.append(
             f"Of {q} labelled questions the candidate answered {scored['candidate_right']} "
             f"right and the reference {scored['reference_right']}; {scored['turned_wrong']} "
-            f"({_pct(scored['turned_wrong'] / q)}, {_pct(low)} to {_pct(high)}) the reference "
-            f"got right the candidate got wrong, and {scored['noise_turned_wrong']} of "
-            f"{scored['noise_questions']} the reference's own second answers did: the "
-            f"candidate's upper end is {_points(high - floor_low)} above the floor's lower end, "
-            f"at most {_points(limit)} allowed."
+            f"({_pct(scored['turned_wrong'] / q)}) the reference got right the candidate got "
+            f"wrong, and {scored['noise_turned_wrong']} of {scored['noise_questions']} the "
+            f"reference's own second answers did: the candidate turns "
+            f"{_points(scored['excess'] or 0.0)} more wrong ({level} interval {_points(low)} to "
+            f"{_points(high)}), at most {_points(limit)} allowed."
         )
     if not errors_ok or result["candidate_errors"]:
         asked = result["prompts"] - result["reference_errors"]
