@@ -1,0 +1,125 @@
+"""Where each prompt prefix is cached: per backend, the prefix blocks the gateway sent it.
+
+A backend that served a prompt holds its KV blocks (gateway/routing/prefix.py) until it
+evicts them for others. The gateway cannot see an engine's cache, so it keeps, per backend,
+the blocks it sent there in least-recently-used order, bounded by what the backend's KV memory
+holds (`capacity`, in blocks, from the policy's KV memory and the model's bytes per token):
+an engine evicts the least recently used blocks it does not need, so the index forgets what
+the engine would have forgotten first.
+
+What the engines report corrects it. An answer's `usage.prompt_tokens_details.cached_tokens`
+(vLLM, SGLang, llama.cpp and OpenAI report it) says how many of the prompt's tokens the engine
+found cached; where the index expected more, the engine holds less than the index thinks (other
+clients' prompts, a smaller cache than declared, a restart), so the backend's `scale` shrinks
+the capacity the index keeps; where the engine found as much or more, it grows back towards the
+declared capacity. A restarted engine, an eviction the index did not see, a block another
+replica sent: each costs one mispredicted request, which the report then corrects.
+
+Memory: `ENTRY_BYTES` per block held (an int key in an ordered dict), so a backend whose KV
+memory holds 1M tokens costs 16k blocks, about 1.6 MB of index, at most.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+ENTRY_BYTES = 105  # one block in an OrderedDict, its int key included (tracemalloc, 100k blocks)
+MIN_SCALE = 0.05  # the index keeps at least this share of the declared capacity
+SHRINK, GROW = 0.8, 1.05  # per mispredicted answer, per answer that found what was expected
+
+
+@dataclass(slots=True)
+class BackendBlocks:
+    """One backend's cached blocks, least recently used first, and how much to trust them."""
+
+    capacity: int
+    scale: float = 1.0
+    held: OrderedDict[int, None] = field(default_factory=OrderedDict)
+
+    @property
+    def limit(self) -> int:
+        """The blocks the index keeps for this backend now."""
+        return max(1, int(self.capacity * self.scale))
+
+
+class PrefixIndex:
+    """The prefix blocks each backend holds, as the gateway last saw them."""
+
+    def __init__(self, block_tokens: int) -> None:
+        self.block_tokens = block_tokens  # gateway/routing/prefix.py's BLOCK_TOKENS
+        self._backends: dict[str, BackendBlocks] = {}
+
+    def configure(self, capacities: dict[str, int]) -> None:
+        """Set each backend's capacity in blocks (a policy version's); forget removed ones."""
+        for name in list(self._backends):
+            if name not in capacities:
+                del self._backends[name]
+        for name, capacity in capacities.items():
+            known = self._backends.get(name)
+            if known is None:
+                self._backends[name] = BackendBlocks(capacity)
+            else:
+                known.capacity = capacity
+                self._evict(known)
+
+    def cached(self, backend: str, blocks: Sequence[int]) -> int:
+        """Return how many of a prompt's leading blocks the backend holds."""
+        known = self._backends.get(backend)
+        if known is None:
+            return 0
+        held = known.held
+        count = 0
+        for block in blocks:
+            if block not in held:
+                break
+            count += 1
+        return count
+
+    def sent(self, backend: str, blocks: Sequence[int]) -> None:
+        """Record that the backend now holds a prompt's blocks (it computed or reused them)."""
+        known = self._backends.get(backend)
+        if known is None or not blocks:
+            return
+        held = known.held
+        for block in blocks:
+            held[block] = None
+            held.move_to_end(block)
+        self._evict(known)
+
+    def reported(self, backend: str, expected_blocks: int, cached_tokens: int) -> None:
+        """Correct the backend's trust from an answer: the engine found `cached_tokens` of the
+        prompt cached where the index expected `expected_blocks` blocks."""
+        known = self._backends.get(backend)
+        if known is None:
+            return
+        found = cached_tokens // self.block_tokens
+        if found < expected_blocks:
+            known.scale = max(MIN_SCALE, known.scale * SHRINK)
+            self._evict(known)
+        else:
+            known.scale = min(1.0, known.scale * GROW)
+
+    def held(self, backend: str) -> int:
+        """Return how many blocks the index holds for the backend."""
+        known = self._backends.get(backend)
+        return 0 if known is None else len(known.held)
+
+    def scale(self, backend: str) -> float:
+        """Return the share of its declared capacity the index trusts the backend to hold."""
+        known = self._backends.get(backend)
+        return 1.0 if known is None else known.scale
+
+    @staticmethod
+    def _evict(known: BackendBlocks) -> None:
+        held, limit = known.held, known.limit
+        while len(held) > limit:
+            held.popitem(last=False)
+
+
+def capacity_blocks(kv_capacity_bytes: float, kv_bytes_per_token: float, block_tokens: int) -> int:
+    """Return the prefix blocks of `block_tokens` tokens a backend's KV memory holds."""
+    if kv_capacity_bytes == float("inf") or kv_bytes_per_token <= 0:
+        return 0
+    return int(kv_capacity_bytes / (kv_bytes_per_token * block_tokens))

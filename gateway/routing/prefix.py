@@ -1,0 +1,75 @@
+"""A prompt's prefix blocks: the chained hashes engines key their KV cache by, as the gateway
+can compute them.
+
+An engine caches a prompt's KV in fixed blocks of tokens and keys each block by a hash of its
+tokens chained to the block before it (vLLM's automatic prefix caching, SGLang's radix tree,
+llama.cpp's per-slot prompt cache match the same way: a prefix), so two prompts share cached
+blocks exactly as far as they share a prefix. The gateway does not tokenize as each engine
+does; it hashes the prompt's text as the backend will render it (each message's role and
+content in order, tool definitions first, as chat templates put them in the system turn) in
+blocks of `BLOCK_TOKENS` tokens at the model's characters per token. The same prefix gives the
+same blocks in every replica (the hash is keyed, not Python's per-process `hash`), and a
+request's k-th block matches only where everything before it does. A block counts only when
+it is whole, as an engine caches only whole blocks.
+
+Pure: text in, hashes out. The index of which backend holds which block is
+gateway/fleet/prefixes.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import orjson
+
+# Tokens of a block. Engines use 16 (vLLM) to 512 (Mooncake's traces); 64 keeps a prompt of
+# 128k tokens at 2,000 hashes while a repeated system prompt of a few hundred tokens still
+# spans several blocks.
+BLOCK_TOKENS = 64
+_SEPARATOR = "\x1e"  # between messages: no text a client sends renders the same across it
+
+
+def rendered(endpoint: str, payload: dict[str, Any]) -> str:
+    """Return the prompt's text in the order the backend renders it, or '' where it has none
+    to cache (embeddings, token-id prompts)."""
+    if endpoint == "chat":
+        parts = []
+        for field in ("tools", "functions"):
+            if isinstance(payload.get(field), list) and payload[field]:
+                parts.append(orjson.dumps(payload[field]).decode())
+        for message in payload.get("messages") or ():
+            if isinstance(message, dict):
+                parts.append(f"{message.get('role')}:{_content(message)}")
+        return _SEPARATOR.join(parts)
+    if endpoint == "completions" and isinstance(payload.get("prompt"), str):
+        return payload["prompt"]
+    return ""
+
+
+def blocks(text: str, chars_per_token: float) -> tuple[int, ...]:
+    """Return the chained hashes of the whole blocks of `text` (each names its whole prefix)."""
+    size = max(1, round(BLOCK_TOKENS * chars_per_token))
+    whole = len(text) // size
+    if not whole:
+        return ()
+    running = hashlib.blake2b(digest_size=8)
+    found = []
+    for i in range(whole):
+        running.update(text[i * size : (i + 1) * size].encode())
+        # The running digest covers every block so far: the chain. 63 bits, so it is a
+        # non-negative int in every store (Redis, SQLite) the index may reach.
+        found.append(int.from_bytes(running.copy().digest(), "big") >> 1)
+    return tuple(found)
+
+
+def _content(message: dict[str, Any]) -> str:
+    content = message.get("content")
+    if isinstance(content, list):
+        content = "".join(
+            part.get("text", "") if isinstance(part, dict) else "" for part in content
+        )
+    calls = message.get("tool_calls")
+    if calls:
+        return f"{content or ''}{orjson.dumps(calls).decode()}"
+    return content if isinstance(content, str) else ""
