@@ -93,6 +93,11 @@ class Job:
         return min(self.output_tokens, 1 + self._batch.steps - self._join_step)
 
     @property
+    def done(self) -> bool:
+        """Say whether the job was served to its last token."""
+        return self.state is JobState.DONE
+
+    @property
     def finished(self) -> bool:
         """Say whether the job has left the device, served or cancelled."""
         return self.state is JobState.DONE or self.state is JobState.CANCELLED

@@ -1,7 +1,9 @@
 """The routing benchmark: replay a request trace through the real router on a virtual clock.
 
 - `trace`: read a trace (arrival, prompt tokens, generated tokens);
-- `world`: the simulated fleet, one simulator device per backend, which alone knows the truth;
+- `hardware`: what a replay asks of a hardware model, and loading one by its entry point name;
+- `world`: the simulated fleet, one device of the hardware model per backend, which alone knows
+  the truth;
 - `strategies`: the learned router and the baselines, all through `decide()`;
 - `learner`: the cost model learned online from the replay's measurements;
 - `timeline`: the discrete-event replay of one strategy;

@@ -13,6 +13,7 @@ from typing import Any
 
 from gateway.policy.load import load_policy
 from gateway.policy.model import Policy
+from gateway.replay.hardware import Hardware, load_hardware
 from gateway.replay.learner import WARM_OBSERVATIONS
 from gateway.replay.scenario import PLAIN, Scenario, ScenarioRates, load_scenario
 from gateway.replay.strategies import STRATEGIES, describe_order, orders, strategy_for
@@ -33,8 +34,10 @@ def benchmark(
     retrain_every: int = 200,
     scenario: Scenario = PLAIN,
     clock: Callable[[], float] = time.perf_counter,
+    hardware: Hardware | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """Return each strategy's figures on the trace, keyed by strategy name."""
+    """Return each strategy's figures on the trace, keyed by strategy name, on devices of
+    `hardware` (the simulator's by default)."""
     unknown = [s for s in strategies if s not in STRATEGIES]
     if unknown:
         raise ValueError(f"unknown strategies {unknown} (strategies: {', '.join(STRATEGIES)})")
@@ -44,6 +47,7 @@ def benchmark(
     phase = random.Random(seed).random()
     window_s = START_S + max((r.arrival_s for r in requests), default=0.0) + DRAIN_S
     models = sorted({r.model or MODEL for r in requests} or {MODEL})
+    hardware = hardware or load_hardware()
 
     def replay(name: str, serving: Policy) -> dict[str, Any]:
         rates = ScenarioRates(serving, scenario)
@@ -55,6 +59,7 @@ def benchmark(
             scenario=scenario,
             rates=rates,
             draw=random.Random(seed).random,
+            hardware=hardware,
         )
         run.run().finish(window_s)
         return summarize(run)

@@ -1,10 +1,11 @@
 """The oracle: a router that knows the truth, on the same timeline, slots and queues as the others.
 
-It reads what no router may: every device's true figures (the simulator profile) and its state
-now (the requests it runs and their contexts, the scenario's slowdown and power factor on it),
-each request's true output length, and the rates in force. For each request it prices every
-backend with a free slot by the request's true marginal cost there, the batch it creates
-included, under the accounting the replay charges every strategy (`gateway.replay.summary`):
+It reads what no router may: every device's own figures for one more request as it is now
+(`Device.marginal` of `gateway.replay.hardware`: the requests it runs and their contexts, the
+scenario's slowdown and power factor on it), each request's true output length, and the rates
+in force. For each request it prices every backend with a free slot by the request's true
+marginal cost there, the batch it creates included, under the accounting the replay charges
+every strategy (`gateway.replay.summary`):
 
     own     = prefill(p) + o · step(n + 1)                the request's slot time
     others  = n · o · (step(n + 1) − step(n))              the slot time it adds to the n others
@@ -12,13 +13,13 @@ included, under the accounting the replay charges every strategy (`gateway.repla
                                                   − step(n) · (P(n) − P(0)))
     cost    = energy · rate  +  (own + others) · usd_per_hour / 3600 / slots
 
-with step(n) the profile's decode step for n sequences reading their contexts (the request's
-own prompt added when it joins), P(n) the board power with n requests, both under the
-scenario's factors, and o its output tokens. Backends whose true prefill or step would miss the
-request's SLO come after the others; a pool's price is its cheapest backend's. It routes through
-`decide()`, so it cannot put more on a backend than its slots: it waits and falls back as the
-others do. It is a reference to measure routing against, not a bound no router can pass: it
-knows each request only as it arrives, not what comes after.
+with step(n) the device's decode step for n sequences reading their contexts (the request's
+own, half way through its answer, added when it joins), P(n) the board power with n requests,
+both under the scenario's factors, and o its output tokens. Backends whose true prefill or step
+would miss the request's SLO come after the others; a pool's price is its cheapest backend's. It
+routes through `decide()`, so it cannot put more on a backend than its slots: it waits and falls
+back as the others do. It is a reference to measure routing against, not a bound no router can
+pass: it knows each request only as it arrives, not what comes after.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 from gateway.fleet.state import PoolState
 from gateway.policy.model import Policy, Route
 from gateway.policy.tariffs import Rates
-from gateway.replay.world import SimulatedBackend, model_spec
+from gateway.replay.world import SimulatedBackend
 from gateway.routing.classify import RequestProfile
 from gateway.routing.ranking import Ranking
 
@@ -45,44 +46,23 @@ class Placement:
 
 def marginal(
     sim: SimulatedBackend,
+    model: str,
     prompt: int,
     output: int,
     usd_per_j: float,
     usd_per_slot_s: float,
     ttft_ms: float | None,
     tpot_ms: float | None,
-    scale: float,
 ) -> Placement:
     """Return the true marginal cost of a request on a backend as it is now (module docstring)."""
-    device, timing = sim.device, sim.profile.timing
-    slow, power = device.slow_factor, device.power_factor
-    n, decoding, context = device.active, device.decoding, device.context_tokens()
-    prefill = (
-        slow
-        * scale
-        * (
-            timing.prefill_fixed_ms / 1e3
-            + (timing.prefill_per_token_us + timing.host_transfer_per_token_us) / 1e6 * prompt
-            + timing.prefill_attention_ns / 1e9 * prompt * prompt
-        )
-    )
-
-    def step(sequences: int, tokens: int) -> float:
-        work = timing.decode_fixed_ms / 1e3 + timing.decode_per_seq_ms / 1e3 * max(sequences - 1, 0)
-        work += timing.kv_read_ns / 1e9 * max(0, tokens - timing.kv_fast_tokens)
-        return slow * scale * work
-
     # Mid-decode figures: the request's context half way through its answer, the others'.
-    mine = prompt + output // 2
-    before, after = step(decoding, context), step(decoding + 1, context + mine)
-    curve, idle = device.power, device.power.idle_w
-
-    def above_idle(k: int) -> float:
-        return (curve.watts(k) - idle) * power
-
+    figures = sim.device.marginal(model, prompt, prompt + output // 2)
+    prefill, decoding = figures.prefill_s, figures.decoding
+    before, after = figures.step_s, figures.joined_step_s
+    power, joined = figures.above_idle_w, figures.joined_above_idle_w
     decode = max(output - 1, 0)
-    energy = prefill * (above_idle(n + 1) - above_idle(n)) + decode * (
-        after * above_idle(n + 1) - (before * above_idle(n) if decoding else 0.0)
+    energy = prefill * (joined - power) + decode * (
+        after * joined - (before * power if decoding else 0.0)
     )
     slot_s = prefill + decode * after + decoding * decode * (after - before)
     meets = (ttft_ms is None or prefill * 1e3 <= ttft_ms) and (
@@ -112,13 +92,13 @@ class OracleRanker:
                 continue
             found = marginal(
                 sim,
+                profile.model,
                 profile.prompt_tokens,
                 output,
                 usd_per_j,
                 usd_per_slot_s,
                 profile.ttft_ms,
                 profile.tpot_ms,
-                model_spec(sim.profile, profile.model, self.policy).cost_scale,
             )
             if best is None or (not best.meets_slo, best.cost_usd) > (
                 not found.meets_slo,

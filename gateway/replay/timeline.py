@@ -2,9 +2,10 @@
 
 Time is virtual. The replay jumps from event to event: an arrival (routed by the real `decide()`),
 a queue deadline (the router's budget ran out: fall back, or reject), an energy-meter reading,
-and the devices' own events (prefills, decode steps, completions), which the simulator's engine
-processes. Events at the same instant run in this order: devices first, so a slot freed at t is
-free for a request arriving at t, then the meter, deadlines and arrivals.
+and the devices' own events (prefills, decode steps, completions), which the hardware model
+processes (`gateway.replay.hardware`). Events at the same instant run in this order: devices
+first, so a slot freed at t is free for a request arriving at t, then the meter, deadlines and
+arrivals.
 
 Admission follows the live gateway (`gateway/upstream/forward.py`, `gateway/fleet/admission.py`): a
 decision with a backend takes one of its slots at once; a decision to queue waits in the pool's
@@ -35,13 +36,13 @@ from gateway.fleet.state import Fleet, PoolState
 from gateway.policy.model import Policy, Route
 from gateway.records.requests import ms
 from gateway.records.slo import meets_slo, tpot_s
+from gateway.replay.hardware import Hardware, Job, load_hardware
 from gateway.replay.scenario import PLAIN, Scenario, ScenarioRates
 from gateway.replay.strategies import Strategy
 from gateway.replay.trace import TraceRequest
-from gateway.replay.world import SimulatedBackend, build_world, model_spec
+from gateway.replay.world import SimulatedBackend, build_world
 from gateway.routing.classify import RequestProfile
 from gateway.routing.router import decide, pick_backend
-from simulator.device import Job, JobState
 
 MODEL = "llama-3.1-8b-instruct"
 # Traffic starts this long after the meter's first reading, as the live meter takes a baseline
@@ -100,7 +101,7 @@ class Passage:
 
     @property
     def served(self) -> bool:
-        return self.job is not None and self.job.state is JobState.DONE
+        return self.job is not None and self.job.done
 
     @property
     def ttft_s(self) -> float | None:
@@ -139,7 +140,8 @@ class Passage:
 
 
 class Replay:
-    """Replay a trace through one strategy's router against a fresh simulated fleet."""
+    """Replay a trace through one strategy's router against a fresh fleet of `hardware`'s
+    devices (the simulator's by default)."""
 
     def __init__(
         self,
@@ -152,6 +154,7 @@ class Replay:
         scenario: Scenario = PLAIN,
         rates: ScenarioRates | None = None,
         draw: Callable[[], float] | None = None,
+        hardware: Hardware | None = None,
     ):
         self.strategy = strategy
         # What the live gateway draws per request (a canary's share, exploring), seeded here.
@@ -166,7 +169,7 @@ class Replay:
         self.model = model
         self.models = sorted({r.model or model for r in requests} or {model})
         self.fleet = Fleet(self.policy)
-        self.world = build_world(self.policy, self.fleet, self.models)
+        self.world = build_world(self.policy, self.fleet, self.models, hardware or load_hardware())
         self.passages = [
             Passage(str(i), START_S + r.arrival_s, r, request_profile(self.policy, r, model))
             for i, r in enumerate(requests)
@@ -185,11 +188,6 @@ class Replay:
         self._finished: list[Passage] = []
         self._unsettled: dict[str, Passage] = {}
         self._in_service = 0
-        self._specs = {
-            (name, m): model_spec(sim.profile, m, self.policy)
-            for name, sim in self.world.items()
-            for m in self.models
-        }
         if strategy.oracle is not None:
             strategy.oracle.world = self.world  # the oracle reads the truth the others measure
         self._condition(0.0)
@@ -319,20 +317,15 @@ class Replay:
         passage.admitted_s = now
         passage.concurrent = sim.state.in_flight
         passage.context_tokens = sim.state.kv_tokens(per_token)
-        passage.job = Job(
-            self._specs[(sim.state.name, model)],
-            request.prompt_tokens,
-            request.output_tokens,
-            on_progress=lambda: self._progress(passage),
-        )
         if self.metered:
             sim.ledger.open(passage.key, now)
-        sim.device.submit(passage.job, now)
-
-    def _progress(self, passage: Passage) -> None:
-        job = passage.job
-        if job is not None and job.state is JobState.DONE:
-            self._finished.append(passage)
+        passage.job = sim.device.submit(
+            model,
+            request.prompt_tokens,
+            request.output_tokens,
+            now,
+            on_done=lambda: self._finished.append(passage),
+        )
 
     def _complete(self, passage: Passage) -> None:
         sim, job = passage.backend, passage.job

@@ -5,8 +5,8 @@ endpoint, streaming, prompt and completion tokens), are replayed on a virtual cl
 real router and a learning cost model (gateway/replay/),
 once under the active policy and once under the proposed one, and the two are compared: energy,
 cost, SLO attainment and pool shares. The replay's devices follow the simulator's physics for
-each pool's kind, so on a real fleet read the differences between the policies, not the
-absolute figures.
+each pool's kind (its hardware model, gateway/replay/hardware.py), so on a real fleet read the
+differences between the policies, not the absolute figures.
 """
 
 from __future__ import annotations

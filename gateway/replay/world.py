@@ -1,11 +1,12 @@
-"""The simulated world a replay runs against: a simulator device per backend of each live pool
-that serves the replayed model (a pool of other models would only idle, and the oracle leaves it
-out of the fleet too).
+"""The simulated world a replay runs against: a device of the hardware model per backend of
+each live pool that serves the replayed model (a pool of other models would only idle, and the
+oracle leaves it out of the fleet too).
 
 The world is the only part of a replay that knows the hardware's true figures: each backend is a
-`simulator.device.Device` built from the bundled simulator profile of its pool's kind, so its
-timing and power are the simulator's, not the policy's nominal ones. The router sees the world
-only as the live gateway does: slots it counts itself, and an energy counter it reads.
+device the hardware model (`gateway.replay.hardware`; the simulator's by default) builds for its
+pool's kind, so its timing and power are the hardware model's, not the policy's nominal ones.
+The router sees the world only as the live gateway does: slots it counts itself, and an energy
+counter it reads.
 """
 
 from __future__ import annotations
@@ -17,9 +18,7 @@ from gateway.fleet.state import BackendState, Fleet
 from gateway.policy.model import Policy
 from gateway.policy.tariffs import Rate
 from gateway.records.energy import BackendLedger
-from simulator.device import Device
-from simulator.power import PowerCurve
-from simulator.profile import ModelSpec, Profile, load_profile
+from gateway.replay.hardware import Device, Hardware
 
 
 @dataclass(eq=False, slots=True)
@@ -28,7 +27,6 @@ class SimulatedBackend:
 
     state: BackendState
     device: Device
-    profile: Profile
     ledger: BackendLedger
     slot_s: float = 0.0  # slot-seconds its requests held, admission to last token
     # Its energy above idle priced at the rate in force when it was drawn (the scenario's
@@ -50,40 +48,20 @@ class SimulatedBackend:
         return self.device.energy_j - self.device.idle_energy_j
 
 
-def model_spec(profile: Profile, model: str, policy: Policy | None = None) -> ModelSpec:
-    """Return the simulator's figures for a model on a profile.
-
-    A model the simulator does not know (a real fleet's names) costs what its size in the
-    policy's `models` says against the 8B reference, as a chat model.
-    """
-    spec = profile.model(model)
-    if spec is not None:
-        return spec
-    if policy is None:
-        known = ", ".join(m.name for m in profile.models)
-        raise ValueError(f"simulator profile {profile.name!r} does not serve {model!r} ({known})")
-    return ModelSpec(name=model, kind="chat", cost_scale=policy.params_b(model) / 8.0)
-
-
-def profile_for(kind: str) -> Profile:
-    """Return the bundled simulator profile of a hardware kind (gpu, asic, cim)."""
-    return load_profile(kind)
-
-
 def build_world(
-    policy: Policy, fleet: Fleet, models: Collection[str]
+    policy: Policy, fleet: Fleet, models: Collection[str], hardware: Hardware
 ) -> dict[str, SimulatedBackend]:
-    """Put a fresh simulated device behind every backend of every live pool serving `models`."""
+    """Put a fresh device of `hardware` behind every backend of every live pool serving `models`."""
+    sizes = {model: policy.params_b(model) for model in models}
     world: dict[str, SimulatedBackend] = {}
     for pool in fleet.pools.values():
         if not pool.spec.live:
             continue  # shadow-only pools serve nothing live, and shadow copies are not replayed
         if not set(models) & set(pool.spec.models):
             continue  # the router never sends it a request of the trace
-        profile = profile_for(pool.spec.kind)
         for backend in pool.backends:
-            device = Device(len(world), profile.timing, profile.slots, PowerCurve(profile.power))
+            device = hardware.device(pool.spec.kind, sizes)
             # The gateway starts from the pool's nominal idle draw and learns the real one.
             ledger = BackendLedger(idle_w=pool.spec.power.idle_w)
-            world[backend.name] = SimulatedBackend(backend, device, profile, ledger)
+            world[backend.name] = SimulatedBackend(backend, device, ledger)
     return world
