@@ -47,8 +47,7 @@ class BackendBlocks:
 class PrefixIndex:
     """The prefix blocks each backend holds, as the gateway last saw them."""
 
-    def __init__(self, block_tokens: int) -> None:
-        self.block_tokens = block_tokens  # gateway/routing/prefix.py's BLOCK_TOKENS
+    def __init__(self) -> None:
         self._backends: dict[str, BackendBlocks] = {}
 
     def configure(self, capacities: dict[str, int]) -> None:
@@ -65,17 +64,22 @@ class PrefixIndex:
                 self._evict(known)
 
     def cached(self, backend: str, blocks: Sequence[int]) -> int:
-        """Return how many of a prompt's leading blocks the backend holds."""
+        """Return how many of a prompt's leading blocks the backend holds.
+
+        What a backend holds of one prompt is always a prefix of it (`sent`), so the count is
+        found by bisection: a few lookups for a prompt of thousands of blocks.
+        """
         known = self._backends.get(backend)
-        if known is None:
+        if known is None or not blocks or blocks[0] not in known.held:
             return 0
-        held = known.held
-        count = 0
-        for block in blocks:
-            if block not in held:
-                break
-            count += 1
-        return count
+        held, low, high = known.held, 1, len(blocks)
+        while low < high:  # blocks[:low] are held; blocks[high:] are not known to be
+            mid = (low + high + 1) // 2
+            if blocks[mid - 1] in held:
+                low = mid
+            else:
+                high = mid - 1
+        return low
 
     def sent(self, backend: str, blocks: Sequence[int]) -> None:
         """Record that the backend now holds a prompt's blocks (it computed or reused them)."""
@@ -83,19 +87,21 @@ class PrefixIndex:
         if known is None or not blocks:
             return
         held = known.held
-        for block in blocks:
+        # Last block first, so a prompt's first block is its most recently used and its tail
+        # goes first, as engines free a request's blocks (vLLM frees them in reverse): a block
+        # is never more recent than the one before it, so what is held of a prompt is a prefix.
+        for block in reversed(blocks):
             held[block] = None
             held.move_to_end(block)
         self._evict(known)
 
-    def reported(self, backend: str, expected_blocks: int, cached_tokens: int) -> None:
-        """Correct the backend's trust from an answer: the engine found `cached_tokens` of the
-        prompt cached where the index expected `expected_blocks` blocks."""
+    def reported(self, backend: str, expected: int, found: int) -> None:
+        """Correct the backend's trust from an answer: the engine found `found` blocks of the
+        prompt cached where the index expected `expected`."""
         known = self._backends.get(backend)
         if known is None:
             return
-        found = cached_tokens // self.block_tokens
-        if found < expected_blocks:
+        if found < expected:
             known.scale = max(MIN_SCALE, known.scale * SHRINK)
             self._evict(known)
         else:

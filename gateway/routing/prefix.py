@@ -7,10 +7,11 @@ llama.cpp's per-slot prompt cache match the same way: a prefix), so two prompts 
 blocks exactly as far as they share a prefix. The gateway does not tokenize as each engine
 does; it hashes the prompt's text as the backend will render it (each message's role and
 content in order, tool definitions first, as chat templates put them in the system turn) in
-blocks of `BLOCK_TOKENS` tokens at the model's characters per token. The same prefix gives the
+blocks of `BLOCK_CHARS` characters, `BLOCK_TOKENS` tokens of English. The same prefix gives the
 same blocks in every replica (the hash is keyed, not Python's per-process `hash`), and a
 request's k-th block matches only where everything before it does. A block counts only when
-it is whole, as an engine caches only whole blocks.
+it is whole, as an engine caches only whole blocks. How many tokens a block holds is the
+prompt's own: its estimated tokens over its characters (`block_tokens`).
 
 Pure: text in, hashes out. The index of which backend holds which block is
 gateway/fleet/prefixes.py.
@@ -27,6 +28,7 @@ import orjson
 # 128k tokens at 2,000 hashes while a repeated system prompt of a few hundred tokens still
 # spans several blocks.
 BLOCK_TOKENS = 64
+BLOCK_CHARS = 256  # BLOCK_TOKENS at English's 4 characters a token (gateway/routing/classify.py)
 _SEPARATOR = "\x1e"  # between messages: no text a client sends renders the same across it
 
 
@@ -47,9 +49,9 @@ def rendered(endpoint: str, payload: dict[str, Any]) -> str:
     return ""
 
 
-def blocks(text: str, chars_per_token: float) -> tuple[int, ...]:
+def blocks(text: str) -> tuple[int, ...]:
     """Return the chained hashes of the whole blocks of `text` (each names its whole prefix)."""
-    size = max(1, round(BLOCK_TOKENS * chars_per_token))
+    size = BLOCK_CHARS
     whole = len(text) // size
     if not whole:
         return ()
@@ -61,6 +63,11 @@ def blocks(text: str, chars_per_token: float) -> tuple[int, ...]:
         # non-negative int in every store (Redis, SQLite) the index may reach.
         found.append(int.from_bytes(running.copy().digest(), "big") >> 1)
     return tuple(found)
+
+
+def block_tokens(prompt_tokens: int, text: str) -> float:
+    """Return the tokens one block of a prompt holds: its estimate spread over its text."""
+    return prompt_tokens * BLOCK_CHARS / len(text) if text else 0.0
 
 
 def _content(message: dict[str, Any]) -> str:

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from random import Random
+
 from gateway.fleet.prefixes import PrefixIndex, capacity_blocks
 
 BLOCK = 64
 
 
 def index(**capacities: int) -> PrefixIndex:
-    found = PrefixIndex(BLOCK)
+    found = PrefixIndex()
     found.configure(capacities)
     return found
 
@@ -30,15 +32,18 @@ def test_the_least_recently_used_blocks_go_first_when_the_backend_is_full() -> N
     idx.sent("asic", [20, 21, 22])
     assert idx.held("asic") == 6
     assert idx.cached("asic", [1, 2, 3]) == 3 and idx.cached("asic", [10]) == 0
+    # A prompt's tail goes before its head: what is left of it is still a prefix.
+    idx.sent("asic", [30, 31])
+    assert idx.cached("asic", [1, 2, 3]) == 1 and idx.cached("asic", [20, 21, 22]) == 3
 
 
 def test_an_engine_that_found_less_than_expected_shrinks_what_the_index_trusts() -> None:
     idx = index(gpu=100)
     idx.sent("gpu", list(range(100)))
-    idx.reported("gpu", expected_blocks=50, cached_tokens=10 * BLOCK)
+    idx.reported("gpu", expected=50, found=10)
     assert idx.scale("gpu") == 0.8 and idx.held("gpu") == 80
     for _ in range(20):
-        idx.reported("gpu", expected_blocks=5, cached_tokens=5 * BLOCK)
+        idx.reported("gpu", expected=5, found=5)
     assert idx.scale("gpu") == 1.0  # grown back, never past the declared capacity
 
 
@@ -47,7 +52,7 @@ def test_a_new_policy_sets_capacities_and_forgets_removed_backends() -> None:
     idx.sent("gpu", list(range(10)))
     idx.sent("cim", [1])
     idx.configure({"gpu": 4})
-    assert idx.held("gpu") == 4 and idx.cached("gpu", [6, 7, 8, 9]) == 4
+    assert idx.held("gpu") == 4 and idx.cached("gpu", [0, 1, 2, 3, 4]) == 4
     assert idx.held("cim") == 0
 
 
@@ -55,3 +60,16 @@ def test_capacity_in_blocks_comes_from_kv_memory_and_bytes_per_token() -> None:
     # 40 GB of KV at 131,072 bytes a token (8B, bf16): 305k tokens, 4,768 blocks of 64.
     assert capacity_blocks(40e9, 131_072, BLOCK) == 4768
     assert capacity_blocks(float("inf"), 131_072, BLOCK) == 0
+
+
+def test_what_is_held_of_a_prompt_is_always_a_prefix_so_bisection_counts_it() -> None:
+    rng = Random(7)
+    idx = index(gpu=40)
+    # Conversations that grow turn by turn and share a system prompt's first blocks.
+    prompts = [[0, 1, *range(100 * c, 100 * c + rng.randint(1, 30))] for c in range(1, 12)]
+    for _ in range(400):
+        prompt = rng.choice(prompts)
+        idx.sent("gpu", prompt[: rng.randint(1, len(prompt))])
+        for other in prompts:
+            linear = next((i for i, b in enumerate(other) if idx.cached("gpu", [b]) == 0), None)
+            assert idx.cached("gpu", other) == (len(other) if linear is None else linear)

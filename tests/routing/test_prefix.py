@@ -3,7 +3,7 @@ from its block on."""
 
 from __future__ import annotations
 
-from gateway.routing.prefix import BLOCK_TOKENS, blocks, rendered
+from gateway.routing.prefix import BLOCK_CHARS, blocks, rendered
 
 SYSTEM = "You are a careful assistant for the routing team. " * 40  # about 500 tokens
 
@@ -17,8 +17,8 @@ def chat(*turns: str, tools: list | None = None) -> dict:
 
 
 def test_a_conversation_shares_its_earlier_turns_blocks_with_its_next_request() -> None:
-    first = blocks(rendered("chat", chat("What is a slot?")), 4.0)
-    second = blocks(rendered("chat", chat("What is a slot?", "A slice.", "And a pool?")), 4.0)
+    first = blocks(rendered("chat", chat("What is a slot?")))
+    second = blocks(rendered("chat", chat("What is a slot?", "A slice.", "And a pool?")))
     assert len(first) >= 7 and second[: len(first)] == first
     assert len(second) >= len(first)
 
@@ -26,8 +26,8 @@ def test_a_conversation_shares_its_earlier_turns_blocks_with_its_next_request() 
 def test_a_different_system_prompt_shares_nothing_after_the_first_difference() -> None:
     base = rendered("chat", chat("hello"))
     other = base[:600] + "X" + base[601:]
-    a, b = blocks(base, 4.0), blocks(other, 4.0)
-    size = BLOCK_TOKENS * 4
+    a, b = blocks(base), blocks(other)
+    size = BLOCK_CHARS
     same = 600 // size
     assert a[:same] == b[:same]
     # Chained: every block from the changed one on differs, though their own text is equal.
@@ -35,9 +35,9 @@ def test_a_different_system_prompt_shares_nothing_after_the_first_difference() -
 
 
 def test_only_whole_blocks_count_and_tools_come_first() -> None:
-    size = BLOCK_TOKENS * 4
-    assert blocks("a" * (size - 1), 4.0) == ()
-    assert len(blocks("a" * (2 * size + 5), 4.0)) == 2
+    size = BLOCK_CHARS
+    assert blocks("a" * (size - 1)) == ()
+    assert len(blocks("a" * (2 * size + 5))) == 2
     tools = [{"type": "function", "function": {"name": "lookup", "parameters": {}}}]
     assert rendered("chat", chat("hi", tools=tools)).startswith('[{"type":"function"')
 
@@ -50,4 +50,4 @@ def test_prompts_with_nothing_to_cache_have_no_blocks() -> None:
 
 def test_the_hashes_are_the_same_in_every_process() -> None:
     # Replicas share the index: the hash may not be Python's salted one.
-    assert blocks("z" * BLOCK_TOKENS * 4, 4.0) == (9072716403249153206,)
+    assert blocks("z" * BLOCK_CHARS) == (9072716403249153206,)
