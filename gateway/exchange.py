@@ -40,6 +40,10 @@ class Exchange:
     tokens_seen: int = 0
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    # The prompt tokens the backend found in its prefix cache, as its usage said (None: unsaid),
+    # and the prefix blocks the gateway's index expected it to hold.
+    cached_tokens: int | None = None
+    expected_blocks: int = 0
     response_started: bool = False
     status: int = 0
     error: str | None = None

@@ -25,6 +25,10 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+# Tokens of a block of the live gateway's prompts (gateway/routing/prefix.py). Engines use 16
+# (vLLM) to 512 (Mooncake's traces); 64 keeps a prompt of 128k tokens at 2,000 hashes while a
+# repeated system prompt of a few hundred tokens still spans several blocks.
+BLOCK_TOKENS = 64
 ENTRY_BYTES = 105  # one block in an OrderedDict, its int key included (tracemalloc, 100k blocks)
 MIN_SCALE = 0.05  # the index keeps at least this share of the declared capacity
 SHRINK, GROW = 0.8, 1.05  # per mispredicted answer, per answer that found what was expected
@@ -124,7 +128,9 @@ class PrefixIndex:
             held.popitem(last=False)
 
 
-def capacity_blocks(kv_capacity_bytes: float, kv_bytes_per_token: float, block_tokens: int) -> int:
+def capacity_blocks(
+    kv_capacity_bytes: float, kv_bytes_per_token: float, block_tokens: int = BLOCK_TOKENS
+) -> int:
     """Return the prefix blocks of `block_tokens` tokens a backend's KV memory holds."""
     if kv_capacity_bytes == float("inf") or kv_bytes_per_token <= 0:
         return 0

@@ -10,6 +10,7 @@ import asyncio
 from collections import deque
 from dataclasses import dataclass, field
 
+from gateway.fleet.prefixes import BLOCK_TOKENS, PrefixIndex, capacity_blocks
 from gateway.policy import credentials
 from gateway.policy.credentials import Access
 from gateway.policy.model import Backend, Policy, Pool
@@ -164,28 +165,42 @@ class Waiter:
 
 @dataclass(eq=False, slots=True)
 class PoolState:
-    """A pool's backends and the requests waiting, in arrival order, for one of its slots."""
+    """A pool's backends, the requests waiting, in arrival order, for one of its slots, and the
+    fleet's index of the prompt prefixes its backends hold."""
 
     name: str
     spec: Pool
     backends: list[BackendState]
     waiters: deque[Waiter] = field(default_factory=deque)
+    prefixes: PrefixIndex = field(default_factory=PrefixIndex)
 
     def healthy(self) -> list[BackendState]:
         return [b for b in self.backends if not b.ejected]
 
     def most_free(
-        self, exclude: frozenset[str] = frozenset(), kv_bytes: float = 0.0
+        self,
+        exclude: frozenset[str] = frozenset(),
+        kv_bytes: float = 0.0,
+        blocks: tuple[int, ...] = (),
     ) -> BackendState | None:
-        """Return the healthy backend with the most free slots and room for kv_bytes, or None."""
-        best = None
+        """Return the healthy backend with room for kv_bytes that serves the request soonest,
+        or None.
+
+        Without prefix blocks, the one with the most free slots. With them, the one whose
+        prefill is least delayed: the blocks it must compute (those it does not hold, plus one
+        for the request itself) times the requests it runs (LMetric's uncached prefill tokens
+        times batch size, arXiv 2603.15202), then the most free slots.
+        """
+        best, best_key = None, (0, 0)
         for backend in self.backends:
             if backend.ejected or backend.free_slots <= 0 or backend.name in exclude:
                 continue
             if not backend.fits(kv_bytes):
                 continue
-            if best is None or backend.free_slots > best.free_slots:
-                best = backend
+            uncached = len(blocks) - self.prefixes.cached(backend.name, blocks) if blocks else 0
+            key = ((uncached + 1) * (backend.load + 1) if blocks else 0, -backend.free_slots)
+            if best is None or key < best_key:
+                best, best_key = backend, key
         return best
 
 
@@ -197,16 +212,40 @@ class Fleet:
     it (routing simulations, tests) backends carry no credentials.
     """
 
-    def __init__(self, policy: Policy, access: Access | None = None):
+    def __init__(
+        self,
+        policy: Policy,
+        access: Access | None = None,
+        prefixes: PrefixIndex | None = None,
+        block_tokens: int = BLOCK_TOKENS,
+    ):
         if access is not None:
             access.require(policy)
         self.access = access
+        # Which backend holds which prompt prefix, in blocks of `block_tokens` (a replayed
+        # trace's may be other than the live gateway's); kept across policy versions.
+        self.prefixes = prefixes if prefixes is not None else PrefixIndex()
+        self.block_tokens = block_tokens
         self.pools: dict[str, PoolState] = {
             name: PoolState(
-                name, spec, [backend_state(b, name, spec, access) for b in spec.backends]
+                name,
+                spec,
+                [backend_state(b, name, spec, access) for b in spec.backends],
+                prefixes=self.prefixes,
             )
             for name, spec in policy.pools.items()
         }
+        self.prefixes.configure(
+            {
+                backend.name: capacity_blocks(
+                    spec.kv_capacity_bytes(),
+                    max(policy.kv_bytes_per_token(m) for m in spec.models),
+                    block_tokens,
+                )
+                for name, spec in policy.pools.items()
+                for backend in spec.backends
+            }
+        )
 
     def backends(self) -> list[BackendState]:
         return [b for p in self.pools.values() for b in p.backends]
@@ -221,7 +260,7 @@ class Fleet:
         serve raises PolicyError before anything changes.
         """
         known = {b.url: b for b in self.backends()}
-        fleet = Fleet(policy, self.access)
+        fleet = Fleet(policy, self.access, self.prefixes, self.block_tokens)
         for name, pool in fleet.pools.items():
             for i, fresh in enumerate(pool.backends):
                 kept = known.pop(fresh.url, None)

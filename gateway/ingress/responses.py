@@ -30,6 +30,7 @@ import orjson
 from gateway.compare.events import EventReader
 from gateway.errors import InvalidRequest
 from gateway.upstream.asgi import Message, Send
+from gateway.upstream.usage import cached
 
 _FORMATS = {"json_object", "json_schema", "text"}
 
@@ -425,7 +426,7 @@ class ResponsesRelay:
             "output": output,
             "usage": {
                 "input_tokens": usage.get("prompt_tokens", 0),
-                "input_tokens_details": {"cached_tokens": _cached(usage)},
+                "input_tokens_details": {"cached_tokens": cached(usage) or 0},
                 "output_tokens": usage.get("completion_tokens", 0),
                 "output_tokens_details": {"reasoning_tokens": 0},
                 "total_tokens": usage.get("total_tokens", 0),
@@ -438,10 +439,3 @@ class ResponsesRelay:
         event = {"type": kind, "sequence_number": self._sequence, **fields}
         self._sequence += 1
         return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
-
-
-def _cached(usage: dict[str, Any]) -> int:
-    """Return the prompt tokens a chat answer's usage says came from the engine's cache."""
-    details = usage.get("prompt_tokens_details")
-    cached = details.get("cached_tokens") if isinstance(details, dict) else None
-    return cached if isinstance(cached, int) and not isinstance(cached, bool) else 0

@@ -11,6 +11,7 @@ import orjson
 
 from gateway.errors import InvalidRequest, SloNotAllowed, Unauthorized, shown
 from gateway.policy.model import Policy, Tenant
+from gateway.routing import prefix
 
 ENDPOINTS = {
     "/v1/chat/completions": "chat",
@@ -63,6 +64,14 @@ class RequestProfile:
     sequences: int = 1
     # The estimator's ratio for the model when prompt_tokens was estimated (TokenEstimator.observe).
     token_ratio: float = 1.0
+    # The prompt's prefix blocks, as engines key their KV cache (gateway/routing/prefix.py), and
+    # the tokens one holds: what a backend holding the first k has cached is k * block_tokens.
+    blocks: tuple[int, ...] = ()
+    block_tokens: float = 0.0
+
+    def cached_tokens(self, blocks_held: int) -> int:
+        """Return the prompt tokens a backend holding its first `blocks_held` blocks has cached."""
+        return min(self.prompt_tokens, round(blocks_held * self.block_tokens))
 
 
 def text_tokens(text: str) -> float:
@@ -302,10 +311,12 @@ def classify(
             param="x-slo-ttft-ms" if ttft is not None else "x-slo-tpot-ms",
         )
     max_tokens = None if endpoint == "embeddings" else _max_tokens(payload)
+    prompt_tokens = estimator.estimate(model, raw_tokens)
+    text = prefix.rendered(endpoint, payload)
     return RequestProfile(
         endpoint=endpoint,
         model=model,
-        prompt_tokens=estimator.estimate(model, raw_tokens),
+        prompt_tokens=prompt_tokens,
         token_ratio=estimator.ratio(model),
         max_tokens=max_tokens,
         sequences=1 if endpoint == "embeddings" else _sequences(payload, max_tokens),
@@ -315,4 +326,6 @@ def classify(
         e2e_ms=slo.e2e_ms,
         tenant=tenant.name if tenant is not None else "anonymous",
         stream=stream,
+        blocks=prefix.blocks(text),
+        block_tokens=prefix.block_tokens(prompt_tokens, text),
     )

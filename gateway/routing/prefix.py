@@ -24,11 +24,10 @@ from typing import Any
 
 import orjson
 
-# Tokens of a block. Engines use 16 (vLLM) to 512 (Mooncake's traces); 64 keeps a prompt of
-# 128k tokens at 2,000 hashes while a repeated system prompt of a few hundred tokens still
-# spans several blocks.
-BLOCK_TOKENS = 64
-BLOCK_CHARS = 256  # BLOCK_TOKENS at English's 4 characters a token (gateway/routing/classify.py)
+from gateway.fleet.prefixes import BLOCK_TOKENS
+
+# BLOCK_TOKENS at English's 4 characters a token (gateway/routing/classify.py).
+BLOCK_CHARS = BLOCK_TOKENS * 4
 _SEPARATOR = "\x1e"  # between messages: no text a client sends renders the same across it
 
 
@@ -74,7 +73,9 @@ def _content(message: dict[str, Any]) -> str:
     content = message.get("content")
     if isinstance(content, list):
         content = "".join(
-            part.get("text", "") if isinstance(part, dict) else "" for part in content
+            part["text"]
+            for part in content
+            if isinstance(part, dict) and isinstance(part.get("text"), str)
         )
     calls = message.get("tool_calls")
     if calls:

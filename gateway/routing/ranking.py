@@ -100,14 +100,17 @@ class CostRanker:
         own: int,
     ) -> Prediction:
         """Predict on one pool the request whose KV cache holds `own` tokens of `per_token`
-        bytes (`_kv_share`, the same for every pool of a decision)."""
+        bytes (`_kv_share`, the same for every pool of a decision), on the backend the router
+        would choose there (the one holding most of its prefix, for its load)."""
         rate = self.rates(pool.name) if self.rates is not None else None
         pool_model = model.pool_model(pool.name, profile.model)
-        backend = pool.most_free()
+        backend = pool.most_free(blocks=profile.blocks)
         if backend is not None:
+            # Its prefill computes only what the backend does not hold of the prompt.
+            held = pool.prefixes.cached(backend.name, profile.blocks) if profile.blocks else 0
             return pool_model.predict(
                 pool.name,
-                profile.prompt_tokens,
+                max(1, profile.prompt_tokens - profile.cached_tokens(held)),
                 output,
                 backend.load + 1,
                 0.0,

@@ -236,9 +236,9 @@ def decide(
         trace.append((ranked[0].name, f"queued: waits up to {budget_ms:.0f} ms for a slot"))
         return decision(None, ranked[0])
     for pool in ranked:
-        backend = pool.most_free(kv_bytes=kv)
+        backend = pool.most_free(kv_bytes=kv, blocks=profile.blocks)
         if backend is not None:
-            trace.append((pool.name, f"chosen: {backend.name} has {backend.free_slots} free slots"))
+            trace.append((pool.name, _chosen(pool, backend, profile)))
             return decision(backend)
         trace.append((pool.name, _full_reason(pool)))
     for pool in ranked:
@@ -250,9 +250,9 @@ def decide(
         pool = fleet.pools[route.fallback]
         unfit = _unfit(pool, profile, need, kv)
         if unfit is None:
-            backend = pool.most_free(kv_bytes=kv)
+            backend = pool.most_free(kv_bytes=kv, blocks=profile.blocks)
             if backend is not None:
-                trace.append((pool.name, f"fallback: {backend.name} has a free slot"))
+                trace.append((pool.name, f"fallback: {_chosen(pool, backend, profile)}"))
                 return decision(backend)
             if _queue_room(pool, budget_ms):
                 trace.append((pool.name, f"fallback queued: waits up to {budget_ms:.0f} ms"))
@@ -297,7 +297,19 @@ def pick_backend(
     kv = tokens_at_most(profile, policy) * policy.kv_bytes_per_token(profile.model)
     for pool in _candidates(route, fleet, with_fallback=True):
         if _unfit(pool, profile, need, kv) is None:
-            backend = pool.most_free(exclude, kv)
+            backend = pool.most_free(exclude, kv, profile.blocks)
             if backend is not None:
                 return backend
     return None
+
+
+def _chosen(pool: PoolState, backend: BackendState, profile: RequestProfile) -> str:
+    """Say why a backend was chosen: its free slots, and what it holds of the prompt."""
+    said = f"chosen: {backend.name} has {backend.free_slots} free slots"
+    if profile.blocks:
+        held = pool.prefixes.cached(backend.name, profile.blocks)
+        said += (
+            f", holds {held} of the prompt's {len(profile.blocks)} prefix blocks"
+            f" (~{profile.cached_tokens(held)} tokens cached)"
+        )
+    return said

@@ -479,11 +479,11 @@ class Mirror:
         completion = candidate.completion_tokens
         if outcome.error is None and usage.counts_one_choice(outcome.engine):
             # The answer's usage counts its first choice: count every one.
-            _, completion = (
+            completion = (
                 usage.streamed(outcome.data, outcome.engine)
                 if job.stream
                 else usage.whole(outcome.data, outcome.engine, job.max_tokens, job.token_ratio)
-            )
+            ).completion
         if completion is None and job.stream and outcome.error is None:
             completion = outcome.tokens
         record = ShadowRecord(

@@ -107,6 +107,12 @@ class Forwarder:
         ex.concurrent = backend.load
         ex.context_tokens = backend.kv_tokens(policy.kv_bytes_per_token(ex.model))
         ex.prediction = self._prediction(ex, backend, fleet)
+        profile = ex.profile
+        assert profile is not None  # _admit holds it to a decision made from one
+        blocks = profile.blocks
+        if blocks:
+            ex.expected_blocks = fleet.prefixes.cached(backend.name, blocks)
+            fleet.prefixes.sent(backend.name, blocks)
         engine = policy.pools[backend.pool].engine if backend.pool in policy.pools else None
         try:
             if chunks is not None:
@@ -119,6 +125,9 @@ class Forwarder:
                 await chunks.aclose()  # type: ignore[attr-defined]
             response.release()
             self.admission.release(slot)
+            if blocks and ex.cached_tokens is not None and profile.block_tokens:
+                found = int(ex.cached_tokens / profile.block_tokens)
+                fleet.prefixes.reported(backend.name, ex.expected_blocks, found)
 
     async def _admit(self, ex: Exchange, policy: Policy, fleet: Fleet) -> Slot:
         decision = ex.decision
@@ -299,7 +308,7 @@ class Forwarder:
             if ex.captured is not None:
                 ex.captured.append(body)
             assert ex.profile is not None
-            ex.prompt_tokens, ex.completion_tokens = usage.whole(
+            ex.prompt_tokens, ex.completion_tokens, ex.cached_tokens = usage.whole(
                 body, engine, ex.profile.max_tokens, ex.profile.token_ratio
             )
         else:
@@ -359,7 +368,6 @@ class Forwarder:
             ex.last_token_at = tally.last_token_at
         ex.tokens_seen = tally.tokens
         if tally.usage is not None:
-            ex.prompt_tokens = tally.usage.get("prompt_tokens")
-            ex.completion_tokens = tally.usage.get("completion_tokens")
+            ex.prompt_tokens, ex.completion_tokens, ex.cached_tokens = usage.of(tally.usage)
         else:
             ex.completion_tokens = tally.tokens

@@ -24,7 +24,7 @@ generated:
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -39,41 +39,59 @@ def counts_one_choice(engine: str | None) -> bool:
     return engine in ONE_CHOICE
 
 
+class Used(NamedTuple):
+    """What an answer's usage says: its prompt and completion tokens, and the prompt tokens
+    the engine found in its prefix cache; None where it does not say."""
+
+    prompt: int | None = None
+    completion: int | None = None
+    cached: int | None = None
+
+
 def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def whole(
-    body: bytes, engine: str | None, max_tokens: int | None, ratio: float
-) -> tuple[int | None, int | None]:
-    """Return (prompt_tokens, completion_tokens) of a whole answer, every choice counted;
-    None where the answer does not say (or is not JSON)."""
-    try:
-        doc = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return None, None
-    usage = doc.get("usage") if isinstance(doc, dict) else None
-    if not isinstance(usage, dict):
-        return None, None
-    prompt, completion = _int(usage.get("prompt_tokens")), _int(usage.get("completion_tokens"))
-    choices = doc.get("choices")
-    if completion is None or not counts_one_choice(engine) or not isinstance(choices, list):
-        return prompt, completion
-    listed = [c for c in choices if isinstance(c, dict)]
-    counted = next((c for c in listed if c.get("index") == 0), listed[0] if listed else None)
-    return prompt, completion + sum(
-        choice_tokens(c, max_tokens, ratio) for c in listed if c is not counted
+def cached(usage: dict[str, Any]) -> int | None:
+    """Return the prompt tokens a usage says came from the engine's prefix cache
+    (`prompt_tokens_details.cached_tokens`, as OpenAI, vLLM, SGLang and llama.cpp send it)."""
+    details = usage.get("prompt_tokens_details")
+    return _int(details.get("cached_tokens")) if isinstance(details, dict) else None
+
+
+def of(usage: dict[str, Any]) -> Used:
+    """Return what a usage object says, as the engine counted it."""
+    return Used(
+        _int(usage.get("prompt_tokens")), _int(usage.get("completion_tokens")), cached(usage)
     )
 
 
-def streamed(data: bytes, engine: str | None) -> tuple[int | None, int | None]:
-    """Return (prompt_tokens, completion_tokens) of a whole stream's bytes, every choice
-    counted; None where the stream does not say."""
+def whole(body: bytes, engine: str | None, max_tokens: int | None, ratio: float) -> Used:
+    """Return what a whole answer used, every choice counted."""
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return Used()
+    usage = doc.get("usage") if isinstance(doc, dict) else None
+    if not isinstance(usage, dict):
+        return Used()
+    used = of(usage)
+    choices = doc.get("choices")
+    if used.completion is None or not counts_one_choice(engine) or not isinstance(choices, list):
+        return used
+    listed = [c for c in choices if isinstance(c, dict)]
+    counted = next((c for c in listed if c.get("index") == 0), listed[0] if listed else None)
+    return used._replace(
+        completion=used.completion
+        + sum(choice_tokens(c, max_tokens, ratio) for c in listed if c is not counted)
+    )
+
+
+def streamed(data: bytes, engine: str | None) -> Used:
+    """Return what a whole stream's bytes used, every choice counted."""
     tally = StreamTally(per_choice_usage=counts_one_choice(engine))
     tally.feed(data, 0.0)
-    if tally.usage is None:
-        return None, None
-    return _int(tally.usage.get("prompt_tokens")), _int(tally.usage.get("completion_tokens"))
+    return Used() if tally.usage is None else of(tally.usage)
 
 
 def choice_tokens(choice: dict[str, Any], max_tokens: int | None, ratio: float) -> int:

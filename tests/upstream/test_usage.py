@@ -22,15 +22,15 @@ def test_a_whole_llamacpp_answer_counts_its_other_choices_by_their_logprob_entri
     # Its usage says 22, the first choice's; the second stopped at a stop string after 10
     # entries (15 tokens, its stream's usage says: an entry is missing where a token ended
     # inside a character, and the stop string's are cut).
-    assert usage.whole(body, "llamacpp", 24, 1.0) == (32, 22 + 10)
+    assert usage.whole(body, "llamacpp", 24, 1.0) == (32, 22 + 10, 31)
     # An engine whose usage counts every choice is taken at its word.
-    assert usage.whole(body, "vllm", 24, 1.0) == (32, 22)
-    assert usage.whole(body, None, 24, 1.0) == (32, 22)
+    assert usage.whole(body, "vllm", 24, 1.0) == (32, 22, 31)
+    assert usage.whole(body, None, 24, 1.0) == (32, 22, 31)
 
 
 def test_a_choice_that_stopped_for_length_used_max_tokens() -> None:
     body = captured("completions-n2-logprobs.json")  # both choices ran to max_tokens, 12
-    assert usage.whole(body, "llamacpp", 12, 1.0) == (13, 24)
+    assert usage.whole(body, "llamacpp", 12, 1.0) == (13, 24, 0)
 
 
 def test_a_choice_without_logprobs_is_estimated_from_its_text_at_the_models_ratio() -> None:
@@ -40,20 +40,26 @@ def test_a_choice_without_logprobs_is_estimated_from_its_text_at_the_models_rati
     second = doc["choices"][1]["message"]["content"]
     estimate = math.ceil(text_tokens(second) * 1.5)
     assert estimate > 0
-    assert usage.whole(orjson.dumps(doc), "llamacpp", 24, 1.5) == (32, 22 + estimate)
+    assert usage.whole(orjson.dumps(doc), "llamacpp", 24, 1.5) == (32, 22 + estimate, 31)
 
 
 def test_a_llamacpp_stream_counts_each_choices_usage_event() -> None:
     stream = captured("chat-n2-logprobs-stream.txt")
-    assert usage.streamed(stream, "llamacpp") == (32, 15 + 22)
-    assert usage.streamed(stream, "vllm") == (32, 22)  # its last event, as for any engine
-    assert usage.streamed(b"data: [DONE]\n\n", "llamacpp") == (None, None)
+    assert usage.streamed(stream, "llamacpp") == (32, 15 + 22, 31)
+    assert usage.streamed(stream, "vllm") == (32, 22, 31)  # its last event, as for any engine
+    assert usage.streamed(b"data: [DONE]\n\n", "llamacpp") == (None, None, None)
+
+
+def test_the_cached_prompt_tokens_are_read_from_the_usage_details() -> None:
+    assert usage.cached({"prompt_tokens": 9, "prompt_tokens_details": {"cached_tokens": 8}}) == 8
+    assert usage.cached({"prompt_tokens": 9}) is None
+    assert usage.cached({"prompt_tokens_details": {"cached_tokens": True}}) is None
 
 
 def test_an_answer_without_usage_or_not_json_says_nothing() -> None:
-    assert usage.whole(b'{"choices": []}', "llamacpp", 8, 1.0) == (None, None)
-    assert usage.whole(b"<html>", "llamacpp", 8, 1.0) == (None, None)
-    assert usage.whole(b'{"usage": {"prompt_tokens": "3"}}', None, 8, 1.0) == (None, None)
+    assert usage.whole(b'{"choices": []}', "llamacpp", 8, 1.0) == (None, None, None)
+    assert usage.whole(b"<html>", "llamacpp", 8, 1.0) == (None, None, None)
+    assert usage.whole(b'{"usage": {"prompt_tokens": "3"}}', None, 8, 1.0) == (None, None, None)
 
 
 def test_records_and_counters_of_a_llamacpp_pool_count_every_choice(tmp_path: Path) -> None:

@@ -1,0 +1,70 @@
+"""Cache-aware routing through a running gateway: a conversation's next turn goes to the backend
+that holds its prefix, and explain says how much of it each choice holds."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from harness.gateways import run_gateway
+from policies import MODEL, fleet_policy
+
+TOKEN = "prefix-token"
+AUTH = {"authorization": f"Bearer {TOKEN}"}
+SYSTEM = "You answer questions about the routing gateway's fleet, briefly and exactly. " * 30
+ROUTES = [{"name": "chat", "match": {"models": [MODEL]}, "pools": ["gpu"], "fallback": "gpu"}]
+
+
+def turns(system: str, *said: str) -> list[dict]:
+    messages = [{"role": "system", "content": system}]
+    for i, text in enumerate(said):
+        messages.append({"role": "user" if i % 2 == 0 else "assistant", "content": text})
+    return messages
+
+
+def test_a_conversations_next_turn_goes_where_its_prefix_is(sims, tmp_path: Path) -> None:
+    # One pool of two backends, both idle when the second turn comes: without its prefix the
+    # router takes the first, gpu-0.
+    policy = fleet_policy([sims.urls("gpu")[0], sims.urls("asic")[0]], routes=ROUTES)
+    with run_gateway(policy, tmp_path, admin_token=TOKEN) as gw, gw.http() as http:
+        client = gw.client()
+        first = gw.gateway.serving.fleet.pools["gpu"].backends[0]
+        first.in_flight = 1  # busy when the conversation starts: its first turn goes to gpu-1
+        opened = client.chat.completions.with_raw_response.create(
+            model=MODEL, messages=turns(SYSTEM, "What is a slot?"), max_tokens=8
+        )
+        first.in_flight = 0
+        again = turns(SYSTEM, "What is a slot?", opened.parse().choices[0].message.content or "")
+        again.append({"role": "user", "content": "And a pool?"})
+        explained = http.post(
+            "/admin/explain", json={"body": {"model": MODEL, "messages": again}}, headers=AUTH
+        ).json()
+        second = client.chat.completions.with_raw_response.create(
+            model=MODEL, messages=again, max_tokens=8
+        )
+        other = client.chat.completions.with_raw_response.create(
+            model=MODEL, messages=turns("Another assistant. " * 100, "Hello?"), max_tokens=8
+        )
+    assert opened.headers["x-gateway-backend"] == "gpu-1"
+    assert second.headers["x-gateway-backend"] == "gpu-1"
+    # A conversation that shares nothing goes to the first idle backend, as before.
+    assert other.headers["x-gateway-backend"] == "gpu-0"
+    said = " ".join(explained["trace"])
+    held = re.search(r"chosen: gpu-1 .* holds (\d+) of the prompt's (\d+) prefix blocks", said)
+    # Every whole block of the second turn was in the first: the system prompt (~2,300
+    # characters, 9 blocks of 256) and no whole block of the new turns.
+    assert held is not None and held.group(1) == held.group(2) == "9", said
+
+
+def test_a_prompt_too_short_for_a_block_is_routed_as_before(sims, tmp_path: Path) -> None:
+    policy = fleet_policy([sims.urls("gpu")[0], sims.urls("asic")[0]], routes=ROUTES)
+    with run_gateway(policy, tmp_path, admin_token=TOKEN) as gw:
+        client = gw.client()
+        served = {
+            client.chat.completions.with_raw_response.create(
+                model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4
+            ).headers["x-gateway-backend"]
+            for _ in range(3)
+        }
+        assert gw.gateway.serving.fleet.prefixes.held("gpu-0") == 0
+    assert served == {"gpu-0"}
