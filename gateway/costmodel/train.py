@@ -232,12 +232,16 @@ def observation(record: Any) -> Observation | None:
     queue_s = float(record.queue_ms or 0.0) / 1e3
     ttft, tpot = record.ttft_ms, record.tpot_ms
     energy = None if record.energy_estimated else record.energy_j
+    # The prefill computed what the backend did not find in its prefix cache: the prompt the
+    # model learns prefill from, as the ranking asks it (gateway/routing/ranking.py). The cached
+    # part is still read by every decode step, in context_tokens.
+    cached = int(record.cached_tokens or 0)
     return Observation(
         sys.intern(str(record.pool)),
         # A served model is one of the policy's: one string for the whole window, not one per
         # request (each request's was parsed from its own body).
         sys.intern(str(record.model)),
-        int(record.prompt_tokens or 0),
+        max(int(record.prompt_tokens or 0) - cached, 0),
         int(record.completion_tokens or 0),
         int(record.concurrent or 1),
         None if ttft is None else float(ttft) / 1e3 - queue_s,

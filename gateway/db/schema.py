@@ -169,6 +169,10 @@ class RequestRecord:
             comment="KV-cache tokens its backend held at admission (every replica's), its own in."
         ),
     )
+    cached_tokens: int | None = field(
+        default=None,
+        metadata=column(comment="Prompt tokens the backend found in its prefix cache, as it said."),
+    )
     predicted_ttft_ms: float | None = None
     predicted_e2e_ms: float | None = None
     predicted_energy_j: float | None = None

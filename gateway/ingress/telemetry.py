@@ -198,6 +198,7 @@ def _record(ex: Exchange, e2e: float, tpot: float | None, overhead: float) -> Re
         error=ex.error,
         concurrent=ex.concurrent or None,
         context_tokens=ex.context_tokens or None,
+        cached_tokens=ex.cached_tokens,
         predicted_ttft_ms=ms(predicted.ttft_s) if predicted else None,
         predicted_e2e_ms=ms(predicted.e2e_s) if predicted else None,
         predicted_energy_j=predicted.energy_j if predicted else None,

@@ -147,6 +147,15 @@ def test_observations_of_one_model_share_one_name() -> None:
     assert first.model is second.model
 
 
+def test_prefill_is_learned_from_the_prompt_tokens_the_backend_did_not_have_cached() -> None:
+    row = {"status": 200, "pool": "gpu", "model": "m", "e2e_ms": 100.0, "prompt_tokens": 1000}
+    cold, warm, older = observations_from_rows(
+        [row, row | {"cached_tokens": 896, "context_tokens": 1200}, row | {"cached_tokens": None}]
+    )
+    assert (cold.prompt_tokens, warm.prompt_tokens, older.prompt_tokens) == (1000, 104, 1000)
+    assert warm.context_tokens == 1200  # every decode step still reads the cached part
+
+
 def test_the_retrain_schedule_waits_for_new_observations_and_spaces_urgent_runs() -> None:
     schedule = RetrainSchedule(every=200, interval_s=300.0, min_interval_s=10.0)
     assert not schedule.due(0, 10_000.0)  # nothing new: never
