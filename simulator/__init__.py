@@ -6,6 +6,7 @@ docs/simulator.md for the model and its figures.
 
     profile      hardware figures as typed data       power     power curve fitted to them
     device       discrete-event engine of one device  fleet     devices driven on the clock
+    prefix_cache computed prompt prefixes kept (LRU)
     clock        scaled simulated clock               answers   reference text, harmful errors
     words        vocabulary, synonyms as concepts     precision near ties, noise, logprobs
     tokenizer    the simulator's tokenizer            embeddings  concept vectors

@@ -223,7 +223,9 @@ class SimulatorApp:
             rng=self.rng,
         )
         drop_after = self.faults.drop_after_tokens
-        job = Job(request.model, request.prompt_tokens, answer.completion_tokens)
+        job = Job(
+            request.model, request.prompt_tokens, answer.completion_tokens, blocks=request.blocks
+        )
         run = _Run(self.fleet, exchange, job)
         try:
             if request.stream:
@@ -231,8 +233,8 @@ class SimulatorApp:
             elif await run.finished():
                 run.stop_watching()
                 build = chat_completion if request.endpoint == "chat" else text_completion
-                self._count(request.prompt_tokens, answer)
-                body = build(request.model.name, answer, request.prompt_tokens)
+                self._count(request, answer, job.cached_tokens)
+                body = build(request.model.name, answer, request.prompt_tokens, job.cached_tokens)
                 await exchange.respond_json(200, body, run.headers)
         finally:
             run.close()
@@ -267,8 +269,8 @@ class SimulatorApp:
                 break
             await run.progressed()
         if job.state is JobState.DONE:
-            self._count(request.prompt_tokens, answer)
-            await exchange.end_stream(encoder.closing(request.prompt_tokens))
+            self._count(request, answer, job.cached_tokens)
+            await exchange.end_stream(encoder.closing(request.prompt_tokens, job.cached_tokens))
 
     async def _embeddings(self, exchange: Exchange) -> None:
         request = parse_embedding(await exchange.json(), self.profile)
@@ -294,8 +296,11 @@ class SimulatorApp:
         finally:
             run.close()
 
-    def _count(self, prompt_tokens: int, answer: Answer) -> None:
-        self.metrics.prompt_tokens += prompt_tokens
+    def _count(self, request: GenerationRequest, answer: Answer, cached_tokens: int) -> None:
+        self.metrics.prompt_tokens += request.prompt_tokens
+        if self.profile.prefix_cache.enabled:
+            self.metrics.prefix_queries[request.model.name] += request.prompt_tokens
+            self.metrics.prefix_hits[request.model.name] += cached_tokens
         self.metrics.completion_tokens += answer.completion_tokens
         self.metrics.answers[answer.precision] += 1
         self.metrics.flipped_tokens += answer.flips

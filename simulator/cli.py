@@ -20,6 +20,8 @@ FIGURE_FLAGS = {
     "slots": "slots",
     "max_context": "max_context",
     "kv_cache_tokens": "kv_cache_tokens",
+    "prefix_cache_tokens": "prefix_cache.capacity_tokens",
+    "host_cache_tokens": "prefix_cache.host_tokens",
     "prefill_fixed_ms": "timing.prefill_fixed_ms",
     "prefill_per_token_us": "timing.prefill_per_token_us",
     "host_transfer_per_token_us": "timing.host_transfer_per_token_us",
@@ -79,6 +81,17 @@ def build_parser() -> argparse.ArgumentParser:
     figures.add_argument("--models", help="comma-separated model names")
     figures.add_argument("--max-context", type=int)
     figures.add_argument("--kv-cache-tokens", type=int, help="KV cache of each device, tokens")
+    figures.add_argument(
+        "--prefix-cache-tokens", type=int, help="prompt prefixes each device keeps, tokens"
+    )
+    figures.add_argument(
+        "--host-cache-tokens", type=int, help="prefixes its host memory keeps past that, tokens"
+    )
+    figures.add_argument(
+        "--no-prefix-cache",
+        action="store_true",
+        help="keep no prompt prefixes: every prompt's prefill is computed in full",
+    )
     for name in (
         "prefill-fixed-ms",
         "prefill-per-token-us",
@@ -115,6 +128,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             for dest, path in FIGURE_FLAGS.items()
             if getattr(args, dest) is not None
         }
+        if args.no_prefix_cache:
+            overrides |= {"prefix_cache.capacity_tokens": 0, "prefix_cache.host_tokens": 0}
         models = [name.strip() for name in args.models.split(",")] if args.models else None
         profile = apply_overrides(profile, overrides, models)
         faults = Faults(

@@ -3,8 +3,14 @@
 The device runs at most `slots` requests at once; the others wait in arrival order. An
 admitted request prefills, and its first token appears when the prefill ends:
 
-    prefill = scale · (prefill_fixed + (prefill_per_token + host_transfer_per_token) · prompt
-                       + prefill_attention · prompt²)
+    prefill = scale · (prefill_fixed + (prefill_per_token + host_transfer_per_token) · (prompt − c)
+                       + prefill_attention · (prompt² − c²) + host_load · h)
+
+where `c` counts the prompt's leading tokens the device's prefix cache holds (in whole blocks, at
+most all but the last token, which is computed to give the first token; simulator/prefix_cache.py),
+`h` those of them in host memory, loaded back at `host_load` a token: the cached tokens' queries
+are not computed again, and the others still attend to them. The prompt's blocks are cached when
+its prefill ends.
 
 It then joins its model's decode batch, which steps in lockstep: each step emits one token
 for every member and lasts
@@ -34,11 +40,14 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from enum import Enum
 
 from simulator.power import PowerCurve
-from simulator.profile import ModelSpec, Timing
+from simulator.prefix_cache import PrefixCache
+from simulator.profile import ModelSpec, PrefixCacheFigures, Timing
+
+NO_PREFIX_CACHE = PrefixCacheFigures()
 
 
 class JobState(Enum):
@@ -54,7 +63,8 @@ class JobState(Enum):
 class Job:
     """One request's occupancy of a device: queue, prefill, decode, done.
 
-    `output_tokens` is 0 for an embedding, which is one prefill-like pass.
+    `output_tokens` is 0 for an embedding, which is one prefill-like pass. `blocks` are the
+    chained ids of the prompt's blocks, in the device's prefix cache's block size.
     """
 
     def __init__(
@@ -63,11 +73,14 @@ class Job:
         prompt_tokens: int,
         output_tokens: int,
         *,
+        blocks: Sequence[int] = (),
         on_progress: Callable[[], None] | None = None,
     ):
         self.model = model
         self.prompt_tokens = prompt_tokens
         self.output_tokens = output_tokens
+        self.blocks = blocks
+        self.cached_tokens = 0  # of the prompt, found in the prefix cache at admission
         self.on_progress = on_progress
         self.state = JobState.QUEUED
         self.device_index: int | None = None
@@ -148,6 +161,7 @@ class Device:
         slots: int,
         power: PowerCurve,
         kv_cache_tokens: int = 262144,
+        prefix_cache: PrefixCacheFigures = NO_PREFIX_CACHE,
     ):
         self.index = index
         self.slots = slots
@@ -164,6 +178,10 @@ class Device:
             timing.prefill_per_token_us + timing.host_transfer_per_token_us
         ) / 1e6
         self._prefill_attention_s = timing.prefill_attention_ns / 1e9
+        self.prefix_cache = PrefixCache(
+            prefix_cache.capacity_tokens, prefix_cache.block_tokens, prefix_cache.host_tokens
+        )
+        self._host_load_s = prefix_cache.host_transfer_per_token_us / 1e6
         self._decode_fixed_s = timing.decode_fixed_ms / 1e3
         self._decode_per_seq_s = timing.decode_per_seq_ms / 1e3
         self._kv_read_s = timing.kv_read_ns / 1e9
@@ -317,21 +335,35 @@ class Device:
             job.admitted_at = at
             self._holding.add(job)
             self._kv_tokens += job.prompt_tokens + job.output_tokens
-            prompt = job.prompt_tokens
-            duration = (
-                self.slow_factor
-                * job.model.cost_scale
-                * (
-                    self._prefill_fixed_s
-                    + self._prefill_per_token_s * prompt
-                    + self._prefill_attention_s * prompt * prompt
-                )
-            )
+            duration, job.cached_tokens = self.prefill(job.model, job.prompt_tokens, job.blocks)
             heapq.heappush(self._prefills, (at + duration, next(self._order), job))
+
+    def prefill(
+        self, model: ModelSpec, prompt_tokens: int, blocks: Sequence[int] = ()
+    ) -> tuple[float, int]:
+        """Return how long a prompt's prefill would take now, and how many of its tokens the
+        prefix cache holds (module docstring)."""
+        on_device, on_host = self.prefix_cache.lookup(self._cacheable(prompt_tokens, blocks))
+        size = self.prefix_cache.block_tokens
+        cached = (on_device + on_host) * size
+        work = (
+            self._prefill_fixed_s
+            + self._prefill_per_token_s * (prompt_tokens - cached)
+            + self._prefill_attention_s * prompt_tokens * prompt_tokens
+            - self._prefill_attention_s * cached * cached
+            + self._host_load_s * on_host * size
+        )
+        return self.slow_factor * model.cost_scale * work, cached
+
+    def _cacheable(self, prompt_tokens: int, blocks: Sequence[int]) -> Sequence[int]:
+        """Return the blocks a prompt may find cached: whole ones before its last token."""
+        return blocks[: max(prompt_tokens - 1, 0) // self.prefix_cache.block_tokens]
 
     def _end_prefill(self, at: float) -> None:
         _, _, job = heapq.heappop(self._prefills)
         job.first_token_at = at
+        if job.blocks:
+            self.prefix_cache.insert(self._cacheable(job.prompt_tokens, job.blocks))
         if job.output_tokens <= 1:
             self._finish(job, at)
             self._admit(at)

@@ -13,12 +13,14 @@ same names, labels and meanings from its devices, summed over the devices behind
 
 Running counts requests holding a slot, waiting those queued for one, KV-cache use the share
 the running requests reserve. Requests of other clients (`--external-load`) count like any.
+vLLM's prefix-cache counters follow, `vllm:prefix_cache_queries_total` (prompt tokens looked up)
+and `vllm:prefix_cache_hits_total` (those the cache held), over the answered requests.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from simulator.device import Device
 
@@ -49,8 +51,23 @@ PER_MODEL = {
 }
 
 
-def render(engine: str, devices: Sequence[Device], models: Sequence[str]) -> list[str]:
-    """Return the exposition lines of `engine`'s load series for these devices."""
+PREFIX_CACHE = (
+    (
+        "vllm:prefix_cache_queries_total",
+        "Prefix cache queries, in terms of number of queried tokens.",
+    ),
+    ("vllm:prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens."),
+)
+
+
+def render(
+    engine: str,
+    devices: Sequence[Device],
+    models: Sequence[str],
+    prefix_cache: tuple[Mapping[str, int], Mapping[str, int]] = ({}, {}),
+) -> list[str]:
+    """Return the exposition lines of `engine`'s load series for these devices, and for vLLM its
+    prefix cache's queried and hit tokens per model."""
     running: Counter[str] = Counter()
     waiting: Counter[str] = Counter()
     for device in devices:
@@ -70,6 +87,13 @@ def render(engine: str, devices: Sequence[Device], models: Sequence[str]) -> lis
             for model in models:
                 value = kv if figure == "kv" else float(counts[figure][model])
                 lines.append(f'{name}{{{labels}model_name="{model}"}} {value}')
+        if engine == "vllm":
+            for (name, help_text), tokens in zip(PREFIX_CACHE, prefix_cache, strict=True):
+                _family(lines, name, help_text, "counter")
+                for model in models:
+                    lines.append(
+                        f'{name}{{{labels}model_name="{model}"}} {float(tokens.get(model, 0))}'
+                    )
     elif engine == "tgi":
         _family(lines, "tgi_batch_current_size", "Current batch size.")
         lines.append(f"tgi_batch_current_size {sum(running.values())}")
@@ -94,6 +118,6 @@ def render(engine: str, devices: Sequence[Device], models: Sequence[str]) -> lis
     return lines
 
 
-def _family(lines: list[str], name: str, help_text: str) -> None:
+def _family(lines: list[str], name: str, help_text: str, kind: str = "gauge") -> None:
     lines.append(f"# HELP {name} {help_text}")
-    lines.append(f"# TYPE {name} gauge")
+    lines.append(f"# TYPE {name} {kind}")

@@ -28,6 +28,7 @@ class Fleet:
                 profile.slots,
                 PowerCurve(profile.power),
                 profile.kv_cache_tokens,
+                profile.prefix_cache,
             )
             for index in range(devices)
         ]

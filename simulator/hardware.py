@@ -1,14 +1,17 @@
 """The simulator as the routing replay's hardware model (`gateway/replay/hardware.py`).
 
 Each backend of a replayed pool is a `Device` built from the bundled profile of the pool's kind,
-so its timing and power are the simulator's, not the policy's nominal ones. It is registered
+so its timing, power and prefix cache are the simulator's, not the policy's nominal ones. A
+request's prefix blocks, in whatever block size its trace hashed them (Mooncake's 512 tokens),
+reach the device's cache as the blocks of its own size (16 tokens) they span: a trace block of k
+of those is k blocks keyed by it and their place in it. It is registered
 under the entry point group `shadow_gateway.hardware` as `simulator` (pyproject.toml); nothing
 here imports the gateway.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from simulator.device import Device, Job
@@ -21,6 +24,7 @@ class Marginal:
     """A device's figures for one more request as it is now, for the replay's oracle."""
 
     prefill_s: float
+    cached_tokens: int
     decoding: int
     step_s: float
     joined_step_s: float
@@ -41,7 +45,13 @@ class SimulatedDevice:
     """A simulated device serving named models: what a replay submits to and reads."""
 
     def __init__(self, profile: Profile, models: Mapping[str, ModelSpec]):
-        self.device = Device(0, profile.timing, profile.slots, PowerCurve(profile.power))
+        self.device = Device(
+            0,
+            profile.timing,
+            profile.slots,
+            PowerCurve(profile.power),
+            prefix_cache=profile.prefix_cache,
+        )
         self.timing = profile.timing
         self.models = models
 
@@ -64,16 +74,38 @@ class SimulatedDevice:
         output_tokens: int,
         now: float,
         on_done: Callable[[], None],
+        blocks: Sequence[int] = (),
+        block_tokens: int = 0,
     ) -> Job:
-        """Queue a request at `now`; call `on_done` once, when its last token is out."""
+        """Queue a request at `now`, its prompt's prefix `blocks` of `block_tokens` each; call
+        `on_done` once, when its last token is out."""
 
         def progress() -> None:
             if job.done:
                 on_done()
 
-        job = Job(self.models[model], prompt_tokens, output_tokens, on_progress=progress)
+        job = Job(
+            self.models[model],
+            prompt_tokens,
+            output_tokens,
+            blocks=self._cache_blocks(blocks, block_tokens),
+            on_progress=progress,
+        )
         self.device.submit(job, now)
         return job
+
+    def _cache_blocks(self, blocks: Sequence[int], block_tokens: int) -> Sequence[int]:
+        """Return a request's prefix blocks as the device's prefix cache keys them."""
+        size = self.device.prefix_cache.block_tokens
+        if not blocks or block_tokens == size:
+            return blocks
+        if block_tokens % size:
+            raise ValueError(
+                f"prefix blocks of {block_tokens} tokens do not split into the {size}-token"
+                " blocks of the device's prefix cache"
+            )
+        per = block_tokens // size
+        return [block * per + i for block in blocks for i in range(per)]
 
     def advance(self, now: float) -> None:
         """Process every event due by `now`, in order."""
@@ -87,21 +119,21 @@ class SimulatedDevice:
         """From `now`, take `slow_factor` times as long and draw `power_factor` times the power."""
         self.device.set_condition(slow_factor, power_factor, now)
 
-    def marginal(self, model: str, prompt_tokens: int, context_tokens: int) -> Marginal:
-        """Return the figures of one more request whose decoding reads `context_tokens`, by the
-        device's own formulas (simulator/device.py) under its condition now."""
+    def marginal(
+        self,
+        model: str,
+        prompt_tokens: int,
+        context_tokens: int,
+        blocks: Sequence[int] = (),
+        block_tokens: int = 0,
+    ) -> Marginal:
+        """Return the figures of one more request whose decoding reads `context_tokens`, its
+        prompt's prefix `blocks` looked up in the prefix cache, by the device's own formulas
+        (simulator/device.py) under its condition now."""
         device, timing = self.device, self.timing
         slow, scale = device.slow_factor, self.models[model].cost_scale
-        prefill = (
-            slow
-            * scale
-            * (
-                timing.prefill_fixed_ms / 1e3
-                + (timing.prefill_per_token_us + timing.host_transfer_per_token_us)
-                / 1e6
-                * prompt_tokens
-                + timing.prefill_attention_ns / 1e9 * prompt_tokens * prompt_tokens
-            )
+        prefill, cached = device.prefill(
+            self.models[model], prompt_tokens, self._cache_blocks(blocks, block_tokens)
         )
 
         def step(sequences: int, tokens: int) -> float:
@@ -116,6 +148,7 @@ class SimulatedDevice:
         decoding, context = device.decoding, device.context_tokens()
         return Marginal(
             prefill_s=prefill,
+            cached_tokens=cached,
             decoding=decoding,
             step_s=step(decoding, context),
             joined_step_s=step(decoding + 1, context + context_tokens),

@@ -36,6 +36,10 @@ class SimulatorMetrics:
         self.faults: Counter[str] = Counter()
         self.unauthorized: Counter[str] = Counter()
         self.prompt_tokens = 0
+        # Per model, the prompt tokens of answered requests looked up in the prefix cache, and
+        # those it held, in tokens as vLLM counts them.
+        self.prefix_queries: Counter[str] = Counter()
+        self.prefix_hits: Counter[str] = Counter()
         self.completion_tokens = 0
         self.answers: Counter[str] = Counter()  # by precision: exact, benign, harmful, sampled
         self.flipped_tokens = 0
@@ -86,7 +90,14 @@ class SimulatorMetrics:
                 lines.append(f'{name}{{gpu="{device.index}"}} {getattr(device, attribute)}')
         if self.engine is not None:
             models = [model.name for model in self.profile.models if model.kind == "chat"]
-            lines.extend(engines.render(self.engine, self.fleet.devices, models))
+            lines.extend(
+                engines.render(
+                    self.engine,
+                    self.fleet.devices,
+                    models,
+                    prefix_cache=(self.prefix_queries, self.prefix_hits),
+                )
+            )
         _family(lines, "sim_device_requests_total", "counter", "Requests served per device.")
         for device in self.fleet.devices:
             lines.append(f'sim_device_requests_total{{gpu="{device.index}"}} {device.served}')

@@ -57,6 +57,25 @@ class Timing(_Figures):
     kv_fast_tokens: int = Field(default=0, ge=0)
 
 
+class PrefixCacheFigures(_Figures):
+    """The cache of computed prompt prefixes a device keeps (simulator/prefix_cache.py).
+
+    `capacity_tokens` of blocks stay in device memory (0 turns the cache off); blocks it evicts
+    drop to `host_tokens` of host memory, whence a hit loads them back at
+    `host_transfer_per_token_us` a token instead of computing their prefill again.
+    """
+
+    block_tokens: int = Field(default=16, gt=0)
+    capacity_tokens: int = Field(default=0, ge=0)
+    host_tokens: int = Field(default=0, ge=0)
+    host_transfer_per_token_us: float = Field(default=0.0, ge=0)
+
+    @property
+    def enabled(self) -> bool:
+        """Say whether the cache can hold a block at all."""
+        return self.capacity_tokens > 0 or self.host_tokens > 0
+
+
 class PowerFigures(_Figures):
     """Board power at idle, at batch 1 and at its maximum (reached at `max_at_batch`)."""
 
@@ -99,6 +118,7 @@ class Profile(_Figures):
     # Tokens of KV cache per device; a request reserves its prompt and output while it runs.
     kv_cache_tokens: int = Field(default=262144, gt=0)
     timing: Timing
+    prefix_cache: PrefixCacheFigures = PrefixCacheFigures()
     power: PowerFigures
     precision: Precision
     models: tuple[ModelSpec, ...] = Field(min_length=1)

@@ -23,16 +23,19 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    """Return OpenAI's `usage` object."""
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
+    """Return OpenAI's `usage` object, with the prompt tokens the prefix cache held."""
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
     }
 
 
-def chat_completion(model: str, answer: Answer, prompt_tokens: int) -> dict[str, Any]:
+def chat_completion(
+    model: str, answer: Answer, prompt_tokens: int, cached_tokens: int
+) -> dict[str, Any]:
     """Return a `chat.completion` object."""
     message: dict[str, Any] = {"role": "assistant", "content": answer.text, "refusal": None}
     if answer.tool_call is not None:
@@ -57,11 +60,13 @@ def chat_completion(model: str, answer: Answer, prompt_tokens: int) -> dict[str,
                 "finish_reason": answer.finish_reason,
             }
         ],
-        "usage": usage(prompt_tokens, answer.completion_tokens),
+        "usage": usage(prompt_tokens, answer.completion_tokens, cached_tokens),
     }
 
 
-def text_completion(model: str, answer: Answer, prompt_tokens: int) -> dict[str, Any]:
+def text_completion(
+    model: str, answer: Answer, prompt_tokens: int, cached_tokens: int
+) -> dict[str, Any]:
     """Return a `text_completion` object."""
     return {
         "id": new_id("cmpl"),
@@ -76,7 +81,7 @@ def text_completion(model: str, answer: Answer, prompt_tokens: int) -> dict[str,
                 "finish_reason": answer.finish_reason,
             }
         ],
-        "usage": usage(prompt_tokens, answer.completion_tokens),
+        "usage": usage(prompt_tokens, answer.completion_tokens, cached_tokens),
     }
 
 
@@ -199,7 +204,7 @@ class ChunkEncoder:
             out.append(prefix + orjson.dumps(pieces[index]) + suffix)
         return b"".join(out)
 
-    def closing(self, prompt_tokens: int) -> bytes:
+    def closing(self, prompt_tokens: int, cached_tokens: int) -> bytes:
         """Return the final chunk (finish reason), the usage chunk if asked for, and `[DONE]`."""
         reason = self.answer.finish_reason
         if self.chat:
@@ -213,7 +218,7 @@ class ChunkEncoder:
             choice = {"index": 0, "text": "", "logprobs": None, "finish_reason": reason}
         out = [self._event({"choices": [choice]})]
         if self.include_usage:
-            totals = usage(prompt_tokens, self.answer.completion_tokens)
+            totals = usage(prompt_tokens, self.answer.completion_tokens, cached_tokens)
             out.append(self._event({"choices": [], "usage": totals}, with_null_usage=False))
         out.append(DONE)
         return b"".join(out)

@@ -15,11 +15,12 @@ import orjson
 
 from simulator.answers import Question
 from simulator.errors import InvalidRequest, ModelNotFound
-from simulator.profile import ModelSpec, Profile
-from simulator.tokenizer import count_tokens
+from simulator.prefix_cache import prompt_blocks
+from simulator.profile import ModelSpec, PrefixCacheFigures, Profile
+from simulator.tokenizer import count_tokens, split_tokens
 
 # Chat templates wrap every message in a few tokens and prime the reply with a few more
-# (OpenAI documents 3 and 3 for its chat models).
+# (OpenAI documents 3 and 3 for its chat models; Llama 3's header is 3 tokens around the role).
 TOKENS_PER_MESSAGE = 3
 TOKENS_PER_REPLY = 3
 # OpenAI's default for the legacy completions endpoint.
@@ -38,6 +39,8 @@ class GenerationRequest:
     question: Question
     stream: bool
     include_usage: bool
+    # The prompt's prefix blocks in the device's prefix cache (none when it has no cache).
+    blocks: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,7 @@ def parse_chat(body: Any, profile: Profile) -> GenerationRequest:
         ),
         stream=_stream(body),
         include_usage=_include_usage(body),
+        blocks=_chat_blocks(messages, tools, profile.prefix_cache),
     )
 
 
@@ -115,6 +119,7 @@ def parse_completion(body: Any, profile: Profile) -> GenerationRequest:
         question=_question(body, model, prompt_key, limit, top_logprobs=_completion_logprobs(body)),
         stream=_stream(body),
         include_usage=_include_usage(body),
+        blocks=_completion_blocks(prompt, profile.prefix_cache),
     )
 
 
@@ -322,14 +327,41 @@ def _message_tokens(message: Any, index: int) -> int:
             f"messages[{index}] must be an object with a 'role' among {', '.join(sorted(_ROLES))}",
             param=f"messages.[{index}]",
         )
-    tokens = TOKENS_PER_MESSAGE + count_tokens(_content_text(message.get("content"), index))
+    return TOKENS_PER_MESSAGE + sum(map(count_tokens, _message_texts(message, index)))
+
+
+def _message_texts(message: Mapping[str, Any], index: int) -> list[str]:
+    """Return the texts of a message that its tokens count: content, name, tool calls."""
+    texts = [_content_text(message.get("content"), index)]
     if isinstance(message.get("name"), str):
-        tokens += count_tokens(message["name"])
+        texts.append(message["name"])
     for call in message.get("tool_calls") or ():
         function = call.get("function", {}) if isinstance(call, Mapping) else {}
-        tokens += count_tokens(str(function.get("name", "")))
-        tokens += count_tokens(str(function.get("arguments", "")))
-    return tokens
+        texts += [str(function.get("name", "")), str(function.get("arguments", ""))]
+    return texts
+
+
+def _chat_blocks(
+    messages: list[Any], tools: list[Mapping[str, Any]] | None, cache: PrefixCacheFigures
+) -> tuple[int, ...]:
+    """Return a chat prompt's prefix blocks, its tokens in the order a chat template renders
+    them: the tools in the system turn, then each message after its header."""
+    if not cache.enabled:
+        return ()
+    tokens = split_tokens(orjson.dumps(tools).decode()) if tools else []
+    for index, message in enumerate(messages):
+        tokens += ("<|start_header_id|>", message["role"], "<|end_header_id|>")
+        for text in _message_texts(message, index):
+            tokens += split_tokens(text)
+    return prompt_blocks(tokens, cache.block_tokens)
+
+
+def _completion_blocks(prompt: str | list[int], cache: PrefixCacheFigures) -> tuple[int, ...]:
+    """Return a text or token-id prompt's prefix blocks."""
+    if not cache.enabled:
+        return ()
+    tokens = split_tokens(prompt) if isinstance(prompt, str) else [str(t) for t in prompt]
+    return prompt_blocks(tokens, cache.block_tokens)
 
 
 def _content_text(content: Any, index: int) -> str:

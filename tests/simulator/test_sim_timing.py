@@ -73,8 +73,10 @@ def _run(url: str, bodies: list[dict]) -> list[Trace]:
 @pytest.fixture(scope="module")
 def gpu_slow():
     # Slow enough that simulated durations dwarf HTTP overhead; a large per-sequence decode
-    # cost makes the effect of concurrency several times the jitter.
-    with start_simulator("gpu", speed=20, extra_args=["--decode-per-seq-ms", "1.0"]) as sim:
+    # cost makes the effect of concurrency several times the jitter. Without the prefix cache,
+    # as these tests measure a prompt's whole prefill: repeated, the long prompt would be cached.
+    flags = ["--decode-per-seq-ms", "1.0", "--no-prefix-cache"]
+    with start_simulator("gpu", speed=20, extra_args=flags) as sim:
         yield sim
 
 
