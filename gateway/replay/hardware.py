@@ -3,7 +3,9 @@
 A hardware model builds one device per backend of the replayed fleet, for its pool's kind (gpu,
 asic, cim). The replay submits requests to it by model name, advances it from event to event,
 applies the scenario's condition and reads its energy counters; the oracle reads its marginal
-figures for one more request and prices them itself (`gateway.replay.oracle`).
+figures for one more request and prices them itself (`gateway.replay.oracle`). A request carries
+its prompt's prefix blocks where its trace has them (chained ids, `block_tokens` each): the
+device's own prefix cache decides how much of its prefill they spare.
 
 The gateway never imports a hardware model: one registers itself under the entry point group
 `shadow_gateway.hardware`, and `load_hardware` finds it by name. The simulator's, `simulator`, is
@@ -12,7 +14,7 @@ the default (`simulator/hardware.py`, registered in pyproject.toml).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from importlib.metadata import entry_points
 from typing import Protocol, cast
 
@@ -39,6 +41,11 @@ class Job(Protocol):
     @property
     def done(self) -> bool: ...
 
+    @property
+    def cached_tokens(self) -> int:
+        """The prompt tokens the device's prefix cache held when the request was admitted."""
+        ...
+
 
 class Marginal(Protocol):
     """A device's figures for one more request as it is now, under the scenario's condition."""
@@ -46,6 +53,11 @@ class Marginal(Protocol):
     @property
     def prefill_s(self) -> float:
         """The request's prefill, which ends with its first token."""
+        ...
+
+    @property
+    def cached_tokens(self) -> int:
+        """The prompt tokens its prefix cache holds now, which that prefill skips."""
         ...
 
     @property
@@ -99,8 +111,11 @@ class Device(Protocol):
         output_tokens: int,
         now: float,
         on_done: Callable[[], None],
+        blocks: Sequence[int] = (),
+        block_tokens: int = 0,
     ) -> Job:
-        """Queue a request at `now`; call `on_done` once, when its last token is out."""
+        """Queue a request at `now`, its prompt's prefix `blocks` of `block_tokens` each; call
+        `on_done` once, when its last token is out."""
         ...
 
     def advance(self, now: float) -> None:
@@ -115,8 +130,16 @@ class Device(Protocol):
         """From `now`, take `slow_factor` times as long and draw `power_factor` times the power."""
         ...
 
-    def marginal(self, model: str, prompt_tokens: int, context_tokens: int) -> Marginal:
-        """Return the figures of one more request whose decoding reads `context_tokens`."""
+    def marginal(
+        self,
+        model: str,
+        prompt_tokens: int,
+        context_tokens: int,
+        blocks: Sequence[int] = (),
+        block_tokens: int = 0,
+    ) -> Marginal:
+        """Return the figures of one more request whose decoding reads `context_tokens`, its
+        prompt's prefix `blocks` looked up in the device's prefix cache."""
         ...
 
 

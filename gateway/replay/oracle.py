@@ -2,10 +2,11 @@
 
 It reads what no router may: every device's own figures for one more request as it is now
 (`Device.marginal` of `gateway.replay.hardware`: the requests it runs and their contexts, the
-scenario's slowdown and power factor on it), each request's true output length, and the rates
-in force. For each request it prices every backend with a free slot by the request's true
-marginal cost there, the batch it creates included, under the accounting the replay charges
-every strategy (`gateway.replay.summary`):
+part of this request's prompt its prefix cache holds, the scenario's slowdown and power factor
+on it), each request's true output length and prefix blocks, and the rates in force. For each
+request it prices every backend with a free slot by the request's true marginal cost there, the
+batch it creates included, under the accounting the replay charges every strategy
+(`gateway.replay.summary`):
 
     own     = prefill(p) + o · step(n + 1)                the request's slot time
     others  = n · o · (step(n + 1) − step(n))              the slot time it adds to the n others
@@ -13,8 +14,10 @@ every strategy (`gateway.replay.summary`):
                                                   − step(n) · (P(n) − P(0)))
     cost    = energy · rate  +  (own + others) · usd_per_hour / 3600 / slots
 
-with step(n) the device's decode step for n sequences reading their contexts (the request's
-own, half way through its answer, added when it joins), P(n) the board power with n requests,
+with prefill(p) the prefill of the p prompt tokens less what the device's prefix cache holds of
+them (a cached token costs nothing, or its transfer from host memory), step(n) the device's
+decode step for n sequences reading their contexts (the request's own, half way through its
+answer, added when it joins), P(n) the board power with n requests,
 both under the scenario's factors, and o its output tokens. Backends whose true prefill or step
 would miss the request's SLO come after the others; a pool's price is its cheapest backend's. It
 routes through `decide()`, so it cannot put more on a backend than its slots: it waits and falls
@@ -30,6 +33,7 @@ from dataclasses import dataclass
 from gateway.fleet.state import PoolState
 from gateway.policy.model import Policy, Route
 from gateway.policy.tariffs import Rates
+from gateway.replay.trace import TraceRequest
 from gateway.replay.world import SimulatedBackend
 from gateway.routing.classify import RequestProfile
 from gateway.routing.ranking import Ranking
@@ -53,10 +57,13 @@ def marginal(
     usd_per_slot_s: float,
     ttft_ms: float | None,
     tpot_ms: float | None,
+    request: TraceRequest | None = None,
 ) -> Placement:
-    """Return the true marginal cost of a request on a backend as it is now (module docstring)."""
+    """Return the true marginal cost of a request on a backend as it is now (module docstring),
+    its prompt's prefix blocks those of the trace `request`, if given."""
+    blocks, block_tokens = (request.blocks, request.block_tokens) if request else ((), 0)
     # Mid-decode figures: the request's context half way through its answer, the others'.
-    figures = sim.device.marginal(model, prompt, prompt + output // 2)
+    figures = sim.device.marginal(model, prompt, prompt + output // 2, blocks, block_tokens)
     prefill, decoding = figures.prefill_s, figures.decoding
     before, after = figures.step_s, figures.joined_step_s
     power, joined = figures.above_idle_w, figures.joined_above_idle_w
@@ -78,6 +85,7 @@ class OracleRanker:
         self.policy = policy
         self.rates = rates
         self.world: dict[str, SimulatedBackend] = {}  # the replay's, given once it is built
+        self.request: TraceRequest | None = None  # the one being routed, given as it arrives
 
     def placement(self, profile: RequestProfile, pool: PoolState) -> Placement | None:
         """Return the cheapest placement on a backend of the pool with a free slot, or None."""
@@ -99,6 +107,7 @@ class OracleRanker:
                 usd_per_slot_s,
                 profile.ttft_ms,
                 profile.tpot_ms,
+                self.request,
             )
             if best is None or (not best.meets_slo, best.cost_usd) > (
                 not found.meets_slo,

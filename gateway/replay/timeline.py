@@ -3,7 +3,8 @@
 Time is virtual. The replay jumps from event to event: an arrival (routed by the real `decide()`),
 a queue deadline (the router's budget ran out: fall back, or reject), an energy-meter reading,
 and the devices' own events (prefills, decode steps, completions), which the hardware model
-processes (`gateway.replay.hardware`). Events at the same instant run in this order: devices
+processes (`gateway.replay.hardware`), each request's prefix blocks looked up in its device's
+prefix cache as it is admitted. Events at the same instant run in this order: devices
 first, so a slot freed at t is free for a request arriving at t, then the meter, deadlines and
 arrivals.
 
@@ -274,6 +275,8 @@ class Replay:
 
     def _arrive(self, passage: Passage) -> None:
         now = passage.arrival_s
+        if self.strategy.oracle is not None:
+            self.strategy.oracle.request = passage.request  # it knows the prompt's prefix blocks
         try:
             decision = decide(
                 passage.profile, self.policy, self.fleet, self.strategy.rank, self._draw()
@@ -325,6 +328,8 @@ class Replay:
             request.output_tokens,
             now,
             on_done=lambda: self._finished.append(passage),
+            blocks=request.blocks,
+            block_tokens=request.block_tokens,
         )
 
     def _complete(self, passage: Passage) -> None:

@@ -23,6 +23,12 @@ def trace() -> Path:
 
 
 @pytest.fixture(scope="session")
+def mooncake() -> Path:
+    """Return Mooncake's conversation trace, with its prompts' prefix blocks (traces/README.md)."""
+    return ROOT / "traces" / "mooncake_conversation_trace.jsonl"
+
+
+@pytest.fixture(scope="session")
 def policy() -> Policy:
     return load_policy(ROOT / "policies" / "default.yaml")
 

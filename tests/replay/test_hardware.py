@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import pytest
@@ -26,11 +26,13 @@ class ConstantJob:
     due_at: float
     finished_at: float | None = None
     done: bool = False
+    cached_tokens: int = 0
 
 
 @dataclass(frozen=True)
 class ConstantMarginal:
     prefill_s: float
+    cached_tokens: int
     decoding: int
     step_s: float
     joined_step_s: float
@@ -54,6 +56,8 @@ class ConstantDevice:
         output_tokens: int,
         now: float,
         on_done: Callable[[], None],
+        blocks: Sequence[int] = (),
+        block_tokens: int = 0,
     ) -> ConstantJob:
         self.advance(now)
         first = now + PREFILL_S * self.slow
@@ -83,10 +87,18 @@ class ConstantDevice:
         self.advance(now)
         self.slow, self.power = slow_factor, power_factor
 
-    def marginal(self, model: str, prompt_tokens: int, context_tokens: int) -> ConstantMarginal:
+    def marginal(
+        self,
+        model: str,
+        prompt_tokens: int,
+        context_tokens: int,
+        blocks: Sequence[int] = (),
+        block_tokens: int = 0,
+    ) -> ConstantMarginal:
         n = len(self.running)
         return ConstantMarginal(
             PREFILL_S * self.slow,
+            0,
             n,
             STEP_S * self.slow,
             STEP_S * self.slow,

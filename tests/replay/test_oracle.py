@@ -7,6 +7,7 @@ from typing import Any
 from gateway.fleet.state import Fleet
 from gateway.policy.model import Policy
 from gateway.replay.oracle import marginal
+from gateway.replay.trace import TraceRequest
 from gateway.replay.world import SimulatedBackend, build_world
 from simulator.hardware import SimulatedDevice, SimulatorHardware
 
@@ -25,8 +26,15 @@ def asic(policy: Policy) -> SimulatedBackend:
     return next(sim for sim in world.values() if sim.state.pool == "asic")
 
 
-def price(sim: SimulatedBackend, prompt: int, output: int, ttft_ms: float | None = None):
-    return marginal(sim, MODEL, prompt, output, 0.12 / 3.6e6, 0.6 / 3600 / 16, ttft_ms, 50.0)
+def price(
+    sim: SimulatedBackend,
+    prompt: int,
+    output: int,
+    ttft_ms: float | None = None,
+    request: TraceRequest | None = None,
+):
+    usd_per_j, usd_per_slot_s = 0.12 / 3.6e6, 0.6 / 3600 / 16
+    return marginal(sim, MODEL, prompt, output, usd_per_j, usd_per_slot_s, ttft_ms, 50.0, request)
 
 
 def test_a_request_pays_for_the_batch_it_slows(policy: Policy) -> None:
@@ -50,3 +58,19 @@ def test_a_prefill_past_the_ttft_target_misses_the_slo(policy: Policy) -> None:
     long_prompt = price(sim, 8000, 10, ttft_ms=100.0)
     assert not long_prompt.meets_slo
     assert price(sim, 100, 10, ttft_ms=100.0).meets_slo
+
+
+def test_a_prefix_the_backend_holds_spares_the_prefill_the_oracle_prices(policy: Policy) -> None:
+    sim = asic(policy)
+    # Eight of Mooncake's 512-token blocks: a 4,000-token prompt.
+    request = TraceRequest(0.0, 4000, 100, blocks=tuple(range(8)), block_tokens=512)
+    cold = price(sim, 4000, 100, request=request)
+    sim.device.submit(MODEL, 4000, 1, 0.0, lambda: None, request.blocks, request.block_tokens)
+    sim.device.advance(10.0)
+    warm = price(sim, 4000, 100, request=request)
+    figures = sim.device.marginal(MODEL, 4000, 4050, request.blocks, request.block_tokens)
+    # All 16-token blocks before the last token: 249 of them.
+    assert figures.cached_tokens == 249 * 16
+    assert warm.cost_usd < cold.cost_usd and warm.energy_j < cold.energy_j
+    # Without its blocks, the same prompt is priced as a stranger's.
+    assert price(sim, 4000, 100) == cold

@@ -80,3 +80,22 @@ def test_embeddings_and_unstreamed_answers_are_judged_on_their_end_to_end_time(
     assert not streamed.meets_slo()
     # Two tokens are due by 550 ms.
     assert short.e2e_s is not None and short.e2e_s > 0.55 and not short.meets_slo()
+
+
+def test_a_prompt_that_repeats_a_prefix_reads_it_from_its_backends_prefix_cache(
+    policy: Policy,
+) -> None:
+    opening = tuple(range(8))  # eight of Mooncake's 512-token blocks: a 4,000-token prompt
+    turns = [
+        TraceRequest(0.0, 4000, 50, blocks=opening, block_tokens=512),
+        TraceRequest(5.0, 4500, 50, blocks=(*opening, 99), block_tokens=512),
+        TraceRequest(10.0, 4000, 50),  # an Azure request: no blocks, nothing shared
+    ]
+    replay = Replay(strategy_for("gpu-only", policy), turns).run()
+    first, second, plain = replay.passages
+    assert first.job is not None and second.job is not None and plain.job is not None
+    assert first.backend is second.backend
+    # The first prompt's 16-token blocks before its last token: 249 of them.
+    assert [p.job.cached_tokens for p in replay.passages] == [0, 249 * 16, 0]
+    assert second.ttft_s is not None and first.ttft_s is not None
+    assert second.ttft_s < first.ttft_s / 2
