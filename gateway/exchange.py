@@ -44,6 +44,7 @@ class Exchange:
     # and the prefix blocks the gateway's index expected it to hold.
     cached_tokens: int | None = None
     expected_blocks: int = 0
+    slo_met: bool | None = None  # judged once the request ends (gateway/records/slo.py)
     response_started: bool = False
     status: int = 0
     error: str | None = None

@@ -11,6 +11,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from gateway.fleet.prefixes import BLOCK_TOKENS, PrefixIndex, capacity_blocks
+from gateway.fleet.sessions import Sessions
 from gateway.policy import credentials
 from gateway.policy.credentials import Access
 from gateway.policy.model import Backend, Policy, Pool
@@ -218,6 +219,7 @@ class Fleet:
         access: Access | None = None,
         prefixes: PrefixIndex | None = None,
         block_tokens: int = BLOCK_TOKENS,
+        sessions: Sessions | None = None,
     ):
         if access is not None:
             access.require(policy)
@@ -226,6 +228,8 @@ class Fleet:
         # trace's may be other than the live gateway's); kept across policy versions.
         self.prefixes = prefixes if prefixes is not None else PrefixIndex()
         self.block_tokens = block_tokens
+        # The backend each named session sticks to; kept across versions for the backends kept.
+        self.sessions = sessions if sessions is not None else Sessions()
         self.pools: dict[str, PoolState] = {
             name: PoolState(
                 name,
@@ -238,14 +242,15 @@ class Fleet:
         self.prefixes.configure(
             {
                 backend.name: capacity_blocks(
-                    spec.kv_capacity_bytes(),
-                    max(policy.kv_bytes_per_token(m) for m in spec.models),
+                    pool.spec.kv_capacity_bytes(),
+                    max(policy.kv_bytes_per_token(m) for m in pool.spec.models),
                     block_tokens,
                 )
-                for name, spec in policy.pools.items()
-                for backend in spec.backends
+                for pool in self.pools.values()
+                for backend in pool.backends
             }
         )
+        self.sessions.forget_backends({b.name for b in self.backends()})
 
     def backends(self) -> list[BackendState]:
         return [b for p in self.pools.values() for b in p.backends]
@@ -260,7 +265,7 @@ class Fleet:
         serve raises PolicyError before anything changes.
         """
         known = {b.url: b for b in self.backends()}
-        fleet = Fleet(policy, self.access, self.prefixes, self.block_tokens)
+        fleet = Fleet(policy, self.access, self.prefixes, self.block_tokens, self.sessions)
         for name, pool in fleet.pools.items():
             for i, fresh in enumerate(pool.backends):
                 kept = known.pop(fresh.url, None)

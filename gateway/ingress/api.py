@@ -30,6 +30,7 @@ from gateway.errors import (
 )
 from gateway.exchange import Exchange
 from gateway.fleet.ratelimit import TokenBuckets, admit_tenant, settle_tenant
+from gateway.fleet.sessions import SESSION_HEADERS
 from gateway.ingress.body import BodyDeadlines
 from gateway.ingress.responses import ResponsesRelay, to_chat
 from gateway.ingress.telemetry import Telemetry
@@ -53,6 +54,8 @@ from gateway.upstream.asgi import Receive, Scope, Send
 from gateway.upstream.forward import Forwarder
 from gateway.upstream.metering import EnergyMeter
 
+# The request headers classify reads beside the x-slo- ones: the tenant key and session keys.
+_KEPT_HEADERS = frozenset({b"authorization", *(h.encode() for h in SESSION_HEADERS)})
 log = logging.getLogger(__name__)
 RESPONSES_PATH = "/v1/responses"
 MODELS_PATH = "/v1/models"
@@ -206,7 +209,7 @@ class Ingress:
             headers = {
                 name.decode("latin-1"): value.decode("latin-1")
                 for name, value in scope["headers"]
-                if name.startswith(b"x-slo-") or name == b"authorization"
+                if name.startswith(b"x-slo-") or name in _KEPT_HEADERS
             }
             serving = gw.serving  # one policy version and its fleet for the whole request
             policy, fleet = serving.policy, serving.fleet
@@ -243,6 +246,9 @@ class Ingress:
                 await _refuse(send, failure, ex)
         finally:
             self.telemetry.finish(ex, clock())
+            if ex.slo_met is False and ex.profile is not None and ex.profile.session:
+                # Its backend did not serve it within the SLO: route the session afresh.
+                gw.serving.fleet.sessions.release(ex.profile.session)
             if plans:
                 gw.mirror.submit(ex, body, policy, plans)
             if charged:

@@ -143,6 +143,7 @@ class Telemetry:
             completion_tokens=ex.completion_tokens,
         )
         (met if ok else missed).inc()
+        ex.slo_met = ok
 
     def _deliver(self, ex: Exchange, record: RequestRecord, ended_at: float) -> None:
         """Hand the record on, once the energy its backend drew for it is known."""

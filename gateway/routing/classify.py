@@ -10,6 +10,7 @@ from typing import Any
 import orjson
 
 from gateway.errors import InvalidRequest, SloNotAllowed, Unauthorized, shown
+from gateway.fleet.sessions import MAX_KEY_CHARS, SESSION_HEADERS
 from gateway.policy.model import Policy, Tenant
 from gateway.routing import prefix
 
@@ -68,6 +69,8 @@ class RequestProfile:
     # the tokens one holds: what a backend holding the first k has cached is k * block_tokens.
     blocks: tuple[int, ...] = ()
     block_tokens: float = 0.0
+    # The session the client named (gateway/fleet/sessions.py), or None.
+    session: str | None = None
 
     def cached_tokens(self, blocks_held: int) -> int:
         """Return the prompt tokens a backend holding its first `blocks_held` blocks has cached."""
@@ -328,4 +331,17 @@ def classify(
         stream=stream,
         blocks=prefix.blocks(text),
         block_tokens=prefix.block_tokens(prompt_tokens, text),
+        session=_session(payload, headers),
     )
+
+
+def _session(payload: dict[str, Any], headers: dict[str, str]) -> str | None:
+    """Return the session a request names: its `prompt_cache_key`, else a session header."""
+    key = payload.get("prompt_cache_key")
+    if key is not None and not isinstance(key, str):
+        raise InvalidRequest(
+            f"'prompt_cache_key' must be a string, got {shown(key)}", param="prompt_cache_key"
+        )
+    if not key:
+        key = next((headers[h] for h in SESSION_HEADERS if headers.get(h)), None)
+    return key[:MAX_KEY_CHARS] if key else None

@@ -235,6 +235,15 @@ def decide(
     if waits and ranking.predictions[ranked[0].name].queue_s * 1000 <= budget_ms:
         trace.append((ranked[0].name, f"queued: waits up to {budget_ms:.0f} ms for a slot"))
         return decision(None, ranked[0])
+    sticky = _session_backend(profile, fleet, ranked, ranking.slo_unmeetable, kv)
+    if sticky is not None:
+        trace.append(
+            (
+                sticky.pool,
+                f"session: sticks to {_chosen(fleet.pools[sticky.pool], sticky, profile)[8:]}",
+            )
+        )
+        return decision(sticky)
     for pool in ranked:
         backend = pool.most_free(kv_bytes=kv, blocks=profile.blocks)
         if backend is not None:
@@ -300,6 +309,28 @@ def pick_backend(
             backend = pool.most_free(exclude, kv, profile.blocks)
             if backend is not None:
                 return backend
+    return None
+
+
+def _session_backend(
+    profile: RequestProfile,
+    fleet: Fleet,
+    ranked: list[PoolState],
+    slo_unmeetable: bool,
+    kv: float,
+) -> BackendState | None:
+    """Return the backend the request's session sticks to, where it may serve it now: its pool
+    is one the ranking keeps, predicted to meet the SLO, and it has a free slot and room."""
+    if profile.session is None or slo_unmeetable:
+        return None
+    name = fleet.sessions.backend(profile.session)
+    if name is None:
+        return None
+    for pool in ranked:
+        for backend in pool.backends:
+            if backend.name == name:
+                usable = not backend.ejected and backend.free_slots > 0 and backend.fits(kv)
+                return backend if usable else None
     return None
 
 

@@ -109,6 +109,8 @@ class Forwarder:
         ex.prediction = self._prediction(ex, backend, fleet)
         profile = ex.profile
         assert profile is not None  # _admit holds it to a decision made from one
+        if profile.session is not None:
+            fleet.sessions.served(profile.session, backend.name)
         blocks = profile.blocks
         if blocks:
             ex.expected_blocks = fleet.prefixes.cached(backend.name, blocks)

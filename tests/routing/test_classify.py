@@ -59,6 +59,7 @@ def test_bad_slo_headers_are_invalid(headers: dict, param: str) -> None:
         (chat(max_tokens=10, min_tokens=11), "min_tokens"),
         (chat(min_tokens=-1), "min_tokens"),
         (chat(ignore_eos="yes"), "ignore_eos"),
+        (chat(prompt_cache_key=7), "prompt_cache_key"),
     ],
 )
 def test_invalid_bodies_name_the_field(body: dict, param: str) -> None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from waiting import wait_for
+
 from harness.gateways import run_gateway
 from policies import MODEL, fleet_policy
 
@@ -68,3 +70,39 @@ def test_a_prompt_too_short_for_a_block_is_routed_as_before(sims, tmp_path: Path
         }
         assert gw.gateway.serving.fleet.prefixes.held("gpu-0") == 0
     assert served == {"gpu-0"}
+
+
+def test_a_named_session_sticks_to_its_backend_until_it_misses_the_slo(
+    sims, tmp_path: Path
+) -> None:
+    policy = fleet_policy([sims.urls("gpu")[0], sims.urls("asic")[0]], routes=ROUTES)
+    short = [{"role": "user", "content": "hi"}]  # too short for a block: only the key decides
+    with run_gateway(policy, tmp_path, admin_token=TOKEN) as gw:
+        client = gw.client()
+        fleet = gw.gateway.serving.fleet
+        first = fleet.pools["gpu"].backends[0]
+
+        def ask(**named: object) -> str:
+            raw = client.chat.completions.with_raw_response.create(
+                model=MODEL, messages=short, max_tokens=4, **named
+            )
+            return raw.headers["x-gateway-backend"]
+
+        first.in_flight = 1
+        opened = ask(extra_headers={"x-session-id": "agent-7"})
+        keyed = ask(extra_body={"prompt_cache_key": "thread-9"})
+        first.in_flight = 0
+        # Both idle now: an unnamed request takes gpu-0, the named ones stay on gpu-1.
+        assert (opened, keyed, ask()) == ("gpu-1", "gpu-1", "gpu-0")
+        assert ask(extra_headers={"x-session-id": "agent-7"}) == "gpu-1"
+        assert ask(extra_headers={"x-litellm-session-id": "agent-7"}) == "gpu-1"
+        assert ask(extra_body={"prompt_cache_key": "thread-9"}) == "gpu-1"
+        assert fleet.sessions.backend("agent-7") == "gpu-1"
+        # gpu-1 slows down (2 s more a request, past the class's 500 ms to first token): the
+        # session's next request still goes there, misses its SLO, and releases the session.
+        sims.asic[0].set_faults(added_latency_ms=2000)
+        assert ask(extra_headers={"x-session-id": "agent-7"}) == "gpu-1"
+        # Judged once the request ends, just after the client has the answer.
+        wait_for(lambda: fleet.sessions.backend("agent-7") is None, message="still sticks")
+        sims.asic[0].reset_faults()
+        assert ask(extra_headers={"x-session-id": "agent-7"}) == "gpu-0"

@@ -1,0 +1,52 @@
+"""Sessions: which backend serves each conversation or agent run the client names.
+
+A client that names its session (`SESSION_HEADERS`, or OpenAI's `prompt_cache_key` body field)
+says that its requests share a prefix: the next turn should go where the last one's KV cache
+is. The table keeps, per session key, the backend that served it last, least recently used
+first, up to `MAX_SESSIONS`; the router sends the session there while that backend's pool is
+one the ranking keeps (predicted to meet the SLO) and the backend has a free slot, and the
+session is released (forgotten, so the next request is routed afresh) when a request served
+there misses its SLO or the backend leaves the fleet.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+# Headers agent and chat clients send to name a session: vLLM's router and production stack
+# (`x-session-id`), LiteLLM (`x-litellm-session-id`), xAI's API (`x-grok-conv-id`). A body's
+# `prompt_cache_key` (OpenAI's Chat Completions and Responses APIs) names one too.
+SESSION_HEADERS = ("x-session-id", "x-litellm-session-id", "x-grok-conv-id")
+MAX_SESSIONS = 100_000
+MAX_KEY_CHARS = 256  # a longer key is cut: sessions are told apart well before that
+
+
+class Sessions:
+    """The backend each named session was last served by."""
+
+    def __init__(self, limit: int = MAX_SESSIONS) -> None:
+        self.limit = limit
+        self._backends: OrderedDict[str, str] = OrderedDict()
+
+    def backend(self, session: str) -> str | None:
+        """Return the backend the session sticks to, or None."""
+        return self._backends.get(session)
+
+    def served(self, session: str, backend: str) -> None:
+        """Record that the backend served the session's latest request."""
+        self._backends[session] = backend
+        self._backends.move_to_end(session)
+        if len(self._backends) > self.limit:
+            self._backends.popitem(last=False)
+
+    def release(self, session: str) -> None:
+        """Forget the session's backend: its next request is routed afresh."""
+        self._backends.pop(session, None)
+
+    def forget_backends(self, kept: set[str]) -> None:
+        """Release every session whose backend is not among `kept` (a new policy version's)."""
+        for session in [s for s, b in self._backends.items() if b not in kept]:
+            del self._backends[session]
+
+    def __len__(self) -> int:
+        return len(self._backends)
