@@ -30,6 +30,7 @@ from gateway.fleet.admission import Admission
 from gateway.fleet.collector import FleetCollector
 from gateway.fleet.leases import Leases
 from gateway.fleet.ratelimit import TokenBuckets
+from gateway.fleet.shared_prefixes import SharedPrefixes
 from gateway.fleet.sharedstate import SharedState
 from gateway.fleet.state import BackendState, Fleet
 from gateway.metrics import GatewayMetrics
@@ -116,6 +117,8 @@ class Gateway:
         self.outliers = OutlierDetector(self.metrics)
         if self.shared is not None:
             SharedEjections(self.shared, lambda: self.fleet, self.outliers)
+            # Every policy version's fleet keeps this one index (Fleet.reconfigure).
+            SharedPrefixes(self.shared, self.fleet.prefixes)
         self.db = connect(settings.database_url)
         # Records are inserted by a process of their own, off the serving process's interpreter
         # and below its priority.

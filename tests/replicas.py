@@ -1,7 +1,8 @@
-"""Gateway replicas in one process, sharing a real Redis: each with its own admission and outliers.
+"""Gateway replicas in one process, sharing a real Redis: each with its own admission, outliers
+and prefix index.
 
-Enough of a replica to test what replicas share (slots as leases, ejections, their fallback when
-Redis is out) without a whole gateway per replica.
+Enough of a replica to test what replicas share (slots as leases, ejections, prefix blocks,
+their fallback when Redis is out) without a whole gateway per replica.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import redis
 
 from gateway.fleet.admission import Admission
 from gateway.fleet.leases import Leases
+from gateway.fleet.shared_prefixes import SharedPrefixes
 from gateway.fleet.sharedstate import SharedState
 from gateway.fleet.state import Fleet, Slot
 from gateway.metrics import GatewayMetrics
@@ -57,6 +59,7 @@ async def replica(
     admission = Admission(fleet, Leases(shared), refresh_s=refresh_s)
     outliers = OutlierDetector(metrics, threshold=1, clock=clock)
     SharedEjections(shared, lambda: fleet, outliers)
+    SharedPrefixes(shared, fleet.prefixes)
     await shared.start()
     admission.start()
     try:

@@ -432,3 +432,25 @@ def test_applies_and_rollbacks_under_load_on_two_replicas_fail_no_request(
     assert failures == []
     assert {"chat", *(f"chat-v{i}" for i in range(4))} <= routes  # every version served traffic
     assert versions[0] == versions[1] == 9  # the first version, then 4 applies and 4 rollbacks
+
+
+def test_a_prefix_served_by_one_replica_is_known_to_the_other(
+    tmp_path: Path, asic: SimulatorProcess, redis_url: str, redis_prefix: str
+) -> None:
+    system = "You answer questions about the routing gateway's fleet, briefly and exactly. " * 30
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": "Slots?"}]
+    with replicas(tmp_path, asic, redis_url, redis_prefix) as (a, b):
+        admin = {"authorization": f"Bearer {ADMIN}"}
+
+        def explained() -> str:
+            body = {"model": MODEL, "messages": messages}
+            reply = httpx.post(b.url + "/admin/explain", json={"body": body}, headers=admin)
+            return " ".join(reply.json()["trace"])
+
+        assert "holds 0 of the prompt's 9" in explained()  # b knows nothing of it yet
+        a.client().chat.completions.create(model=MODEL, messages=messages, max_tokens=4)
+        # The system prompt's 9 whole blocks of 256 characters, sent by a, held as b sees it.
+        wait_for(
+            lambda: "chosen: asic-0 has 4 free slots, holds 9 of the prompt's 9" in explained(),
+            message="b never heard which blocks a sent",
+        )

@@ -13,7 +13,8 @@ found cached; where the index expected more, the engine holds less than the inde
 clients' prompts, a smaller cache than declared, a restart), so the backend's `scale` shrinks
 the capacity the index keeps; where the engine found as much or more, it grows back towards the
 declared capacity. A restarted engine, an eviction the index did not see, a block another
-replica sent: each costs one mispredicted request, which the report then corrects.
+replica sent while Redis was out: each costs one mispredicted request, which the report then
+corrects. With Redis, replicas tell each other what they send (gateway/fleet/shared_prefixes.py).
 
 Memory: `ENTRY_BYTES` per block held (an int key in an ordered dict), so a backend whose KV
 memory holds 1M tokens costs 16k blocks, about 1.6 MB of index, at most.
@@ -22,7 +23,7 @@ memory holds 1M tokens costs 16k blocks, about 1.6 MB of index, at most.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 # Tokens of a block of the live gateway's prompts (gateway/routing/prefix.py). Engines use 16
@@ -53,6 +54,8 @@ class PrefixIndex:
 
     def __init__(self) -> None:
         self._backends: dict[str, BackendBlocks] = {}
+        # Told of every prompt this replica sends, so that other replicas hear of it.
+        self.on_sent: Callable[[str, Sequence[int]], None] | None = None
 
     def configure(self, capacities: dict[str, int]) -> None:
         """Set each backend's capacity in blocks (a policy version's); forget removed ones."""
@@ -86,6 +89,12 @@ class PrefixIndex:
         return low
 
     def sent(self, backend: str, blocks: Sequence[int]) -> None:
+        """Record that this replica sent the backend a prompt's blocks: it now holds them."""
+        self.heard(backend, blocks)
+        if self.on_sent is not None and blocks:
+            self.on_sent(backend, blocks)
+
+    def heard(self, backend: str, blocks: Sequence[int]) -> None:
         """Record that the backend now holds a prompt's blocks (it computed or reused them)."""
         known = self._backends.get(backend)
         if known is None or not blocks:
