@@ -6,14 +6,22 @@ Reports p50 / p99 / p99.9 of `decide()` in microseconds, for a short interactive
 (three candidate pools ranked by the cost model) under a partly loaded fleet, and the garbage
 collections that ran while it measured. The collector runs as in the serving gateway: enabled,
 with what exists once started frozen (gateway/ops/routes.py).
+
+Two requests alternate, so both are timed side by side: the same prompt without prefix blocks
+(too short for one, or an embedding) and with them, every backend's prefix index full to its
+capacity and the prompt's prefix held by one backend. The index's memory is measured as it
+fills (tracemalloc) and reported per backend.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
+import itertools
 import json
 import time
+import tracemalloc
 from pathlib import Path
 
 import yaml
@@ -22,6 +30,7 @@ from gateway.costmodel.model import FEATURES, TARGETS, CostModel, OutputLengths,
 from gateway.fleet.state import Fleet
 from gateway.policy.load import parse_policy
 from gateway.policy.model import Policy
+from gateway.routing import prefix
 from gateway.routing.classify import RequestProfile
 from gateway.routing.ranking import CostRanker
 from gateway.routing.router import decide
@@ -58,6 +67,28 @@ def learned_model(policy: Policy) -> CostModel:
     return CostModel(policy, version=1, trained=trained)
 
 
+def fill_index(fleet: Fleet) -> int:
+    """Fill every backend's prefix index to its capacity with other prompts' blocks; return
+    the bytes the index took, as tracemalloc counts them."""
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    block = itertools.count(1 << 40)
+    for backend in fleet.backends():
+        # Prompts of 32 blocks, until the backend's index is full and evicting.
+        while fleet.prefixes.held(backend.name) < fleet.prefixes.capacity(backend.name):
+            fleet.prefixes.sent(backend.name, [next(block) for _ in range(32)])
+    taken = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    return taken
+
+
+def quantiles(samples: list[int]) -> dict[str, float]:
+    """Return the p50, p99 and p99.9 of samples in nanoseconds, in microseconds."""
+    ordered = sorted(samples)
+    pick = lambda q: ordered[min(int(q * len(ordered)), len(ordered) - 1)] / 1000  # noqa: E731
+    return {"p50_us": pick(0.5), "p99_us": pick(0.99), "p999_us": pick(0.999)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--decisions", type=int, default=50_000)
@@ -81,8 +112,19 @@ def main() -> None:
         tenant="anonymous",
         stream=True,
     )
-    for _ in range(2000):
-        decide(profile, policy, fleet, ranker)
+    index_bytes = fill_index(fleet)
+    text = "You answer questions about the routing gateway's fleet, briefly and exactly. " * 31
+    blocks = prefix.blocks(text)
+    cached = dataclasses.replace(
+        profile, blocks=blocks, block_tokens=prefix.block_tokens(profile.prompt_tokens, text)
+    )
+    chosen = decide(cached, policy, fleet, ranker).backend
+    assert chosen is not None
+    fleet.prefixes.sent(chosen.name, blocks)  # the prompt's prefix is where it goes
+    requests = {"plain": profile, "prefix": cached}
+    for request in requests.values():
+        for _ in range(2000):
+            decide(request, policy, fleet, ranker)
     gc.collect()
     gc.freeze()
     collections = [0]
@@ -91,24 +133,27 @@ def main() -> None:
         if phase == "stop":
             collections[0] += 1
 
-    samples = []
+    samples: dict[str, list[int]] = {name: [] for name in requests}
     clock = time.perf_counter_ns
     gc.callbacks.append(count)
-    for _ in range(args.decisions):
+    for name in itertools.islice(itertools.cycle(requests), 2 * args.decisions):
+        request, taken = requests[name], samples[name]
         t0 = clock()
-        decide(profile, policy, fleet, ranker)
-        samples.append(clock() - t0)
+        decide(request, policy, fleet, ranker)
+        taken.append(clock() - t0)
     gc.callbacks.remove(count)
-    samples.sort()
-    pick = lambda q: samples[min(int(q * len(samples)), len(samples) - 1)] / 1000  # noqa: E731
-    decision = decide(profile, policy, fleet, ranker)
+    decision = decide(cached, policy, fleet, ranker)
     result = {
-        "decisions": len(samples),
-        "p50_us": pick(0.5),
-        "p99_us": pick(0.99),
-        "p999_us": pick(0.999),
+        "decisions": args.decisions,
+        **quantiles(samples["plain"]),
+        "prefix": quantiles(samples["prefix"]),
         "gc_collections": collections[0],
         "pools_ranked": list(decision.predictions),
+        "prefix_trace": [said for _, said in decision.trace if "prefix blocks" in said],
+        "index_blocks_per_backend": {b.name: fleet.prefixes.held(b.name) for b in fleet.backends()},
+        "index_bytes_per_block": round(
+            index_bytes / sum(fleet.prefixes.held(b.name) for b in fleet.backends()), 1
+        ),
     }
     print(json.dumps(result))
     if args.out is not None:

@@ -125,6 +125,11 @@ class PrefixIndex:
         known = self._backends.get(backend)
         return 0 if known is None else len(known.held)
 
+    def capacity(self, backend: str) -> int:
+        """Return how many blocks the index keeps for the backend at most now."""
+        known = self._backends.get(backend)
+        return 0 if known is None else known.limit
+
     def scale(self, backend: str) -> float:
         """Return the share of its declared capacity the index trusts the backend to hold."""
         known = self._backends.get(backend)
