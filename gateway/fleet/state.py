@@ -29,8 +29,8 @@ class BackendState:
     `external` the requests of other clients its serving engine reported beyond all of those,
     and `engine_full` why the engine takes nothing more now ('' when it has room or reports
     nothing); `engine_cached_share` and `engine_tokens_per_s` the prompt cache's share and the
-    generation speed the engine last reported (None when it reports none, as only llama.cpp
-    does now).
+    generation speed the engine last reported (None when it reports none: the share comes from
+    vLLM and llama.cpp, the speed from llama.cpp).
 
     It also carries the headers every call to it sends (its credential among them), built once
     with the fleet, so the request path only picks the right set. They stay out of repr, so a
@@ -205,6 +205,15 @@ class PoolState:
         return best
 
 
+def prefix_capacity(policy: Policy, pool: Pool, block_tokens: int) -> int:
+    """Return the prefix blocks one backend of a pool keeps: what the pool declares its engines
+    keep cached, else what its KV memory holds."""
+    if pool.prefix_cache_tokens is not None:
+        return pool.prefix_cache_tokens // block_tokens
+    per_token = max(policy.kv_bytes_per_token(m) for m in pool.models)
+    return capacity_blocks(pool.kv_capacity_bytes(), per_token, block_tokens)
+
+
 class Fleet:
     """Every pool of the active policy with its live backend state.
 
@@ -241,11 +250,7 @@ class Fleet:
         }
         self.prefixes.configure(
             {
-                backend.name: capacity_blocks(
-                    pool.spec.kv_capacity_bytes(),
-                    max(policy.kv_bytes_per_token(m) for m in pool.spec.models),
-                    block_tokens,
-                )
+                backend.name: prefix_capacity(policy, pool.spec, block_tokens)
                 for pool in self.pools.values()
                 for backend in pool.backends
             }

@@ -6,7 +6,9 @@ not send. The engines say how loaded they are in their Prometheus series, which 
 scrape reads for a pool whose policy names its `engine`:
 
 - vllm: `vllm:num_requests_running`, `vllm:num_requests_waiting`, and the KV cache in use
-  (0-1) as `vllm:kv_cache_usage_perc`, or `vllm:gpu_cache_usage_perc` before 0.9;
+  (0-1) as `vllm:kv_cache_usage_perc`, or `vllm:gpu_cache_usage_perc` before 0.9; with prefix
+  caching, the prompt tokens looked up in it and those found (`vllm:prefix_cache_queries_total`
+  and `vllm:prefix_cache_hits_total`, `vllm:gpu_prefix_cache_*` before 0.10);
 - sglang: `sglang:num_running_reqs`, `sglang:num_queue_reqs`, `sglang:token_usage`;
 - tgi: `tgi_batch_current_size`, `tgi_queue_size` (TGI reports no KV-cache share);
 - triton (TensorRT-LLM): `nv_trt_llm_request_metrics` with `request_type` `active` and
@@ -56,6 +58,7 @@ class EngineSeries:
     kv_usage: tuple[Series, ...] = ()
     prompt_computed: tuple[Series, ...] = ()  # prompt tokens computed, the cached left out
     prompt_cached: tuple[Series, ...] = ()  # prompt tokens taken from the prompt cache
+    prompt_queried: tuple[Series, ...] = ()  # prompt tokens looked up, the cached among them
     tokens_per_s: tuple[Series, ...] = ()  # generation speed, 0 when not measured
 
 
@@ -64,6 +67,14 @@ ENGINES: dict[str, EngineSeries] = {
         running=(Series("vllm:num_requests_running"),),
         waiting=(Series("vllm:num_requests_waiting"),),
         kv_usage=(Series("vllm:kv_cache_usage_perc"), Series("vllm:gpu_cache_usage_perc")),
+        prompt_cached=(
+            Series("vllm:prefix_cache_hits_total"),
+            Series("vllm:gpu_prefix_cache_hits_total"),
+        ),
+        prompt_queried=(
+            Series("vllm:prefix_cache_queries_total"),
+            Series("vllm:gpu_prefix_cache_queries_total"),
+        ),
     ),
     "sglang": EngineSeries(
         running=(Series("sglang:num_running_reqs"),),
@@ -114,9 +125,10 @@ def read_engine(text: str, engine: str) -> EngineLoad | None:
     kv = _first(text, series.kv_usage, exposition.largest)
     if running is None and waiting is None:
         return None
-    computed = _first(text, series.prompt_computed, exposition.total)
     cached = _first(text, series.prompt_cached, exposition.total)
-    prompts = (computed or 0.0) + (cached or 0.0)
+    prompts = _first(text, series.prompt_queried, exposition.total)
+    if prompts is None:
+        prompts = (_first(text, series.prompt_computed, exposition.total) or 0.0) + (cached or 0.0)
     speed = _first(text, series.tokens_per_s, exposition.largest)
     return EngineLoad(
         round(running or 0),

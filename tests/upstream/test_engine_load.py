@@ -217,3 +217,28 @@ def test_a_llamacpp_engine_that_defers_is_sent_nothing_and_its_cache_and_speed_a
 
 def gauge_in(text: str, name: str) -> float:
     return metric_value(text, name, pool="llama", backend="llama-0")
+
+
+def test_a_vllm_backend_reports_its_prefix_caches_share_of_prompt_tokens(tmp_path: Path) -> None:
+    system = "You answer questions about the routing gateway's fleet, briefly and exactly. " * 30
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": "Slots?"}]
+    with start_simulator("gpu", extra_args=["--engine", "vllm"]) as sim:
+        policy = shared_policy([sim.url], "vllm")
+        with run_gateway(policy, tmp_path, power_scrape_interval_s=SCRAPE_S) as gw:
+            client = gw.client()
+            answers = [
+                client.chat.completions.create(model=MODEL, messages=messages, max_tokens=4)
+                for _ in range(2)
+            ]
+            cached = answers[1].usage.prompt_tokens_details.cached_tokens  # type: ignore[union-attr]
+            prompt = answers[0].usage.prompt_tokens  # type: ignore[union-attr]
+            # The engine looked up both prompts and found the second's cached part.
+            share = cached / (2 * prompt)
+            wait_for(
+                lambda: (
+                    gauge(gw, "gateway_backend_engine_prompt_cached_ratio", "gpu-0")
+                    == pytest.approx(share)
+                ),
+                message=lambda: str(gw.gateway.fleet.pools["gpu"].backends[0]),
+            )
+    assert cached > prompt / 2

@@ -97,3 +97,18 @@ def test_a_llamacpp_window_without_a_finished_request_has_no_speed_and_a_fresh_o
         .replace("prompt_tokens_cached_total 310", "prompt_tokens_cached_total 0")
     )
     assert read_engine(fresh, "llamacpp") == EngineLoad(0, 0, None, None, None)
+
+
+def test_vllm_reports_its_prefix_caches_share_by_the_names_before_and_since_0_10() -> None:
+    current = (
+        'vllm:num_requests_running{engine="0",model_name="llama"} 1.0\n'
+        'vllm:num_requests_waiting{engine="0",model_name="llama"} 0.0\n'
+        'vllm:prefix_cache_queries_total{engine="0",model_name="llama"} 4000.0\n'
+        'vllm:prefix_cache_hits_total{engine="0",model_name="llama"} 3000.0\n'
+    )
+    load = read_engine(current, "vllm")
+    assert load is not None and load.cached_share == pytest.approx(0.75)
+    older = read_engine(current.replace("vllm:prefix_cache", "vllm:gpu_prefix_cache"), "vllm")
+    assert older is not None and older.cached_share == pytest.approx(0.75)
+    none_yet = read_engine(current.replace("4000.0", "0.0").replace("3000.0", "0.0"), "vllm")
+    assert none_yet is not None and none_yet.cached_share is None
