@@ -189,6 +189,13 @@ class Pool(Strict):
         default=None,
         description="Memory of one backend for KV cache, after weights; default half of memory.",
     )
+    prefix_cache_tokens: int | None = Field(
+        default=None,
+        ge=0,
+        description="Prompt tokens one backend keeps cached between requests, host-memory "
+        "offload included (vLLM logs its KV cache's size in tokens): what the gateway's prefix "
+        "index expects it to hold. null: what `kv_cache_gb` holds.",
+    )
     driver: Version | None = Field(
         default=None, description="Driver version of the backends, e.g. '550.90.07'."
     )

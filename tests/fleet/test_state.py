@@ -64,3 +64,15 @@ def test_new_backends_start_empty() -> None:
     old.pools["gpu"].backends[0].in_flight = 2
     new = old.reconfigure(fleet_policy(gpu=GPU))
     assert [b.in_flight for b in new.pools["gpu"].backends] == [2, 0]
+
+
+def test_the_prefix_index_keeps_what_a_pool_declares_its_engines_cache_else_its_kv_memory() -> None:
+    declared = Fleet(
+        fleet_policy(gpu_extra={"prefix_cache_tokens": 2_506_752}),
+        block_tokens=512,
+    )
+    assert declared.prefixes.capacity("gpu-0") == 4896  # HBM and host memory, 512-token blocks
+    # The ASIC declares nothing: what its KV memory (half of 141 GB) holds at 128 KiB a token.
+    assert declared.prefixes.capacity("asic-0") == int(70.5e9 / (131_072 * 512)) == 1050
+    sram = Fleet(fleet_policy(asic_extra={"prefix_cache_tokens": 8192}), block_tokens=512)
+    assert sram.prefixes.capacity("asic-0") == 16
