@@ -56,7 +56,12 @@ def add(commands: argparse._SubParsersAction) -> None:
     routing = bench.add_parser(
         "routing", help="replay a trace through every routing strategy on a virtual clock"
     )
-    routing.add_argument("--trace", type=Path, required=True, help="CSV trace (Azure LLM format)")
+    routing.add_argument(
+        "--trace",
+        type=Path,
+        required=True,
+        help="the Azure LLM traces' CSV or Mooncake's JSONL (traces/README.md)",
+    )
     routing.add_argument("--out", type=Path, required=True, help="where to write the JSON result")
     routing.add_argument(
         "--rate-scale", type=float, default=1.0, help="arrivals this many times faster"

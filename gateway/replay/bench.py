@@ -148,6 +148,55 @@ def targets(
     return checks
 
 
+# The targets of routing on the prefix cache, on a trace whose prompts share prefixes
+# (docs/routing.md, "Routing on the prefix cache"): against the baselines as others deploy them.
+BASELINES = ("round-robin", "least-loaded", "session-hash", "approximate-prefix")
+TTFT_OVER_LEAST_LOADED = {"p50": 0.5, "p99": 0.3}
+GOODPUT_OVER_BEST_BASELINE = 1.3
+TTFT_OVER_ORACLE = 1.1
+
+
+def prefix_targets(results: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Check the learned router's latency, goodput and energy against the baselines' and the
+    oracle's, where they ran."""
+    learned = results.get("learned")
+    if learned is None:
+        return {}
+    checks: dict[str, dict[str, Any]] = {}
+
+    def ratio(key: str, other: dict[str, Any]) -> float | None:
+        ours, theirs = learned[key], other[key]
+        return None if ours is None or not theirs else round(ours / theirs, 4)
+
+    least = results.get("least-loaded")
+    if least is not None:
+        for q, bound in TTFT_OVER_LEAST_LOADED.items():
+            found = ratio(f"ttft_{q}_ms", least)
+            checks[f"ttft_{q}_vs_least_loaded"] = _check(
+                found, f"<= {bound}", None if found is None else found <= bound
+            )
+        found = ratio("fleet_energy_j_per_request", least)
+        checks["fleet_energy_vs_least_loaded"] = _check(
+            found, "<= 1.0", None if found is None else found <= 1.0
+        )
+    ran = [name for name in BASELINES if name in results]
+    if ran:
+        best = max(ran, key=lambda name: results[name]["goodput"])
+        found = ratio("goodput", results[best])
+        checks["goodput_vs_best_baseline"] = _check(
+            found,
+            f">= {GOODPUT_OVER_BEST_BASELINE} ({best})",
+            None if found is None else found >= GOODPUT_OVER_BEST_BASELINE,
+        )
+    oracle_result = results.get("oracle")
+    if oracle_result is not None:
+        for q in TTFT_OVER_LEAST_LOADED:
+            found = ratio(f"ttft_{q}_ms", oracle_result)
+            met = None if found is None else found <= TTFT_OVER_ORACLE
+            checks[f"ttft_{q}_vs_oracle"] = _check(found, f"<= {TTFT_OVER_ORACLE}", met)
+    return checks
+
+
 def run_routing_benchmark(
     trace: Path,
     out: Path,
@@ -177,6 +226,8 @@ def run_routing_benchmark(
         "strategies": results,
         "targets": targets(results, world),
     }
+    if any(r.blocks for r in requests):
+        document["targets"] |= prefix_targets(results)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(document, indent=2) + "\n")
     return document
@@ -185,16 +236,17 @@ def run_routing_benchmark(
 def format_table(results: dict[str, dict[str, Any]]) -> str:
     """Return the strategies' headline figures as a plain-text table."""
     header = (
-        f"{'strategy':<13} {'J/req':>8} {'g CO2/req':>9} {'$/1k tok':>10} {'SLO':>7} "
-        f"{'TTFT p50':>9} {'TTFT p99':>9}  pools"
+        f"{'strategy':<18} {'J/req':>8} {'g CO2/req':>9} {'$/1k tok':>10} {'SLO':>7} "
+        f"{'goodput':>7} {'TTFT p50':>9} {'TTFT p99':>9}  pools"
     )
     lines = [header]
     for name, r in results.items():
         shares = ", ".join(f"{p} {s:.1%}" for p, s in r["pool_shares"].items())
         lines.append(
-            f"{name:<13} {r['energy_j_per_request']:>8.2f} {r['carbon_g_per_request']:>9.4f} "
+            f"{name:<18} {r['energy_j_per_request']:>8.2f} {r['carbon_g_per_request']:>9.4f} "
             f"{r['cost_usd_per_1k_tokens']:>10.3e} {r['slo_attainment']:>7.2%} "
-            f"{r['ttft_p50_ms'] or 0:>9.1f} {r['ttft_p99_ms'] or 0:>9.1f}  {shares}"
+            f"{r['goodput']:>7.2%} {r['ttft_p50_ms'] or 0:>9.1f} "
+            f"{r['ttft_p99_ms'] or 0:>9.1f}  {shares}"
         )
     return "\n".join(lines)
 

@@ -19,10 +19,11 @@ them (a cached token costs nothing, or its transfer from host memory), step(n) t
 decode step for n sequences reading their contexts (the request's own, half way through its
 answer, added when it joins), P(n) the board power with n requests,
 both under the scenario's factors, and o its output tokens. Backends whose true prefill or step
-would miss the request's SLO come after the others; a pool's price is its cheapest backend's. It
-routes through `decide()`, so it cannot put more on a backend than its slots: it waits and falls
-back as the others do. It is a reference to measure routing against, not a bound no router can
-pass: it knows each request only as it arrives, not what comes after.
+would miss the request's SLO come after the others; a pool's price is its cheapest backend's,
+and it names its backends to `decide()` cheapest first (`Ranking.backends`), so the request goes
+where it was priced. It routes through `decide()`, so it cannot put more on a backend than its
+slots: it waits and falls back as the others do. It is a reference to measure routing against,
+not a bound no router can pass: it knows each request only as it arrives, not what comes after.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gateway.fleet.state import PoolState
+from gateway.fleet.state import BackendState, PoolState
 from gateway.policy.model import Policy, Route
 from gateway.policy.tariffs import Rates
 from gateway.replay.trace import TraceRequest
@@ -87,18 +88,21 @@ class OracleRanker:
         self.world: dict[str, SimulatedBackend] = {}  # the replay's, given once it is built
         self.request: TraceRequest | None = None  # the one being routed, given as it arrives
 
-    def placement(self, profile: RequestProfile, pool: PoolState) -> Placement | None:
-        """Return the cheapest placement on a backend of the pool with a free slot, or None."""
+    def placements(
+        self, profile: RequestProfile, pool: PoolState
+    ) -> list[tuple[Placement, BackendState]]:
+        """Return the placements on the pool's backends with a free slot, the best first: those
+        meeting the SLO before the others, each the cheapest first."""
         spec = self.policy.pools[pool.name]
         usd_per_j = self.rates(pool.name).usd_per_j
         usd_per_slot_s = spec.price.usd_per_hour / 3600 / spec.slots_per_backend
         output = profile.max_tokens or 1  # the replay's max_tokens is the true output length
-        best: Placement | None = None
+        found: list[tuple[Placement, BackendState]] = []
         for backend in pool.backends:
             sim = self.world.get(backend.name)
             if sim is None or backend.ejected or backend.free_slots <= 0:
                 continue
-            found = marginal(
+            placed = marginal(
                 sim,
                 profile.model,
                 profile.prompt_tokens,
@@ -109,12 +113,9 @@ class OracleRanker:
                 profile.tpot_ms,
                 self.request,
             )
-            if best is None or (not best.meets_slo, best.cost_usd) > (
-                not found.meets_slo,
-                found.cost_usd,
-            ):
-                best = found
-        return best
+            found.append((placed, backend))
+        found.sort(key=lambda pair: (not pair[0].meets_slo, pair[0].cost_usd))
+        return found
 
     def __call__(
         self,
@@ -124,12 +125,14 @@ class OracleRanker:
         trace: list[tuple[str, str]],
     ) -> Ranking:
         order = {name: i for i, name in enumerate(route.pools)}
-        placements = {pool.name: self.placement(profile, pool) for pool in pools}
+        placements = {pool.name: self.placements(profile, pool) for pool in pools}
 
         def key(pool: PoolState) -> tuple[bool, bool, float, int]:
             found = placements[pool.name]
-            if found is None:  # full: queued in after every pool with room
+            if not found:  # full: queued in after every pool with room
                 return (True, True, 0.0, order.get(pool.name, 0))
-            return (False, not found.meets_slo, found.cost_usd, order.get(pool.name, 0))
+            best = found[0][0]
+            return (False, not best.meets_slo, best.cost_usd, order.get(pool.name, 0))
 
-        return Ranking(sorted(pools, key=key))
+        backends = {name: [b for _, b in found] for name, found in placements.items() if found}
+        return Ranking(sorted(pools, key=key), backends=backends)

@@ -1,27 +1,35 @@
 """The routing strategies a replay compares: the learned router, the baselines and the oracle.
 
 Every strategy routes through the real `decide()`; they differ only in how the eligible pools
-are ranked (the `rank_pools` seam) and, for `gpu-only`, in a policy cut down to the GPU pool.
-`best-static` is `static` under each order of the routes' pools, the cheapest in hindsight
-(`gateway.replay.bench`); the oracle knows the truth (`gateway.replay.oracle`).
+are ranked (the `rank_pools` seam), for `gpu-only` in a policy cut down to the GPU pool, and in
+what their router reads of a request. The gateway's own (`learned`, `static`, `best-static`,
+`gpu-only`) read its prompt's prefix blocks and the fleet's prefix index, as the live gateway
+does. The baselines rank backends themselves, as the routers others deploy in front of engines
+do: `round-robin` and `least-loaded` (`gateway.replay.balancing`) and `session-hash`
+(`gateway.replay.session_hash`, which alone is told the conversation) route profiles without
+blocks, blind to the cache; `approximate-prefix` (`gateway.replay.approximate_prefix`) reads
+the blocks into trees of its own. `best-static` is `static` under each order of the routes'
+pools, the cheapest in hindsight (`gateway.replay.bench`); the oracle knows the truth, every
+backend's cache and load among it (`gateway.replay.oracle`).
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Collection, Sequence
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from gateway.costmodel.model import OutputLengths
 from gateway.costmodel.train import RetrainSchedule
-from gateway.fleet.state import PoolState
 from gateway.policy.model import Policy, Route
 from gateway.policy.tariffs import Rates, own_rate
+from gateway.replay.approximate_prefix import ApproximatePrefix
+from gateway.replay.balancing import RoundRobin, least_loaded
 from gateway.replay.learner import OnlineLearner
 from gateway.replay.oracle import OracleRanker
-from gateway.routing.classify import RequestProfile
-from gateway.routing.ranking import CostRanker, Ranking, preference_order
+from gateway.replay.session_hash import SessionHash
+from gateway.routing.ranking import CostRanker, preference_order
 from gateway.routing.router import RankPools
 
 MAX_ORDERS = 120  # fixed orders best-static replays at most
@@ -33,43 +41,10 @@ STRATEGIES = (
     "gpu-only",
     "round-robin",
     "least-loaded",
+    "session-hash",
+    "approximate-prefix",
     "oracle",
 )
-
-
-class RoundRobin:
-    """Rank eligible pools in turn: each request starts one pool further along."""
-
-    def __init__(self, start: int = 0):
-        self._turn = start
-
-    def __call__(
-        self,
-        profile: RequestProfile,
-        route: Route,
-        pools: Sequence[PoolState],
-        trace: list[tuple[str, str]],
-    ) -> Ranking:
-        if not pools:
-            return Ranking([])
-        first = self._turn % len(pools)
-        self._turn += 1
-        return Ranking([*pools[first:], *pools[:first]])
-
-
-def least_loaded(
-    profile: RequestProfile,
-    route: Route,
-    pools: Sequence[PoolState],
-    trace: list[tuple[str, str]],
-) -> Ranking:
-    """Rank eligible pools by requests in flight and waiting, relative to their slots."""
-
-    def load(pool: PoolState) -> float:
-        slots = sum(b.slots for b in pool.backends)
-        return (sum(b.in_flight for b in pool.backends) + len(pool.waiters)) / slots
-
-    return Ranking(sorted(pools, key=load))
 
 
 def gpu_only_policy(policy: Policy) -> Policy:
@@ -123,6 +98,8 @@ class Strategy:
     """How one strategy routes: its policy, its ranking and, if it learns, its learner.
 
     The oracle's ranker reads the replay's world, which the replay gives it (`oracle`).
+    `prefixes` says whether its router reads a prompt's prefix blocks, `sessions` whether it is
+    told the conversation a request continues (`gateway.replay.trace.conversation`).
     """
 
     name: str
@@ -131,6 +108,8 @@ class Strategy:
     learner: OnlineLearner | None = None
     outputs: OutputLengths | None = None
     oracle: OracleRanker | None = None
+    prefixes: bool = True
+    sessions: bool = False
 
 
 def strategy_for(
@@ -153,9 +132,13 @@ def strategy_for(
     if name == "gpu-only":
         return Strategy(name, gpu_only_policy(policy), preference_order)
     if name == "round-robin":
-        return Strategy(name, policy, RoundRobin(start=seed))
+        return Strategy(name, policy, RoundRobin(start=seed), prefixes=False)
     if name == "least-loaded":
-        return Strategy(name, policy, least_loaded)
+        return Strategy(name, policy, least_loaded, prefixes=False)
+    if name == "session-hash":
+        return Strategy(name, policy, SessionHash(), prefixes=False, sessions=True)
+    if name == "approximate-prefix":
+        return Strategy(name, policy, ApproximatePrefix())
     if name in ("static", "best-static"):
         return Strategy(name, policy, preference_order)
     raise ValueError(f"unknown strategy {name!r} (strategies: {', '.join(STRATEGIES)})")

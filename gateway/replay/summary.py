@@ -6,20 +6,39 @@ requests held (admission to last token) at its hourly price divided by its slots
 hourly price buys `slots` slots, as the router's marginal cost assumes. Carbon is the same
 energy at the electricity's carbon intensity. The fleet's cost, every device for the whole
 window with its idle draw, is reported beside it.
+
+Goodput is the share of requests served within `GOODPUT_TTFT_S` to the first token (queueing
+included) and `GOODPUT_TPOT_S` a token after it, whatever their SLO class: the bar DistServe and
+Mooncake measure serving by, the same for every policy a replay runs.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 
-from gateway.replay.timeline import Replay
+from gateway.replay.timeline import Passage, Replay
 from gateway.stats import percentile
+
+GOODPUT_TTFT_S = 2.0
+GOODPUT_TPOT_S = 0.050
 
 
 def latency_percentile(values: list[float], q: float) -> float | None:
     """Return the q-th percentile of latencies in ms, as the result files give it."""
     value = percentile(values, q)
     return None if value is None else round(value, 2)
+
+
+def good(passage: Passage) -> bool:
+    """Say whether a request counts toward goodput: served, its first token and every one after
+    it within the bar."""
+    ttft, tpot = passage.ttft_s, passage.tpot_s
+    return (
+        passage.served
+        and ttft is not None
+        and ttft <= GOODPUT_TTFT_S
+        and (tpot is None or tpot <= GOODPUT_TPOT_S)
+    )
 
 
 def summarize(replay: Replay) -> dict[str, object]:
@@ -47,6 +66,8 @@ def summarize(replay: Replay) -> dict[str, object]:
     ttft = [p.ttft_s * 1e3 for p in served if p.ttft_s is not None]
     tpot = [p.tpot_s * 1e3 for p in served if p.tpot_s is not None]
     pools = Counter(p.pool for p in served)
+    prompt = sum(p.request.prompt_tokens for p in served)
+    cached = sum(p.job.cached_tokens for p in served if p.job is not None)
     live = [
         n for n, pool in policy.pools.items() if pool.live and set(replay.models) & set(pool.models)
     ]
@@ -64,9 +85,11 @@ def summarize(replay: Replay) -> dict[str, object]:
         "energy_above_idle_j": round(above_idle, 1),
         "carbon_g_per_request": round(carbon / total, 5),
         "fleet_energy_j": round(fleet, 1),
+        "fleet_energy_j_per_request": round(fleet / total, 3),
         "cost_usd_per_1k_tokens": round(cost / tokens_k, 9),
         "fleet_cost_usd_per_1k_tokens": round(fleet_cost / tokens_k, 9),
         "slo_attainment": round(sum(p.meets_slo() for p in passages) / total, 5),
+        "goodput": round(sum(good(p) for p in passages) / total, 5),
         "ttft_p50_ms": latency_percentile(ttft, 50),
         "ttft_p99_ms": latency_percentile(ttft, 99),
         "tpot_p50_ms": latency_percentile(tpot, 50),
@@ -81,6 +104,8 @@ def summarize(replay: Replay) -> dict[str, object]:
             name: round(concurrency[name] / pools[name], 2) if pools[name] else None
             for name in live
         },
+        # Of the prompt tokens served, those the backends' prefix caches held.
+        "cached_share": round(cached / prompt, 5) if prompt else 0.0,
         "queued_share": round(sum(p.queued_in is not None for p in passages) / total, 5),
         "fallback_share": round(sum(p.fell_back for p in passages) / total, 5),
         "duration_s": round(duration_s, 3),

@@ -13,6 +13,13 @@ decision with a backend takes one of its slots at once; a decision to queue wait
 queue, oldest first, for a slot, within the budget; when the budget runs out `pick_backend` may
 still find a free slot on the route (the fallback), and otherwise the request is refused.
 
+The prefix cache is reached as the live gateway reaches it (`gateway/upstream/forward.py`): a
+request's profile carries its prompt's whole prefix blocks in the trace's block size, the fleet's
+index is told what each backend was sent, and corrected by the tokens the device found cached,
+once its answer is in. The cache-blind baselines' profiles carry no blocks, and a session is
+named only to the strategy that keys on it (`gateway.replay.strategies`); the replay's clients
+name none to the gateway's session table.
+
 The learned strategy meters energy as the live gateway does: each device's energy counter is read
 every `meter_interval_s` and fed, with the request spans, to a
 `gateway.records.energy.BackendLedger`; a request's observation (its TTFT, TPOT and end-to-end time
@@ -33,6 +40,7 @@ from typing import Any, cast
 
 from gateway.costmodel.train import Observation
 from gateway.errors import GatewayError
+from gateway.fleet.prefixes import BLOCK_TOKENS
 from gateway.fleet.state import Fleet, PoolState
 from gateway.policy.model import Policy, Route
 from gateway.records.requests import ms
@@ -40,7 +48,7 @@ from gateway.records.slo import meets_slo, tpot_s
 from gateway.replay.hardware import Hardware, Job, load_hardware
 from gateway.replay.scenario import PLAIN, Scenario, ScenarioRates
 from gateway.replay.strategies import Strategy
-from gateway.replay.trace import TraceRequest
+from gateway.replay.trace import TraceRequest, conversation
 from gateway.replay.world import SimulatedBackend, build_world
 from gateway.routing.classify import RequestProfile
 from gateway.routing.router import decide, pick_backend
@@ -51,7 +59,14 @@ MODEL = "llama-3.1-8b-instruct"
 START_S = 1.0
 
 
-def request_profile(policy: Policy, request: TraceRequest, model: str = MODEL) -> RequestProfile:
+def request_profile(
+    policy: Policy,
+    request: TraceRequest,
+    model: str = MODEL,
+    *,
+    prefixes: bool = True,
+    session: bool = False,
+) -> RequestProfile:
     """Return what the router would know of a trace request.
 
     What the request does not say is a streamed chat to `model` in the policy's default class
@@ -59,6 +74,10 @@ def request_profile(policy: Policy, request: TraceRequest, model: str = MODEL) -
     class the policy no longer has is its default). `max_tokens` is the trace's generated
     length, as a client that knows it would send (and as benchmarks make the simulator generate
     exactly that many tokens with `ignore_eos`).
+
+    With `prefixes`, the profile carries the prompt's whole prefix blocks, as the live classifier
+    hashes only whole ones (an engine caches only those); with `session`, the conversation the
+    request continues, as a client naming its session would.
     """
     name = request.slo_class if request.slo_class in policy.slo_classes else None
     name = name or policy.default_slo_class
@@ -75,6 +94,11 @@ def request_profile(policy: Policy, request: TraceRequest, model: str = MODEL) -
         e2e_ms=slo.e2e_ms,
         tenant=request.tenant or "anonymous",
         stream=request.stream and not embedding,
+        blocks=request.blocks[: request.prompt_tokens // request.block_tokens]
+        if prefixes and request.block_tokens
+        else (),
+        block_tokens=float(request.block_tokens),
+        session=conversation(request) if session else None,
     )
 
 
@@ -93,6 +117,7 @@ class Passage:
     admitted_s: float | None = None
     concurrent: int = 0
     context_tokens: int = 0  # KV-cache tokens its backend held at admission, its own in
+    expected_blocks: int = 0  # of its prefix blocks, those the index said its backend held
     fell_back: bool = False
     refused: str | None = None
 
@@ -169,10 +194,24 @@ class Replay:
         self._charged_at = 0.0
         self.model = model
         self.models = sorted({r.model or model for r in requests} or {model})
-        self.fleet = Fleet(self.policy)
+        # The index counts blocks of the trace's size (Mooncake's 512 tokens), the live
+        # gateway's where the trace has none.
+        block_tokens = next((r.block_tokens for r in requests if r.blocks), BLOCK_TOKENS)
+        self.fleet = Fleet(self.policy, block_tokens=block_tokens)
         self.world = build_world(self.policy, self.fleet, self.models, hardware or load_hardware())
         self.passages = [
-            Passage(str(i), START_S + r.arrival_s, r, request_profile(self.policy, r, model))
+            Passage(
+                str(i),
+                START_S + r.arrival_s,
+                r,
+                request_profile(
+                    self.policy,
+                    r,
+                    model,
+                    prefixes=strategy.prefixes,
+                    session=strategy.sessions,
+                ),
+            )
             for i, r in enumerate(requests)
         ]
         self.metered = strategy.learner is not None
@@ -320,6 +359,11 @@ class Replay:
         passage.admitted_s = now
         passage.concurrent = sim.state.in_flight
         passage.context_tokens = sim.state.kv_tokens(per_token)
+        blocks = passage.profile.blocks
+        if blocks:
+            # What the forwarder does as it sends: what the index expects, then that it is held.
+            passage.expected_blocks = self.fleet.prefixes.cached(sim.state.name, blocks)
+            self.fleet.prefixes.sent(sim.state.name, blocks)
         if self.metered:
             sim.ledger.open(passage.key, now)
         passage.job = sim.device.submit(
@@ -342,6 +386,11 @@ class Replay:
         sim.state.kv_reserved -= (request.prompt_tokens + request.output_tokens) * per_token
         self._in_service -= 1
         sim.slot_s += job.finished_at - job.admitted_at
+        profile = passage.profile
+        if profile.blocks and profile.block_tokens:
+            # The answer's usage says what the engine found cached: the index is corrected.
+            found = int(job.cached_tokens / profile.block_tokens)
+            self.fleet.prefixes.reported(sim.state.name, passage.expected_blocks, found)
         if self.metered:
             sim.ledger.close(
                 passage.key,
@@ -381,7 +430,9 @@ class Replay:
         return Observation(
             pool=sim.state.pool,
             model=passage.profile.model,
-            prompt_tokens=passage.request.prompt_tokens,
+            # Prefill computed what the device did not find cached, as the live records say
+            # (gateway/costmodel/train.py) and the ranking asks.
+            prompt_tokens=max(passage.request.prompt_tokens - job.cached_tokens, 0),
             completion_tokens=passage.request.output_tokens,
             concurrent=passage.concurrent,
             ttft_s=job.first_token_at - passage.admitted_s,

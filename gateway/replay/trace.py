@@ -60,6 +60,19 @@ class TraceRequest:
     block_tokens: int = 0
 
 
+def conversation(request: TraceRequest) -> str | None:
+    """Name the conversation a request continues, as a client naming its session would, or None
+    for a prompt of fewer than two prefix blocks.
+
+    Mooncake's traces name no session. Every prompt of its conversation trace opens with the same
+    block (a system prompt all share), and a conversation's later turns repeat its earlier
+    prompts, so the first two blocks name it: requests that share them continue one another.
+    """
+    if len(request.blocks) < 2:
+        return None
+    return f"{request.blocks[0]}:{request.blocks[1]}"
+
+
 def read_trace(
     path: str | Path, *, limit: int | None = None, rate_scale: float = 1.0
 ) -> list[TraceRequest]:

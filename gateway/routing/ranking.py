@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from gateway.costmodel.model import CostModel, OutputLengths, Prediction
-from gateway.fleet.state import PoolState
+from gateway.fleet.state import BackendState, PoolState
 from gateway.policy.model import Route
 from gateway.policy.tariffs import Rates
 from gateway.routing.classify import RequestProfile
@@ -35,6 +35,10 @@ class Ranking:
     # The first pool is full, and predicted to meet the SLO once its queue lets the request
     # in, still the cheapest: wait there rather than take a dearer pool's free slot.
     wait_for_first: bool = False
+    # Per pool, the backends to try in order, where the ranking chose them itself (a ranking
+    # by backend: the routing benchmark's baselines and oracle); a pool it leaves out gets the
+    # backend its `most_free` picks.
+    backends: dict[str, list[BackendState]] = field(default_factory=dict)
 
 
 def preference_order(

@@ -245,7 +245,7 @@ def decide(
         )
         return decision(sticky)
     for pool in ranked:
-        backend = pool.most_free(kv_bytes=kv, blocks=profile.blocks)
+        backend = _backend(pool, ranking, profile, kv)
         if backend is not None:
             trace.append((pool.name, _chosen(pool, backend, profile)))
             return decision(backend)
@@ -288,6 +288,20 @@ def decide(
             param="messages" if profile.endpoint == "chat" else "prompt",
         )
     raise RouteDenied(f"route {route.name!r} has no pool for model {profile.model!r} ({why})")
+
+
+def _backend(
+    pool: PoolState, ranking: Ranking, profile: RequestProfile, kv: float
+) -> BackendState | None:
+    """Return the backend to take in a pool: the first with room of those the ranking chose
+    there, or else the pool's `most_free`."""
+    chosen = ranking.backends.get(pool.name)
+    if chosen is None:
+        return pool.most_free(kv_bytes=kv, blocks=profile.blocks)
+    for backend in chosen:
+        if not backend.ejected and backend.free_slots > 0 and backend.fits(kv):
+            return backend
+    return None
 
 
 def _queue_room(pool: PoolState, budget_ms: float) -> bool:

@@ -41,3 +41,9 @@ def requests(trace: Path) -> list[TraceRequest]:
 @pytest.fixture(scope="session")
 def results(policy: Policy, requests: list[TraceRequest]) -> dict[str, dict[str, Any]]:
     return benchmark(policy, requests, seed=7)
+
+
+@pytest.fixture(scope="session")
+def mixed() -> Policy:
+    """Return the prefix-cache benchmark's fleet: four GPUs and four ASIC cards."""
+    return load_policy(ROOT / "bench" / "policies" / "mixed-fleet.yaml")

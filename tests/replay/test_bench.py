@@ -11,8 +11,12 @@ import pytest
 import yaml
 
 from gateway.policy.load import parse_policy
-from gateway.replay.bench import run_live_comparison
-from gateway.replay.strategies import STRATEGIES
+from gateway.policy.model import Policy
+from gateway.policy.validation import validate
+from gateway.replay.bench import prefix_targets, run_live_comparison
+from gateway.replay.strategies import STRATEGIES, strategy_for
+from gateway.replay.summary import good, summarize
+from gateway.replay.timeline import Replay
 from gateway.replay.trace import TraceRequest
 from harness.gateways import run_gateway
 from harness.simulators import start_simulator
@@ -85,3 +89,59 @@ def test_live_mode_sends_the_slice_through_a_running_gateway_as_the_replay_predi
     assert document["live"]["served"] == 60
     for pool, shares in document["comparison"]["pool_shares"].items():
         assert shares["live"] == pytest.approx(shares["virtual"], abs=0.1), pool
+
+
+def test_every_benchmark_policy_validates() -> None:
+    shipped = sorted((ROOT / "bench" / "policies").glob("*.yaml"))
+    assert shipped
+    for path in shipped:
+        checked = validate(path.read_text(), str(path))
+        assert checked.errors == [] and checked.warnings == [], path.name
+
+
+def test_goodput_counts_answers_within_two_seconds_to_the_first_token_and_50_ms_after(
+    mixed: Policy,
+) -> None:
+    batch = [
+        TraceRequest(0.0, 2000, 50),
+        TraceRequest(0.1, 100_000, 50),  # its prefill alone takes a GPU over 2 s
+        TraceRequest(0.2, 3000, 1),  # one token: no time per token to miss
+    ]
+    replay = Replay(strategy_for("gpu-only", mixed), batch).run()
+    summary = summarize(replay)
+    assert [good(p) for p in replay.passages] == [True, False, True]
+    assert summary["goodput"] == pytest.approx(2 / 3, abs=1e-5)
+    assert summary["fleet_energy_j_per_request"] == pytest.approx(
+        summary["fleet_energy_j"] / 3, rel=1e-3
+    )
+
+
+def test_prefix_targets_weigh_learned_against_least_loaded_the_best_baseline_the_oracle() -> None:
+    def result(p50: float, p99: float, goodput: float, energy: float) -> dict[str, Any]:
+        return {
+            "ttft_p50_ms": p50,
+            "ttft_p99_ms": p99,
+            "goodput": goodput,
+            "fleet_energy_j_per_request": energy,
+        }
+
+    checks = prefix_targets(
+        {
+            "learned": result(100.0, 900.0, 0.9, 200.0),
+            "least-loaded": result(250.0, 3000.0, 0.6, 210.0),
+            "session-hash": result(150.0, 2000.0, 0.72, 190.0),
+            "round-robin": result(300.0, 4000.0, 0.5, 220.0),
+            "oracle": result(95.0, 800.0, 0.95, 180.0),
+        }
+    )
+    assert checks["ttft_p50_vs_least_loaded"] == {"value": 0.4, "target": "<= 0.5", "met": True}
+    assert checks["ttft_p99_vs_least_loaded"] == {"value": 0.3, "target": "<= 0.3", "met": True}
+    assert checks["goodput_vs_best_baseline"] == {
+        "value": 1.25,
+        "target": ">= 1.3 (session-hash)",
+        "met": False,
+    }
+    assert checks["fleet_energy_vs_least_loaded"]["met"] is True
+    assert checks["ttft_p50_vs_oracle"] == {"value": 1.0526, "target": "<= 1.1", "met": True}
+    assert checks["ttft_p99_vs_oracle"]["met"] is False
+    assert prefix_targets({"least-loaded": result(1.0, 1.0, 1.0, 1.0)}) == {}

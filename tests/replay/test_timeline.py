@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from gateway.costmodel.train import Observation
 from gateway.policy.model import Policy
 from gateway.replay.bench import benchmark
 from gateway.replay.strategies import strategy_for
@@ -99,3 +103,83 @@ def test_a_prompt_that_repeats_a_prefix_reads_it_from_its_backends_prefix_cache(
     assert [p.job.cached_tokens for p in replay.passages] == [0, 249 * 16, 0]
     assert second.ttft_s is not None and first.ttft_s is not None
     assert second.ttft_s < first.ttft_s / 2
+
+
+# A conversation on Mooncake's 512-token blocks: its first turn, then a second that repeats the
+# first's four whole blocks and adds its own. The first decodes long enough to still run when the
+# second arrives, so its backend is busier than the others.
+FIRST = TraceRequest(0.0, 4 * 512 + 100, 2000, blocks=(0, 1, 2, 3, 4), block_tokens=512)
+SECOND = TraceRequest(5.0, 6 * 512 + 100, 20, blocks=(0, 1, 2, 3, 10, 11, 12), block_tokens=512)
+
+
+def test_the_index_learns_what_each_backend_was_sent_and_the_next_turn_goes_where_it_is(
+    mixed: Policy,
+) -> None:
+    replay = Replay(strategy_for("gpu-only", mixed), [FIRST, SECOND]).run()
+    first, second = replay.passages
+    assert first.backend is not None and second.job is not None
+    held = first.backend.state.name
+    assert replay.fleet.block_tokens == 512
+    # The whole blocks of both prompts (a prompt's partial last block is not hashed).
+    assert replay.fleet.prefixes.held(held) == 6
+    # Busier than three idle GPUs, it holds four of the second prompt's six whole blocks.
+    assert second.backend is first.backend
+    assert second.expected_blocks == 4 and second.job.cached_tokens == 4 * 512
+    assert second.ttft_s is not None and first.ttft_s is not None
+    assert second.ttft_s < first.ttft_s
+
+
+def test_least_loaded_sends_the_next_turn_to_an_idle_backend_without_the_prefix(
+    mixed: Policy,
+) -> None:
+    replay = Replay(strategy_for("least-loaded", mixed), [FIRST, SECOND]).run()
+    first, second = replay.passages
+    assert second.job is not None
+    assert second.backend is not first.backend and second.job.cached_tokens == 0
+    # Its router never hashed a prompt: the index learned nothing.
+    assert all(p.profile.blocks == () for p in replay.passages)
+    assert all(replay.fleet.prefixes.held(b.name) == 0 for b in replay.fleet.backends())
+
+
+def test_an_engine_finding_less_than_the_index_expected_shrinks_the_index(mixed: Policy) -> None:
+    # The same prompt twice, the second before the first's prefill has ended: the engine has
+    # not kept the blocks yet, but the index, told they were sent, expects them.
+    again = [FIRST, replace(FIRST, arrival_s=0.001, output_tokens=5)]
+    replay = Replay(strategy_for("gpu-only", mixed), again).run()
+    first, second = replay.passages
+    assert second.backend is first.backend and second.job is not None
+    assert second.expected_blocks == 4 and second.job.cached_tokens == 0
+    # Shrunk by its answer, then grown back a step by the first's, which found what was expected.
+    assert replay.fleet.prefixes.scale(second.backend.state.name) == pytest.approx(0.8 * 1.05)
+
+
+def test_the_learned_model_learns_prefill_from_the_tokens_the_engine_computed(
+    mixed: Policy,
+) -> None:
+    strategy = strategy_for("learned", mixed)
+    learner = strategy.learner
+    assert learner is not None
+    seen: list[Observation] = []
+    observe = learner.observe
+
+    def keep(observation: Observation, now: float) -> None:
+        seen.append(observation)
+        observe(observation, now)
+
+    learner.observe = keep  # type: ignore[method-assign]
+    replay = Replay(strategy, [FIRST, SECOND]).run()
+    cached = [p.job.cached_tokens for p in replay.passages if p.job is not None]
+    assert cached[1] > 0
+    prompts = {o.prompt_tokens for o in seen}
+    assert prompts == {r.prompt_tokens - c for r, c in zip((FIRST, SECOND), cached, strict=True)}
+
+
+def test_a_trace_without_prefix_blocks_routes_as_the_replay_did_before_the_cache(
+    policy: Policy, requests: list[TraceRequest]
+) -> None:
+    replay = Replay(strategy_for("learned", policy), requests[:100]).run()
+    # The live gateway's block size, an empty index, no hit: nothing reaches the ranking.
+    assert replay.fleet.block_tokens == 64
+    assert all(p.profile.blocks == () and p.profile.block_tokens == 0 for p in replay.passages)
+    assert all(replay.fleet.prefixes.held(b.name) == 0 for b in replay.fleet.backends())
+    assert all(p.job is not None and p.job.cached_tokens == 0 for p in replay.passages)
