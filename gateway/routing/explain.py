@@ -9,7 +9,7 @@ from gateway.errors import GatewayError
 from gateway.fleet.state import Fleet
 from gateway.policy.model import Policy, Pool
 from gateway.policy.tariffs import Rate, own_rate
-from gateway.routing.classify import TokenEstimator, classify, tenant_of
+from gateway.routing.classify import RequestProfile, TokenEstimator, classify, tenant_of
 from gateway.routing.ranking import CostRanker
 from gateway.routing.router import decide
 
@@ -57,7 +57,7 @@ def explain(
         "pools": {
             name: hardware(policy.pools[name])
             | {"tariff": policy.pools[name].tariff, "rate": asdict(rate(ranker, policy, name))}
-            | {"backends": load(fleet, name)}
+            | {"backends": load(fleet, name, profile)}
             for name in dict.fromkeys(considered)
             if name is not None and name in policy.pools
         },
@@ -80,10 +80,15 @@ def rate(ranker: CostRanker, policy: Policy, pool: str) -> Rate:
     return ranker.rates(pool) if ranker.rates is not None else own_rate(policy.pools[pool])
 
 
-def load(fleet: Fleet, pool: str) -> list[dict[str, Any]]:
-    """Return each backend's load now: the gateway's requests, other clients', free slots, and
+def load(fleet: Fleet, pool: str, profile: RequestProfile) -> list[dict[str, Any]]:
+    """Return each backend's load now: the gateway's requests, other clients', free slots, the
+    request's prefix blocks it holds and the prompt tokens it is expected to find cached, and
     what its engine says of its prompt cache and generation speed (None: it says nothing)."""
     state = fleet.pools.get(pool)
+    held = {
+        b.name: fleet.prefixes.cached(b.name, profile.blocks) if profile.blocks else 0
+        for b in (state.backends if state is not None else [])
+    }
     return [
         {
             "backend": b.name,
@@ -92,6 +97,8 @@ def load(fleet: Fleet, pool: str) -> list[dict[str, Any]]:
             "other_replicas": b.elsewhere,
             "external": b.external,
             "free_slots": max(b.free_slots, 0),
+            "prefix_blocks_held": held[b.name],
+            "cached_tokens_expected": profile.cached_tokens(held[b.name]),
             "engine_full": b.engine_full or None,
             "engine_cached_share": b.engine_cached_share,
             "engine_tokens_per_s": b.engine_tokens_per_s,

@@ -56,6 +56,13 @@ def test_a_conversations_next_turn_goes_where_its_prefix_is(sims, tmp_path: Path
     # Every whole block of the second turn was in the first: the system prompt (~2,300
     # characters, 9 blocks of 256) and no whole block of the new turns.
     assert held is not None and held.group(1) == held.group(2) == "9", said
+    # Each backend's expected hit, the one not chosen included.
+    expected = {
+        b["backend"]: (b["prefix_blocks_held"], b["cached_tokens_expected"])
+        for b in explained["pools"]["gpu"]["backends"]
+    }
+    assert expected["gpu-0"] == (0, 0)
+    assert expected["gpu-1"][0] == 9 and expected["gpu-1"][1] > 500
 
 
 def test_a_prompt_too_short_for_a_block_is_routed_as_before(sims, tmp_path: Path) -> None:
