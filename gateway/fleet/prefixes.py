@@ -2,22 +2,27 @@
 
 A backend that served a prompt holds its KV blocks (gateway/routing/prefix.py) until it
 evicts them for others. The gateway cannot see an engine's cache, so it keeps, per backend,
-the blocks it sent there in least-recently-used order, bounded by what the backend's KV memory
-holds (`capacity`, in blocks, from the policy's KV memory and the model's bytes per token):
-an engine evicts the least recently used blocks it does not need, so the index forgets what
-the engine would have forgotten first.
+the blocks it sent there in least-recently-used order, bounded by what the backend keeps
+(`capacity`, in blocks: the pool's `prefix_cache_tokens`, else its KV memory over the model's
+bytes per token, `gateway/fleet/state.py`): an engine evicts the least recently used blocks it
+does not need, so the index forgets what the engine would have forgotten first.
 
 What the engines report corrects it. An answer's `usage.prompt_tokens_details.cached_tokens`
 (vLLM, SGLang, llama.cpp and OpenAI report it) says how many of the prompt's tokens the engine
-found cached; where the index expected more, the engine holds less than the index thinks (other
-clients' prompts, a smaller cache than declared, a restart), so the backend's `scale` shrinks
-the capacity the index keeps; where the engine found as much or more, it grows back towards the
-declared capacity. A restarted engine, an eviction the index did not see, a block another
-replica sent while Redis was out: each costs one mispredicted request, which the report then
-corrects. With Redis, replicas tell each other what they send (gateway/fleet/shared_prefixes.py).
+found cached; where the index expected more, by more than `SLACK_BLOCKS` (an engine never
+counts a prompt's last token as cached, and counts in blocks of its own size), the engine holds
+less than the index thinks (other clients' prompts, a smaller cache than declared, a restart),
+so the backend's `scale` shrinks the capacity the index keeps; where the engine found about as
+much or more, it grows back towards the declared capacity. What the index expects is what it
+knew before the request was sent, so a request sent while another with its prefix was still
+in prefill expects nothing of it and corrects nothing. A restarted engine, an eviction the
+index did not see, a block another replica sent while Redis was out: each costs one
+mispredicted request, which the report then corrects. With Redis, replicas tell each other
+what they send (gateway/fleet/shared_prefixes.py).
 
-Memory: `ENTRY_BYTES` per block held (an int key in an ordered dict), so a backend whose KV
-memory holds 1M tokens costs 16k blocks, about 1.6 MB of index, at most.
+Memory: about 117 bytes per block held (an int key in an ordered dict, tracemalloc in
+`bench.decision_time`), so a backend that keeps 1M tokens costs 16k blocks, about 1.8 MB of
+index, at most.
 """
 
 from __future__ import annotations
@@ -30,9 +35,9 @@ from dataclasses import dataclass, field
 # (vLLM) to 512 (Mooncake's traces); 64 keeps a prompt of 128k tokens at 2,000 hashes while a
 # repeated system prompt of a few hundred tokens still spans several blocks.
 BLOCK_TOKENS = 64
-ENTRY_BYTES = 105  # one block in an OrderedDict, its int key included (tracemalloc, 100k blocks)
 MIN_SCALE = 0.05  # the index keeps at least this share of the declared capacity
 SHRINK, GROW = 0.8, 1.05  # per mispredicted answer, per answer that found what was expected
+SLACK_BLOCKS = 1  # an answer this many blocks short of what was expected found it all
 
 
 @dataclass(slots=True)
@@ -46,7 +51,7 @@ class BackendBlocks:
     @property
     def limit(self) -> int:
         """The blocks the index keeps for this backend now."""
-        return max(1, int(self.capacity * self.scale))
+        return max(1, int(self.capacity * self.scale)) if self.capacity > 0 else 0
 
 
 class PrefixIndex:
@@ -114,7 +119,7 @@ class PrefixIndex:
         known = self._backends.get(backend)
         if known is None:
             return
-        if found < expected:
+        if found < expected - SLACK_BLOCKS:
             known.scale = max(MIN_SCALE, known.scale * SHRINK)
             self._evict(known)
         else:

@@ -2,11 +2,12 @@
 
 A client that names its session (`SESSION_HEADERS`, or OpenAI's `prompt_cache_key` body field)
 says that its requests share a prefix: the next turn should go where the last one's KV cache
-is. The table keeps, per session key, the backend that served it last, least recently used
-first, up to `MAX_SESSIONS`; the router sends the session there while that backend's pool is
-one the ranking keeps (predicted to meet the SLO) and the backend has a free slot, and the
-session is released (forgotten, so the next request is routed afresh) when a request served
-there misses its SLO or the backend leaves the fleet.
+is. The table keeps, per tenant and session key, the backend that answered it last, least recently
+used first, up to `MAX_SESSIONS`. Within a pool the router counts that backend as holding the
+whole prompt (`PoolState.most_free`): a hint priced as a cache hit, so a session goes back to
+its backend unless another is much less loaded, and a canary or an exploration still draws it.
+The session is released (forgotten, so the next request is routed afresh) when its backend
+answers one of its requests outside the SLO, or leaves the fleet.
 """
 
 from __future__ import annotations
@@ -42,6 +43,12 @@ class Sessions:
     def release(self, session: str) -> None:
         """Forget the session's backend: its next request is routed afresh."""
         self._backends.pop(session, None)
+
+    def missed(self, session: str, backend: str) -> None:
+        """Release the session if `backend`, which answered one of its requests too slowly, is
+        still the one it sticks to (a later request may have moved it already)."""
+        if self._backends.get(session) == backend:
+            del self._backends[session]
 
     def forget_backends(self, kept: set[str]) -> None:
         """Release every session whose backend is not among `kept` (a new policy version's)."""

@@ -7,8 +7,9 @@ cold. With Redis, each replica publishes the prefix blocks it sends each backend
 
 The bounds: a replica hears another's blocks within `FLUSH_S` plus one pub/sub hop (a request
 arriving in between is routed on what the replica knew: at worst the cache-blind choice). A
-prompt's first `MAX_NOTICE_BLOCKS` blocks are told, so one notice stays small; what a backend
-holds is a prefix, so a prompt cut short is still known as far as it goes. While Redis is out,
+prompt has at most 2,048 blocks (`gateway/routing/prefix.py`), so a notice stays under about
+40 KB a prompt; each replica records every other's sends, so its CPU for the index grows with
+the fleet's request rate, not its own. While Redis is out,
 each replica knows its own traffic only; nothing missed is replayed after (the engines' reports
 correct what that costs), and a new replica starts empty. The index's memory per backend is its
 own bound whatever the others send.
@@ -27,7 +28,6 @@ from gateway.fleet.sharedstate import SharedState
 log = logging.getLogger(__name__)
 
 FLUSH_S = 0.01  # a batch waits this long for more before it is published
-MAX_NOTICE_BLOCKS = 2048  # blocks told per prompt: 131,072 tokens of 64
 
 
 class SharedPrefixes:
@@ -46,7 +46,7 @@ class SharedPrefixes:
             return
         if not self._pending:
             asyncio.get_running_loop().call_later(FLUSH_S, self._flush)
-        self._pending.append((backend, list(blocks[:MAX_NOTICE_BLOCKS])))
+        self._pending.append((backend, list(blocks)))
 
     def _flush(self) -> None:
         sent, self._pending = self._pending, []

@@ -95,6 +95,11 @@ class BackendState:
         """Return whether a request needing kv_bytes of KV cache fits in the free memory."""
         return self.kv_reserved + self.kv_elsewhere + kv_bytes <= self.kv_capacity
 
+    def takes(self, kv_bytes: float) -> bool:
+        """Return whether the backend can take a request needing kv_bytes now: in service, a
+        free slot, room in its KV memory."""
+        return not self.ejected and self.free_slots > 0 and self.fits(kv_bytes)
+
     def overcommitted(self) -> bool:
         """Return whether more slots or KV memory are held than the backend has."""
         return self.free_slots < 0 or not self.fits(0.0)
@@ -167,13 +172,14 @@ class Waiter:
 @dataclass(eq=False, slots=True)
 class PoolState:
     """A pool's backends, the requests waiting, in arrival order, for one of its slots, and the
-    fleet's index of the prompt prefixes its backends hold."""
+    fleet's index of the prompt prefixes its backends hold and table of named sessions."""
 
     name: str
     spec: Pool
     backends: list[BackendState]
     waiters: deque[Waiter] = field(default_factory=deque)
     prefixes: PrefixIndex = field(default_factory=PrefixIndex)
+    sessions: Sessions = field(default_factory=Sessions)
 
     def healthy(self) -> list[BackendState]:
         return [b for b in self.backends if not b.ejected]
@@ -183,6 +189,7 @@ class PoolState:
         exclude: frozenset[str] = frozenset(),
         kv_bytes: float = 0.0,
         blocks: tuple[int, ...] = (),
+        session: str | None = None,
     ) -> BackendState | None:
         """Return the healthy backend with room for kv_bytes that serves the request soonest,
         or None.
@@ -190,16 +197,21 @@ class PoolState:
         Without prefix blocks, the one with the most free slots. With them, the one whose
         prefill is least delayed: the blocks it must compute (those it does not hold, plus one
         for the request itself) times the requests it runs (LMetric's uncached prefill tokens
-        times batch size, arXiv 2603.15202), then the most free slots.
+        times batch size, arXiv 2603.15202), then the most free slots. The backend that served
+        the request's named session last counts as holding the whole prompt: the session is
+        a hint priced as a cache hit, so it never outweighs a much lighter load.
         """
+        holder = self.sessions.backend(session) if session is not None and blocks else None
         best, best_key = None, (0, 0)
         for backend in self.backends:
-            if backend.ejected or backend.free_slots <= 0 or backend.name in exclude:
+            if backend.name in exclude or not backend.takes(kv_bytes):
                 continue
-            if not backend.fits(kv_bytes):
-                continue
-            uncached = len(blocks) - self.prefixes.cached(backend.name, blocks) if blocks else 0
-            key = ((uncached + 1) * (backend.load + 1) if blocks else 0, -backend.free_slots)
+            if not blocks:
+                key = (0, -backend.free_slots)
+            else:
+                name = backend.name
+                held = len(blocks) if name == holder else self.prefixes.cached(name, blocks)
+                key = ((len(blocks) - held + 1) * (backend.load + 1), -backend.free_slots)
             if best is None or key < best_key:
                 best, best_key = backend, key
         return best
@@ -245,6 +257,7 @@ class Fleet:
                 spec,
                 [backend_state(b, name, spec, access) for b in spec.backends],
                 prefixes=self.prefixes,
+                sessions=self.sessions,
             )
             for name, spec in policy.pools.items()
         }

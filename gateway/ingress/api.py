@@ -246,9 +246,10 @@ class Ingress:
                 await _refuse(send, failure, ex)
         finally:
             self.telemetry.finish(ex, clock())
-            if ex.slo_met is False and ex.profile is not None and ex.profile.session:
-                # Its backend did not serve it within the SLO: route the session afresh.
-                gw.serving.fleet.sessions.release(ex.profile.session)
+            session = ex.profile.session if ex.profile is not None else None
+            if session and ex.slo_met is False and ex.status == 200 and ex.backend is not None:
+                # Answered too slowly: if by the session's backend, route the session afresh.
+                gw.serving.fleet.sessions.missed(session, ex.backend.name)
             if plans:
                 gw.mirror.submit(ex, body, policy, plans)
             if charged:

@@ -54,7 +54,7 @@ def to_chat(payload: Any) -> dict[str, Any]:
     chat["messages"] = messages
     if payload.get("max_output_tokens") is not None:
         chat["max_tokens"] = payload["max_output_tokens"]
-    for name in ("temperature", "top_p", "seed", "user", "parallel_tool_calls"):
+    for name in ("temperature", "top_p", "seed", "user", "parallel_tool_calls", "prompt_cache_key"):
         if payload.get(name) is not None:
             chat[name] = payload[name]
     if payload.get("tools"):

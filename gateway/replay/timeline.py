@@ -227,6 +227,7 @@ class Replay:
         self._order = itertools.count()
         self._finished: list[Passage] = []
         self._unsettled: dict[str, Passage] = {}
+        self._prefilling: list[Passage] = []  # admitted with prefix blocks, no first token yet
         self._in_service = 0
         if strategy.oracle is not None:
             strategy.oracle.world = self.world  # the oracle reads the truth the others measure
@@ -306,11 +307,25 @@ class Replay:
         self.rates.now = max(now - START_S, 0.0)
         for sim in self.world.values():
             sim.device.advance(now)
+        if self._prefilling:
+            self._prefilled()
         if self._finished:
             finished = sorted(self._finished, key=lambda p: cast(Job, p.job).finished_at or 0.0)
             self._finished.clear()
             for passage in finished:
                 self._complete(passage)
+
+    def _prefilled(self) -> None:
+        """Record the blocks of every prompt whose prefill has ended: its backend holds them."""
+        still = []
+        for passage in self._prefilling:
+            job, sim = passage.job, passage.backend
+            assert job is not None and sim is not None
+            if job.first_token_at is not None:
+                self.fleet.prefixes.sent(sim.state.name, passage.profile.blocks)
+            elif not job.done:
+                still.append(passage)
+        self._prefilling = still
 
     def _arrive(self, passage: Passage) -> None:
         now = passage.arrival_s
@@ -361,9 +376,10 @@ class Replay:
         passage.context_tokens = sim.state.kv_tokens(per_token)
         blocks = passage.profile.blocks
         if blocks:
-            # What the forwarder does as it sends: what the index expects, then that it is held.
+            # As the forwarder does: what the index expects as the request is sent; the blocks
+            # are recorded once its first token says its prefill is done (`_advance`).
             passage.expected_blocks = self.fleet.prefixes.cached(sim.state.name, blocks)
-            self.fleet.prefixes.sent(sim.state.name, blocks)
+            self._prefilling.append(passage)
         if self.metered:
             sim.ledger.open(passage.key, now)
         passage.job = sim.device.submit(
@@ -387,9 +403,9 @@ class Replay:
         self._in_service -= 1
         sim.slot_s += job.finished_at - job.admitted_at
         profile = passage.profile
-        if profile.blocks and profile.block_tokens:
+        if profile.blocks:
             # The answer's usage says what the engine found cached: the index is corrected.
-            found = int(job.cached_tokens / profile.block_tokens)
+            found = profile.blocks_found(job.cached_tokens)
             self.fleet.prefixes.reported(sim.state.name, passage.expected_blocks, found)
         if self.metered:
             sim.ledger.close(

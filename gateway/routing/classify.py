@@ -76,6 +76,15 @@ class RequestProfile:
         """Return the prompt tokens a backend holding its first `blocks_held` blocks has cached."""
         return min(self.prompt_tokens, round(blocks_held * self.block_tokens))
 
+    def blocks_found(self, cached_tokens: int, prompt_tokens: int | None = None) -> int:
+        """Return the whole blocks an engine that found `cached_tokens` of the prompt's
+        `prompt_tokens` (its own count; the estimate's when None) had cached: its count is
+        scaled to the estimate the blocks were sized by."""
+        if not self.block_tokens:
+            return 0
+        scale = self.prompt_tokens / prompt_tokens if prompt_tokens else 1.0
+        return int(cached_tokens * scale / self.block_tokens)
+
 
 def text_tokens(text: str) -> float:
     """Estimate the tokens of a text from its characters, script by script."""
@@ -331,12 +340,13 @@ def classify(
         stream=stream,
         blocks=prefix.blocks(text),
         block_tokens=prefix.block_tokens(prompt_tokens, text),
-        session=_session(payload, headers),
+        session=_session(payload, headers, tenant.name if tenant is not None else "anonymous"),
     )
 
 
-def _session(payload: dict[str, Any], headers: dict[str, str]) -> str | None:
-    """Return the session a request names: its `prompt_cache_key`, else a session header."""
+def _session(payload: dict[str, Any], headers: dict[str, str], tenant: str) -> str | None:
+    """Return the session a request names (its `prompt_cache_key`, else a session header),
+    within its tenant: two tenants' sessions of one name are two sessions."""
     key = payload.get("prompt_cache_key")
     if key is not None and not isinstance(key, str):
         raise InvalidRequest(
@@ -344,4 +354,4 @@ def _session(payload: dict[str, Any], headers: dict[str, str]) -> str | None:
         )
     if not key:
         key = next((headers[h] for h in SESSION_HEADERS if headers.get(h)), None)
-    return key[:MAX_KEY_CHARS] if key else None
+    return f"{tenant}/{key[:MAX_KEY_CHARS]}" if key else None

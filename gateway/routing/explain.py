@@ -48,7 +48,8 @@ def explain(
             "slo_unmeetable": decision.slo_unmeetable,
         },
         "status": 200,
-        "profile": asdict(profile),
+        # The prompt's prefix blocks by their count: their hashes say nothing to a reader.
+        "profile": asdict(profile) | {"blocks": len(profile.blocks)},
         "predictions": {
             pool: {k: v for k, v in asdict(p).items() if k != "pool"}
             for pool, p in decision.predictions.items()

@@ -8,10 +8,12 @@ blocks exactly as far as they share a prefix. The gateway does not tokenize as e
 does; it hashes the prompt's text as the backend will render it (each message's role and
 content in order, tool definitions first, as chat templates put them in the system turn) in
 blocks of `BLOCK_CHARS` characters, `BLOCK_TOKENS` tokens of English. The same prefix gives the
-same blocks in every replica (the hash is keyed, not Python's per-process `hash`), and a
+same blocks in every replica (blake2b of the text, not Python's per-process salted `hash`), and a
 request's k-th block matches only where everything before it does. A block counts only when
-it is whole, as an engine caches only whole blocks. How many tokens a block holds is the
-prompt's own: its estimated tokens over its characters (`block_tokens`).
+it is whole, as an engine caches only whole blocks; a prompt's first `MAX_BLOCKS` are hashed
+(131,072 tokens), so a body at the size limit costs no more than a long prompt. How many
+tokens a block holds is the prompt's own: its estimated tokens over its characters
+(`block_tokens`).
 
 Pure: text in, hashes out. The index of which backend holds which block is
 gateway/fleet/prefixes.py.
@@ -28,6 +30,7 @@ from gateway.fleet.prefixes import BLOCK_TOKENS
 
 # BLOCK_TOKENS at English's 4 characters a token (gateway/routing/classify.py).
 BLOCK_CHARS = BLOCK_TOKENS * 4
+MAX_BLOCKS = 2048  # hashing a block costs about 2 µs
 _SEPARATOR = "\x1e"  # between messages: no text a client sends renders the same across it
 
 
@@ -51,7 +54,7 @@ def rendered(endpoint: str, payload: dict[str, Any]) -> str:
 def blocks(text: str) -> tuple[int, ...]:
     """Return the chained hashes of the whole blocks of `text` (each names its whole prefix)."""
     size = BLOCK_CHARS
-    whole = len(text) // size
+    whole = min(len(text) // size, MAX_BLOCKS)
     if not whole:
         return ()
     running = hashlib.blake2b(digest_size=8)

@@ -108,7 +108,9 @@ class CostRanker:
         would choose there (the one holding most of its prefix, for its load)."""
         rate = self.rates(pool.name) if self.rates is not None else None
         pool_model = model.pool_model(pool.name, profile.model)
-        backend = pool.most_free(blocks=profile.blocks)
+        backend = pool.most_free(
+            kv_bytes=own * per_token, blocks=profile.blocks, session=profile.session
+        )
         if backend is not None:
             # Its prefill computes only what the backend does not hold of the prompt.
             held = pool.prefixes.cached(backend.name, profile.blocks) if profile.blocks else 0

@@ -235,15 +235,6 @@ def decide(
     if waits and ranking.predictions[ranked[0].name].queue_s * 1000 <= budget_ms:
         trace.append((ranked[0].name, f"queued: waits up to {budget_ms:.0f} ms for a slot"))
         return decision(None, ranked[0])
-    sticky = _session_backend(profile, fleet, ranked, ranking.slo_unmeetable, kv)
-    if sticky is not None:
-        trace.append(
-            (
-                sticky.pool,
-                f"session: sticks to {_chosen(fleet.pools[sticky.pool], sticky, profile)[8:]}",
-            )
-        )
-        return decision(sticky)
     for pool in ranked:
         backend = _backend(pool, ranking, profile, kv)
         if backend is not None:
@@ -297,11 +288,8 @@ def _backend(
     there, or else the pool's `most_free`."""
     chosen = ranking.backends.get(pool.name)
     if chosen is None:
-        return pool.most_free(kv_bytes=kv, blocks=profile.blocks)
-    for backend in chosen:
-        if not backend.ejected and backend.free_slots > 0 and backend.fits(kv):
-            return backend
-    return None
+        return pool.most_free(kv_bytes=kv, blocks=profile.blocks, session=profile.session)
+    return next((b for b in chosen if b.takes(kv)), None)
 
 
 def _queue_room(pool: PoolState, budget_ms: float) -> bool:
@@ -320,31 +308,9 @@ def pick_backend(
     kv = tokens_at_most(profile, policy) * policy.kv_bytes_per_token(profile.model)
     for pool in _candidates(route, fleet, with_fallback=True):
         if _unfit(pool, profile, need, kv) is None:
-            backend = pool.most_free(exclude, kv, profile.blocks)
+            backend = pool.most_free(exclude, kv, profile.blocks, profile.session)
             if backend is not None:
                 return backend
-    return None
-
-
-def _session_backend(
-    profile: RequestProfile,
-    fleet: Fleet,
-    ranked: list[PoolState],
-    slo_unmeetable: bool,
-    kv: float,
-) -> BackendState | None:
-    """Return the backend the request's session sticks to, where it may serve it now: its pool
-    is one the ranking keeps, predicted to meet the SLO, and it has a free slot and room."""
-    if profile.session is None or slo_unmeetable:
-        return None
-    name = fleet.sessions.backend(profile.session)
-    if name is None:
-        return None
-    for pool in ranked:
-        for backend in pool.backends:
-            if backend.name == name:
-                usable = not backend.ejected and backend.free_slots > 0 and backend.fits(kv)
-                return backend if usable else None
     return None
 
 
@@ -357,4 +323,6 @@ def _chosen(pool: PoolState, backend: BackendState, profile: RequestProfile) -> 
             f", holds {held} of the prompt's {len(profile.blocks)} prefix blocks"
             f" (~{profile.cached_tokens(held)} tokens cached)"
         )
+        if profile.session is not None and pool.sessions.backend(profile.session) == backend.name:
+            said += ", served the request's session last"
     return said

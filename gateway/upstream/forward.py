@@ -109,11 +109,12 @@ class Forwarder:
         ex.prediction = self._prediction(ex, backend, fleet)
         profile = ex.profile
         assert profile is not None  # _admit holds it to a decision made from one
-        if profile.session is not None:
+        # Only an answer leaves the prompt in the engine's cache and the session on its backend.
+        served = response.status == 200
+        if served and profile.session is not None:
             fleet.sessions.served(profile.session, backend.name)
-        blocks = profile.blocks
+        blocks = profile.blocks if served else ()
         if blocks:
-            ex.expected_blocks = fleet.prefixes.cached(backend.name, blocks)
             fleet.prefixes.sent(backend.name, blocks)
         engine = policy.pools[backend.pool].engine if backend.pool in policy.pools else None
         try:
@@ -127,8 +128,8 @@ class Forwarder:
                 await chunks.aclose()  # type: ignore[attr-defined]
             response.release()
             self.admission.release(slot)
-            if blocks and ex.cached_tokens is not None and profile.block_tokens:
-                found = int(ex.cached_tokens / profile.block_tokens)
+            if blocks and ex.cached_tokens is not None:
+                found = profile.blocks_found(ex.cached_tokens, ex.prompt_tokens)
                 fleet.prefixes.reported(backend.name, ex.expected_blocks, found)
 
     async def _admit(self, ex: Exchange, policy: Policy, fleet: Fleet) -> Slot:
@@ -187,6 +188,10 @@ class Forwarder:
             ex.attempts += 1
             ex.attempt_started_at = self.clock()
             ex.backend = backend
+            # What the engine should find cached, as the index knew it before this request:
+            # blocks recorded later (another request's, arriving meanwhile) may still be in
+            # prefill when this one's is.
+            ex.expected_blocks = fleet.prefixes.cached(backend.name, profile.blocks)
             # The span opens before the first reading that may include this request's prefill.
             self.meter.open(backend, ex.decision_id, ex.attempt_started_at)
             response: Response | None = None

@@ -47,6 +47,23 @@ def test_an_engine_that_found_less_than_expected_shrinks_what_the_index_trusts()
     assert idx.scale("gpu") == 1.0  # grown back, never past the declared capacity
 
 
+def test_an_answer_one_block_short_found_what_was_expected() -> None:
+    # An engine never counts the prompt's last token as cached, and counts in blocks of its own.
+    idx = index(gpu=100)
+    idx.sent("gpu", list(range(100)))
+    for _ in range(20):
+        idx.reported("gpu", expected=8, found=7)
+    assert idx.scale("gpu") == 1.0 and idx.held("gpu") == 100
+    idx.reported("gpu", expected=8, found=6)
+    assert idx.scale("gpu") == 0.8
+
+
+def test_a_backend_that_keeps_nothing_is_never_expected_to_hold_anything() -> None:
+    idx = index(cim=0)
+    idx.sent("cim", [1, 2])
+    assert idx.held("cim") == 0 and idx.cached("cim", [1, 2]) == 0
+
+
 def test_a_new_policy_sets_capacities_and_forgets_removed_backends() -> None:
     idx = index(gpu=10, cim=10)
     idx.sent("gpu", list(range(10)))

@@ -18,6 +18,16 @@ def test_a_session_sticks_to_its_last_backend_until_released() -> None:
     sessions.release("a")  # releasing twice changes nothing
 
 
+def test_a_slow_answer_releases_the_session_only_from_the_backend_that_gave_it() -> None:
+    sessions = Sessions()
+    sessions.served("a", "gpu-0")
+    sessions.served("a", "gpu-1")  # a later request moved it
+    sessions.missed("a", "gpu-0")  # the earlier one, answered late by gpu-0
+    assert sessions.backend("a") == "gpu-1"
+    sessions.missed("a", "gpu-1")
+    assert sessions.backend("a") is None
+
+
 def test_the_least_recently_served_session_is_forgotten_past_the_limit() -> None:
     sessions = Sessions(limit=2)
     sessions.served("a", "gpu-0")

@@ -10,10 +10,11 @@ import redis.asyncio as aioredis
 from replicas import Replica, replica
 from waiting import until
 
-from gateway.fleet.shared_prefixes import MAX_NOTICE_BLOCKS, SharedPrefixes
+from gateway.fleet.shared_prefixes import SharedPrefixes
 from gateway.fleet.sharedstate import SharedState
 from gateway.fleet.state import Fleet
 from gateway.metrics import GatewayMetrics
+from gateway.routing.prefix import MAX_BLOCKS
 from policies import fleet_policy
 
 BLOCKS = tuple(range(1, 41))
@@ -46,9 +47,9 @@ def test_a_prefix_one_replica_sent_is_known_to_the_other(redis_url: str, redis_p
             # b routes on it and sends the prompt on; a hears it back but it was a's already.
             b.fleet.prefixes.sent(asic, (*BLOCKS, 99))
             await until(lambda: a.fleet.prefixes.cached(asic, (*BLOCKS, 99)) == len(BLOCKS) + 1)
-            long = tuple(range(1000, 1000 + MAX_NOTICE_BLOCKS + 10))
+            long = tuple(range(1000, 1000 + MAX_BLOCKS))
             a.fleet.prefixes.sent(asic, long)
-            await until(lambda: b.fleet.prefixes.cached(asic, long) == MAX_NOTICE_BLOCKS)
+            await until(lambda: b.fleet.prefixes.cached(asic, long) == MAX_BLOCKS)
             other = b.fleet.pools["gpu"].backends[0].name
             return (
                 b.fleet.prefixes.cached(other, BLOCKS),
@@ -58,8 +59,7 @@ def test_a_prefix_one_replica_sent_is_known_to_the_other(redis_url: str, redis_p
 
     on_other, held_a, held_b = asyncio.run(scenario())
     assert on_other == 0  # the blocks are known where they were sent, nowhere else
-    assert held_a == len(BLOCKS) + 1 + MAX_NOTICE_BLOCKS + 10
-    assert held_b == len(BLOCKS) + 1 + MAX_NOTICE_BLOCKS
+    assert held_a == held_b == len(BLOCKS) + 1 + MAX_BLOCKS
 
 
 @pytest.mark.redis

@@ -141,6 +141,7 @@ def test_a_json_schema_text_format(gw: GatewayServer) -> None:
         ({"previous_response_id": "resp_1"}, "previous_response_id"),
         ({"tools": [{"type": "web_search"}]}, "tools[0]"),
         ({"input": [{"type": "reasoning"}]}, "input[0]"),
+        ({"prompt_cache_key": 7}, "prompt_cache_key"),
     ],
 )
 def test_what_the_gateway_cannot_do_is_a_clear_400(gw: GatewayServer, fields, param) -> None:

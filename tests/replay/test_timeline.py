@@ -6,8 +6,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from gateway.costmodel.train import Observation
 from gateway.policy.model import Policy
 from gateway.replay.bench import benchmark
@@ -141,16 +139,22 @@ def test_least_loaded_sends_the_next_turn_to_an_idle_backend_without_the_prefix(
     assert all(replay.fleet.prefixes.held(b.name) == 0 for b in replay.fleet.backends())
 
 
-def test_an_engine_finding_less_than_the_index_expected_shrinks_the_index(mixed: Policy) -> None:
+def test_a_prompt_sent_during_anothers_prefill_expects_none_of_it_and_corrects_nothing(
+    mixed: Policy,
+) -> None:
     # The same prompt twice, the second before the first's prefill has ended: the engine has
-    # not kept the blocks yet, but the index, told they were sent, expects them.
+    # not kept the blocks yet, and the index, which records them once the first token says so,
+    # does not expect them.
     again = [FIRST, replace(FIRST, arrival_s=0.001, output_tokens=5)]
     replay = Replay(strategy_for("gpu-only", mixed), again).run()
     first, second = replay.passages
-    assert second.backend is first.backend and second.job is not None
-    assert second.expected_blocks == 4 and second.job.cached_tokens == 0
-    # Shrunk by its answer, then grown back a step by the first's, which found what was expected.
-    assert replay.fleet.prefixes.scale(second.backend.state.name) == pytest.approx(0.8 * 1.05)
+    assert second.job is not None and second.backend is not None
+    assert second.expected_blocks == 0 and second.job.cached_tokens == 0
+    assert replay.fleet.prefixes.scale(second.backend.state.name) == 1.0
+    # Each prompt's four whole blocks were recorded where it ran, once its prefill ended.
+    assert first.backend is not None
+    assert replay.fleet.prefixes.held(first.backend.state.name) == 4
+    assert replay.fleet.prefixes.held(second.backend.state.name) == 4
 
 
 def test_the_learned_model_learns_prefill_from_the_tokens_the_engine_computed(

@@ -3,6 +3,7 @@ from __future__ import annotations
 import hashlib
 import random
 from collections import deque
+from dataclasses import replace
 
 import pytest
 
@@ -194,6 +195,18 @@ def test_tenant_from_key_and_required_keys() -> None:
         tenant_of(closed, {"authorization": "Bearer nope"})
 
 
+def test_a_session_is_named_within_its_tenant() -> None:
+    digest = hashlib.sha256(b"sk-acme").hexdigest()
+    policy = fleet_policy(tenants=[{"name": "acme", "api_key_sha256": [digest]}])
+    acme = tenant_of(policy, {"authorization": "Bearer sk-acme"})
+    est, named = TokenEstimator(), {"x-session-id": "7"}
+    assert classify("chat", chat(), named, acme, policy, est).session == "acme/7"
+    assert classify("chat", chat(), named, None, policy, est).session == "anonymous/7"
+    keyed = chat(prompt_cache_key="k")  # the body's key wins over a header
+    assert classify("chat", keyed, named, None, policy, est).session == "anonymous/k"
+    assert classify("chat", chat(), {}, None, policy, est).session is None
+
+
 def test_tenant_defaults_and_limits_its_slo_headers() -> None:
     digest = hashlib.sha256(b"sk-batch").hexdigest()
     policy = fleet_policy(
@@ -225,3 +238,12 @@ def test_tenant_slo_classes_must_exist() -> None:
 
     with pytest.raises(PolicyError, match="tenant 'x' names SLO class 'gold'"):
         fleet_policy(tenants=[{"name": "x", "default_slo_class": "gold"}])
+
+
+def test_an_engines_cached_tokens_are_read_in_the_estimates_blocks() -> None:
+    p = classify("chat", chat(), {}, None, fleet_policy(), TokenEstimator())
+    p = replace(p, prompt_tokens=1000, block_tokens=50.0)
+    # The engine counts the prompt as 1,100 tokens and found 990 cached: 90 % of it.
+    assert p.blocks_found(990, 1100) == 18
+    assert p.blocks_found(990) == 19  # in the estimate's own count
+    assert replace(p, block_tokens=0.0).blocks_found(990, 1100) == 0

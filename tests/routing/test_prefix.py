@@ -3,7 +3,7 @@ from its block on."""
 
 from __future__ import annotations
 
-from gateway.routing.prefix import BLOCK_CHARS, blocks, rendered
+from gateway.routing.prefix import BLOCK_CHARS, MAX_BLOCKS, blocks, rendered
 
 SYSTEM = "You are a careful assistant for the routing team. " * 40  # about 500 tokens
 
@@ -51,3 +51,8 @@ def test_prompts_with_nothing_to_cache_have_no_blocks() -> None:
 def test_the_hashes_are_the_same_in_every_process() -> None:
     # Replicas share the index: the hash may not be Python's salted one.
     assert blocks("z" * BLOCK_CHARS) == (9072716403249153206,)
+
+
+def test_a_prompt_past_the_longest_block_chain_is_hashed_as_far_as_it_goes() -> None:
+    text = "x" * (BLOCK_CHARS * (MAX_BLOCKS + 50))
+    assert len(blocks(text)) == MAX_BLOCKS

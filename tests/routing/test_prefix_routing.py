@@ -79,19 +79,22 @@ def test_a_prompt_too_short_for_a_block_is_routed_as_before(sims, tmp_path: Path
     assert served == {"gpu-0"}
 
 
-def test_a_named_session_sticks_to_its_backend_until_it_misses_the_slo(
+def test_a_named_session_goes_back_to_its_backend_until_it_answers_outside_the_slo(
     sims, tmp_path: Path
 ) -> None:
     policy = fleet_policy([sims.urls("gpu")[0], sims.urls("asic")[0]], routes=ROUTES)
-    short = [{"role": "user", "content": "hi"}]  # too short for a block: only the key decides
     with run_gateway(policy, tmp_path, admin_token=TOKEN) as gw:
         client = gw.client()
         fleet = gw.gateway.serving.fleet
         first = fleet.pools["gpu"].backends[0]
+        asked = iter(range(100))
 
         def ask(**named: object) -> str:
+            # Each prompt its own: no block in common with another, so only the session can
+            # tell where the last one went (an agent whose prompts the index cannot match).
+            text = f"Request {next(asked)}: " + "what does the fleet hold now? " * 12
             raw = client.chat.completions.with_raw_response.create(
-                model=MODEL, messages=short, max_tokens=4, **named
+                model=MODEL, messages=[{"role": "user", "content": text}], max_tokens=4, **named
             )
             return raw.headers["x-gateway-backend"]
 
@@ -99,17 +102,25 @@ def test_a_named_session_sticks_to_its_backend_until_it_misses_the_slo(
         opened = ask(extra_headers={"x-session-id": "agent-7"})
         keyed = ask(extra_body={"prompt_cache_key": "thread-9"})
         first.in_flight = 0
-        # Both idle now: an unnamed request takes gpu-0, the named ones stay on gpu-1.
+        # Both idle now: an unnamed request takes gpu-0, the named ones go back to gpu-1.
         assert (opened, keyed, ask()) == ("gpu-1", "gpu-1", "gpu-0")
         assert ask(extra_headers={"x-session-id": "agent-7"}) == "gpu-1"
         assert ask(extra_headers={"x-litellm-session-id": "agent-7"}) == "gpu-1"
         assert ask(extra_body={"prompt_cache_key": "thread-9"}) == "gpu-1"
-        assert fleet.sessions.backend("agent-7") == "gpu-1"
+        # A hint priced as a cache hit of the whole prompt, one block here: the session's
+        # backend running requests loses it to an idle one that must compute that block.
+        fleet.pools["gpu"].backends[1].in_flight = 2
+        assert ask(extra_headers={"x-session-id": "agent-7"}) == "gpu-0"
+        fleet.pools["gpu"].backends[1].in_flight = 0
+        assert ask(extra_headers={"x-session-id": "agent-7"}) == "gpu-0"  # it moved with it
+        assert ask(extra_body={"prompt_cache_key": "thread-9"}) == "gpu-1"
         # gpu-1 slows down (2 s more a request, past the class's 500 ms to first token): the
         # session's next request still goes there, misses its SLO, and releases the session.
         sims.asic[0].set_faults(added_latency_ms=2000)
-        assert ask(extra_headers={"x-session-id": "agent-7"}) == "gpu-1"
+        assert ask(extra_body={"prompt_cache_key": "thread-9"}) == "gpu-1"
         # Judged once the request ends, just after the client has the answer.
-        wait_for(lambda: fleet.sessions.backend("agent-7") is None, message="still sticks")
+        wait_for(
+            lambda: fleet.sessions.backend("anonymous/thread-9") is None, message="still sticks"
+        )
         sims.asic[0].reset_faults()
-        assert ask(extra_headers={"x-session-id": "agent-7"}) == "gpu-0"
+        assert ask(extra_body={"prompt_cache_key": "thread-9"}) == "gpu-0"

@@ -298,3 +298,16 @@ def test_a_route_that_explores_sends_its_share_to_the_runner_up() -> None:
     assert decide(profile(), policy, fleet).backend.pool == "asic"  # type: ignore[union-attr]
     still = fleet_policy(routes=[dict(routes[0], explore=0.0)])
     assert {decide(profile(), still, Fleet(still), draw=d).backend.pool for d in draws} == {"asic"}  # type: ignore[union-attr]
+
+
+def test_a_named_session_never_outbids_a_canary() -> None:
+    routes = [
+        {"name": "chat", "match": {}, "pools": ["gpu"], "canary": {"pool": "asic", "weight": 1.0}}
+    ]
+    policy = fleet_policy(routes=routes)
+    fleet = Fleet(policy)
+    gpu = fleet.pools["gpu"].backends[0].name
+    fleet.sessions.served("anonymous/agent", gpu)
+    named = profile(blocks=(1, 2, 3), block_tokens=64.0, session="anonymous/agent")
+    decision = decide(named, policy, fleet, draw=0.0)
+    assert decision.backend is not None and decision.backend.pool == "asic"
