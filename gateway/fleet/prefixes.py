@@ -20,7 +20,7 @@ index did not see, a block another replica sent while Redis was out: each costs 
 mispredicted request, which the report then corrects. With Redis, replicas tell each other
 what they send (gateway/fleet/shared_prefixes.py).
 
-Memory: about 117 bytes per block held (an int key in an ordered dict, tracemalloc in
+Memory: about 112 bytes per block held (an int key in an ordered dict, tracemalloc in
 `bench.decision_time`), so a backend that keeps 1M tokens costs 16k blocks, about 1.8 MB of
 index, at most.
 """
