@@ -32,6 +32,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from gateway.fleet.sessions import SESSION_HEADERS
 from gateway.policy.model import Policy
 from gateway.routing.classify import ENDPOINTS, MAX_MODEL_CHARS, MS_PATTERN
 
@@ -78,6 +79,11 @@ TARGET_HEADERS = {
     "x-slo-ttft-ms": "Time-to-first-token target in milliseconds, for this request.",
     "x-slo-tpot-ms": "Time-per-output-token target in milliseconds, for this request.",
 }
+SESSION = (
+    "Names the conversation or agent run: its requests go back to the backend that holds its"
+    " prompt cache (docs/routing.md, Routing on the prefix cache)."
+)
+PROMPT_CACHE_KEY = {"type": "string", "description": SESSION + " Wins over a session header."}
 V1_ERRORS = {
     "400": _error("The body or a header is malformed, or the prompt does not fit any context."),
     "401": _error("The policy requires a tenant key, and this one is missing or unknown."),
@@ -121,6 +127,7 @@ def _schemas(models: list[str]) -> dict[str, Any]:
         "top_p": {"type": "number", "minimum": 0, "maximum": 1},
         "seed": {"type": "integer", "minimum": 0, "maximum": 2**63 - 1},
         "user": {"type": "string"},
+        "prompt_cache_key": PROMPT_CACHE_KEY,
     }
     choice_usage = {"usage": USAGE, "id": {"type": "string"}, "model": {"type": "string"}}
     return {
@@ -277,6 +284,7 @@ def _schemas(models: list[str]) -> dict[str, Any]:
                 "stream": common["stream"],
                 "temperature": common["temperature"],
                 "top_p": common["top_p"],
+                "prompt_cache_key": PROMPT_CACHE_KEY,
             },
         },
         "Response": {
@@ -357,7 +365,8 @@ def _served(schema: str, streams: bool) -> dict[str, Any]:
 
 
 def _slo_headers(policy: Policy) -> list[dict[str, Any]]:
-    """Describe the SLO headers as classify reads them, with the policy's classes."""
+    """Describe the SLO and session headers as classify reads them, with the policy's
+    classes."""
     slo_class = {
         "name": "x-slo-class",
         "in": "header",
@@ -369,7 +378,12 @@ def _slo_headers(policy: Policy) -> list[dict[str, Any]]:
         {"name": name, "in": "header", "required": False, "description": text, "schema": TARGET_MS}
         for name, text in TARGET_HEADERS.items()
     ]
-    return [slo_class, *targets]
+    sessions = [
+        {"name": name, "in": "header", "required": False, "description": SESSION,
+         "schema": {"type": "string"}}
+        for name in SESSION_HEADERS
+    ]  # fmt: skip
+    return [slo_class, *targets, *sessions]
 
 
 def _generation(

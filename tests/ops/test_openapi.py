@@ -80,6 +80,7 @@ def test_the_description_states_what_the_server_checks(tmp_path: Path) -> None:
     }
     assert headers["x-slo-ttft-ms"]["pattern"] == headers["x-slo-tpot-ms"]["pattern"] == MS_PATTERN
     assert headers["x-slo-class"]["enum"] == ["interactive", "batch"]
+    assert {"x-session-id", "x-litellm-session-id", "x-grok-conv-id"} <= set(headers)
     schemas = doc["components"]["schemas"]
     rollback = schemas["RollbackRequest"]["properties"]
     assert rollback["override_precision_gate"]["type"] == "boolean"
