@@ -26,7 +26,14 @@ from pathlib import Path
 
 import yaml
 
-from gateway.costmodel.model import FEATURES, TARGETS, CostModel, OutputLengths, Residual
+from gateway.costmodel.model import (
+    FEATURES,
+    TARGETS,
+    CostModel,
+    Learned,
+    OutputLengths,
+    Residual,
+)
 from gateway.fleet.state import Fleet
 from gateway.policy.load import parse_policy
 from gateway.policy.model import Policy
@@ -61,9 +68,12 @@ def three_pool_policy() -> Policy:
 def learned_model(policy: Policy) -> CostModel:
     """Return one cost model, as the running gateway holds, with non-zero residuals on every
     pool: the arithmetic a trained model does (the prior alone would multiply by exp(0))."""
-    weights = tuple(0.01 * (i + 1) for i in range(len(FEATURES)))
-    residuals = {target: Residual(weights, 0.2) for target in TARGETS}
-    trained = {(pool, model): residuals for pool in policy.pools for model in policy.models}
+    # The quadratic terms' weights small beside the others', as a fit's are: every pool still
+    # meets the request's SLO, so the decision ranks all three.
+    quadratic = FEATURES.index("log_prompt_squared")
+    weights = tuple(0.01 * (i + 1) if i < quadratic else 0.001 for i in range(len(FEATURES)))
+    learned = Learned({target: Residual(weights, 0.2) for target in TARGETS})
+    trained = {(pool, model): learned for pool in policy.pools for model in policy.models}
     return CostModel(policy, version=1, trained=trained)
 
 

@@ -2,6 +2,11 @@
 
 Replicas sharing a database train on their own observations and number their versions from
 the same table: a version another replica stored first is stored as the next free number.
+
+A version's residuals are JSON, per `pool|model`: each target's `[weights, log bound]`, and
+`span`, the lower and the upper corner of the log prompt, output and concurrency training saw
+(`Span`). Code that computes other features reads none of a version's residuals, as their
+weights number other than its features (the span's corners too), and serves the prior.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from gateway.costmodel.model import FEATURES, CostModel, Residual
+from gateway.costmodel.model import FEATURES, CostModel, Learned, Residual, Span
 from gateway.costmodel.train import Score
 from gateway.db.schema import cost_models
 from gateway.policy.model import Policy
@@ -55,8 +60,9 @@ def _insert(db: sa.Engine, version: int, row: dict[str, Any]) -> int:
 def save(db: sa.Engine, model: CostModel, scores: Scores, observations: int) -> CostModel:
     """Store a trained version with its held-out error; return it with the number it got."""
     residuals = {
-        f"{pool}|{name}": {t: [list(r.weights), r.log_bound] for t, r in targets.items()}
-        for (pool, name), targets in model.trained.items()
+        f"{pool}|{name}": {t: [list(r.weights), r.log_bound] for t, r in learned.residuals.items()}
+        | {"span": [list(corner) for corner in zip(*learned.span, strict=True)]}
+        for (pool, name), learned in model.trained.items()
     }
     row = {
         "created": time.time(),
@@ -94,11 +100,16 @@ def load_latest(db: sa.Engine, policy: Policy) -> CostModel | None:
     trained = {}
     for key, targets in json.loads(row.residuals).items():
         pool, name = key.split("|", 1)
-        if pool in policy.pools:
-            # A version stored with other features than this code computes cannot be read.
-            trained[(pool, name)] = {
-                t: Residual(tuple(w), bound)
-                for t, (w, bound) in targets.items()
-                if len(w) == len(FEATURES)
-            }
+        # A version stored with other features than this code computes cannot be read.
+        if pool in policy.pools and "span" in targets:
+            low, high = targets.pop("span")
+            span = Span(*((float(a), float(b)) for a, b in zip(low, high, strict=True)))
+            trained[(pool, name)] = Learned(
+                {
+                    t: Residual(tuple(w), bound)
+                    for t, (w, bound) in targets.items()
+                    if len(w) == len(FEATURES)
+                },
+                span,
+            )
     return CostModel(policy, version=row.version, trained=trained)

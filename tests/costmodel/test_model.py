@@ -1,11 +1,21 @@
 from __future__ import annotations
 
+import math
 import random
 from pathlib import Path
 
 import pytest
 
-from gateway.costmodel.model import FEATURES, TARGETS, CostModel, Prediction, Residual, features
+from gateway.costmodel.model import (
+    FEATURES,
+    TARGETS,
+    CostModel,
+    Learned,
+    Prediction,
+    Residual,
+    Span,
+    features,
+)
 from gateway.policy.load import load_policy
 from gateway.policy.tariffs import Rate
 
@@ -13,13 +23,25 @@ POLICY = load_policy(Path(__file__).resolve().parents[2] / "policies/default.yam
 MODEL = "llama-3.1-8b-instruct"
 
 
-def learned(seed: int) -> dict[tuple[str, str], dict[str, Residual]]:
+# What training saw: prompts of 20 to 2,000 tokens, outputs of 5 to 300, 1 to 8 at a time, so
+# the cases below fall inside it, below it and past it.
+SEEN = Span(
+    (math.log1p(20), math.log1p(2000)), (math.log1p(5), math.log1p(300)), (0.0, math.log(8))
+)
+
+
+def learned(seed: int) -> dict[tuple[str, str], Learned]:
     rng = random.Random(seed)
     return {
-        (pool, MODEL): {
-            target: Residual(tuple(rng.uniform(-0.5, 0.5) for _ in FEATURES), rng.uniform(0, 1))
-            for target in TARGETS
-        }
+        (pool, MODEL): Learned(
+            {
+                target: Residual(
+                    tuple(rng.uniform(-0.05, 0.05) for _ in FEATURES), rng.uniform(0, 1)
+                )
+                for target in TARGETS
+            },
+            SEEN,
+        )
         for pool in POLICY.pools
     }
 
@@ -38,15 +60,16 @@ def by_definition(
     `features` (what training fits on) and each factor from `Residual.factor`."""
     pm = model.pool_model(pool, MODEL)
     phys = pm.physics
-    r = {t: model.trained.get((pool, MODEL), {}).get(t, Residual()) for t in TARGETS}
+    fit = model.trained.get((pool, MODEL), Learned())
+    r = {t: fit.residuals.get(t, Residual()) for t in TARGETS}
     own = prompt + output
     context = own if context is None else context
-    phi = features(prompt, output, concurrent, phys.slots, context)
+    phi = features(prompt, output, concurrent, phys.slots, context, fit.span)
     prefill = phys.ttft_s(prompt) * r["ttft"].factor(phi)
     tpot = phys.tpot_s(concurrent) * r["tpot"].factor(phi)
     others, slowed = concurrent - 1, 0.0
     if others > 0 and output > 1:
-        before = features(prompt, output, others, phys.slots, max(context - own, 0))
+        before = features(prompt, output, others, phys.slots, max(context - own, 0), fit.span)
         step_before = phys.tpot_s(others) * r["tpot"].factor(before)
         slowed = others * (output - 1) * max(tpot - step_before, 0.0)
     service_prior = phys.ttft_s(prompt) + max(output - 1, 0) * phys.tpot_s(concurrent)
@@ -129,3 +152,15 @@ def test_a_residual_needs_one_weight_per_feature() -> None:
         ValueError, match=f"has 5 weights; expected one per feature \\({len(FEATURES)}"
     ):
         Residual((0.1,) * 5)
+
+
+def test_past_what_training_saw_the_curvature_holds_its_edge() -> None:
+    # A fit whose only term is log prompt squared: within the span it bends the prior, past it
+    # the prediction is the prior times the bend at the span's edge.
+    weights = tuple(0.02 if name == "log_prompt_squared" else 0.0 for name in FEATURES)
+    trained = {("gpu", MODEL): Learned({"ttft": Residual(weights)}, SEEN)}
+    model, prior = CostModel(POLICY, version=1, trained=trained), CostModel(POLICY)
+    edge = math.exp(0.02 * math.log1p(2000) ** 2)
+    for prompt, factor in [(1000, math.exp(0.02 * math.log1p(1000) ** 2)), (100_000, edge)]:
+        learned = model.predict("gpu", MODEL, prompt, 10, 1).ttft_s
+        assert learned == pytest.approx(prior.predict("gpu", MODEL, prompt, 10, 1).ttft_s * factor)

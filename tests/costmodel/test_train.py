@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import math
 import random
 from pathlib import Path
 
@@ -92,6 +93,61 @@ def test_held_out_error_scores_the_learned_fit_not_the_prior_on_long_histories()
     assert asic["ttft"].prior_mape is not None and asic["ttft"].prior_mape > 0.3
 
 
+def test_energy_is_learned_as_the_median_share_when_some_requests_end_alone() -> None:
+    # A fifth of the requests see the others leave and end alone, paying three times the share;
+    # the rest pay what the prior says times 1.2. The model predicts what most pay.
+    rng = random.Random(3)
+    phys = CostModel(POLICY).pool_model("gpu", MODEL).physics
+    data = []
+    for _ in range(1000):
+        prompt, output, n = rng.randint(20, 3000), rng.randint(5, 400), rng.randint(2, 16)
+        e2e = phys.ttft_s(prompt) + (output - 1) * phys.tpot_s(n)
+        share = e2e * phys.watts(n) / n * 1.2 * rng.lognormvariate(0, 0.02)
+        energy = share * (3 if rng.random() < 0.2 else 1)
+        data.append(Observation("gpu", MODEL, prompt, output, n, None, None, e2e, energy))
+    model, _ = train(POLICY, data)
+    prior = CostModel(POLICY)
+    for prompt, output, n in [(100, 50, 2), (2000, 300, 12)]:
+        learned = model.predict("gpu", MODEL, prompt, output, n).energy_j
+        assert learned == pytest.approx(
+            1.2 * prior.predict("gpu", MODEL, prompt, output, n).energy_j, rel=0.05
+        )
+
+
+def test_learns_a_curvature_in_log_output_that_a_line_misses() -> None:
+    # Steps that turn dearer past a few hundred tokens and cheaper for the shortest answers: a
+    # bowl in log output, around 30 tokens.
+    rng = random.Random(4)
+    phys = CostModel(POLICY).pool_model("asic", MODEL).physics
+    data = []
+    for _ in range(2000):
+        prompt, output, n = rng.randint(20, 2000), rng.randint(2, 1500), rng.randint(1, 16)
+        bowl = math.exp(0.1 * (math.log1p(output) - math.log1p(30)) ** 2)
+        tpot = phys.tpot_s(n) * bowl * rng.lognormvariate(0, 0.01)
+        data.append(Observation("asic", MODEL, prompt, output, n, None, tpot, 1.0, None))
+    _, scores = train(POLICY, data)
+    assert scores["asic"][MODEL]["tpot"].mape is not None
+    assert scores["asic"][MODEL]["tpot"].mape < 0.02
+
+
+def test_the_median_fit_is_scikit_learns_least_absolute_deviations() -> None:
+    import numpy as np
+    from sklearn import linear_model
+
+    from gateway.costmodel.train import median_ridge
+
+    rng = np.random.default_rng(8)
+    x = rng.normal(size=(400, 4))
+    # Skewed noise, where the median and the mean part ways.
+    y = x @ np.array([0.5, -1.0, 0.2, 2.0]) + rng.exponential(0.5, size=400)
+    weights = rng.uniform(0.1, 1.0, size=400)
+    expected = linear_model.QuantileRegressor(
+        quantile=0.5, alpha=0.0, fit_intercept=False, solver="highs"
+    ).fit(x, y, sample_weight=weights)
+    got = median_ridge(x, y, weights, alpha=1e-9, passes=50)
+    assert got == pytest.approx(expected.coef_, abs=0.01)
+
+
 def test_the_closed_form_ridge_is_scikit_learns_ridge() -> None:
     import numpy as np
     from sklearn import linear_model
@@ -107,8 +163,8 @@ def test_the_closed_form_ridge_is_scikit_learns_ridge() -> None:
 
 
 def test_retraining_computes_the_priors_and_features_the_request_path_predicts_with() -> None:
-    from gateway.costmodel.model import features
-    from gateway.costmodel.train import _columns
+    from gateway.costmodel.model import Span, features
+    from gateway.costmodel.train import _columns, design
 
     slots = POLICY.pools["gpu"].slots_per_backend
     phys = CostModel(POLICY).pool_model("gpu", MODEL).physics
@@ -122,6 +178,8 @@ def test_retraining_computes_the_priors_and_features_the_request_path_predicts_w
         ]
     ]
     columns = _columns(group, slots, phys)
+    span = Span((1.0, 5.0), (1.0, 3.0), (0.5, 1.5))  # every row's inputs past one side of it
+    phi = design(columns, span)
     for i, o in enumerate(group):
         service = phys.ttft_s(o.prompt_tokens) + max(o.completion_tokens - 1, 0) * phys.tpot_s(
             o.concurrent
@@ -132,8 +190,8 @@ def test_retraining_computes_the_priors_and_features_the_request_path_predicts_w
         assert columns["prior_e2e"][i] == pytest.approx(service)
         assert columns["prior_energy"][i] == pytest.approx(energy)
         context = o.context_tokens or o.prompt_tokens + o.completion_tokens
-        phi = features(o.prompt_tokens, o.completion_tokens, o.concurrent, slots, context)
-        assert list(columns["phi"][i]) == pytest.approx(list(phi))
+        want = features(o.prompt_tokens, o.completion_tokens, o.concurrent, slots, context, span)
+        assert list(phi[i]) == pytest.approx(list(want))
     assert columns["ttft"][0] == 0.1 and all(v != v for v in columns["tpot"])  # NaN: not measured
 
 
