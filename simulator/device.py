@@ -45,9 +45,10 @@ from enum import Enum
 
 from simulator.power import PowerCurve
 from simulator.prefix_cache import PrefixCache
-from simulator.profile import ModelSpec, PrefixCacheFigures, Timing
+from simulator.profile import ModelSpec, ParkingFigures, PrefixCacheFigures, Timing
 
 NO_PREFIX_CACHE = PrefixCacheFigures()
+NO_PARKING = ParkingFigures()
 
 
 class JobState(Enum):
@@ -162,6 +163,7 @@ class Device:
         power: PowerCurve,
         kv_cache_tokens: int = 262144,
         prefix_cache: PrefixCacheFigures = NO_PREFIX_CACHE,
+        parking: ParkingFigures = NO_PARKING,
     ):
         self.index = index
         self.slots = slots
@@ -172,6 +174,12 @@ class Device:
         self.time = 0.0
         self.energy_j = 0.0
         self.idle_energy_j = 0.0  # what it would have drawn idle over the same time
+        # Parked, it draws `_parked_w` and takes nothing; woken, it serves from `ready_at`.
+        self.parked = False
+        self.ready_at = 0.0
+        self.wake_s = parking.wake_s
+        parked_w = power.idle_w if parking.parked_w is None else parking.parked_w
+        self._parked_w = min(power.idle_w, parked_w)
         self.served = 0
         self._prefill_fixed_s = timing.prefill_fixed_ms / 1e3
         self._prefill_per_token_s = (
@@ -247,12 +255,29 @@ class Device:
 
     def submit(self, job: Job, now: float) -> None:
         """Queue `job` at simulated instant `now`; it starts as soon as a slot is free."""
+        if self.parked or now < self.ready_at:
+            raise RuntimeError("a parked or waking device takes no request")
         self.advance(now)
         job.device_index = self.index
         job.arrived_at = now
         job.state = JobState.QUEUED
         self._queue.append(job)
         self._admit(now)
+
+    def park(self, now: float) -> None:
+        """Switch the device off from `now`: it must hold no request."""
+        self.advance(now)
+        if self._holding or self._queue:
+            raise RuntimeError("a device is parked only once its requests are done")
+        self.parked = True
+
+    def wake(self, now: float) -> float:
+        """Switch the device on from `now`; return the instant it can serve."""
+        self.advance(now)
+        if self.parked:
+            self.parked = False
+            self.ready_at = now + self.wake_s
+        return max(self.ready_at, now)
 
     def set_condition(self, slow_factor: float, power_factor: float, now: float) -> None:
         """From `now`, take `slow_factor` times as long for what starts, and draw `power_factor`
@@ -324,8 +349,14 @@ class Device:
 
     def _integrate(self, until: float) -> None:
         elapsed = until - self.time
-        self.energy_j += self.power.watts(self.active) * self.power_factor * elapsed
-        self.idle_energy_j += self.power.idle_w * self.power_factor * elapsed
+        if self.parked:
+            # Nothing runs, so nothing is drawn above what the device draws at rest.
+            drawn = self._parked_w * self.power_factor * elapsed
+            self.energy_j += drawn
+            self.idle_energy_j += drawn
+        else:
+            self.energy_j += self.power.watts(self.active) * self.power_factor * elapsed
+            self.idle_energy_j += self.power.idle_w * self.power_factor * elapsed
         self.time = until
 
     def _admit(self, at: float) -> None:

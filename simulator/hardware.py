@@ -51,6 +51,7 @@ class SimulatedDevice:
             profile.slots,
             PowerCurve(profile.power),
             prefix_cache=profile.prefix_cache,
+            parking=profile.parking,
         )
         self.timing = profile.timing
         self.models = models
@@ -118,6 +119,14 @@ class SimulatedDevice:
     def set_condition(self, slow_factor: float, power_factor: float, now: float) -> None:
         """From `now`, take `slow_factor` times as long and draw `power_factor` times the power."""
         self.device.set_condition(slow_factor, power_factor, now)
+
+    def park(self, now: float) -> None:
+        """Switch the device off from `now`; it holds no request."""
+        self.device.park(now)
+
+    def wake(self, now: float) -> float:
+        """Switch the device on from `now`; return the instant it can serve."""
+        return self.device.wake(now)
 
     def marginal(
         self,

@@ -94,6 +94,18 @@ class PowerFigures(_Figures):
         return self
 
 
+class ParkingFigures(_Figures):
+    """What a device draws switched off by the gateway, and how long it takes to serve again.
+
+    `parked_w` is the board's draw with its engine asleep or stopped, at most its idle draw
+    (None: its idle draw, no saving known); `wake_s` the time from the wake-up call to its first request. While it wakes
+    it draws its idle power.
+    """
+
+    parked_w: float | None = Field(default=None, ge=0)
+    wake_s: float = Field(default=0.0, ge=0)
+
+
 class Precision(_Figures):
     """How the device's numerics move its answers from the noiseless reference.
 
@@ -120,6 +132,7 @@ class Profile(_Figures):
     timing: Timing
     prefix_cache: PrefixCacheFigures = PrefixCacheFigures()
     power: PowerFigures
+    parking: ParkingFigures = ParkingFigures()
     precision: Precision
     models: tuple[ModelSpec, ...] = Field(min_length=1)
 

@@ -69,7 +69,7 @@ class Admission:
         leases = self.leases
         if leases is not None and not leases.shared.up:
             self._local_view(backend)
-        if backend.ejected or backend.free_slots <= 0 or not backend.fits(kv_bytes):
+        if not backend.takes(kv_bytes):
             return None
         slot = self.acquire(backend, kv_bytes, places)
         if leases is None or not leases.shared.up:

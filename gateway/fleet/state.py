@@ -63,6 +63,8 @@ class BackendState:
     engine_tokens_per_s: float | None = None
     ejected: bool = False
     ejected_until: float = 0.0
+    # Parking's state (gateway/fleet/parking.py): '' in service, else draining, parked, waking.
+    parking: str = ""
     consecutive_failures: int = 0
     ejections: int = 0  # the doublings of the next ejection interval
     returned_at: float = 0.0  # when it last came back from an ejection (the detector's clock)
@@ -98,7 +100,7 @@ class BackendState:
     def takes(self, kv_bytes: float) -> bool:
         """Return whether the backend can take a request needing kv_bytes now: in service, a
         free slot, room in its KV memory."""
-        return not self.ejected and self.free_slots > 0 and self.fits(kv_bytes)
+        return not self.ejected and not self.parking and self.free_slots > 0 and self.fits(kv_bytes)
 
     def overcommitted(self) -> bool:
         """Return whether more slots or KV memory are held than the backend has."""
@@ -182,7 +184,8 @@ class PoolState:
     sessions: Sessions = field(default_factory=Sessions)
 
     def healthy(self) -> list[BackendState]:
-        return [b for b in self.backends if not b.ejected]
+        """Return the backends in service: not ejected, not parked (nor draining or waking)."""
+        return [b for b in self.backends if not b.ejected and not b.parking]
 
     def most_free(
         self,

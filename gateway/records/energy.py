@@ -111,6 +111,11 @@ class BackendLedger:
         self._reading = (t, counter_j, share)
         self.measured_until = t
 
+    def restart(self) -> None:
+        """Forget the last reading: the device was switched off since (parked), and what it
+        drew then is neither its idle draw nor any request's; the next reading starts anew."""
+        self._reading = None
+
     def _idle_floor(self, energy_j: float, seconds: float, t0: float, t1: float) -> None:
         # With nothing running, the draw is the idle power: learn it, so the nominal figure
         # only matters until the device has been seen idle once.

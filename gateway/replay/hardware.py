@@ -130,6 +130,14 @@ class Device(Protocol):
         """From `now`, take `slow_factor` times as long and draw `power_factor` times the power."""
         ...
 
+    def park(self, now: float) -> None:
+        """Switch the device off from `now` (it holds no request): it draws its parked power."""
+        ...
+
+    def wake(self, now: float) -> float:
+        """Switch the device on from `now`; return the instant it can take a request."""
+        ...
+
     def marginal(
         self,
         model: str,

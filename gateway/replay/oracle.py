@@ -100,7 +100,7 @@ class OracleRanker:
         found: list[tuple[Placement, BackendState]] = []
         for backend in pool.backends:
             sim = self.world.get(backend.name)
-            if sim is None or backend.ejected or backend.free_slots <= 0:
+            if sim is None or backend.ejected or backend.parking or backend.free_slots <= 0:
                 continue
             placed = marginal(
                 sim,

@@ -2,15 +2,17 @@
 
 Every strategy routes through the real `decide()`; they differ only in how the eligible pools
 are ranked (the `rank_pools` seam), for `gpu-only` in a policy cut down to the GPU pool, and in
-what their router reads of a request. The gateway's own (`learned`, `static`, `best-static`,
-`gpu-only`) read its prompt's prefix blocks and the fleet's prefix index, as the live gateway
-does. The baselines rank backends themselves, as the routers others deploy in front of engines
-do: `round-robin` and `least-loaded` (`gateway.replay.balancing`) and `session-hash`
-(`gateway.replay.session_hash`, which alone is told the conversation) route profiles without
-blocks, blind to the cache; `approximate-prefix` (`gateway.replay.approximate_prefix`) reads
-the blocks into trees of its own. `best-static` is `static` under each order of the routes'
-pools, the cheapest in hindsight (`gateway.replay.bench`); the oracle knows the truth, every
-backend's cache and load among it (`gateway.replay.oracle`).
+what their router reads of a request; `learned-parked` is `learned` that also parks the backends
+its forecast does not need (`gateway.fleet.parking`). The gateway's own (`learned`,
+`learned-parked`, `static`, `best-static`, `gpu-only`) read its prompt's prefix blocks and the
+fleet's prefix index, as the live gateway does. The baselines rank backends themselves, as the
+routers others deploy in front of engines do: `round-robin` and `least-loaded`
+(`gateway.replay.balancing`) and `session-hash` (`gateway.replay.session_hash`, which alone is
+told the conversation) route profiles without blocks, blind to the cache; `approximate-prefix`
+(`gateway.replay.approximate_prefix`) reads the blocks into trees of its own. `best-static` is
+`static` under each order of the routes' pools, the cheapest in hindsight
+(`gateway.replay.bench`); the oracle knows the truth, every backend's cache and load among it
+(`gateway.replay.oracle`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from dataclasses import dataclass
 
 from gateway.costmodel.model import OutputLengths
 from gateway.costmodel.train import RetrainSchedule
+from gateway.fleet.parking import Parking
 from gateway.policy.model import Policy, Route
 from gateway.policy.tariffs import Rates, own_rate
 from gateway.replay.approximate_prefix import ApproximatePrefix
@@ -36,6 +39,7 @@ MAX_ORDERS = 120  # fixed orders best-static replays at most
 
 STRATEGIES = (
     "learned",
+    "learned-parked",
     "static",
     "best-static",
     "gpu-only",
@@ -99,7 +103,8 @@ class Strategy:
 
     The oracle's ranker reads the replay's world, which the replay gives it (`oracle`).
     `prefixes` says whether its router reads a prompt's prefix blocks, `sessions` whether it is
-    told the conversation a request continues (`gateway.replay.trace.conversation`).
+    told the conversation a request continues (`gateway.replay.trace.conversation`), `parking`
+    how it switches backends off and on (`learned-parked`; the others keep every one on).
     """
 
     name: str
@@ -110,6 +115,7 @@ class Strategy:
     oracle: OracleRanker | None = None
     prefixes: bool = True
     sessions: bool = False
+    parking: Parking | None = None
 
 
 def strategy_for(
@@ -121,11 +127,12 @@ def strategy_for(
     rates: Rates | None = None,
 ) -> Strategy:
     """Build the router of a named strategy over a policy; `rates` are the prices it reads."""
-    if name == "learned":
+    if name in ("learned", "learned-parked"):
         learner = OnlineLearner(policy, schedule=RetrainSchedule(every=retrain_every))
         outputs = OutputLengths(default=policy.assumed_max_tokens)
         ranker = CostRanker(lambda: learner.model, outputs, rates)
-        return Strategy(name, policy, ranker, learner, outputs)
+        parking = Parking() if name == "learned-parked" else None
+        return Strategy(name, policy, ranker, learner, outputs, parking=parking)
     if name == "oracle":
         oracle = OracleRanker(policy, rates or (lambda pool: own_rate(policy.pools[pool])))
         return Strategy(name, policy, oracle, oracle=oracle)

@@ -20,6 +20,11 @@ once its answer is in. The cache-blind baselines' profiles carry no blocks, and 
 named only to the strategy that keys on it (`gateway.replay.strategies`); the replay's clients
 name none to the gateway's session table.
 
+A strategy that parks (`learned-parked`) plans every `PLAN_INTERVAL_S` with its
+`gateway.fleet.parking.Parking`: a backend to park stops taking requests and is switched off
+once its last one is done; one to wake takes requests again at once if it was draining, else
+once its device's wake-up time has passed. Its meter is not read while it is off.
+
 The learned strategy meters energy as the live gateway does: each device's energy counter is read
 every `meter_interval_s` and fed, with the request spans, to a
 `gateway.records.energy.BackendLedger`; a request's observation (its TTFT, TPOT and end-to-end time
@@ -40,6 +45,7 @@ from typing import Any, cast
 
 from gateway.costmodel.train import Observation
 from gateway.errors import GatewayError
+from gateway.fleet.parking import DRAINING, IN_SERVICE, PARKED, WAKING, Move
 from gateway.fleet.prefixes import BLOCK_TOKENS
 from gateway.fleet.state import Fleet, PoolState
 from gateway.policy.model import Policy, Route
@@ -57,6 +63,7 @@ MODEL = "llama-3.1-8b-instruct"
 # Traffic starts this long after the meter's first reading, as the live meter takes a baseline
 # of the idle fleet before serving.
 START_S = 1.0
+PLAN_INTERVAL_S = 1.0  # how often a parking strategy plans, as the live gateway's loop would
 
 
 def request_profile(
@@ -229,6 +236,12 @@ class Replay:
         self._unsettled: dict[str, Passage] = {}
         self._prefilling: list[Passage] = []  # admitted with prefix blocks, no first token yet
         self._in_service = 0
+        self.parking = strategy.parking
+        self._next_plan = START_S if self.parking is not None else math.inf
+        self._ready: list[tuple[float, int, SimulatedBackend]] = []  # waking devices
+        # (at, backend, what, why): the plan's "park" and "wake", and "off" once drained.
+        self.moves: list[tuple[float, str, str, str]] = []
+        self.late_wake_ups = 0  # wake-ups called with requests already waiting in the pool
         if strategy.oracle is not None:
             strategy.oracle.world = self.world  # the oracle reads the truth the others measure
         self._condition(0.0)
@@ -242,7 +255,9 @@ class Replay:
             deadline = self._deadlines[0][0] if self._deadlines else math.inf
             if not self._busy(arrivals < total):
                 self._next_reading = math.inf
-            pending = min(arrival, deadline, self._next_reading)
+                self._next_plan = math.inf
+            ready = self._ready[0][0] if self._ready else math.inf
+            pending = min(arrival, deadline, self._next_reading, self._next_plan, ready)
             if pending == math.inf and self._next_device_event() == math.inf:
                 break  # all served: the scenario's later boundaries are finish()'s
             boundary = self._boundaries[0] if self._boundaries else math.inf
@@ -263,6 +278,11 @@ class Replay:
             elif external == self._next_reading:
                 self._read_meters(external)
                 self._next_reading += self._meter_interval_s
+            elif external == ready:
+                self._serve_again(external)
+            elif external == self._next_plan:
+                self._plan(external)
+                self._next_plan += PLAN_INTERVAL_S
             elif external == deadline:
                 self._expire(external)
             else:
@@ -340,10 +360,14 @@ class Replay:
             return
         passage.route = decision.route
         if decision.backend is not None:
+            if self.parking is not None:
+                self.parking.arrived(decision.backend.pool, now)
             self._admit(passage, self.world[decision.backend.name], now)
             return
         pool = decision.queue_pool
         assert pool is not None
+        if self.parking is not None:
+            self.parking.arrived(pool.name, now)
         passage.queued_in = pool.name
         self._waiting[pool.name].append(passage)
         deadline = now + decision.queue_budget_s
@@ -418,6 +442,10 @@ class Replay:
             self._unsettled[passage.key] = passage
         if self.strategy.outputs is not None and passage.route is not None:
             self.strategy.outputs.observe(passage.route.name, passage.request.output_tokens)
+        if self.parking is not None:
+            self.parking.finished(sim.state.pool, job.finished_at - job.admitted_at)
+            if sim.state.parking == DRAINING and sim.state.in_flight == 0:
+                self._switch_off(sim, job.finished_at)
         self._dispatch(self.fleet.pools[sim.state.pool], job.finished_at)
 
     def _dispatch(self, pool: PoolState, now: float) -> None:
@@ -429,14 +457,60 @@ class Replay:
                 return
             self._admit(queue.popleft(), self.world[backend.name], now)
 
+    def _plan(self, now: float) -> None:
+        """Take the parking plan's moves at `now`."""
+        assert self.parking is not None
+        for move in self.parking.plan(self.fleet, now):
+            self._move(move, now)
+
+    def _move(self, move: Move, now: float) -> None:
+        sim = self.world[move.backend.name]
+        state = sim.state
+        self.moves.append((now, state.name, move.action, move.reason))
+        if move.action == "park":
+            state.parking = DRAINING
+            if state.in_flight == 0:
+                self._switch_off(sim, now)
+        elif state.parking == DRAINING:
+            state.parking = IN_SERVICE
+            self._dispatch(self.fleet.pools[state.pool], now)
+        elif state.parking == PARKED:
+            if self._waiting[state.pool]:
+                self.late_wake_ups += 1
+            state.parking = WAKING
+            ready = sim.device.wake(now)
+            heapq.heappush(self._ready, (ready, next(self._order), sim))
+
+    def _switch_off(self, sim: SimulatedBackend, now: float) -> None:
+        self.moves.append((now, sim.state.name, "off", "drained"))
+        if self.metered:
+            # A last reading settles what its requests drew; the meter rests while it is off.
+            self._read_meter(sim, now)
+            sim.ledger.restart()
+        sim.device.park(now)
+        sim.state.parking = PARKED
+
+    def _serve_again(self, now: float) -> None:
+        """Put every device whose wake-up is over back in service."""
+        while self._ready and self._ready[0][0] <= now:
+            _, _, sim = heapq.heappop(self._ready)
+            sim.state.parking = IN_SERVICE
+            self._dispatch(self.fleet.pools[sim.state.pool], now)
+
     def _read_meters(self, now: float) -> None:
-        learner = self.strategy.learner
         for sim in self.world.values():
-            sim.ledger.reading(now, sim.device.energy_j)
-            for span in sim.ledger.settle():
-                passage = self._unsettled.pop(span.key, None)
-                if passage is not None and learner is not None:
-                    learner.observe(self._observation(passage, span.energy_j), now)
+            if sim.state.parking in (PARKED, WAKING):
+                continue  # switched off: its draw is no request's, nor its idle draw
+            self._read_meter(sim, now)
+
+    def _read_meter(self, sim: SimulatedBackend, now: float) -> None:
+        """Read one device's energy counter; give the learner the requests it settles."""
+        learner = self.strategy.learner
+        sim.ledger.reading(now, sim.device.energy_j)
+        for span in sim.ledger.settle():
+            passage = self._unsettled.pop(span.key, None)
+            if passage is not None and learner is not None:
+                learner.observe(self._observation(passage, span.energy_j), now)
 
     def _observation(self, passage: Passage, energy_j: float) -> Observation:
         """Turn a settled request into what the live gateway would have recorded of it."""

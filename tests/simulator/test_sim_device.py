@@ -291,3 +291,34 @@ def test_other_clients_get_only_the_slots_ours_left_and_wait_for_the_rest():
     late = Job(CHAT, 10, 5)
     device.submit(late, 0.001)
     assert late.state is JobState.QUEUED  # the other clients waited first
+
+
+def test_a_parked_device_draws_its_parked_power_and_serves_again_after_its_wake_up():
+    from simulator.profile import ParkingFigures
+
+    device = Device(0, TIMING, 4, PowerCurve(POWER), parking=ParkingFigures(parked_w=40, wake_s=2))
+    device.advance(10.0)
+    device.park(10.0)
+    with pytest.raises(RuntimeError, match="parked"):
+        device.submit(Job(CHAT, prompt_tokens=10, output_tokens=2), 11.0)
+    device.advance(110.0)
+    # 10 s idle, then 100 s parked, counted as its idle draw too: nothing ran above it.
+    assert device.energy_j == pytest.approx(100 * 10 + 40 * 100)
+    assert device.idle_energy_j == pytest.approx(device.energy_j)
+    ready = device.wake(110.0)
+    assert ready == 112.0
+    with pytest.raises(RuntimeError, match="waking"):
+        device.submit(Job(CHAT, prompt_tokens=10, output_tokens=2), 111.0)
+    device.advance(112.0)
+    assert device.energy_j == pytest.approx(100 * 10 + 40 * 100 + 100 * 2)  # idle while waking
+    job = Job(CHAT, prompt_tokens=10, output_tokens=2)
+    device.submit(job, 112.0)
+    _run(device)
+    assert job.finished_at is not None
+
+
+def test_a_device_with_requests_cannot_be_parked():
+    device = _device()
+    device.submit(Job(CHAT, prompt_tokens=10, output_tokens=50), 0.0)
+    with pytest.raises(RuntimeError, match="once its requests are done"):
+        device.park(0.001)

@@ -1,0 +1,146 @@
+"""Parking: how many backends each pool needs for the load coming, and which to switch off.
+
+On an always-on fleet most of the energy is idle draw, paid wherever a request runs. Parking
+changes what is switched on. Each pool's forecast comes from its own traffic, over the last
+`WINDOW_S`: the most requests it held at once, and Little's law on its arrivals (the rate over
+the last `SHORT_S`, and over the window, times the mean time a request held its slot), whichever
+is highest, plus the requests waiting in its queue. The pool needs enough backends to hold that
+at `PACK` of their slots, the rest of the slots being headroom for load that grows while a
+backend wakes.
+
+A backend the forecast needs is woken at once: a draining one simply takes requests again, a
+parked one is switched on and serves after its wake-up time. One the forecast has not needed
+for `HOLD_S` is drained (it takes no new request) and parked once its last request is done: one
+at a time, the active backend running the fewest requests. A pool keeps `min_active` backends
+on (1 unless told), so a route never loses a pool to a forecast made without its traffic, and
+the fleet keeps one GPU on, whatever the pools say: it serves every model, and is the fallback.
+
+A backend's `parking` state says where it is: '' in service, 'draining', 'parked', 'waking'.
+Only one in service takes a request (`BackendState.takes`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from gateway.fleet.state import BackendState, Fleet, PoolState
+
+WINDOW_S = 120.0
+SHORT_S = 20.0
+PACK = 0.6
+HOLD_S = 60.0
+SLOT_EWMA = 0.05  # weight of each new request's slot time in the pool's mean
+DEFAULT_SLOT_S = 5.0  # a pool's mean slot time before any request finished
+
+IN_SERVICE, DRAINING, PARKED, WAKING = "", "draining", "parked", "waking"
+
+
+@dataclass(frozen=True, slots=True)
+class Move:
+    """One step the plan takes: park (drain, then switch off) or wake a backend, and why."""
+
+    backend: BackendState
+    action: str  # "park" or "wake"
+    reason: str
+
+
+@dataclass(slots=True)
+class PoolTraffic:
+    """What a pool saw recently: its arrivals, its load's samples, its mean slot time."""
+
+    arrivals: deque[float] = field(default_factory=deque)
+    loads: deque[tuple[float, int]] = field(default_factory=deque)
+    slot_s: float = DEFAULT_SLOT_S
+    needed_fewer_since: float | None = None
+
+
+class Parking:
+    """Plans, pool by pool, which backends stay on; told of arrivals and finished requests."""
+
+    def __init__(self, min_active: Mapping[str, int] | None = None):
+        self.min_active = dict(min_active or {})
+        self.traffic: dict[str, PoolTraffic] = {}
+
+    def arrived(self, pool: str, now: float) -> None:
+        """Count a request routed to `pool` at `now`."""
+        self._traffic(pool).arrivals.append(now)
+
+    def finished(self, pool: str, slot_s: float) -> None:
+        """Count a request of `pool` that held its slot `slot_s` seconds."""
+        traffic = self._traffic(pool)
+        traffic.slot_s += SLOT_EWMA * (slot_s - traffic.slot_s)
+
+    def needed(self, pool: PoolState, now: float) -> tuple[int, str]:
+        """Return the backends `pool` needs for the load forecast from `now`, and the reason."""
+        traffic = self._traffic(pool.name)
+        start = now - WINDOW_S
+        while traffic.arrivals and traffic.arrivals[0] < start:
+            traffic.arrivals.popleft()
+        while traffic.loads and traffic.loads[0][0] < start:
+            traffic.loads.popleft()
+        load = sum(b.load for b in pool.backends)
+        traffic.loads.append((now, load))
+        peak = max(n for _, n in traffic.loads)
+        recent = sum(1 for t in traffic.arrivals if t >= now - SHORT_S)
+        rate = max(recent / SHORT_S, len(traffic.arrivals) / WINDOW_S)
+        forecast = max(peak, rate * traffic.slot_s) + len(pool.waiters)
+        slots = pool.spec.slots_per_backend
+        need = math.ceil(forecast / (slots * PACK))
+        floor = min(self.min_active.get(pool.name, 1), len(pool.backends))
+        reason = (
+            f"forecast {forecast:.1f} requests in flight (peak {peak} in {WINDOW_S:.0f} s, "
+            f"{rate:.2f}/s x {traffic.slot_s:.1f} s held, {len(pool.waiters)} waiting) at "
+            f"{PACK:.0%} of {slots} slots a backend"
+        )
+        return min(max(need, floor), len(pool.backends)), reason
+
+    def plan(self, fleet: Fleet, now: float) -> list[Move]:
+        """Return the moves that bring every pool to the backends its forecast needs."""
+        moves: list[Move] = []
+        for pool in fleet.pools.values():
+            if not pool.spec.live:
+                continue
+            need, reason = self.needed(pool, now)
+            on = [b for b in pool.backends if b.parking in (IN_SERVICE, WAKING)]
+            traffic = self._traffic(pool.name)
+            if need > len(on):
+                traffic.needed_fewer_since = None
+                # A draining backend takes requests again at once; then the parked wake.
+                off = sorted(
+                    (b for b in pool.backends if b.parking in (DRAINING, PARKED)),
+                    key=lambda b: b.parking != DRAINING,
+                )
+                moves += [Move(b, "wake", reason) for b in off[: need - len(on)]]
+            elif need < len(on):
+                if traffic.needed_fewer_since is None:
+                    traffic.needed_fewer_since = now
+                serving = [b for b in on if b.parking == IN_SERVICE]
+                if now - traffic.needed_fewer_since >= HOLD_S and len(serving) > 1:
+                    quietest = min(serving, key=lambda b: (b.load, b.name))
+                    if not (pool.spec.kind == "gpu" and _last_gpu(fleet, quietest)):
+                        moves.append(Move(quietest, "park", reason))
+                        traffic.needed_fewer_since = now  # one at a time, HOLD_S apart
+            else:
+                traffic.needed_fewer_since = None
+        return moves
+
+    def _traffic(self, pool: str) -> PoolTraffic:
+        traffic = self.traffic.get(pool)
+        if traffic is None:
+            traffic = self.traffic[pool] = PoolTraffic()
+        return traffic
+
+
+def _last_gpu(fleet: Fleet, backend: BackendState) -> bool:
+    """Say whether `backend` is the fleet's last GPU in service."""
+    serving = [
+        b
+        for pool in fleet.pools.values()
+        if pool.spec.kind == "gpu" and pool.spec.live
+        for b in pool.backends
+        if b.parking == IN_SERVICE
+    ]
+    return serving == [backend]

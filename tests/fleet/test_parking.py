@@ -1,0 +1,103 @@
+"""Parking's plan: the backends each pool's forecast needs, woken at once, parked one at a time."""
+
+from __future__ import annotations
+
+import itertools
+
+from gateway.fleet.parking import (
+    DRAINING,
+    HOLD_S,
+    PACK,
+    PARKED,
+    WINDOW_S,
+    Parking,
+)
+from gateway.fleet.state import Fleet
+from policies import fleet_policy
+
+
+def fleet(gpus: int = 4, asics: int = 2) -> Fleet:
+    return Fleet(
+        fleet_policy(
+            gpu=[f"http://127.0.0.1:{10 + i}" for i in range(gpus)],
+            asic=[f"http://127.0.0.1:{20 + i}" for i in range(asics)],
+        )
+    )
+
+
+def parks(moves: list) -> list[str]:
+    return [m.backend.name for m in moves if m.action == "park"]
+
+
+def wakes(moves: list) -> list[str]:
+    return [m.backend.name for m in moves if m.action == "wake"]
+
+
+def test_an_idle_pool_parks_one_backend_per_hold_down_to_one() -> None:
+    f, parking = fleet(), Parking()
+    gpu = f.pools["gpu"]
+    parked = []
+    now = 0.0
+    while now < 10 * HOLD_S:
+        for name in parks(parking.plan(f, now)):
+            backend = next(b for b in gpu.backends + f.pools["asic"].backends if b.name == name)
+            backend.parking = PARKED
+            parked.append((now, name))
+        now += 1.0
+    gpu_parks = [t for t, name in parked if name.startswith("gpu")]
+    # Three of four GPUs, HOLD_S apart; the pool's last stays on, as does the ASIC pool's.
+    assert len(gpu_parks) == 3
+    assert [b - a for a, b in itertools.pairwise(gpu_parks)] == [HOLD_S, HOLD_S]
+    assert gpu_parks[0] == HOLD_S
+    assert sum(b.parking == "" for b in gpu.backends) == 1
+    assert sum(b.parking == "" for b in f.pools["asic"].backends) == 1
+
+
+def test_load_wakes_what_it_needs_at_once_draining_ones_first() -> None:
+    f, parking = fleet(), Parking()
+    gpu = f.pools["gpu"]
+    one, two, three, four = gpu.backends
+    two.parking, three.parking, four.parking = DRAINING, PARKED, PARKED
+    # The one GPU on holds more than PACK of its slots: two backends' worth of load.
+    one.in_flight = int(one.slots * PACK) + 1
+    moves = parking.plan(f, 0.0)
+    assert wakes(moves) == [two.name]
+    assert "forecast" in moves[0].reason
+
+
+def test_arrivals_forecast_load_before_it_is_in_flight() -> None:
+    f, parking = fleet(), Parking()
+    gpu = f.pools["gpu"]
+    for b in gpu.backends[1:]:
+        b.parking = PARKED
+    slots = gpu.spec.slots_per_backend
+    # A request holds its slot 5 s; arrivals at a rate that keeps 2.5 backends' PACK busy.
+    for _ in range(50):
+        parking.finished("gpu", 5.0)
+    rate = 2.5 * slots * PACK / 5.0
+    for i in range(int(rate * WINDOW_S)):
+        parking.arrived("gpu", i / rate)
+    assert len(wakes(parking.plan(f, WINDOW_S))) == 2
+
+
+def test_the_fleets_last_gpu_is_never_parked_even_where_the_pool_allows_none() -> None:
+    f, parking = fleet(gpus=2, asics=1), Parking(min_active={"gpu": 0})
+    gpu = f.pools["gpu"]
+    moved = []
+    for t in range(0, int(5 * HOLD_S)):
+        for m in parking.plan(f, float(t)):
+            if m.action == "park":
+                m.backend.parking = PARKED
+                moved.append(m.backend.name)
+    assert moved == [gpu.backends[0].name] or moved == [gpu.backends[1].name]
+    assert sum(b.parking == "" for b in gpu.backends) == 1
+
+
+def test_a_parked_backend_takes_no_request_and_leaves_the_pools_capacity() -> None:
+    f = fleet(gpus=2, asics=1)
+    gpu = f.pools["gpu"]
+    first, second = gpu.backends
+    first.parking = DRAINING
+    assert not first.takes(0.0) and second.takes(0.0)
+    assert gpu.healthy() == [second]
+    assert gpu.most_free() is second
