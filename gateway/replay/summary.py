@@ -137,4 +137,7 @@ def parking_summary(replay: Replay) -> dict[str, object]:
         "late_wake_ups": replay.late_wake_ups,
         "mean_backends_on": round(backends - off_s / duration, 3) if duration else backends,
         "backends": backends,
+        # What the parked devices still drew: the fleet's energy less this is what parking
+        # would leave if a parked device drew nothing (powered off, released).
+        "parked_energy_j": round(replay.parked_energy_j, 1),
     }

@@ -242,6 +242,10 @@ class Replay:
         # (at, backend, what, why): the plan's "park" and "wake", and "off" once drained.
         self.moves: list[tuple[float, str, str, str]] = []
         self.late_wake_ups = 0  # wake-ups called with requests already waiting in the pool
+        # What the devices drew while switched off: each parked device's counter when it
+        # was, and the sum over the spans that ended.
+        self._off_counter: dict[str, float] = {}
+        self._parked_j = 0.0
         if strategy.oracle is not None:
             strategy.oracle.world = self.world  # the oracle reads the truth the others measure
         self._condition(0.0)
@@ -479,6 +483,7 @@ class Replay:
                 self.late_wake_ups += 1
             state.parking = WAKING
             ready = sim.device.wake(now)
+            self._parked_j += sim.device.energy_j - self._off_counter.pop(state.name)
             heapq.heappush(self._ready, (ready, next(self._order), sim))
 
     def _switch_off(self, sim: SimulatedBackend, now: float) -> None:
@@ -488,7 +493,14 @@ class Replay:
             self._read_meter(sim, now)
             sim.ledger.restart()
         sim.device.park(now)
+        self._off_counter[sim.state.name] = sim.device.energy_j
         sim.state.parking = PARKED
+
+    @property
+    def parked_energy_j(self) -> float:
+        """Return what the devices drew while switched off, up to where each was advanced."""
+        still = sum(self.world[n].device.energy_j - c for n, c in self._off_counter.items())
+        return self._parked_j + still
 
     def _serve_again(self, now: float) -> None:
         """Put every device whose wake-up is over back in service."""

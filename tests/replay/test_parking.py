@@ -52,6 +52,7 @@ def test_a_quiet_fleet_parks_a_gpu_saves_energy_and_runs_nothing_on_it_while_off
     assert parked["parking"]["parks"] >= 1
     assert parked["parking"]["mean_backends_on"] < parked["parking"]["backends"]
     assert "parking" not in on
+    assert 0 < parked["parking"]["parked_energy_j"] < parked["fleet_energy_j"]
     checks = parking_targets(results)
     ratio = parked["fleet_energy_j"] / on["fleet_energy_j"]
     assert checks["parked_fleet_energy_vs_always_on"]["value"] == round(ratio, 4)
