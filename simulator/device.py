@@ -270,6 +270,8 @@ class Device:
         if self._holding or self._queue:
             raise RuntimeError("a device is parked only once its requests are done")
         self.parked = True
+        # Asleep, an engine keeps no KV cache (vLLM's sleep mode drops it): no prefix either.
+        self.prefix_cache.clear()
 
     def wake(self, now: float) -> float:
         """Switch the device on from `now`; return the instant it can serve."""

@@ -48,6 +48,11 @@ class PrefixCache:
                 break
         return on_device, on_host
 
+    def clear(self) -> None:
+        """Forget every block: the engine was put to sleep or restarted, and its cache with it."""
+        self._device.clear()
+        self._host.clear()
+
     def insert(self, blocks: Sequence[int]) -> None:
         """Keep a computed prompt's blocks in device memory as the most recently used."""
         device, host = self._device, self._host

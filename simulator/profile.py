@@ -98,8 +98,8 @@ class ParkingFigures(_Figures):
     """What a device draws switched off by the gateway, and how long it takes to serve again.
 
     `parked_w` is the board's draw with its engine asleep or stopped, at most its idle draw
-    (None: its idle draw, no saving known); `wake_s` the time from the wake-up call to its first request. While it wakes
-    it draws its idle power.
+    (None: its idle draw, no saving known); `wake_s` the time from the wake-up call to its
+    first request. While it wakes it draws its idle power.
     """
 
     parked_w: float | None = Field(default=None, ge=0)

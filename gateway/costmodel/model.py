@@ -53,8 +53,11 @@ _UNBOUNDED = (-math.inf, math.inf)
 class Span(NamedTuple):
     """The lowest and highest log prompt, log output and log concurrency training saw.
 
-    The quadratic terms read their inputs clamped to it: a fit's curvature holds only where it
-    was measured, and beyond it the prior's physics (and the linear terms) carry the prediction.
+    The squares and the prompt-output product read their inputs clamped to it, and the products
+    with log concurrency read it clamped (prompt, output and context as they are): a fit's
+    curvature holds only where it was measured, and beyond it the prior's physics and the
+    linear terms carry the prediction. It is the span of the whole group of observations, each
+    target's fit included.
     """
 
     log_prompt: tuple[float, float] = _UNBOUNDED

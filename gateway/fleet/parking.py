@@ -12,8 +12,9 @@ A backend the forecast needs is woken at once: a draining one simply takes reque
 parked one is switched on and serves after its wake-up time. One the forecast has not needed
 for `HOLD_S` is drained (it takes no new request) and parked once its last request is done: one
 at a time, the active backend running the fewest requests. A pool keeps `min_active` backends
-on (1 unless told), so a route never loses a pool to a forecast made without its traffic, and
-the fleet keeps one GPU on, whatever the pools say: it serves every model, and is the fallback.
+on (at least 1), so a route never loses a pool to a forecast made without its traffic, and the
+fleet keeps a GPU on: it serves every model, and is the fallback. An ejected backend counts as
+off: the plan wakes another in its place.
 
 A backend's `parking` state says where it is: '' in service, 'draining', 'parked', 'waking'.
 Only one in service takes a request (`BackendState.takes`).
@@ -89,7 +90,7 @@ class Parking:
         forecast = max(peak, rate * traffic.slot_s) + len(pool.waiters)
         slots = pool.spec.slots_per_backend
         need = math.ceil(forecast / (slots * PACK))
-        floor = min(self.min_active.get(pool.name, 1), len(pool.backends))
+        floor = min(max(self.min_active.get(pool.name, 1), 1), len(pool.backends))
         reason = (
             f"forecast {forecast:.1f} requests in flight (peak {peak} in {WINDOW_S:.0f} s, "
             f"{rate:.2f}/s x {traffic.slot_s:.1f} s held, {len(pool.waiters)} waiting) at "
@@ -104,7 +105,7 @@ class Parking:
             if not pool.spec.live:
                 continue
             need, reason = self.needed(pool, now)
-            on = [b for b in pool.backends if b.parking in (IN_SERVICE, WAKING)]
+            on = [b for b in pool.backends if b.parking in (IN_SERVICE, WAKING) and not b.ejected]
             traffic = self._traffic(pool.name)
             if need > len(on):
                 traffic.needed_fewer_since = None
@@ -120,9 +121,8 @@ class Parking:
                 serving = [b for b in on if b.parking == IN_SERVICE]
                 if now - traffic.needed_fewer_since >= HOLD_S and len(serving) > 1:
                     quietest = min(serving, key=lambda b: (b.load, b.name))
-                    if not (pool.spec.kind == "gpu" and _last_gpu(fleet, quietest)):
-                        moves.append(Move(quietest, "park", reason))
-                        traffic.needed_fewer_since = now  # one at a time, HOLD_S apart
+                    moves.append(Move(quietest, "park", reason))
+                    traffic.needed_fewer_since = now  # one at a time, HOLD_S apart
             else:
                 traffic.needed_fewer_since = None
         return moves
@@ -132,15 +132,3 @@ class Parking:
         if traffic is None:
             traffic = self.traffic[pool] = PoolTraffic()
         return traffic
-
-
-def _last_gpu(fleet: Fleet, backend: BackendState) -> bool:
-    """Say whether `backend` is the fleet's last GPU in service."""
-    serving = [
-        b
-        for pool in fleet.pools.values()
-        if pool.spec.kind == "gpu" and pool.spec.live
-        for b in pool.backends
-        if b.parking == IN_SERVICE
-    ]
-    return serving == [backend]

@@ -125,6 +125,13 @@ class PrefixIndex:
         else:
             known.scale = min(1.0, known.scale * GROW)
 
+    def forget(self, backend: str) -> None:
+        """Record that the backend holds no block any more (its engine was put to sleep or
+        restarted, which drops its KV cache)."""
+        known = self._backends.get(backend)
+        if known is not None:
+            known.held.clear()
+
     def held(self, backend: str) -> int:
         """Return how many blocks the index holds for the backend."""
         known = self._backends.get(backend)

@@ -259,7 +259,8 @@ class Replay:
             deadline = self._deadlines[0][0] if self._deadlines else math.inf
             if not self._busy(arrivals < total):
                 self._next_reading = math.inf
-                self._next_plan = math.inf
+                if not any(self._waiting.values()):
+                    self._next_plan = math.inf  # a request still waiting may need a wake-up
             ready = self._ready[0][0] if self._ready else math.inf
             pending = min(arrival, deadline, self._next_reading, self._next_plan, ready)
             if pending == math.inf and self._next_device_event() == math.inf:
@@ -449,7 +450,8 @@ class Replay:
         if self.parking is not None:
             self.parking.finished(sim.state.pool, job.finished_at - job.admitted_at)
             if sim.state.parking == DRAINING and sim.state.in_flight == 0:
-                self._switch_off(sim, job.finished_at)
+                # The devices have been advanced to now, maybe past the request's end.
+                self._switch_off(sim, max(job.finished_at, sim.device.time))
         self._dispatch(self.fleet.pools[sim.state.pool], job.finished_at)
 
     def _dispatch(self, pool: PoolState, now: float) -> None:
@@ -495,6 +497,7 @@ class Replay:
         sim.device.park(now)
         self._off_counter[sim.state.name] = sim.device.energy_j
         sim.state.parking = PARKED
+        self.fleet.prefixes.forget(sim.state.name)
 
     @property
     def parked_energy_j(self) -> float:
@@ -507,6 +510,8 @@ class Replay:
         while self._ready and self._ready[0][0] <= now:
             _, _, sim = heapq.heappop(self._ready)
             sim.state.parking = IN_SERVICE
+            if self.metered:
+                self._read_meter(sim, now)  # the meter's first reading since it rested
             self._dispatch(self.fleet.pools[sim.state.pool], now)
 
     def _read_meters(self, now: float) -> None:

@@ -80,7 +80,7 @@ def test_arrivals_forecast_load_before_it_is_in_flight() -> None:
     assert len(wakes(parking.plan(f, WINDOW_S))) == 2
 
 
-def test_the_fleets_last_gpu_is_never_parked_even_where_the_pool_allows_none() -> None:
+def test_a_pools_last_backend_is_never_parked_even_where_it_allows_none() -> None:
     f, parking = fleet(gpus=2, asics=1), Parking(min_active={"gpu": 0})
     gpu = f.pools["gpu"]
     moved = []
@@ -91,6 +91,16 @@ def test_the_fleets_last_gpu_is_never_parked_even_where_the_pool_allows_none() -
                 moved.append(m.backend.name)
     assert moved == [gpu.backends[0].name] or moved == [gpu.backends[1].name]
     assert sum(b.parking == "" for b in gpu.backends) == 1
+
+
+def test_an_ejected_backend_counts_as_off_so_another_is_woken_in_its_place() -> None:
+    f, parking = fleet(gpus=2, asics=1), Parking()
+    first, second = f.pools["gpu"].backends
+    first.ejected, second.parking = True, PARKED
+    assert wakes(parking.plan(f, 0.0)) == [second.name]
+    # Nor is the only backend serving parked while the other is ejected.
+    second.parking = ""
+    assert parks([m for t in range(int(3 * HOLD_S)) for m in parking.plan(f, float(t))]) == []
 
 
 def test_a_parked_backend_takes_no_request_and_leaves_the_pools_capacity() -> None:

@@ -90,3 +90,14 @@ def test_what_is_held_of_a_prompt_is_always_a_prefix_so_bisection_counts_it() ->
         for other in prompts:
             linear = next((i for i, b in enumerate(other) if idx.cached("gpu", [b]) == 0), None)
             assert idx.cached("gpu", other) == (len(other) if linear is None else linear)
+
+
+def test_a_backend_put_to_sleep_holds_nothing_and_others_keep_theirs() -> None:
+    idx = index(gpu=100, asic=100)
+    idx.sent("gpu", [1, 2, 3])
+    idx.sent("asic", [1, 2, 3])
+    idx.forget("gpu")
+    assert idx.cached("gpu", [1, 2, 3]) == 0 and idx.held("gpu") == 0
+    assert idx.cached("asic", [1, 2, 3]) == 3
+    idx.sent("gpu", [1])  # woken, it fills again
+    assert idx.cached("gpu", [1, 2]) == 1

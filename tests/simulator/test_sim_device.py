@@ -322,3 +322,15 @@ def test_a_device_with_requests_cannot_be_parked():
     device.submit(Job(CHAT, prompt_tokens=10, output_tokens=50), 0.0)
     with pytest.raises(RuntimeError, match="once its requests are done"):
         device.park(0.001)
+
+
+def test_a_parked_device_forgets_its_prefix_cache():
+    from simulator.profile import PrefixCacheFigures
+
+    device = Device(
+        0, TIMING, 4, PowerCurve(POWER), prefix_cache=PrefixCacheFigures(capacity_tokens=64)
+    )
+    device.prefix_cache.insert([1, 2])
+    assert device.prefix_cache.lookup([1, 2]) == (2, 0)
+    device.park(0.0)
+    assert device.prefix_cache.lookup([1, 2]) == (0, 0)
