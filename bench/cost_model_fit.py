@@ -57,7 +57,7 @@ from gateway.records.energy import PREFILL_TOKEN_WEIGHT, BackendLedger
 from gateway.replay.learner import WARM_OBSERVATIONS, OnlineLearner
 from gateway.replay.scenario import PLAIN, Scenario, ScenarioRates, load_scenario
 from gateway.replay.strategies import strategy_for
-from gateway.replay.timeline import START_S, Passage, Replay
+from gateway.replay.timeline import START_S, Replay, observation
 from gateway.replay.trace import read_trace
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -524,7 +524,7 @@ def predictability(
     done = sorted((p for p in run.passages if p.key in rows), key=lambda p: rows[p.key]["end"])
     for pool in sorted({r["pool"] for r in rows.values()}):
         mine = [p for p in done if rows[p.key]["pool"] == pool]
-        group = [_observation(p, rows[p.key]["metered"]) for p in mine]
+        group = [observation(p, rows[p.key]["metered"]) for p in mine]
         o = group[0]
         phys = prior.pool_model(o.pool, o.model).physics
         columns = _columns(group, policy.pools[pool].slots_per_backend, phys)
@@ -554,25 +554,6 @@ def predictability(
                 scores[known] = _mape(predicted, observed[held])
             out.setdefault(pool, {})[name] = scores
     return out
-
-
-def _observation(passage: Passage, energy_j: float) -> Observation:
-    """Return what the gateway records of a served request, as the replay does."""
-    job, sim = passage.job, passage.backend
-    assert job is not None and sim is not None and passage.admitted_s is not None
-    assert job.first_token_at is not None and job.finished_at is not None
-    return Observation(
-        pool=sim.state.pool,
-        model=passage.profile.model,
-        prompt_tokens=passage.request.prompt_tokens,
-        completion_tokens=passage.request.output_tokens,
-        concurrent=passage.concurrent,
-        ttft_s=job.first_token_at - passage.admitted_s,
-        tpot_s=passage.tpot_s,
-        e2e_s=job.finished_at - passage.admitted_s,
-        energy_j=energy_j,
-        context_tokens=passage.context_tokens,
-    )
 
 
 def main() -> None:

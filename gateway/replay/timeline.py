@@ -527,24 +527,25 @@ class Replay:
         for span in sim.ledger.settle():
             passage = self._unsettled.pop(span.key, None)
             if passage is not None and learner is not None:
-                learner.observe(self._observation(passage, span.energy_j), now)
+                learner.observe(observation(passage, span.energy_j), now)
 
-    def _observation(self, passage: Passage, energy_j: float) -> Observation:
-        """Turn a settled request into what the live gateway would have recorded of it."""
-        job, sim = passage.job, passage.backend
-        assert job is not None and sim is not None and passage.admitted_s is not None
-        assert job.first_token_at is not None and job.finished_at is not None
-        return Observation(
-            pool=sim.state.pool,
-            model=passage.profile.model,
-            # Prefill computed what the device did not find cached, as the live records say
-            # (gateway/costmodel/train.py) and the ranking asks.
-            prompt_tokens=max(passage.request.prompt_tokens - job.cached_tokens, 0),
-            completion_tokens=passage.request.output_tokens,
-            concurrent=passage.concurrent,
-            ttft_s=job.first_token_at - passage.admitted_s,
-            tpot_s=passage.tpot_s,
-            e2e_s=job.finished_at - passage.admitted_s,
-            energy_j=energy_j,
-            context_tokens=passage.context_tokens,
-        )
+
+def observation(passage: Passage, energy_j: float) -> Observation:
+    """Turn a settled request into what the live gateway would have recorded of it."""
+    job, sim = passage.job, passage.backend
+    assert job is not None and sim is not None and passage.admitted_s is not None
+    assert job.first_token_at is not None and job.finished_at is not None
+    return Observation(
+        pool=sim.state.pool,
+        model=passage.profile.model,
+        # Prefill computed what the device did not find cached, as the live records say
+        # (gateway/costmodel/train.py) and the ranking asks.
+        prompt_tokens=max(passage.request.prompt_tokens - job.cached_tokens, 0),
+        completion_tokens=passage.request.output_tokens,
+        concurrent=passage.concurrent,
+        ttft_s=job.first_token_at - passage.admitted_s,
+        tpot_s=passage.tpot_s,
+        e2e_s=job.finished_at - passage.admitted_s,
+        energy_j=energy_j,
+        context_tokens=passage.context_tokens,
+    )
