@@ -467,7 +467,8 @@ class Replay:
         """Take the parking plan's moves at `now`."""
         assert self.parking is not None
         for move in self.parking.plan(self.fleet, now):
-            self._move(move, now)
+            if move.backend.name in self.world:  # a pool serving none of the trace's models
+                self._move(move, now)
 
     def _move(self, move: Move, now: float) -> None:
         sim = self.world[move.backend.name]

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+from gateway.policy.load import parse_policy, to_yaml
 from gateway.policy.model import Policy
 from gateway.replay.bench import benchmark, parking_targets
 from gateway.replay.strategies import strategy_for
@@ -70,3 +71,14 @@ def test_a_burst_wakes_parked_backends(policy: Policy, trace: Path) -> None:
     wakes = [m for m in replay.moves if m[2] == "wake"]
     assert offs and wakes
     assert any(at > end for at, *_ in wakes)
+
+
+def test_pools_serving_none_of_the_traces_models_are_left_alone(
+    policy: Policy, trace: Path
+) -> None:
+    doc = policy.model_dump(mode="json", exclude_defaults=True)
+    big = doc["pools"]["gpu-70b"]["backends"]
+    big.append({**big[0], "name": "gpu-70b-1", "url": "http://127.0.0.1:9"})
+    two = parse_policy(to_yaml(doc), "two-big.yaml")
+    replay = Replay(strategy_for("learned-parked", two), read_trace(trace, limit=1500)).run()
+    assert replay.moves and all(not b.startswith("gpu-70b") for _, b, *_ in replay.moves)
