@@ -121,21 +121,14 @@ def parking_summary(replay: Replay) -> dict[str, object]:
     """Return what parking did: backends on over time, its moves, and wake-ups that came late."""
     moves = replay.moves
     duration = max((sim.device.time for sim in replay.world.values()), default=0.0)
-    # Backend-seconds switched off: from each "off" to the wake-up that followed it.
-    off_s = 0.0
-    off_since: dict[str, float] = {}
-    for at, backend, what, _ in moves:
-        if what == "off":
-            off_since[backend] = at
-        elif what == "wake" and backend in off_since:
-            off_s += at - off_since.pop(backend)
-    off_s += sum(duration - at for at in off_since.values())
     backends = len(replay.world)
     return {
         "parks": sum(m[2] == "park" for m in moves),
         "wake_ups": sum(m[2] == "wake" for m in moves),
         "late_wake_ups": replay.late_wake_ups,
-        "mean_backends_on": round(backends - off_s / duration, 3) if duration else backends,
+        "mean_backends_on": (
+            round(backends - replay.parked_s / duration, 3) if duration else backends
+        ),
         "backends": backends,
         # What the parked devices still drew: the fleet's energy less this is what parking
         # would leave if a parked device drew nothing (powered off, released).

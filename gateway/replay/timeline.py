@@ -242,10 +242,10 @@ class Replay:
         # (at, backend, what, why): the plan's "park" and "wake", and "off" once drained.
         self.moves: list[tuple[float, str, str, str]] = []
         self.late_wake_ups = 0  # wake-ups called with requests already waiting in the pool
-        # What the devices drew while switched off: each parked device's counter when it
-        # was, and the sum over the spans that ended.
-        self._off_counter: dict[str, float] = {}
-        self._parked_j = 0.0
+        # Each parked device's instant and energy counter when it was switched off, and the
+        # time and energy of the parked spans that ended.
+        self._off_since: dict[str, tuple[float, float]] = {}
+        self._parked_s = self._parked_j = 0.0
         if strategy.oracle is not None:
             strategy.oracle.world = self.world  # the oracle reads the truth the others measure
         self._condition(0.0)
@@ -486,7 +486,9 @@ class Replay:
                 self.late_wake_ups += 1
             state.parking = WAKING
             ready = sim.device.wake(now)
-            self._parked_j += sim.device.energy_j - self._off_counter.pop(state.name)
+            since, counter = self._off_since.pop(state.name)
+            self._parked_s += now - since
+            self._parked_j += sim.device.energy_j - counter
             heapq.heappush(self._ready, (ready, next(self._order), sim))
 
     def _switch_off(self, sim: SimulatedBackend, now: float) -> None:
@@ -496,14 +498,20 @@ class Replay:
             self._read_meter(sim, now)
             sim.ledger.restart()
         sim.device.park(now)
-        self._off_counter[sim.state.name] = sim.device.energy_j
+        self._off_since[sim.state.name] = (now, sim.device.energy_j)
         sim.state.parking = PARKED
         self.fleet.prefixes.forget(sim.state.name)
 
     @property
+    def parked_s(self) -> float:
+        """Return the backend-seconds devices spent switched off, up to where each was advanced."""
+        still = sum(self.world[n].device.time - at for n, (at, _) in self._off_since.items())
+        return self._parked_s + still
+
+    @property
     def parked_energy_j(self) -> float:
         """Return what the devices drew while switched off, up to where each was advanced."""
-        still = sum(self.world[n].device.energy_j - c for n, c in self._off_counter.items())
+        still = sum(self.world[n].device.energy_j - c for n, (_, c) in self._off_since.items())
         return self._parked_j + still
 
     def _serve_again(self, now: float) -> None:
