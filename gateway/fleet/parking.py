@@ -4,9 +4,11 @@ On an always-on fleet most of the energy is idle draw, paid wherever a request r
 changes what is switched on. Each pool's forecast comes from its own traffic, over the last
 `WINDOW_S`: the most requests it held at once, and Little's law on its arrivals (the rate over
 the last `SHORT_S`, and over the window, times the mean time a request held its slot), whichever
-is highest, plus the requests waiting in its queue. The pool needs enough backends to hold that
-at `PACK` of their slots, the rest of the slots being headroom for load that grows while a
-backend wakes.
+is highest, plus the requests waiting in its queue. A pool whose backends take `wake_s` to wake
+forecasts the load as it will be once one is up: where arrivals are rising (the short rate above
+the window's), the rate is carried forward along that slope for `wake_s`. The pool needs enough
+backends to hold that at `PACK` of their slots, the rest of the slots being headroom for load
+that grows faster than forecast while a backend wakes.
 
 A backend the forecast needs is woken at once: a draining one simply takes requests again, a
 parked one is switched on and serves after its wake-up time. One the forecast has not needed
@@ -24,10 +26,11 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 from gateway.fleet.state import BackendState, Fleet, PoolState
+from gateway.policy.model import Policy
 
 WINDOW_S = 120.0
 SHORT_S = 20.0
@@ -61,13 +64,33 @@ class PoolTraffic:
 class Parking:
     """Plans, pool by pool, which backends stay on; told of arrivals and finished requests."""
 
-    def __init__(self, min_active: Mapping[str, int] | None = None):
+    def __init__(
+        self, min_active: Mapping[str, int] | None = None, wake_s: Mapping[str, float] | None = None
+    ):
         self.min_active = dict(min_active or {})
+        self.wake_s = dict(wake_s or {})
         self.traffic: dict[str, PoolTraffic] = {}
+
+    @classmethod
+    def of(cls, policy: Policy) -> Parking:
+        """Return a plan with the `min_active` and `wake_s` of the policy's `parking` blocks."""
+        parking = cls()
+        parking.configure(policy)
+        return parking
+
+    def configure(self, policy: Policy) -> list[str]:
+        """Take a policy version's figures (traffic seen is kept); return the pools it parks."""
+        blocks = {name: pool.parking for name, pool in policy.pools.items() if pool.parking}
+        self.min_active = {name: block.min_active for name, block in blocks.items()}
+        self.wake_s = {name: block.wake_s for name, block in blocks.items()}
+        return list(blocks)
 
     def arrived(self, pool: str, now: float) -> None:
         """Count a request routed to `pool` at `now`."""
-        self._traffic(pool).arrivals.append(now)
+        arrivals = self._traffic(pool).arrivals
+        arrivals.append(now)
+        if arrivals[0] < now - WINDOW_S:  # bounded whether or not the pool is planned
+            arrivals.popleft()
 
     def finished(self, pool: str, slot_s: float) -> None:
         """Count a request of `pool` that held its slot `slot_s` seconds."""
@@ -85,8 +108,12 @@ class Parking:
         load = sum(b.load for b in pool.backends)
         traffic.loads.append((now, load))
         peak = max(n for _, n in traffic.loads)
-        recent = sum(1 for t in traffic.arrivals if t >= now - SHORT_S)
-        rate = max(recent / SHORT_S, len(traffic.arrivals) / WINDOW_S)
+        recent = sum(1 for t in traffic.arrivals if t >= now - SHORT_S) / SHORT_S
+        overall = len(traffic.arrivals) / WINDOW_S
+        # The two rates are centred (WINDOW_S - SHORT_S) / 2 apart: their slope, carried on
+        # for a wake-up, is the rate the pool sees once a backend woken now serves.
+        rising = max(0.0, recent - overall) / ((WINDOW_S - SHORT_S) / 2)
+        rate = max(recent, overall) + rising * self.wake_s.get(pool.name, 0.0)
         forecast = max(peak, rate * traffic.slot_s) + len(pool.waiters)
         slots = pool.spec.slots_per_backend
         need = math.ceil(forecast / (slots * PACK))
@@ -96,13 +123,16 @@ class Parking:
             f"{rate:.2f}/s x {traffic.slot_s:.1f} s held, {len(pool.waiters)} waiting) at "
             f"{PACK:.0%} of {slots} slots a backend"
         )
+        if rising > 0 and self.wake_s.get(pool.name, 0.0) > 0:
+            reason += f"; arrivals rising, carried over its {self.wake_s[pool.name]:g} s wake-up"
         return min(max(need, floor), len(pool.backends)), reason
 
-    def plan(self, fleet: Fleet, now: float) -> list[Move]:
-        """Return the moves that bring every pool to the backends its forecast needs."""
+    def plan(self, fleet: Fleet, now: float, pools: Collection[str] | None = None) -> list[Move]:
+        """Return the moves that bring every live pool (of `pools`, if given) to the backends
+        its forecast needs."""
         moves: list[Move] = []
         for pool in fleet.pools.values():
-            if not pool.spec.live:
+            if not pool.spec.live or (pools is not None and pool.name not in pools):
                 continue
             need, reason = self.needed(pool, now)
             on = [b for b in pool.backends if b.parking in (IN_SERVICE, WAKING) and not b.ejected]

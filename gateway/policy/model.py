@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import hashlib
 import re
+import string
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gateway.compare.measures import DEFAULT_COMPARATORS
 
@@ -156,6 +157,92 @@ class GoLive(Strict):
     )
 
 
+# What a parking command may name of the backend it switches: `{name}`, `{url}`, `{pool}`.
+HOOK_FIELDS = ("name", "url", "pool")
+
+
+class PoolParking(Strict):
+    """Switching a pool's idle backends off and on again (docs/routing.md#parking).
+
+    `vllm` sends vLLM's sleep mode calls to the backend itself (POST /sleep?level=1, POST
+    /wake_up, GET /is_sleeping); `command` runs the operator's argv for each, with the backend's
+    `{name}`, `{url}` and `{pool}` put in (a power cap, a scale to zero, a process stopped and
+    started again).
+    """
+
+    hook: Literal["vllm", "command"] = Field(
+        description="vllm: the backend's sleep and wake-up endpoints; command: park_command and "
+        "wake_command."
+    )
+    park_command: list[str] | None = Field(
+        default=None,
+        description="With hook: command, the argv that switches a drained backend off "
+        "({name}, {url}, {pool} are put in); exit 0 is success.",
+    )
+    wake_command: list[str] | None = Field(
+        default=None,
+        description="With hook: command, the argv that switches it on again; it serves once its "
+        "/health answers 200.",
+    )
+    wake_s: NonNegativeFloat = Field(
+        description="Seconds from the wake-up call to the first request served: the plan wakes "
+        "a backend this far ahead of the load it forecasts."
+    )
+    min_active: int = Field(
+        default=1,
+        ge=1,
+        description="Backends of the pool always on (at least 1; the fleet's last GPU backend "
+        "is never parked either).",
+    )
+    hook_timeout_s: PositiveFloat = Field(
+        default=30.0,
+        description="Longest a hook call may take; past it the call has failed (a backend being "
+        "parked stays in service, one being woken is called again).",
+    )
+
+    @field_validator("park_command", "wake_command")
+    @classmethod
+    def _argv(cls, value: list[str] | None) -> list[str] | None:
+        if value is None:
+            return value
+        if not value or not value[0].strip():
+            raise ValueError("a command is a non-empty list: the program, then its arguments")
+        for arg in value:
+            try:
+                fields = [f for _, f, _, _ in string.Formatter().parse(arg)]
+            except ValueError as exc:
+                raise ValueError(f"{arg!r} is not a valid command argument: {exc}") from None
+            for field_name in fields:
+                if field_name is not None and field_name not in HOOK_FIELDS:
+                    known = ", ".join("{" + f + "}" for f in HOOK_FIELDS)
+                    raise ValueError(
+                        f"a command may name {known}, not {{{field_name}}} (in {arg!r})"
+                    )
+        return value
+
+    @model_validator(mode="after")
+    def _commands_match_hook(self) -> PoolParking:
+        commands = {"park_command": self.park_command, "wake_command": self.wake_command}
+        if self.hook == "command":
+            missing = [name for name, argv in commands.items() if argv is None]
+            if missing:
+                raise ValueError(f"hook: command needs {' and '.join(missing)}")
+        else:
+            given = [name for name, argv in commands.items() if argv is not None]
+            if given:
+                raise ValueError(
+                    f"{' and '.join(given)} {'is' if len(given) == 1 else 'are'} for hook: "
+                    "command; hook: vllm calls the backend's own /sleep and /wake_up"
+                )
+        return self
+
+    def command(self, action: str, name: str, url: str, pool: str) -> list[str]:
+        """Return the argv of `action` ("park" or "wake") for one backend."""
+        argv = self.park_command if action == "park" else self.wake_command
+        assert argv is not None, "only a command hook has commands"
+        return [arg.format(name=name, url=url, pool=pool) for arg in argv]
+
+
 class Pool(Strict):
     """A set of backends of one hardware kind sharing one capability entry."""
 
@@ -216,6 +303,11 @@ class Pool(Strict):
         "(llama-server's -c / -np) and each choice of an answer is counted (its usage counts "
         "one). null: the gateway's own bookkeeping only.",
     )
+    parking: PoolParking | None = Field(
+        default=None,
+        description="Park the backends the forecast load does not need, through this hook. "
+        "null: every backend stays on.",
+    )
 
     @field_validator("driver", "runtime", "firmware", mode="before")
     @classmethod
@@ -224,6 +316,15 @@ class Pool(Strict):
             # YAML reads 1.10 as the number 1.1: a version written bare would lose its digits.
             raise ValueError(f"write a version as a quoted string, e.g. '{value}'")
         return value
+
+    @model_validator(mode="after")
+    def _parks_what_it_has(self) -> Pool:
+        if self.parking is not None and self.parking.min_active > len(self.backends):
+            raise ValueError(
+                f"parking.min_active is {self.parking.min_active}, more than the pool's "
+                f"{len(self.backends)} backends: it could never park one"
+            )
+        return self
 
     def versions(self) -> dict[str, str | None]:
         """Return the driver, runtime and firmware versions the policy gives (None: not given)."""

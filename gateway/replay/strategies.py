@@ -131,7 +131,7 @@ def strategy_for(
         learner = OnlineLearner(policy, schedule=RetrainSchedule(every=retrain_every))
         outputs = OutputLengths(default=policy.assumed_max_tokens)
         ranker = CostRanker(lambda: learner.model, outputs, rates)
-        parking = Parking() if name == "learned-parked" else None
+        parking = Parking.of(policy) if name == "learned-parked" else None
         return Strategy(name, policy, ranker, learner, outputs, parking=parking)
     if name == "oracle":
         oracle = OracleRanker(policy, rates or (lambda pool: own_rate(policy.pools[pool])))

@@ -9,6 +9,7 @@ from gateway.fleet.parking import (
     HOLD_S,
     PACK,
     PARKED,
+    SHORT_S,
     WINDOW_S,
     Parking,
 )
@@ -111,3 +112,24 @@ def test_a_parked_backend_takes_no_request_and_leaves_the_pools_capacity() -> No
     assert not first.takes(0.0) and second.takes(0.0)
     assert gpu.healthy() == [second]
     assert gpu.most_free() is second
+
+
+def test_a_pool_slow_to_wake_wakes_ahead_of_rising_arrivals() -> None:
+    slots = fleet().pools["gpu"].spec.slots_per_backend
+
+    def woken(wake_s: float) -> int:
+        f, parking = fleet(), Parking(wake_s={"gpu": wake_s})
+        for b in f.pools["gpu"].backends[1:]:
+            b.parking = PARKED
+        for _ in range(50):
+            parking.finished("gpu", 5.0)
+        # Quiet for most of the window, then arrivals that fill 90% of one backend's PACK.
+        rate = 0.9 * slots * PACK / 5.0
+        for i in range(int(rate * SHORT_S)):
+            parking.arrived("gpu", WINDOW_S - SHORT_S + i / rate)
+        moves = parking.plan(f, WINDOW_S)
+        assert wake_s == 0 or all("wake-up" in m.reason for m in moves)
+        return len(wakes(moves))
+
+    # Without a wake-up time the rate now is what the pool needs; a slow wake-up sees it rise.
+    assert woken(0.0) == 0 < woken(60.0)

@@ -100,6 +100,50 @@ ERRORS: dict[str, tuple[Edit, str]] = {
         lambda d: d["pools"]["asic"].update(kv_cache_gb=100),
         "pools.asic.memory_gb: pool 'asic' holds",
     ),
+    "parking with no hook": (
+        lambda d: d["pools"]["gpu"].update(parking={"wake_s": 0.4}),
+        "pools.gpu.parking.hook: Field required",
+    ),
+    "parking with no wake-up time": (
+        lambda d: d["pools"]["gpu"].update(parking={"hook": "vllm"}),
+        "pools.gpu.parking.wake_s: Field required",
+    ),
+    "a command hook without its commands": (
+        lambda d: d["pools"]["gpu"].update(
+            parking={"hook": "command", "wake_s": 2, "park_command": ["park", "{name}"]}
+        ),
+        "pools.gpu.parking: Value error, hook: command needs wake_command",
+    ),
+    "commands given to the vllm hook": (
+        lambda d: d["pools"]["gpu"].update(
+            parking={"hook": "vllm", "wake_s": 0.4, "park_command": ["park"]}
+        ),
+        "park_command is for hook: command; hook: vllm calls the backend's own /sleep",
+    ),
+    "a command naming an unknown field": (
+        lambda d: d["pools"]["gpu"].update(
+            parking={
+                "hook": "command",
+                "wake_s": 2,
+                "park_command": ["stop", "{host}"],
+                "wake_command": ["start", "{url}"],
+            }
+        ),
+        "pools.gpu.parking.park_command: Value error, a command may name {name}, {url}, {pool}, "
+        "not {host} (in '{host}')",
+    ),
+    "min_active below one": (
+        lambda d: d["pools"]["gpu"].update(
+            parking={"hook": "vllm", "wake_s": 0.4, "min_active": 0}
+        ),
+        "pools.gpu.parking.min_active: Input should be greater than or equal to 1 (got 0)",
+    ),
+    "min_active above the pool's backends": (
+        lambda d: d["pools"]["asic"].update(
+            parking={"hook": "vllm", "wake_s": 0.4, "min_active": 3}
+        ),
+        "pools.asic: Value error, parking.min_active is 3, more than the pool's 1 backends",
+    ),
     "version written as a number": (
         lambda d: d["pools"]["gpu"].update(firmware=1.10),
         "pools.gpu.firmware: Value error, write a version as a quoted string, e.g. '1.1'",
@@ -186,3 +230,16 @@ def test_the_committed_json_schema_is_current(repo_root: Path) -> None:
     assert committed == json.loads(json.dumps(json_schema())), (
         "regenerate: gateway policy schema > policies/policy.schema.json"
     )
+
+
+def test_each_parking_hook_is_valid_with_its_own_keys() -> None:
+    def parked(doc: dict) -> None:
+        doc["pools"]["gpu"]["parking"] = {"hook": "vllm", "wake_s": 0.4, "min_active": 1}
+        doc["pools"]["asic"]["parking"] = {
+            "hook": "command",
+            "wake_s": 20,
+            "park_command": ["/usr/local/bin/scale", "{pool}", "{name}", "--replicas=0"],
+            "wake_command": ["/usr/local/bin/scale", "{pool}", "{name}", "--replicas=1"],
+        }
+
+    assert checked(parked) == ([], [])
