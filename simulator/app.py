@@ -10,6 +10,12 @@
     POST /admin/faults            change them (partial update; {"reset": true} clears)
     GET  /admin/external-load     the requests other clients keep in flight
     POST /admin/external-load     change them (partial update: requests, prompt_tokens, ...)
+    POST /sleep?level=1           vLLM's sleep mode: park the devices (their parked draw)
+    POST /wake_up                 wake them; answers once they serve (the profile's wake_s)
+    GET  /is_sleeping             {"is_sleeping": bool}, true until awake
+
+Asleep, the devices answer generation and embedding requests 503 (code `sleeping`); /health
+answers 200, as vLLM's does, and /is_sleeping says whether they serve.
 
 Faults apply to `/v1/*` and `/health`, never to `/admin/*` or `/metrics`. With an API key, every
 endpoint but `/admin/*` wants `Authorization: Bearer KEY` and answers 401 without it: stricter
@@ -29,7 +35,9 @@ from simulator.device import Job, JobState
 from simulator.embeddings import embed
 from simulator.errors import (
     ApiError,
+    Asleep,
     InvalidApiKey,
+    InvalidRequest,
     MethodNotAllowed,
     ModelNotFound,
     ServerFault,
@@ -89,6 +97,9 @@ class SimulatorApp:
                 {"GET": self._get_external, "POST": self._post_external},
                 False,
             ),
+            "/sleep": ({"POST": self._sleep}, False),
+            "/wake_up": ({"POST": self._wake_up}, False),
+            "/is_sleeping": ({"GET": self._is_sleeping}, False),
             "/v1/models": ({"GET": self._models}, True),
             "/v1/chat/completions": ({"POST": self._chat}, True),
             "/v1/completions": ({"POST": self._completions}, True),
@@ -207,6 +218,18 @@ class SimulatorApp:
         self.set_external_load(update_external_load(self.external, await exchange.json()))
         await exchange.respond_json(200, self.external.model_dump())
 
+    async def _sleep(self, exchange: Exchange) -> None:
+        if not self.fleet.sleep():
+            raise InvalidRequest("requests are running: drain the engine before it sleeps")
+        await exchange.respond(200, b"", b"text/plain")
+
+    async def _wake_up(self, exchange: Exchange) -> None:
+        await self.fleet.wake_up()
+        await exchange.respond(200, b"", b"text/plain")
+
+    async def _is_sleeping(self, exchange: Exchange) -> None:
+        await exchange.respond_json(200, {"is_sleeping": self.fleet.sleeping})
+
     async def _chat(self, exchange: Exchange) -> None:
         await self._generate(exchange, parse_chat(await exchange.json(), self.profile))
 
@@ -215,6 +238,8 @@ class SimulatorApp:
 
     async def _generate(self, exchange: Exchange, request: GenerationRequest) -> None:
         """Answer a chat or text completion: decode it on a device, then reply or stream."""
+        if self.fleet.sleeping:
+            raise Asleep()
         precision = self.profile.precision
         answer = compose(
             request.question,
@@ -274,6 +299,8 @@ class SimulatorApp:
 
     async def _embeddings(self, exchange: Exchange) -> None:
         request = parse_embedding(await exchange.json(), self.profile)
+        if self.fleet.sleeping:
+            raise Asleep()
         run = _Run(self.fleet, exchange, Job(request.model, request.prompt_tokens, 0))
         try:
             if not await run.finished():

@@ -250,7 +250,9 @@ class Device:
 
     @property
     def power_w(self) -> float:
-        """Return the board power right now."""
+        """Return the board power right now (its parked draw while parked)."""
+        if self.parked:
+            return self._parked_w * self.power_factor
         return self.power.watts(self.active) * self.power_factor
 
     def submit(self, job: Job, now: float) -> None:

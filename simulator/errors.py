@@ -8,7 +8,8 @@ SimulatorError
     ├── ModelNotFound      404: the model is not served here
     ├── UnknownUrl         404: no such endpoint
     ├── MethodNotAllowed   405: the endpoint exists but not for this method
-    └── ServerFault        500/503: an injected fault
+    ├── ServerFault        500/503: an injected fault
+    └── Asleep             503: the engine sleeps (vLLM's sleep mode) or is still waking up
 """
 
 from __future__ import annotations
@@ -108,3 +109,15 @@ class ServerFault(ApiError):
         )
         super().__init__(message)
         self.status = status
+
+
+class Asleep(ApiError):
+    """A request to an engine put to sleep (POST /sleep) and not yet awake again."""
+
+    status = 503
+    error_type = "server_error"
+
+    def __init__(self) -> None:
+        super().__init__(
+            "The engine is sleeping: POST /wake_up and wait for it to answer.", code="sleeping"
+        )

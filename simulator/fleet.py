@@ -29,11 +29,33 @@ class Fleet:
                 PowerCurve(profile.power),
                 profile.kv_cache_tokens,
                 profile.prefix_cache,
+                profile.parking,
             )
             for index in range(devices)
         ]
         self._timers: list[asyncio.TimerHandle | None] = [None] * devices
         self._timer_at: list[float | None] = [None] * devices
+
+    @property
+    def sleeping(self) -> bool:
+        """Return whether the devices are parked or still waking (vLLM's is_sleeping)."""
+        now = self.clock.now()
+        return any(d.parked or now < d.ready_at for d in self.devices)
+
+    def sleep(self) -> bool:
+        """Park every device now (vLLM's sleep, level 1); return False while one holds requests."""
+        now = self.clock.now()
+        if any(d.holding() or d.waiting() for d in self.devices):
+            return False
+        for device in self.devices:
+            device.park(now)
+        return True
+
+    async def wake_up(self) -> None:
+        """Wake every device and return once they serve, as vLLM's /wake_up does."""
+        ready = max(device.wake(self.clock.now()) for device in self.devices)
+        while (delay := self.clock.wall_delay(ready)) > 0:
+            await asyncio.sleep(delay)
 
     def place(self) -> Device:
         """Return the device with the fewest requests in flight (the lowest index on a tie)."""
