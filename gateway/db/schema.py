@@ -323,3 +323,34 @@ precision_checks = sa.Table(
     sa.Column("result", sa.Text, nullable=False, comment="JSON: the check's figures and reasons."),
     sa.Index("ix_precision_checks_pool_ts", "pool", "ts"),
 )
+
+
+@dataclass(slots=True)
+class ParkingEvent:
+    """A step of parking a backend or waking it (gateway/upstream/parking.py), and why."""
+
+    ts: float = field(metadata=column(index=True, comment="Unix seconds."))
+    pool: str = field(metadata=column(width=64))
+    backend: str = field(metadata=column(width=64))
+    event: str = field(
+        metadata=column(width=16, comment="drain, parked, wake, ready, or failed (a hook call).")
+    )
+    reason: str = field(metadata=column(width=TEXT))
+    seconds: float | None = field(
+        default=None,
+        metadata=column(
+            comment="parked: the drain's length; wake: the time parked; ready: the wake-up's."
+        ),
+    )
+    saved_j: float | None = field(
+        default=None,
+        metadata=column(
+            comment="wake: energy not drawn while parked, against the pool's idle draw."
+        ),
+    )
+
+    def row(self) -> dict[str, Any]:
+        return row_of(self)
+
+
+parking_events = table("parking_events", ParkingEvent)
