@@ -29,6 +29,7 @@ GatewayError                  anything the gateway refuses or fails to do for a 
 PolicyError                   the policy file is invalid (raised at load, never per request)
 DatabaseUnavailable           records cannot be written now (kept and retried, never per request)
 SharedStateUnavailable        Redis cannot be reached now (the replica serves from local state)
+ParkingHookFailed             a parking hook did not switch a backend off or on (never per request)
 """
 
 from __future__ import annotations
@@ -310,6 +311,10 @@ class DatabaseUnavailable(Exception):
 
 class SharedStateUnavailable(Exception):
     """Redis cannot be reached or has lost its data; the replica serves from local state."""
+
+
+class ParkingHookFailed(Exception):
+    """A parking hook failed: the backend stays in service, or its wake-up is tried again."""
 
 
 def shown(value: object, limit: int = 60) -> str:

@@ -138,6 +138,13 @@ class GatewayMetrics:
         "completion_tokens", "Completion tokens, as backends counted them.", *RPM
     )
     ejections = counter("backend_ejections", "Backends ejected by outlier detection.", "pool")
+    parks = counter("backend_parks", "Backends parking switched off, once drained.", "pool")
+    wakeups = counter("backend_wakeups", "Parked backends parking woke.", "pool")
+    parking_hook_failures = counter(
+        "parking_hook_failures",
+        "Parking hook calls that failed: a backend left in service, or a wake-up tried again.",
+        *("pool", "action"),
+    )
     energy = counter("energy_joules", "Measured energy attributed to requests.", "pool")
     cost = counter(
         "cost_usd",

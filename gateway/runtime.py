@@ -48,7 +48,7 @@ from gateway.records.writer import WriterProcess
 from gateway.report.schedule import ReportScheduler, parse_schedule
 from gateway.routing.classify import TokenEstimator
 from gateway.routing.ranking import CostRanker
-from gateway.settings import Settings
+from gateway.settings import Settings, variables
 from gateway.shadow.mirror import Mirror
 from gateway.shadow.records import ShadowWriter
 from gateway.upstream.client import Upstream
@@ -56,6 +56,7 @@ from gateway.upstream.forward import Forwarder
 from gateway.upstream.health import HealthChecker, SharedEjections
 from gateway.upstream.metering import EnergyMeter
 from gateway.upstream.outliers import OutlierDetector
+from gateway.upstream.parking import Parker, command_environment
 
 log = logging.getLogger(__name__)
 
@@ -186,6 +187,18 @@ class Gateway:
             self.outliers,
             on_restore=self._restored,
             interval_s=settings.health_check_interval_s,
+        )
+        self.parker = Parker(
+            lambda: self.fleet,
+            lambda: self.policy,
+            self.upstream,
+            self.admission,
+            self.metrics,
+            shared=self.shared,
+            db=self.db,
+            power_w=self.meter.power_w,
+            commands=settings.parking_commands,
+            environ=command_environment(environ, variables()),
         )
         self.policy_watcher = PolicyWatcher(
             self.db,
@@ -336,6 +349,7 @@ class Gateway:
         self.mirror.start()
         await self.meter.start()
         self.health.start()
+        self.parker.start()
         self.learner.start()
         self.loop_lag.start()
         self._untime_collections = time_collections(
@@ -386,6 +400,7 @@ class Gateway:
         await self.learner.stop()
         await self.loop_lag.stop()
         self._untime_collections()
+        await self.parker.stop()
         await self.health.stop()
         await self.mirror.stop()
         await self.meter.stop()  # delivers the energy of what is still held, then they are written

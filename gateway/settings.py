@@ -45,6 +45,11 @@ class Settings(BaseSettings):
         description="Hosts (host, host:port, *.domain) every backend and metrics URL of a "
         "policy must be on, comma-separated; empty: any.",
     )
+    parking_commands: Annotated[list[str], NoDecode] = Field(
+        default=[],
+        description="Programs a pool's parking hook (hook: command) may run, as its commands "
+        "name them, comma-separated; empty: none, so a policy runs nothing on this host.",
+    )
     upstream_key_hosts: dict[str, list[str]] = Field(
         default={},
         description="JSON: the hosts each upstream key may be sent to, e.g. "
@@ -162,7 +167,7 @@ class Settings(BaseSettings):
     def _empty_is_unset(cls, value: object) -> object:
         return None if value == "" else value
 
-    @field_validator("upstream_hosts", mode="before")
+    @field_validator("upstream_hosts", "parking_commands", mode="before")
     @classmethod
     def _comma_separated(cls, value: object) -> object:
         if isinstance(value, str):

@@ -15,7 +15,7 @@ from gateway.metrics import NAMESPACE, GatewayMetrics
 BOUNDED_LABELS = {
     *("route", "pool", "from_pool", "to_pool", "candidate", "model", "slo_class", "tenant"),
     *("status", "code", "reason", "result", "outcome", "kind", "target", "generation"),
-    *("table", "where"),
+    *("table", "where", "action"),
 }
 UNBOUNDED = re.compile(r"key|_id$|^id$|request|user|prompt|message")
 # A name that speaks of time or energy ends in its unit.

@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from gateway.errors import NoCapacity, SharedStateUnavailable
 from gateway.fleet.leases import Leases, Occupancy, Place
+from gateway.fleet.parking import Traffic
 from gateway.fleet.state import BackendState, Fleet, PoolState, Slot, Waiter
 from gateway.periodic import Periodic, Tasks
 
@@ -38,9 +40,19 @@ def slot_place(backend: BackendState) -> Place:
 class Admission:
     """Take and give back slots; hand freed slots to waiting requests."""
 
-    def __init__(self, fleet: Fleet, leases: Leases | None = None, *, refresh_s: float = 0.25):
+    def __init__(
+        self,
+        fleet: Fleet,
+        leases: Leases | None = None,
+        *,
+        refresh_s: float = 0.25,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.fleet = fleet
         self.leases = leases
+        self.clock = clock
+        # Told of each request routed and each slot given back (parking's forecast), if set.
+        self.traffic: Traffic | None = None
         self._dispatching: set[str] = set()
         self._tasks = Tasks()
         self.periodic = Periodic("slot-view", refresh_s, self.refresh)
@@ -53,7 +65,7 @@ class Admission:
         """Hold a slot of the backend in this replica's books; the caller saw it free."""
         backend.in_flight += 1
         backend.kv_reserved += kv_bytes
-        slot = Slot(backend, kv_bytes)
+        slot = Slot(backend, kv_bytes, taken_at=self.clock())
         if self.leases is not None:
             slot.lease = self.leases.new((slot_place(backend), *places), kv_bytes)
         return slot
@@ -96,6 +108,11 @@ class Admission:
         slot.backend.in_flight -= 1
         slot.backend.kv_reserved -= slot.kv_bytes
 
+    def routed(self, pool: str) -> None:
+        """Count a request routed to `pool`, whether it takes a slot at once or waits."""
+        if self.traffic is not None:
+            self.traffic.arrived(pool, self.clock())
+
     def release(self, slot: Slot) -> None:
         """Give a slot back (once, however often asked); the oldest waiter of its pool gets it
         (or whoever fits first)."""
@@ -103,6 +120,8 @@ class Admission:
             return
         backend = slot.backend
         self._unreserve(slot)
+        if self.traffic is not None:
+            self.traffic.finished(backend.pool, self.clock() - slot.taken_at)
         if slot.lease is not None and self.leases is not None:
             self.leases.drop(slot.lease, backend.pool, url=backend.url, kv=slot.kv_bytes)
         pool = self.fleet.pools.get(backend.pool)

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gateway.fleet.parking import DRAINING, PARKED, WAKING
 from gateway.fleet.state import Fleet
 from gateway.metrics import NAMESPACE
 
@@ -36,6 +37,11 @@ class FleetCollector(Collector):
         )
         healthy = GaugeMetricFamily(
             f"{NAMESPACE}_pool_healthy_backends", "Backends not ejected.", labels=["pool"]
+        )
+        parking = GaugeMetricFamily(
+            f"{NAMESPACE}_pool_parking_backends",
+            "Backends parking has taken out of service: draining, parked or waking.",
+            labels=["pool", "state"],
         )
         backend_in_flight = GaugeMetricFamily(
             f"{NAMESPACE}_backend_in_flight_requests",
@@ -77,6 +83,10 @@ class FleetCollector(Collector):
             free.add_metric([pool.name], sum(max(b.free_slots, 0) for b in pool.healthy()))
             queued.add_metric([pool.name], len(pool.waiters))
             healthy.add_metric([pool.name], len(pool.healthy()))
+            if spec.parking is not None:
+                for state in (DRAINING, PARKED, WAKING):
+                    count = sum(b.parking == state for b in pool.backends)
+                    parking.add_metric([pool.name, state], count)
             for backend in pool.backends:
                 backend_in_flight.add_metric([pool.name, backend.name], backend.in_flight)
                 if spec.engine is not None:
@@ -88,6 +98,7 @@ class FleetCollector(Collector):
                     if backend.engine_tokens_per_s is not None:
                         speed.add_metric(labels, backend.engine_tokens_per_s)
                 info.add_metric([pool.name, backend.name], hardware)
-        yield from (in_flight, free, queued, healthy, backend_in_flight, external, engine_full)
+        yield from (in_flight, free, queued, healthy, parking, backend_in_flight, external)
+        yield engine_full
         yield from (cached, speed)
         yield info

@@ -28,6 +28,7 @@ import math
 from collections import deque
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from gateway.fleet.state import BackendState, Fleet, PoolState
 from gateway.policy.model import Policy
@@ -40,6 +41,14 @@ SLOT_EWMA = 0.05  # weight of each new request's slot time in the pool's mean
 DEFAULT_SLOT_S = 5.0  # a pool's mean slot time before any request finished
 
 IN_SERVICE, DRAINING, PARKED, WAKING = "", "draining", "parked", "waking"
+
+
+class Traffic(Protocol):
+    """What parking is told of the requests served: each routed to a pool, each slot's hold."""
+
+    def arrived(self, pool: str, now: float) -> None: ...
+
+    def finished(self, pool: str, slot_s: float) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,10 +74,17 @@ class Parking:
     """Plans, pool by pool, which backends stay on; told of arrivals and finished requests."""
 
     def __init__(
-        self, min_active: Mapping[str, int] | None = None, wake_s: Mapping[str, float] | None = None
+        self,
+        min_active: Mapping[str, int] | None = None,
+        wake_s: Mapping[str, float] | None = None,
+        *,
+        window_s: float = WINDOW_S,
+        short_s: float = SHORT_S,
+        hold_s: float = HOLD_S,
     ):
         self.min_active = dict(min_active or {})
         self.wake_s = dict(wake_s or {})
+        self.window_s, self.short_s, self.hold_s = window_s, short_s, hold_s
         self.traffic: dict[str, PoolTraffic] = {}
 
     @classmethod
@@ -89,7 +105,7 @@ class Parking:
         """Count a request routed to `pool` at `now`."""
         arrivals = self._traffic(pool).arrivals
         arrivals.append(now)
-        if arrivals[0] < now - WINDOW_S:  # bounded whether or not the pool is planned
+        if arrivals[0] < now - self.window_s:  # bounded whether or not the pool is planned
             arrivals.popleft()
 
     def finished(self, pool: str, slot_s: float) -> None:
@@ -100,7 +116,7 @@ class Parking:
     def needed(self, pool: PoolState, now: float) -> tuple[int, str]:
         """Return the backends `pool` needs for the load forecast from `now`, and the reason."""
         traffic = self._traffic(pool.name)
-        start = now - WINDOW_S
+        start = now - self.window_s
         while traffic.arrivals and traffic.arrivals[0] < start:
             traffic.arrivals.popleft()
         while traffic.loads and traffic.loads[0][0] < start:
@@ -108,18 +124,18 @@ class Parking:
         load = sum(b.load for b in pool.backends)
         traffic.loads.append((now, load))
         peak = max(n for _, n in traffic.loads)
-        recent = sum(1 for t in traffic.arrivals if t >= now - SHORT_S) / SHORT_S
-        overall = len(traffic.arrivals) / WINDOW_S
+        recent = sum(1 for t in traffic.arrivals if t >= now - self.short_s) / self.short_s
+        overall = len(traffic.arrivals) / self.window_s
         # The two rates are centred (WINDOW_S - SHORT_S) / 2 apart: their slope, carried on
         # for a wake-up, is the rate the pool sees once a backend woken now serves.
-        rising = max(0.0, recent - overall) / ((WINDOW_S - SHORT_S) / 2)
+        rising = max(0.0, recent - overall) / ((self.window_s - self.short_s) / 2)
         rate = max(recent, overall) + rising * self.wake_s.get(pool.name, 0.0)
         forecast = max(peak, rate * traffic.slot_s) + len(pool.waiters)
         slots = pool.spec.slots_per_backend
         need = math.ceil(forecast / (slots * PACK))
         floor = min(max(self.min_active.get(pool.name, 1), 1), len(pool.backends))
         reason = (
-            f"forecast {forecast:.1f} requests in flight (peak {peak} in {WINDOW_S:.0f} s, "
+            f"forecast {forecast:.1f} requests in flight (peak {peak} in {self.window_s:.0f} s, "
             f"{rate:.2f}/s x {traffic.slot_s:.1f} s held, {len(pool.waiters)} waiting) at "
             f"{PACK:.0%} of {slots} slots a backend"
         )
@@ -149,10 +165,10 @@ class Parking:
                 if traffic.needed_fewer_since is None:
                     traffic.needed_fewer_since = now
                 serving = [b for b in on if b.parking == IN_SERVICE]
-                if now - traffic.needed_fewer_since >= HOLD_S and len(serving) > 1:
+                if now - traffic.needed_fewer_since >= self.hold_s and len(serving) > 1:
                     quietest = min(serving, key=lambda b: (b.load, b.name))
                     moves.append(Move(quietest, "park", reason))
-                    traffic.needed_fewer_since = now  # one at a time, HOLD_S apart
+                    traffic.needed_fewer_since = now  # one at a time, hold_s apart
             else:
                 traffic.needed_fewer_since = None
         return moves

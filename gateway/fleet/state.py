@@ -63,8 +63,11 @@ class BackendState:
     engine_tokens_per_s: float | None = None
     ejected: bool = False
     ejected_until: float = 0.0
-    # Parking's state (gateway/fleet/parking.py): '' in service, else draining, parked, waking.
+    # Parking's state (gateway/fleet/parking.py): '' in service, else draining, parked, waking;
+    # why the plan moved it there, and since when (Unix seconds).
     parking: str = ""
+    parking_reason: str = ""
+    parking_since: float = 0.0
     consecutive_failures: int = 0
     ejections: int = 0  # the doublings of the next ejection interval
     returned_at: float = 0.0  # when it last came back from an ejection (the detector's clock)
@@ -99,8 +102,16 @@ class BackendState:
 
     def takes(self, kv_bytes: float) -> bool:
         """Return whether the backend can take a request needing kv_bytes now: in service, a
-        free slot, room in its KV memory."""
-        return not self.ejected and not self.parking and self.free_slots > 0 and self.fits(kv_bytes)
+        free slot (none while its engine says it is full), room in its KV memory."""
+        # `free_slots > 0` and `fits` inline: a decision asks this of every backend it
+        # considers, and the calls were a tenth of its time (bench/decision_time.py).
+        return (
+            not self.ejected
+            and not self.parking
+            and not self.engine_full
+            and self.in_flight + self.elsewhere + self.external < self.slots
+            and self.kv_reserved + self.kv_elsewhere + kv_bytes <= self.kv_capacity
+        )
 
     def overcommitted(self) -> bool:
         """Return whether more slots or KV memory are held than the backend has."""
@@ -161,6 +172,7 @@ class Slot:
     kv_bytes: float = 0.0
     lease: str | None = None
     held: bool = True
+    taken_at: float = 0.0  # on the admission's clock
 
 
 @dataclass(eq=False, slots=True)
@@ -204,17 +216,21 @@ class PoolState:
         the request's named session last counts as holding the whole prompt: the session is
         a hint priced as a cache hit, so it never outweighs a much lighter load.
         """
+        if len(self.backends) == 1:  # none to weigh it against
+            (backend,) = self.backends
+            return backend if backend.name not in exclude and backend.takes(kv_bytes) else None
         holder = self.sessions.backend(session) if session is not None and blocks else None
         best, best_key = None, (0, 0)
         for backend in self.backends:
             if backend.name in exclude or not backend.takes(kv_bytes):
                 continue
+            load = backend.load  # its free slots are slots - load, as it takes a request
             if not blocks:
-                key = (0, -backend.free_slots)
+                key = (0, load - backend.slots)
             else:
                 name = backend.name
                 held = len(blocks) if name == holder else self.prefixes.cached(name, blocks)
-                key = ((len(blocks) - held + 1) * (backend.load + 1), -backend.free_slots)
+                key = ((len(blocks) - held + 1) * (load + 1), load - backend.slots)
             if best is None or key < best_key:
                 best, best_key = backend, key
         return best

@@ -19,7 +19,7 @@ from gateway.db.schema import request_records, shadow_records
 from gateway.policy.model import Policy
 from gateway.policy.tariffs import DAY_S
 from gateway.records.slo import judged_on, record_meets_slo
-from gateway.routing.explain import hardware
+from gateway.routing.explain import hardware, parking
 from gateway.stats import percentile
 
 if TYPE_CHECKING:
@@ -52,6 +52,7 @@ def fleet(gateway: Gateway, now: float) -> list[dict[str, Any]]:
                     "engine_cached_share": b.engine_cached_share,
                     "engine_tokens_per_s": b.engine_tokens_per_s,
                     "power_w": gateway.meter.power_w(b),
+                    "parking": parking(b),
                 }
             )
         powers = [b["power_w"] for b in backends if b["power_w"] is not None]
@@ -68,6 +69,7 @@ def fleet(gateway: Gateway, now: float) -> list[dict[str, Any]]:
                 "live": spec.live,
                 "backends": backends,
                 "healthy": sum(b["healthy"] for b in backends),
+                "parked": sum(b["parking"] is not None for b in backends),
                 "slots": sum(b["slots"] for b in backends),
                 "in_use": sum(
                     b["in_flight"] + b["other_replicas"] + b["external"] for b in backends

@@ -53,8 +53,12 @@ def build(
     verdicts: Verdicts,
     verdicts_before: Verdicts,
     checks: Sequence[Mapping[str, Any]] = (),
+    parking: Sequence[Row] = (),
 ) -> dict[str, Any]:
     """Fold the rows of the period (and the history before it) into the report's numbers.
+
+    `parking` is every parking event up to the period's end (a backend parked before it began
+    is parked at its start).
 
     `verdicts` and `verdicts_before` are the judge's under `rules` at the end of the period and
     of the one before; `checks` are each pool's newest precision check by the end of the period.
@@ -114,7 +118,80 @@ def build(
         },
         "candidates": candidates,
         "precision_checks": [precision_check(c) for c in checks],
+        "parking": parking_numbers(parking, policy, period),
     }
+
+
+WAKEUPS_SHOWN = 50
+
+
+def parking_numbers(events: Sequence[Row], policy: Policy, period: Period) -> dict[str, Any]:
+    """Fold parking events into each parking pool's backends on and parked, day by day, its
+    parks, wake-ups and hook failures, and the energy parked backends did not draw (counted
+    as each is woken: the pool's idle draw less what its meter read while it was parked).
+
+    A backend is parked from its `parked` event to its next `wake` (or the period's end).
+    """
+    events = sorted(events, key=lambda e: e["ts"])
+    parked_at: dict[tuple[str, str], float] = {}
+    spans: dict[str, list[tuple[float, float]]] = {}
+    for e in events:
+        key = (e["pool"], e["backend"])
+        if e["event"] == "parked":
+            parked_at.setdefault(key, e["ts"])
+        elif e["event"] == "wake" and key in parked_at:
+            spans.setdefault(e["pool"], []).append((parked_at.pop(key), e["ts"]))
+    for (pool, _), since in parked_at.items():
+        spans.setdefault(pool, []).append((since, period.until))
+    within = _within(events, period)
+    days = [period.since + 86400 * i for i in range(math.ceil(period.days))]
+    pools = []
+    for name, spec in policy.pools.items():
+        mine = [e for e in within if e["pool"] == name]
+        if spec.parking is None and not mine and name not in spans:
+            continue
+        total = len(spec.backends)
+
+        def parked_s(since: float, until: float, pool: str = name) -> float:
+            return sum(max(0.0, min(b, until) - max(a, since)) for a, b in spans.get(pool, []))
+
+        daily = []
+        for day in days:
+            end = min(day + 86400, period.until)
+            parked = parked_s(day, end) / (end - day)
+            daily.append(
+                {
+                    "day": datetime.fromtimestamp(day, UTC).date().isoformat(),
+                    "parked": parked,
+                    "active": total - parked,
+                }
+            )
+        woken = [e for e in mine if e["event"] == "ready" and e["seconds"] is not None]
+        pools.append(
+            {
+                "pool": name,
+                "backends": total,
+                "min_active": spec.parking.min_active if spec.parking else None,
+                "parked_mean": parked_s(period.since, period.until) / (period.until - period.since),
+                "parks": sum(e["event"] == "parked" for e in mine),
+                "wakeups": sum(e["event"] == "wake" for e in mine),
+                "failures": sum(e["event"] == "failed" for e in mine),
+                "saved_j": sum(e["saved_j"] or 0.0 for e in mine if e["event"] == "wake"),
+                "wakeup_s_p50": percentile([e["seconds"] for e in woken], 50) if woken else None,
+                "daily": daily,
+            }
+        )
+    wakeups = [
+        {
+            "at": datetime.fromtimestamp(e["ts"], UTC).isoformat(timespec="seconds"),
+            "pool": e["pool"],
+            "backend": e["backend"],
+            "reason": e["reason"],
+        }
+        for e in within
+        if e["event"] == "wake"
+    ]
+    return {"pools": pools, "wakeups": wakeups[-WAKEUPS_SHOWN:], "wakeups_total": len(wakeups)}
 
 
 def _within(rows: Iterable[Row], period: Period) -> list[Row]:

@@ -2,8 +2,9 @@
 
 `collect` is the one edge of the report that reads: request records, shadow records (with the
 primary's measured energy and cost where the copy carries none), shadow drops, the newest cost
-model, the stored verdicts and precision checks. The judge (gateway/report/verdicts.py) and the
-pure folds (gateway/report/numbers.py) make the report's numbers of them.
+model, the stored verdicts and precision checks, and parking events. The judge
+(gateway/report/verdicts.py) and the pure folds (gateway/report/numbers.py) make the report's
+numbers of them.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from gateway.costmodel.model import CostModel
-from gateway.db.schema import cost_models, request_records, shadow_drops
+from gateway.db.schema import cost_models, parking_events, request_records, shadow_drops
 from gateway.policy.model import Policy
 from gateway.promotion import evidence
 from gateway.promotion.precision import results
@@ -75,6 +76,7 @@ def collect(
         verdicts=judge_rows(shadows, policy, period.until),
         verdicts_before=judge_rows(shadows, policy, previous.until),
         checks=results.newest(db, until=period.until),
+        parking=_read_parking(db, period.until),
     )
 
 
@@ -88,6 +90,13 @@ def _read_requests(db: sa.Engine, since: float, until: float) -> list[dict[str, 
 def _read_drops(db: sa.Engine, since: float, until: float) -> list[dict[str, Any]]:
     d = shadow_drops.c
     query = sa.select(*(d[n] for n in DROP_COLUMNS)).where(d.ts >= since, d.ts < until)
+    with db.connect() as conn:
+        return [dict(r._mapping) for r in conn.execute(query)]
+
+
+def _read_parking(db: sa.Engine, until: float) -> list[dict[str, Any]]:
+    """Read every parking event before `until`: a backend parked weeks ago is parked still."""
+    query = sa.select(parking_events).where(parking_events.c.ts < until)
     with db.connect() as conn:
         return [dict(r._mapping) for r in conn.execute(query)]
 

@@ -231,10 +231,58 @@ def markdown(report: Mapping[str, Any]) -> str:
         f"- {o['pool']} {o['target']}: {percent(o['mape'])} on {number(o['requests'])} requests"
         for o in model["observed"]
     ]
+    lines += _parking_markdown(report.get("parking") or {})
     lines += ["", *_precision_markdown(report.get("precision_checks") or [])]
     for c in report["candidates"]:
         lines += ["", *_candidate_markdown(c)]
     return "\n".join(lines) + "\n"
+
+
+def _parking_markdown(parking: Mapping[str, Any]) -> list[str]:
+    """Parking's pools (backends on and parked, day by day) and its wake-ups."""
+    if not parking.get("pools"):
+        return []
+    lines = [
+        "",
+        "## Parking",
+        "",
+        _row(
+            "pool",
+            "backends",
+            "parked (mean)",
+            "parks",
+            "wake-ups",
+            "hook failures",
+            "energy saved",
+            "wake-up p50",
+        ),
+        _row(*["---"] * 8),
+    ]
+    for p in parking["pools"]:
+        lines.append(
+            _row(
+                p["pool"],
+                number(p["backends"]),
+                number(p["parked_mean"]),
+                number(p["parks"]),
+                number(p["wakeups"]),
+                number(p["failures"]),
+                joules(p["saved_j"]),
+                "–" if p["wakeup_s_p50"] is None else f"{number(p['wakeup_s_p50'])} s",
+            )
+        )
+    for p in parking["pools"]:
+        lines += ["", f"{p['pool']}, backends on / parked (mean of each day, UTC):", ""]
+        lines += [
+            f"- {d['day']}: {number(d['active'])} on, {number(d['parked'])} parked"
+            for d in p["daily"]
+        ]
+    if parking["wakeups"]:
+        lines += ["", f"Wake-ups ({number(parking['wakeups_total'])}; the last shown):", ""]
+        lines += [
+            f"- {w['at']} {w['pool']}/{w['backend']}: {w['reason']}" for w in parking["wakeups"]
+        ]
+    return lines
 
 
 def _precision_markdown(checks: list[Mapping[str, Any]]) -> list[str]:

@@ -6,7 +6,7 @@ from dataclasses import asdict
 from typing import Any
 
 from gateway.errors import GatewayError
-from gateway.fleet.state import Fleet
+from gateway.fleet.state import BackendState, Fleet
 from gateway.policy.model import Policy, Pool
 from gateway.policy.tariffs import Rate, own_rate
 from gateway.routing.classify import RequestProfile, TokenEstimator, classify, tenant_of
@@ -81,10 +81,23 @@ def rate(ranker: CostRanker, policy: Policy, pool: str) -> Rate:
     return ranker.rates(pool) if ranker.rates is not None else own_rate(policy.pools[pool])
 
 
+def parking(backend: BackendState) -> dict[str, Any] | None:
+    """Return why parking took a backend out of service (draining, parked or waking), and since
+    when (Unix seconds); None while it serves."""
+    if not backend.parking:
+        return None
+    return {
+        "state": backend.parking,
+        "reason": backend.parking_reason,
+        "since": backend.parking_since,
+    }
+
+
 def load(fleet: Fleet, pool: str, profile: RequestProfile) -> list[dict[str, Any]]:
     """Return each backend's load now: the gateway's requests, other clients', free slots, the
     request's prefix blocks it holds and the prompt tokens it is expected to find cached, and
-    what its engine says of its prompt cache and generation speed (None: it says nothing)."""
+    what its engine says of its prompt cache and generation speed (None: it says nothing), and
+    why parking took it out of service, if it did."""
     state = fleet.pools.get(pool)
     held = {
         b.name: fleet.prefixes.cached(b.name, profile.blocks) if profile.blocks else 0
@@ -104,6 +117,7 @@ def load(fleet: Fleet, pool: str, profile: RequestProfile) -> list[dict[str, Any
             "engine_cached_share": b.engine_cached_share,
             "engine_tokens_per_s": b.engine_tokens_per_s,
             "ejected": b.ejected,
+            "parking": parking(b),
         }
         for b in (state.backends if state is not None else [])
     ]

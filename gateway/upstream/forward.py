@@ -138,6 +138,7 @@ class Forwarder:
         kv = decision.kv_bytes
         if decision.backend is not None:
             ex.first_pool = decision.backend.pool
+            self.admission.routed(ex.first_pool)
             slot = await self.admission.take(decision.backend, kv)
             if slot is not None:
                 return slot
@@ -147,6 +148,7 @@ class Forwarder:
             assert decision.queue_pool is not None
             pool = decision.queue_pool
             ex.first_pool = pool.name
+            self.admission.routed(ex.first_pool)
         waited = self.clock()
         try:
             return await self.admission.wait(pool, decision.queue_budget_s, kv)

@@ -53,7 +53,8 @@ class HealthChecker:
 
     async def check_once(self) -> None:
         """Probe every backend once and apply the results."""
-        backends = self._fleet().backends()
+        # A parked backend is off on purpose, and a waking one is watched by parking itself.
+        backends = [b for b in self._fleet().backends() if b.parking not in ("parked", "waking")]
         results = await asyncio.gather(*(self._upstream.probe(b) for b in backends))
         for backend, ok in zip(backends, results, strict=True):
             if backend.ejected:

@@ -237,3 +237,41 @@ def test_change_against_the_previous_week(written) -> None:
         c["accuracy"]["greedy"]["exact_match_rate"] - 1.0
     )
     assert moved["candidate_e2e_p95_ms"]["previous"] == pytest.approx(120.0)
+
+
+def test_parking_shows_backends_on_and_parked_by_day_wake_ups_and_energy_saved(
+    database: str, tmp_path: Path
+) -> None:
+    from gateway.db.schema import ParkingEvent, parking_events
+
+    db = connect(database)
+    world = build(db)
+    day, since = 86400.0, world.period.since
+    gpu = len(world.policy.pools["gpu"].backends)
+    events = [
+        # Parked since the day before the week, woken on its second day, parked on its last.
+        ParkingEvent(since - day - 5, "gpu", "gpu-1", "drain", "forecast 0.0"),
+        ParkingEvent(since - day, "gpu", "gpu-1", "parked", "forecast 0.0", seconds=5.0),
+        ParkingEvent(since + day, "gpu", "gpu-1", "wake", "forecast 30.0", 86400, 1000.0),
+        ParkingEvent(since + day + 0.4, "gpu", "gpu-1", "ready", "forecast 30.0", 0.4),
+        ParkingEvent(since + 6 * day, "gpu", "gpu-1", "parked", "forecast 0.0", seconds=3.0),
+        ParkingEvent(since + 6 * day + 9, "gpu", "gpu-0", "failed", "park: exited 1"),
+    ]
+    with db.begin() as conn:
+        conn.execute(parking_events.insert(), [e.row() for e in events])
+    generate(db, world.policy, world.period, tmp_path, now=world.period.until + 3600)
+    report = json.loads((tmp_path / "report.json").read_text())
+    db.dispose()
+
+    (pool,) = report["parking"]["pools"]
+    assert pool["pool"] == "gpu" and pool["backends"] == gpu
+    assert [d["parked"] for d in pool["daily"]] == pytest.approx([1, 0, 0, 0, 0, 0, 1])
+    assert [d["active"] for d in pool["daily"]] == pytest.approx([gpu - 1] + [gpu] * 5 + [gpu - 1])
+    assert pool["parked_mean"] == pytest.approx(2 / 7)
+    assert (pool["parks"], pool["wakeups"], pool["failures"]) == (1, 1, 1)
+    assert pool["saved_j"] == pytest.approx(1000.0)
+    assert pool["wakeup_s_p50"] == pytest.approx(0.4)
+    assert [w["reason"] for w in report["parking"]["wakeups"]] == ["forecast 30.0"]
+    markdown = (tmp_path / "report.md").read_text()
+    assert "## Parking" in markdown and "gpu/gpu-1: forecast 30.0" in markdown
+    assert "Wake-ups (1" in (tmp_path / "report.html").read_text()

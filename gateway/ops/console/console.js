@@ -113,6 +113,13 @@ function lineChart(title, series, unit) {
 
 // --- Fleet ---------------------------------------------------------------------------------
 
+// How long something has lasted, in the largest unit that keeps it readable.
+function duration(s) {
+  if (s < 120) return `${Math.max(0, s).toFixed(0)} s`;
+  if (s < 7200) return `${(s / 60).toFixed(0)} min`;
+  return `${(s / 3600).toFixed(1)} h`;
+}
+
 // What a backend's engine says of its prompt cache and generation speed (llama.cpp reports them).
 function engineFigures(b) {
   const figures = [];
@@ -134,6 +141,9 @@ async function fleetView(view) {
         ["health", (r) => (r.backend
           ? (r.backend.healthy ? h("span", { class: "good" }, "healthy") : h("span", { class: "bad" }, `ejected ${num(r.backend.ejected_for_s, 1)} s`))
           : `${r.pool.healthy} / ${r.pool.backends.length} healthy`)],
+        ["parking", (r) => (r.backend
+          ? (r.backend.parking ? h("span", { title: r.backend.parking.reason }, `${r.backend.parking.state} for ${duration(Date.now() / 1000 - r.backend.parking.since)}`) : "in service")
+          : (r.pool.parked ? `${r.pool.parked} of ${r.pool.backends.length} out of service` : ""))],
         ["slots in use", (r) => (r.backend
           ? `${r.backend.in_flight + r.backend.other_replicas + r.backend.external} / ${r.backend.slots}${r.backend.engine_full ? ` (${r.backend.engine_full})` : ""}`
           : `${r.pool.in_use} / ${r.pool.slots}`)],
