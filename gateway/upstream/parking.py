@@ -314,7 +314,9 @@ class Parker:
         pools = self._configure(policy)
         if self.shared is not None:
             await self._share(fleet)
-        if not self.leading and (self.shared is None or self.shared.up):
+        # Redis out: nobody parks, anyone may wake (waking twice does no harm).
+        cut_off = self.shared is not None and not self.shared.up
+        if not self.leading and not cut_off:
             return
         if not self._adopted:
             self._adopted = True
@@ -325,12 +327,13 @@ class Parker:
             if pool.name not in pools:  # parking turned off: everything back in service
                 off = (b for b in pool.backends if b.parking in (DRAINING, PARKED))
                 moves += [Move(b, "wake", "parking is off for the pool") for b in off]
-        if not self.leading:  # Redis is out: nobody parks, anyone may wake
+        if cut_off:
             moves = [m for m in moves if m.action == "wake"]
         for move in moves:
             self._take(move, fleet)
         self._watch_parked(fleet)
-        if self.leading:
+        self._finish_wakes(fleet)
+        if not cut_off:
             self._finish_drains(fleet, now)
 
     def _configure(self, policy: Policy) -> list[str]:
@@ -376,11 +379,14 @@ class Parker:
         elif backend.parking in (PARKED, WAKING):
             self._wake(backend, move.reason, fleet)
 
-    def _finish_drains(self, fleet: Fleet, now: float) -> None:
+    def _finish_wakes(self, fleet: Fleet) -> None:
         for backend in fleet.backends():
             if backend.parking == WAKING and backend.url not in self._busy:
                 # Left waking by a planner that stopped: wake it from here.
                 self._wake(backend, backend.parking_reason, fleet)
+
+    def _finish_drains(self, fleet: Fleet, now: float) -> None:
+        for backend in fleet.backends():
             if backend.parking != DRAINING or backend.url in self._busy:
                 continue
             since = self._draining_since.setdefault(backend.url, now)
@@ -502,7 +508,7 @@ class Parker:
         shared = self.shared
         if shared is None or not shared.up:
             return
-        entry = orjson.dumps({"state": state, "reason": reason, "since": backend.parking_since})
+        entry = _entry(backend)
         notice = shared.notice("parking", url=backend.url, entry=entry.decode())
         key = shared.key("parking", "state")
 
@@ -532,6 +538,11 @@ class Parker:
         self.leading = ours == 1
         if self.leading:
             self._told.clear()  # its own traffic is already in its plan
+            # Every state again, each round: a Redis restarted empty is whole a second later.
+            items = [x for b in fleet.backends() for x in (b.url, _entry(b))]
+            key = shared.key("parking", "state")
+            with contextlib.suppress(SharedStateUnavailable):
+                await shared.call(lambda r: r.hset(key, items=items))
             return
         try:
             states = await shared.call(lambda r: r.hgetall(shared.key("parking", "state")))
@@ -631,3 +642,13 @@ def _kind(pool: PoolState | None) -> str | None:
 
 def _text(value: bytes | str) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else value
+
+
+def _entry(backend: BackendState) -> bytes:
+    """Return a backend's parking state as the planner writes it to Redis."""
+    fields = {
+        "state": backend.parking,
+        "reason": backend.parking_reason,
+        "since": backend.parking_since,
+    }
+    return orjson.dumps(fields)

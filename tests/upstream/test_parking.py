@@ -270,3 +270,49 @@ def test_a_park_move_on_the_last_gpu_is_not_taken() -> None:
     two.parking = ""
     parker._take(Move(one, "park", "forecast 0"), fleet)
     assert one.parking == "draining" and one.parking_reason == "forecast 0"
+
+
+def test_while_redis_is_unreachable_no_replica_parks() -> None:
+    import asyncio
+
+    from gateway.fleet.admission import Admission
+    from gateway.fleet.sharedstate import SharedState
+    from gateway.metrics import GatewayMetrics
+    from gateway.upstream.client import Upstream
+
+    command = {
+        "hook": "command",
+        "wake_s": 1,
+        "park_command": ["park", "{name}"],
+        "wake_command": ["wake", "{name}"],
+    }
+    policy = fleet_policy(
+        gpu=["http://127.0.0.1:11", "http://127.0.0.1:12"], gpu_extra={"parking": command}
+    )
+    fleet = Fleet(policy)
+    metrics = GatewayMetrics()
+    now = [0.0]
+
+    async def scenario() -> list[str]:
+        # Never started: as a replica whose Redis went away (SharedState.up is False).
+        shared = SharedState("redis://127.0.0.1:1/0", metrics, timeout_s=0.1)
+        parker = Parker(
+            lambda: fleet,
+            lambda: policy,
+            Upstream(),
+            Admission(fleet),
+            metrics,
+            shared=shared,
+            clock=lambda: now[0],
+        )
+        parker.planner.hold_s = 1.0
+        idle = parker.planner.plan(fleet, 0.0, ["gpu"]) + parker.planner.plan(fleet, 5.0, ["gpu"])
+        assert [m.action for m in idle] == ["park"]  # what a planner in touch would do
+        parker.planner = type(parker.planner)(hold_s=1.0)
+        for t in range(10):
+            now[0] = float(t)
+            await parker.round()
+        await shared.redis.aclose()
+        return [b.parking for b in fleet.backends()]
+
+    assert set(asyncio.run(scenario())) == {""}
