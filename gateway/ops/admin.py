@@ -89,6 +89,14 @@ def admin_router(gateway: Gateway) -> APIRouter:
         """Every pool and backend now: health, slots, queue, power, energy today, model error."""
         return await asyncio.to_thread(views.fleet, gateway, time.time())
 
+    @router.get("/parking")
+    async def parking(window: Literal["hour", "day"] = "day") -> dict[str, Any]:
+        """Parking over the last hour or day: per pool, backends on and parked over time,
+        parks, wake-ups, hook failures and energy saved; and each wake-up, with why."""
+        return await asyncio.to_thread(
+            views.parking_history, gateway.db, gateway.policy, time.time(), views.WINDOWS[window]
+        )
+
     @router.get("/traffic")
     async def traffic(window: Literal["hour", "day"] = "hour") -> list[dict[str, Any]]:
         """Per route over the last hour or day: pool shares, SLO attainment, TTFT, energy, cost."""

@@ -1,5 +1,5 @@
-"""What the console shows, read for the admin API: the fleet now, traffic over a window, and
-sampled shadow pairs with where they part.
+"""What the console shows, read for the admin API: the fleet now and its parking over a window,
+traffic over a window, and sampled shadow pairs with where they part.
 
 Each view is plain data (JSON), so the console is one client of the admin API among others.
 """
@@ -19,6 +19,9 @@ from gateway.db.schema import request_records, shadow_records
 from gateway.policy.model import Policy
 from gateway.policy.tariffs import DAY_S
 from gateway.records.slo import judged_on, record_meets_slo
+from gateway.report.numbers import parking_numbers
+from gateway.report.period import Period
+from gateway.report.records import read_parking
 from gateway.routing.explain import hardware, parking
 from gateway.stats import percentile
 
@@ -81,6 +84,14 @@ def fleet(gateway: Gateway, now: float) -> list[dict[str, Any]]:
             }
         )
     return pools
+
+
+def parking_history(db: sa.Engine, policy: Policy, now: float, window_s: float) -> dict[str, Any]:
+    """Parking over the last `window_s`: per pool, backends on and parked in each of BUCKETS
+    buckets, parks, wake-ups, hook failures and energy saved; and the wake-ups (the weekly
+    report's fold, gateway/report/numbers.py)."""
+    period = Period(now - window_s, now, f"the last {window_s / 3600:g} h")
+    return parking_numbers(read_parking(db, now), policy, period, window_s / BUCKETS)
 
 
 def _energy_since(db: sa.Engine, since: float) -> dict[str, float]:

@@ -125,12 +125,16 @@ def build(
 WAKEUPS_SHOWN = 50
 
 
-def parking_numbers(events: Sequence[Row], policy: Policy, period: Period) -> dict[str, Any]:
-    """Fold parking events into each parking pool's backends on and parked, day by day, its
-    parks, wake-ups and hook failures, and the energy parked backends did not draw (counted
-    as each is woken: the pool's idle draw less what its meter read while it was parked).
+def parking_numbers(
+    events: Sequence[Row], policy: Policy, period: Period, bucket_s: float = 86400.0
+) -> dict[str, Any]:
+    """Fold parking events into each parking pool's backends on and parked, the mean of each
+    `bucket_s` (a day in the weekly report; the console's are shorter), its parks, wake-ups
+    and hook failures, and the energy parked backends did not draw (counted as each is woken:
+    the pool's idle draw less what its meter read while it was parked).
 
-    A backend is parked from its `parked` event to its next `wake` (or the period's end).
+    A backend is parked from its `parked` event to its next `wake` (or the period's end). The
+    weekly report and the console's fleet page both show this.
     """
     events = sorted(events, key=lambda e: e["ts"])
     parked_at: dict[tuple[str, str], float] = {}
@@ -144,7 +148,10 @@ def parking_numbers(events: Sequence[Row], policy: Policy, period: Period) -> di
     for (pool, _), since in parked_at.items():
         spans.setdefault(pool, []).append((since, period.until))
     within = _within(events, period)
-    days = [period.since + 86400 * i for i in range(math.ceil(period.days))]
+    starts = [
+        period.since + bucket_s * i
+        for i in range(math.ceil((period.until - period.since) / bucket_s - 1e-9))
+    ]
     pools = []
     for name, spec in policy.pools.items():
         mine = [e for e in within if e["pool"] == name]
@@ -156,12 +163,15 @@ def parking_numbers(events: Sequence[Row], policy: Policy, period: Period) -> di
             return sum(max(0.0, min(b, until) - max(a, since)) for a, b in spans.get(pool, []))
 
         daily = []
-        for day in days:
-            end = min(day + 86400, period.until)
-            parked = parked_s(day, end) / (end - day)
+        for start in starts:
+            end = min(start + bucket_s, period.until)
+            parked = parked_s(start, end) / (end - start)
+            at = datetime.fromtimestamp(start, UTC)
             daily.append(
                 {
-                    "day": datetime.fromtimestamp(day, UTC).date().isoformat(),
+                    "day": at.date().isoformat()
+                    if bucket_s >= 86400
+                    else at.isoformat(timespec="minutes").replace("+00:00", "Z"),
                     "parked": parked,
                     "active": total - parked,
                 }

@@ -76,7 +76,7 @@ def collect(
         verdicts=judge_rows(shadows, policy, period.until),
         verdicts_before=judge_rows(shadows, policy, previous.until),
         checks=results.newest(db, until=period.until),
-        parking=_read_parking(db, period.until),
+        parking=read_parking(db, period.until),
     )
 
 
@@ -94,7 +94,7 @@ def _read_drops(db: sa.Engine, since: float, until: float) -> list[dict[str, Any
         return [dict(r._mapping) for r in conn.execute(query)]
 
 
-def _read_parking(db: sa.Engine, until: float) -> list[dict[str, Any]]:
+def read_parking(db: sa.Engine, until: float) -> list[dict[str, Any]]:
     """Read every parking event before `until`: a backend parked weeks ago is parked still."""
     query = sa.select(parking_events).where(parking_events.c.ts < until)
     with db.connect() as conn:

@@ -29,6 +29,8 @@ from policies import MODEL, fleet_policy
 SLOTS = 2  # so that two requests at once need both backends (at 60% of their slots)
 CHAT_ONLY = [{"name": "chat", "match": {"models": [MODEL]}, "pools": ["gpu"]}]
 VLLM = {"hook": "vllm", "wake_s": 0.4}
+TOKEN = "admin-token"
+ADMIN = {"Authorization": f"Bearer {TOKEN}"}
 
 
 def parked_policy(urls: list[str], parking: dict) -> Policy:
@@ -91,7 +93,7 @@ def test_an_idle_backend_is_parked_and_woken_before_traffic_reaches_it(
     gpus: list[SimulatorProcess], tmp_path: Path
 ) -> None:
     urls = [s.url for s in gpus]
-    with run_gateway(parked_policy(urls, VLLM), tmp_path) as server:
+    with run_gateway(parked_policy(urls, VLLM), tmp_path, admin_token=TOKEN) as server:
         quick(server)
         assert chat(server).status_code == 200
         # Traffic stops: one backend is drained and parked, its engine asleep; the other serves.
@@ -102,6 +104,21 @@ def test_an_idle_backend_is_parked_and_woken_before_traffic_reaches_it(
         sim = next(s for s in gpus if s.url == parked)
         assert sleeping(sim)
         assert list(states(server).values()).count("") == 1  # the pool's last stays on
+        # explain, the fleet view and the console's parking history say which and why.
+        name = next(b.name for b in server.gateway.fleet.backends() if b.url == parked)
+        with server.http() as http:
+            body = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}]}
+            explained = http.post("/admin/explain", json={"body": body}, headers=ADMIN).json()
+            fleet = http.get("/admin/fleet", headers=ADMIN).json()
+            history = http.get("/admin/parking", headers=ADMIN).json()
+        why = next(b for b in explained["pools"]["gpu"]["backends"] if b["backend"] == name)
+        assert why["parking"]["state"] == "parked"
+        assert why["parking"]["reason"].startswith("forecast ")
+        (gpu,) = [p for p in fleet if p["pool"] == "gpu"]
+        assert gpu["parked"] == 1
+        assert next(b for b in gpu["backends"] if b["name"] == name)["parking"] == why["parking"]
+        (pool,) = history["pools"]
+        assert pool["pool"] == "gpu" and pool["parks"] == 1 and pool["daily"][-1]["parked"] > 0
 
         # Traffic returns, more than one backend's share: the parked one is woken, and
         # serves only once its engine is awake (no request meets a sleeping engine).
@@ -116,7 +133,6 @@ def test_an_idle_backend_is_parked_and_woken_before_traffic_reaches_it(
         later = [chat(server, 200) for _ in range(2)] if len(served) == 1 else []
         assert all(a.status_code == 200 for a in later)
         assert sim.metric("sim_requests_total", status="503") == 0  # none met it asleep
-        name = next(b.name for b in server.gateway.fleet.backends() if b.url == parked)
         wait_for(
             lambda: (
                 [e for b, e in events(server) if b == name][:4]

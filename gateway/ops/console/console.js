@@ -128,8 +128,24 @@ function engineFigures(b) {
   return figures.join(", ");
 }
 
+// Parking over the last day: backends on and parked per pool, and each wake-up with its reason.
+function parkingSection(parking) {
+  if (!parking.pools.length) return [];
+  return [
+    h("h3", {}, "Parking, the last day"),
+    h("div", { class: "charts" }, parking.pools.map((p) => lineChart(
+      `${p.pool}: backends on and parked (${p.wakeups} wake-ups, ${joules(p.saved_j)} saved)`,
+      [{ name: "on", points: p.daily.map((b) => b.active) }, { name: "parked", points: p.daily.map((b) => b.parked) }],
+      "",
+    ))),
+    parking.wakeups.length
+      ? table([["woken at", (w) => w.at], ["backend", (w) => `${w.pool}/${w.backend}`], ["why", (w) => w.reason]], parking.wakeups.slice().reverse())
+      : h("p", { class: "muted" }, "No wake-up in the last day."),
+  ];
+}
+
 async function fleetView(view) {
-  const pools = await admin("/admin/fleet");
+  const [pools, parking] = await Promise.all([admin("/admin/fleet"), admin("/admin/parking?window=day")]);
   const rows = pools.flatMap((p) => [{ pool: p }, ...p.backends.map((b) => ({ pool: p, backend: b }))]);
   fill(view, 
     h("h2", {}, "Fleet"),
@@ -157,6 +173,7 @@ async function fleetView(view) {
       rows,
       (r) => (r.backend ? "backend" : "pool"),
     ),
+    ...parkingSection(parking),
   );
   return true;
 }
