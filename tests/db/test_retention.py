@@ -16,7 +16,14 @@ from waiting import until, wait_for
 
 from gateway.db.connection import connect
 from gateway.db.retention import Pruner, Windows, prune
-from gateway.db.schema import cost_models, request_records, shadow_drops, shadow_records
+from gateway.db.schema import (
+    ParkingEvent,
+    cost_models,
+    parking_events,
+    request_records,
+    shadow_drops,
+    shadow_records,
+)
 from harness.gateways import run_gateway
 from policies import fleet_policy
 
@@ -54,14 +61,24 @@ def test_deletes_exactly_the_rows_past_each_tables_window(db: sa.Engine) -> None
     for table in (request_records, shadow_records, shadow_drops):
         store_rows(db, table, ages)
 
+    with db.begin() as conn:
+        conn.execute(
+            parking_events.insert(),
+            [ParkingEvent(NOW - a * DAY, "gpu", f"age-{a:g}", "wake", "").row() for a in ages],
+        )
+
     deleted = prune(db, Windows(request_days=30, shadow_days=10), NOW)
 
     # A row exactly at the window's edge is kept: it is not older than the window.
     assert kept(db, request_records) == routes(30, 29.9, 10.5, 9.5, 1, 0)
+    with db.connect() as conn:
+        parked = sorted(conn.execute(sa.select(parking_events.c.backend)).scalars())
+    assert parked == routes(30, 29.9, 10.5, 9.5, 1, 0)  # kept as long as request records
     for table in (shadow_records, shadow_drops):
         assert kept(db, table) == routes(9.5, 1, 0)
     assert deleted == {
         "request_records": 2,
+        "parking_events": 2,
         "shadow_records": 5,
         "shadow_drops": 5,
         "cost_models": 0,
@@ -74,8 +91,8 @@ def test_deletes_in_batches_of_at_most_batch_rows(db: sa.Engine) -> None:
 
     deleted = prune(db, Windows(request_days=30, shadow_days=0), NOW, batch_rows=10)
 
-    assert batches == [10, 10, 5, 0]  # and one for cost models, none stored
-    assert deleted == {"request_records": 25, "cost_models": 0}
+    assert batches == [10, 10, 5, 0, 0]  # then parking events, none stored (nor cost models)
+    assert deleted == {"request_records": 25, "parking_events": 0, "cost_models": 0}
     assert kept(db, request_records) == ["age-1"] * 3
 
 
@@ -140,7 +157,8 @@ def test_a_stopped_round_ends_after_the_batch_it_is_on(db: sa.Engine) -> None:
 
     deleted = prune(db, Windows(30, 0), NOW, batch_rows=10, stopping=stopping)
 
-    assert deleted == {"request_records": 10, "cost_models": 0}  # cost models not begun
+    # Neither parking events nor cost models begun.
+    assert deleted == {"request_records": 10, "parking_events": 0, "cost_models": 0}
     assert len(kept(db, request_records)) == 15
 
 
