@@ -299,7 +299,7 @@ class Parker:
 
     async def stop(self) -> None:
         await self.periodic.stop()
-        await self._tasks.cancel()
+        await self._tasks.finish(timeout_s=2)  # the events being recorded
         for task in list(self._busy.values()):
             task.cancel()
         await asyncio.gather(*self._busy.values(), return_exceptions=True)
@@ -535,7 +535,17 @@ class Parker:
             return
         if ours == 1 and not self.leading:
             log.info("this replica plans parking now")
-        self.leading = ours == 1
+        was_leading, self.leading = self.leading, ours == 1
+        if not was_leading:
+            # A follower, or a replica taking over (one restarted among them): the states the
+            # planner wrote are the fleet's.
+            try:
+                states = await shared.call(lambda r: r.hgetall(shared.key("parking", "state")))
+            except SharedStateUnavailable:
+                return
+            known = {_text(k): _text(v).encode() for k, v in states.items()}
+            for backend in fleet.backends():
+                self._follow(backend, known.get(backend.url), fleet)
         if self.leading:
             self._told.clear()  # its own traffic is already in its plan
             # Every state again, each round: a Redis restarted empty is whole a second later.
@@ -544,13 +554,6 @@ class Parker:
             with contextlib.suppress(SharedStateUnavailable):
                 await shared.call(lambda r: r.hset(key, items=items))
             return
-        try:
-            states = await shared.call(lambda r: r.hgetall(shared.key("parking", "state")))
-        except SharedStateUnavailable:
-            return
-        known = {_text(k): _text(v).encode() for k, v in states.items()}
-        for backend in fleet.backends():
-            self._follow(backend, known.get(backend.url), fleet)
         told = {pool: t for pool, t in self._told.items() if t[0] or t[1]}
         self._told.clear()
         if told:
@@ -566,8 +569,10 @@ class Parker:
                 self._follow(backend, entry, fleet)
 
     def _follow(self, backend: BackendState, entry: bytes | None, fleet: Fleet) -> None:
+        if not entry:
+            return  # the planner writes every backend: none is Redis having lost its data
         try:
-            said = orjson.loads(entry) if entry else {}
+            said = orjson.loads(entry)
         except orjson.JSONDecodeError:
             return
         state = said.get("state", IN_SERVICE) if isinstance(said, dict) else IN_SERVICE

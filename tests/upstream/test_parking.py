@@ -231,6 +231,13 @@ def test_two_replicas_plan_under_one_lease_and_neither_routes_to_a_parked_backen
             answer = chat(follower)
             assert answer.status_code == 200
             assert answer.headers["x-gateway-backend"] != parked_name
+        # A replica started now (one restarted) finds the parked backend parked.
+        (tmp_path / "c").mkdir()
+        late = quick(stack.enter_context(run_gateway(policy, tmp_path / "c", **shared)))
+        wait_for(
+            lambda: states(late)[parked] == "parked",
+            message=lambda: f"the late replica did not learn: {states(late)}",
+        )
 
 
 def test_the_lease_passes_to_another_replica_when_its_holder_stops(
