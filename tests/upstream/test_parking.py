@@ -116,6 +116,7 @@ def test_an_idle_backend_is_parked_and_woken_before_traffic_reaches_it(
         assert why["parking"]["reason"].startswith("forecast ")
         (gpu,) = [p for p in fleet if p["pool"] == "gpu"]
         assert gpu["parked"] == 1
+        assert metric(server, "gateway_pool_parking_backends", pool="gpu", state="parked") == 1
         assert next(b for b in gpu["backends"] if b["name"] == name)["parking"] == why["parking"]
         (pool,) = history["pools"]
         assert pool["pool"] == "gpu" and pool["parks"] == 1 and pool["daily"][-1]["parked"] > 0
