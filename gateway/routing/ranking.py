@@ -36,9 +36,14 @@ class Ranking:
     # in, still the cheapest: wait there rather than take a dearer pool's free slot.
     wait_for_first: bool = False
     # Per pool, the backends to try in order, where the ranking chose them itself (a ranking
-    # by backend: the routing benchmark's baselines and oracle); a pool it leaves out gets the
-    # backend its `most_free` picks.
+    # by backend: the routing benchmark's baselines and oracle; the cost ranking, the backend
+    # it predicted on); a pool it leaves out gets the backend its `most_free` picks.
     backends: dict[str, list[BackendState]] = field(default_factory=dict)
+    # The KV-cache bytes `backends` were chosen to have room for, when the ranking chose them
+    # for the request's share as its cost model's policy books it: the router takes them only
+    # when its own policy books the same (a request that read the policy before a reload ranks
+    # on the new version's cost model), else it searches the pool itself. None: for any.
+    kv_bytes: float | None = None
 
 
 def preference_order(
@@ -87,7 +92,11 @@ class CostRanker:
     def predict(self, profile: RequestProfile, route: str, pool: PoolState) -> Prediction:
         """Predict the request on the pool's least-loaded backend, waiting if none is free."""
         output, model = self._output(profile, route), self._model()
-        return self._predict(profile, pool, output, model, *_kv_share(profile, output, model))
+        per_token, own = _kv_share(profile, output, model)
+        backend = pool.most_free(
+            kv_bytes=own * per_token, blocks=profile.blocks, session=profile.session
+        )
+        return self._predict(profile, pool, output, model, per_token, own, backend)
 
     def _output(self, profile: RequestProfile, route: str) -> int:
         if profile.endpoint == "embeddings":
@@ -102,21 +111,23 @@ class CostRanker:
         model: CostModel,
         per_token: float,
         own: int,
+        backend: BackendState | None,
     ) -> Prediction:
         """Predict on one pool the request whose KV cache holds `own` tokens of `per_token`
-        bytes (`_kv_share`, the same for every pool of a decision), on the backend the router
-        would choose there (the one holding most of its prefix, for its load)."""
+        bytes (`_kv_share`, the same for every pool of a decision), on `backend`: the one the
+        router would choose there (its `most_free`, holding most of the prefix for its load),
+        or None when none has room and the request would wait."""
         rate = self.rates(pool.name) if self.rates is not None else None
         pool_model = model.pool_model(pool.name, profile.model)
-        backend = pool.most_free(
-            kv_bytes=own * per_token, blocks=profile.blocks, session=profile.session
-        )
         if backend is not None:
             # Its prefill computes only what the backend does not hold of the prompt.
-            held = pool.prefixes.cached(backend.name, profile.blocks) if profile.blocks else 0
+            prompt = profile.prompt_tokens
+            if profile.blocks:
+                held = pool.prefixes.cached(backend.name, profile.blocks)
+                prompt -= profile.cached_tokens(held)
             return pool_model.predict(
                 pool.name,
-                max(1, profile.prompt_tokens - profile.cached_tokens(held)),
+                max(1, prompt),
                 output,
                 backend.load + 1,
                 0.0,
@@ -151,12 +162,20 @@ class CostRanker:
     ) -> Ranking:
         output, model = self._output(profile, route.name), self._model()
         per_token, own = _kv_share(profile, output, model)
-        predictions = {
-            pool.name: self._predict(profile, pool, output, model, per_token, own) for pool in pools
-        }
+        kv_bytes, blocks, session = own * per_token, profile.blocks, profile.session
+        predictions: dict[str, Prediction] = {}
+        # The backend each pool's prediction was made on is the one the router takes there:
+        # kept, so the router does not search the pool again.
+        chosen: dict[str, list[BackendState]] = {}
+        for pool in pools:
+            backend = pool.most_free(kv_bytes=kv_bytes, blocks=blocks, session=session)
+            predictions[pool.name] = self._predict(
+                profile, pool, output, model, per_token, own, backend
+            )
+            chosen[pool.name] = [backend] if backend is not None else []
         objective = OBJECTIVES.get(route.objective)
         if objective is None:
-            return Ranking(list(pools), predictions)
+            return Ranking(list(pools), predictions, backends=chosen, kv_bytes=kv_bytes)
         feasible = []
         for pool in pools:
             miss = slo_miss(profile, predictions[pool.name])
@@ -168,9 +187,12 @@ class CostRanker:
             fastest = sorted(pools, key=lambda p: predictions[p.name].e2e_upper_s)
             if fastest:
                 trace.append((fastest[0].name, "no pool meets the SLO: the fastest leads"))
-            return Ranking(fastest, predictions, slo_unmeetable=True)
-        order = {name: i for i, name in enumerate(route.pools)}
-        feasible.sort(key=lambda p: (objective(predictions[p.name]), order.get(p.name, 0)))
+            return Ranking(
+                fastest, predictions, slo_unmeetable=True, backends=chosen, kv_bytes=kv_bytes
+            )
+        # The pools come in the route's order (the router's candidates) and the sort is stable:
+        # a tie keeps it.
+        feasible.sort(key=lambda p: objective(predictions[p.name]))
         first = feasible[0]
         # A pool full of other clients' requests, or whose engine says it has no room, frees a
         # slot only when a scrape says so, not when one of ours ends: never worth waiting for.
@@ -178,14 +200,15 @@ class CostRanker:
         wait = predictions[first.name].queue_s > 0 and len(feasible) > 1 and not engine_held
         if wait:
             trace.append((first.name, "full, but cheapest with its wait and within the SLO"))
-        return Ranking(feasible, predictions, wait_for_first=wait)
+        return Ranking(
+            feasible, predictions, wait_for_first=wait, backends=chosen, kv_bytes=kv_bytes
+        )
 
 
 def _kv_share(profile: RequestProfile, output: int, model: CostModel) -> tuple[float, int]:
     """Return the KV-cache bytes one token of the request's model holds, and the tokens of its
     own share, as admission books it and records keep it: prompt, and every answer's output
     limit; the same on every pool, so a ranking computes them once."""
-    policy = model.policy
-    limit = profile.max_tokens or policy.assumed_max_tokens
+    limit = profile.max_tokens or model.policy.assumed_max_tokens
     own = profile.prompt_tokens + (0 if output == 0 else profile.sequences * limit)
-    return policy.kv_bytes_per_token(profile.model), own
+    return model.kv_bytes_per_token(profile.model), own

@@ -191,7 +191,8 @@ def decide(
     trace: list[tuple[str, str]] = []
     fit: list[PoolState] = []
     refused: list[Unfit] = []
-    for pool in _candidates(route, fleet, with_fallback=False):
+    for name in route.pools:
+        pool = fleet.pools[name]
         unfit = _unfit(pool, profile, need, kv)
         if unfit is None:
             fit.append(pool)
@@ -285,11 +286,14 @@ def _backend(
     pool: PoolState, ranking: Ranking, profile: RequestProfile, kv: float
 ) -> BackendState | None:
     """Return the backend to take in a pool: the first with room of those the ranking chose
-    there, or else the pool's `most_free`."""
+    there (for this request's KV share), or else the pool's `most_free`."""
     chosen = ranking.backends.get(pool.name)
-    if chosen is None:
+    if chosen is None or (ranking.kv_bytes is not None and ranking.kv_bytes != kv):
         return pool.most_free(kv_bytes=kv, blocks=profile.blocks, session=profile.session)
-    return next((b for b in chosen if b.takes(kv)), None)
+    for backend in chosen:
+        if backend.takes(kv):
+            return backend
+    return None
 
 
 def _queue_room(pool: PoolState, budget_ms: float) -> bool:

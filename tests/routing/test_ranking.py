@@ -134,3 +134,25 @@ def test_other_clients_requests_on_a_backend_count_in_its_predicted_load() -> No
     assert (alone.concurrent, shared.concurrent) == (1, 21)
     assert shared.tpot_s > alone.tpot_s
     assert shared.marginal_energy_j < alone.marginal_energy_j  # a warm batch is cheap at the margin
+
+
+def test_ranked_on_a_newer_versions_model_it_takes_a_backend_with_room_for_its_own_share() -> None:
+    """A request that read the policy before a reload is ranked on the new version's cost
+    model; it still goes to a backend with room for the KV cache its own version books."""
+    routes = [{"name": "chat", "match": {"models": [MODEL]}, "pools": ["gpu"]}]
+    urls = ("http://127.0.0.1:1", "http://127.0.0.1:4")
+    policy = fleet_policy(gpu=urls, routes=routes)
+    # The new version books a tenth of the KV cache per token of the 8B model.
+    newer = fleet_policy(
+        gpu=urls, routes=routes, models={MODEL: {"params_b": 8, "kv_bytes_per_token": 13_107}}
+    )
+    fleet = Fleet(policy)
+    roomy, tight = fleet.pools["gpu"].backends
+    roomy.in_flight = 4  # fewer free slots, but KV memory to spare
+    request = profile(prompt_tokens=1000, max_tokens=100)
+    share = 1100 * policy.kv_bytes_per_token(MODEL)
+    tight.kv_reserved = tight.kv_capacity - share / 2  # room for the newer booking, not ours
+    ranker = CostRanker(lambda: CostModel(newer), OutputLengths())
+    decision = decide(request, policy, fleet, ranker)
+    assert decision.backend is roomy
+    assert decision.kv_bytes == share
