@@ -33,7 +33,7 @@ import httpx
 
 from gateway.compare.answers import Answer, TokenChoice
 from gateway.compare.meaning import similarity, windows
-from gateway.compare.measures import MEASURES, compare
+from gateway.compare.measures import MEASURES, compare, tokens
 from gateway.promotion.departures import Tolerance, departs, tolerance
 from gateway.promotion.precision.check import Endpoint, Reply, ask, measure_pair
 from gateway.promotion.precision.labels import states
@@ -46,6 +46,13 @@ from simulator.profile import load_profile
 Row = dict[str, Any]
 TOP_LOGPROBS = 5  # what the mirror asks a copy for (compare.logprobs)
 SAMPLED_TEMPERATURE = 0.7
+# What the simulator's precision model is fit to (bench/precision_fit.py).
+PRECISION_FIT = Path(__file__).resolve().parent.parent / "docs/results/precision-fit.json"
+
+
+def real_lengths() -> list[int]:
+    """Return the real fleet's reference answers' lengths in tokens, the suite's in order."""
+    return [int(n) for n in json.loads(PRECISION_FIT.read_text())["lengths"]]
 
 
 @dataclass
@@ -182,6 +189,7 @@ def simulated(
             **{name: getattr(diff, name) for name in MEASURES},
             "candidate_error": None,
             "reference_tokens": primary.completion_tokens,
+            "reference_words": len(tokens(primary.text)),
         }
 
     rng = Random(seed)

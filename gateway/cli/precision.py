@@ -7,6 +7,11 @@ import sys
 from pathlib import Path
 
 from gateway.policy.model import Policy
+from gateway.promotion.precision.limits import (
+    MAX_DEPARTURE_RATE,
+    MAX_ERROR_SHARE,
+    MAX_TURNED_WRONG,
+)
 from gateway.settings import Settings
 
 
@@ -52,16 +57,16 @@ def _check(args: argparse.Namespace, settings: Settings) -> int:
     from gateway.promotion.precision.limits import Limits
     from gateway.promotion.precision.results import store
 
-    for name in ("max_harmful_share", "max_error_share"):
+    for name in ("max_departure_rate", "max_turned_wrong", "max_error_share"):
         if not 0 <= getattr(args, name) <= 1:
-            raise InvalidRequest(f"--{name.replace('_', '-')} is a share from 0 to 1")
+            raise InvalidRequest(f"--{name.replace('_', '-')} is from 0 to 1")
     if args.concurrency < 1 or args.timeout <= 0:
         raise InvalidRequest("--concurrency and --timeout must be positive")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request is noise here
     suite = read_suite(args.suite)
     policy, source = _policy(args, settings)
     access = Access(os.environ, settings.upstream_key_hosts, settings.upstream_hosts)
-    limits = Limits(args.max_harmful_share, args.max_error_share)
+    limits = Limits(args.max_departure_rate, args.max_turned_wrong, args.max_error_share)
     result = asyncio.run(
         run(
             policy,
@@ -137,16 +142,24 @@ def add(commands: argparse._SubParsersAction) -> None:
         help="embedding model for semantic similarity (default: the first a live pool serves)",
     )
     check.add_argument(
-        "--max-harmful-share",
+        "--max-departure-rate",
         type=float,
-        default=0.03,
-        help="most the departures' 95%% upper bound may exceed the reference's own (0.03)",
+        default=MAX_DEPARTURE_RATE,
+        help="most the 95%% upper bound of departures per word at risk may exceed the "
+        f"reference's own ({MAX_DEPARTURE_RATE})",
+    )
+    check.add_argument(
+        "--max-turned-wrong",
+        type=float,
+        default=MAX_TURNED_WRONG,
+        help="on a labelled suite, most the 95%% upper bound of the share of answers turned "
+        f"wrong may exceed the reference's own ({MAX_TURNED_WRONG})",
     )
     check.add_argument(
         "--max-error-share",
         type=float,
-        default=0.0,
-        help="share of the candidate's requests that may fail (0)",
+        default=MAX_ERROR_SHARE,
+        help=f"share of the candidate's requests that may fail ({MAX_ERROR_SHARE:g})",
     )
     check.add_argument("--concurrency", type=int, default=8, help="prompts in flight (8)")
     check.add_argument("--timeout", type=float, default=60.0, help="seconds per request (60)")

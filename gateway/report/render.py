@@ -99,6 +99,11 @@ def signed(value: float | None, kind: str = "number") -> str:
     return ("+" if value >= 0 else "−") + number(abs(value))
 
 
+def per_k(value: float | None) -> str:
+    """Format a rate per word as per 1,000 words."""
+    return "–" if value is None else f"{value * 1000:.3g}"
+
+
 def ms(value: float | None) -> str:
     return "–" if value is None else f"{value:,.1f} ms" if value < 100 else f"{value:,.0f} ms"
 
@@ -122,6 +127,7 @@ FILTERS = {
     "when": when,
     "number": number,
     "percent": percent,
+    "per_k": per_k,
     "usd": usd,
     "signed": signed,
     "ms": ms,
@@ -296,7 +302,7 @@ def _precision_markdown(checks: list[Mapping[str, Any]]) -> list[str]:
             "suite (sha256)",
             "prompts",
             "top-1 agreement",
-            "harmful",
+            "departs per 1,000 words",
             "mean KL",
             "verdict",
         ),
@@ -311,7 +317,8 @@ def _precision_markdown(checks: list[Mapping[str, Any]]) -> list[str]:
                 f"{check['suite']} ({digest[:12]})" if digest else check["suite"],
                 number(check["prompts"]),
                 percent(check["top1_agreement"]),
-                percent(check["harmful_share"]),
+                f"{per_k(check.get('departure_rate'))} (floor"
+                f" {per_k(check.get('noise_departure_rate'))})",
                 number(check["mean_kl"]),
                 check["verdict"],
             )

@@ -23,8 +23,9 @@ from gateway.policy.model import Policy
 from gateway.promotion import rollout
 from gateway.promotion.precision.check import TOP_LOGPROBS, greedy, read_suite
 from gateway.promotion.precision.figures import Outcome, gate, judge_check
-from gateway.promotion.precision.limits import MIN_DISTINCT_PROMPTS, Limits
+from gateway.promotion.precision.limits import ALPHA, MAX_DEPARTURE_RATE, Limits
 from gateway.promotion.precision.plan import Plan, Suite
+from gateway.promotion.precision.rates import words_needed
 from gateway.promotion.precision.results import newest, store
 from harness.databases import scratch_database
 from harness.gateways import run_gateway
@@ -147,11 +148,12 @@ def test_an_int8_asic_passes_the_chat_suite(asic_check: Ran) -> None:
     assert r["prompts"] == r["compared"] == 240 and r["candidate_errors"] == 0
     assert r["embedding_model"] == EMBED
     # Int8 flips a near tie now and then, as the real fleet's Q8_0 does (2e-4 a token,
-    # docs/results/precision-fit.json), each to a synonym: the words differ, the meaning not.
-    # About 9 of 240 pairs differ (either side's flips); more than 24 has a chance below 1e-4.
+    # docs/results/precision-fit.json), and the answer goes its own way from there, as the real
+    # one's does: about 15 of 240 pairs differ (either side's flips), more than 24 has a chance
+    # below 1e-4. Per word at risk it departs as rarely as the reference strays from itself.
     assert r["top1_agreement"] > 0.9
     assert r["near_tie_share"] in (None, 1.0)
-    assert r["harmful_share"] == 0.0 and r["ci"]["excess"][1] <= 0.03
+    assert r["ci"]["excess"][1] <= MAX_DEPARTURE_RATE
     assert "PASS" in asic_check.stdout
     db = connect(asic_check.database)
     assert [(c["pool"], c["verdict"]) for c in newest(db)] == [("asic", "pass")]
@@ -164,8 +166,8 @@ def test_a_cim_part_that_gets_facts_wrong_fails_and_says_why(cim_check: Ran) -> 
     assert all(key in r for key in KEYS)
     assert set(r["ci"]) >= {"top1_agreement", "harmful_share", "noise_harmful_share", "excess"}
     assert (r["pool"], r["reference"], r["verdict"]) == ("cim", "gpu", "fail")
-    # Not for want of prompts: even the excess interval's lower end is beyond the 3 points.
-    assert r["ci"]["excess"][0] > 0.03 and r["noise_harmful_share"] == 0.0
+    # Not for want of words: even the excess interval's lower end is beyond the limit.
+    assert r["ci"]["excess"][0] > MAX_DEPARTURE_RATE
     assert "depart in meaning from the reference's" in r["reasons"][0]
     assert r["departures"] and all("line" in d for d in r["departures"])
     assert r["policy"] == "policy version 1"  # the database's active version, no --policy
@@ -250,16 +252,21 @@ def test_a_check_that_cannot_start_exits_2_and_says_why(fleet: Fleet, tmp_path: 
 PLAN = Plan("cim", "gpu", EMBED, "gpu")
 
 
-def outcomes(n: int, *, error_at: int | None = None) -> list[Outcome]:
+WORDS = 100  # each hand-built answer's length in words
+
+
+def outcomes(n: int, *, error_at: int | None = None, words: int = WORDS) -> list[Outcome]:
     same = {
         "exact_match": True,
         "similarity": 1.0,
+        "first_divergence": None,
         "near_tie": None,
         "json_diff": None,
         "embedding_cosine": None,
         "semantic_similarity": None,
         "kl_divergence": 0.0,
         "candidate_error": None,
+        "reference_words": words,
     }
     found = []
     for line in range(1, n + 1):
@@ -284,25 +291,35 @@ def test_a_failed_request_to_the_candidate_fails_the_check_by_default() -> None:
     result = judge_check(PLAN, suite_of(240), outcomes(240, error_at=7))
     assert result["verdict"] == "fail" and result["errors"] == [{"line": 7, "error": "HTTP 500"}]
     assert "1 of 240 requests to the candidate failed (HTTP 500 ×1)" in " ".join(result["reasons"])
-    lenient = judge_check(PLAN, suite_of(240), outcomes(240, error_at=7), Limits(0.03, 0.01))
+    lenient = judge_check(
+        PLAN, suite_of(240), outcomes(240, error_at=7), Limits(max_error_share=0.01)
+    )
     assert lenient["verdict"] == "pass"
 
 
-def test_a_suite_too_small_to_show_the_limit_fails_and_says_how_many_prompts_would() -> None:
-    result = judge_check(PLAN, suite_of(60), outcomes(60))
-    assert result["verdict"] == "fail" and result["harmful_share"] == 0.0
-    assert f"a suite needs at least {MIN_DISTINCT_PROMPTS} prompts" in result["reasons"][1]
-    assert MIN_DISTINCT_PROMPTS == 125  # the paired interval of 0 in 125 ends at 2.98 points
-    assert judge_check(PLAN, suite_of(125), outcomes(125))["verdict"] == "pass"
-    assert judge_check(PLAN, suite_of(124), outcomes(124))["verdict"] == "fail"
+def test_answers_too_short_to_show_the_limit_fail_and_say_how_many_words_would() -> None:
+    needed = words_needed(MAX_DEPARTURE_RATE, ALPHA)
+    assert needed > 240
+    short = judge_check(PLAN, suite_of(240), outcomes(240, words=1))
+    assert short["verdict"] == "fail" and short["harmful_share"] == 0.0
+    assert short["words_at_risk"] == 240
+    assert f"answers of at least {needed:,} words in all" in short["reasons"][1]
+    # With no departure on either side, a check passes from exactly that many words at risk.
+    for total, verdict in ((needed, "pass"), (needed - 1, "fail")):
+        found = outcomes(240, words=total // 240)
+        found[-1].candidate = {**found[-1].candidate, "reference_words": total // 240 + total % 240}
+        found[-1].noise = found[-1].candidate
+        result = judge_check(PLAN, suite_of(240), found)
+        assert (result["words_at_risk"], result["verdict"]) == (total, verdict)
 
 
 def departing(n: int, candidate: int, noise: int, apart: bool = True) -> list[Outcome]:
-    """n outcomes: `candidate` candidate pairs and `noise` noise pairs differ in a field of their
-    JSON (a departure at any tolerance), the rest match; the candidate's are the first prompts,
-    and the floor's the last (`apart`) or the first too."""
+    """n outcomes of `WORDS`-word answers: `candidate` candidate pairs and `noise` noise pairs
+    differ from the 50th word in a field of their JSON (a departure at any tolerance), the rest
+    match; the candidate's are the first prompts, and the floor's the last (`apart`) or the
+    first too."""
     base = outcomes(n)
-    differ = {**base[0].candidate, "exact_match": False, "similarity": 0.9}
+    differ = {**base[0].candidate, "exact_match": False, "similarity": 0.9, "first_divergence": 49}
     differ["json_diff"] = {"missing": [], "extra": [], "changed": ["total"]}
     for i, o in enumerate(base):
         o.candidate = differ if i < candidate else o.candidate
@@ -310,23 +327,41 @@ def departing(n: int, candidate: int, noise: int, apart: bool = True) -> list[Ou
     return base
 
 
-def test_a_candidate_is_held_to_the_noise_floor_on_the_same_prompts() -> None:
+def test_a_candidate_is_held_to_the_noise_floor_per_word_at_risk() -> None:
     # A reference that departs from itself on 5 of 240 prompts, and a candidate on 3 others: it
-    # departs no more often than the floor, and passes (holding each share to its own interval,
-    # 4.8% against 0.9%, it could not).
+    # departs no more often per word than the floor, and passes.
     nondeterministic = judge_check(PLAN, suite_of(240), departing(240, 3, 5))
     assert nondeterministic["verdict"] == "pass", nondeterministic["reasons"]
     assert nondeterministic["paired_prompts"] == 240
-    assert round(nondeterministic["excess"] * 240) == -2
-    assert "departs -0.833 points more often" in nondeterministic["reasons"][0]
-    # Three more than the floor on 240 prompts already fail: the interval reaches 3.6 points.
-    assert judge_check(PLAN, suite_of(240), departing(240, 3, 0))["verdict"] == "fail"
-    assert judge_check(PLAN, suite_of(240), departing(240, 2, 0))["verdict"] == "pass"
-    # Where the floor departs on the very prompts the candidate does, they are prompts the
-    # reference itself answers two ways: the candidate adds nothing beyond it.
-    unstable = judge_check(PLAN, suite_of(240), departing(240, 10, 10, apart=False))
-    assert unstable["excess"] == 0.0 and unstable["verdict"] == "pass"
-    assert judge_check(PLAN, suite_of(240), departing(240, 10, 10))["verdict"] == "fail"
+    # 3 departures over 237 whole answers and 3 answers' first 50 words; the floor 5.
+    assert nondeterministic["words_at_risk"] == 237 * WORDS + 3 * 50
+    assert nondeterministic["departure_rate"] == 3 / (237 * WORDS + 3 * 50)
+    assert nondeterministic["excess"] < 0
+    assert "the candidate departs 0.126 times (over 23,850 words)" in nondeterministic["reasons"][0]
+    # The verdict turns where the interval's upper end crosses the limit, and not before.
+    verdicts = [judge_check(PLAN, suite_of(240), departing(240, k, 0)) for k in range(241)]
+    first_fail = next(k for k, r in enumerate(verdicts) if r["verdict"] == "fail")
+    assert verdicts[first_fail]["ci"]["excess"][1] > MAX_DEPARTURE_RATE
+    assert verdicts[first_fail - 1]["ci"]["excess"][1] <= MAX_DEPARTURE_RATE
+    assert all(r["verdict"] == "fail" for r in verdicts[first_fail:])
+    # Where the floor departs as often, the candidate adds nothing beyond it.
+    level = judge_check(PLAN, suite_of(240), departing(240, first_fail, first_fail, apart=False))
+    assert level["excess"] == 0.0 and level["verdict"] == "pass"
+
+
+def test_a_long_answer_departing_counts_as_much_as_a_short_one_per_word() -> None:
+    # The same part, asked for answers ten times longer, departs on ten times as many answers
+    # at the same rate per word: the verdict does not move with the suite's lengths. (Held to
+    # the share of answers departing, the long suite's 25% would fail it.)
+    short, long = outcomes(240, words=20), outcomes(240, words=200)
+    for found, count, at in ((short, 6, 19), (long, 60, 199)):
+        for o in found[:count]:
+            o.candidate = {**o.candidate, "exact_match": False, "first_divergence": at}
+            o.candidate["json_diff"] = {"missing": [], "extra": [], "changed": ["total"]}
+    a, b = judge_check(PLAN, suite_of(240), short), judge_check(PLAN, suite_of(240), long)
+    assert (a["harmful_share"], b["harmful_share"]) == (0.025, 0.25)
+    assert a["departure_rate"] == b["departure_rate"] == 6 / 4800
+    assert a["verdict"] == b["verdict"] == "pass"
 
 
 def labelled_outcomes(n: int, turned_wrong: int, noise_turned_wrong: int = 0) -> list[Outcome]:

@@ -183,8 +183,19 @@ def test_the_report_shows_each_pools_newest_precision_check(tmp_path: Path) -> N
     assert "No precision check had been run" in (tmp_path / "none/report.html").read_text()
 
     def checked(pool: str, departing: int, ts: float) -> dict:
-        same = {"exact_match": True, "similarity": 1.0, "kl_divergence": 0.0}
-        wrong = {"exact_match": False, "similarity": 0.9, "semantic_similarity": 0.7}
+        same = {
+            "exact_match": True,
+            "similarity": 1.0,
+            "kl_divergence": 0.0,
+            "reference_words": 100,
+        }
+        wrong = {
+            "exact_match": False,
+            "similarity": 0.9,
+            "semantic_similarity": 0.7,
+            "reference_words": 100,
+            "first_divergence": 9,
+        }
         body = {"model": "llama-3.1-8b-instruct", "messages": [{"role": "user", "content": "q"}]}
         suite = Suite("suites/chat.jsonl", tuple((n, body) for n in range(240)))
         # Labelled: the answers that depart are wrong facts, the reference's all right.
@@ -212,13 +223,15 @@ def test_the_report_shows_each_pools_newest_precision_check(tmp_path: Path) -> N
     page = (tmp_path / "out/report.html").read_text()
     assert "<h2>Precision checks</h2>" in page
     assert "12 of 240 answers (5.0%) depart in meaning" in page
-    assert "5.0% above the floor (2.4% to 8.5%)" in page  # with the paired interval
+    # 12 departures over the words at risk: 12 pairs to their 10th word, 228 of 100 words.
+    assert "0.524 per 1,000 words (floor 0)" in page
+    assert "0.524 per 1,000 words above the floor (0.248 to 0.915)" in page
     stored = json.loads((tmp_path / "out/report.json").read_text())["precision_checks"]
     assert stored[1]["reasons"] == report["precision_checks"][1]["reasons"]
     assert stored[1]["labelled"]["turned_wrong"] == 12
     assert "Of 240 labelled questions the candidate answered 228 right" in page
     text = (tmp_path / "out/report.md").read_text()
-    assert "| asic | gpu | suites/chat.jsonl | 240 | 100.0% | 0.0% | 0 | pass |" in text
-    assert "| cim | gpu | suites/chat.jsonl | 240 | 95.0% | 5.0% |" in text
+    assert "| asic | gpu | suites/chat.jsonl | 240 | 100.0% | 0 (floor 0) | 0 | pass |" in text
+    assert "| cim | gpu | suites/chat.jsonl | 240 | 95.0% | 0.524 (floor 0) |" in text
     assert "- cim: 12 of 240 answers" in text
     assert "No precision check was run" in (tmp_path / "none/report.md").read_text()

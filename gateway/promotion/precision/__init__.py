@@ -11,6 +11,8 @@ shadow-only pool goes live only when its newest check passed (gateway/policy/app
 - `plan`: the suite and what a check compares: candidate, reference, embedding model (pure).
 - `check`: the check run: its suite file read, a backend of each pool found, the suite replayed.
 - `limits`: what a check allows, and the fewest prompts that can show it (pure).
+- `paired`, `rates`: the intervals a verdict rests on: turned-wrong shares on the same prompts,
+  and departures per word at risk (pure).
 - `figures`: a suite's outcomes folded into the check's figures and verdict (pure).
 - `reasons`: why a check passed or failed, in sentences (pure).
 - `results`: the checks kept in `precision_checks`, and each pool's newest.

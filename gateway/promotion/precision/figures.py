@@ -10,24 +10,26 @@ and a pair *departs* by the judge's rule (gateway/promotion/departures.py). The 
 | `mean_kl` | mean KL(reference ‖ candidate) per token up to the first difference (top-5) |
 | `near_tie_share` | of the prompts that differ, the share whose first difference is a near tie |
 | `harmful_share` | share of compared prompts whose answers depart in meaning |
+| `departure_rate` | departures per word at risk (rates.py), what the verdict judges answers by |
 | `noise_*` | the same between the reference's two answers |
-| `excess` | the candidate's departing share minus the noise floor's, on the prompts both compared |
-| `ci` | 95% intervals: Wilson's for each share, Newcombe's paired one for `excess` (paired.py) |
+| `excess` | the candidate's departure rate minus the noise floor's, on the prompts both compared |
+| `ci` | 95% intervals: Wilson's for shares, the score interval for rates, MOVER for `excess` |
 
 Where the suite's prompts are labelled (gateway/promotion/precision/labels.py), `labelled`
 scores them: the share of questions the candidate answers wrong where the reference's first
 answer is right (`turned_wrong`), and the same share of the reference's second answers.
 
-The verdict is `pass` when the candidate departs at most `max_harmful_share` more often than
-the noise floor on the same prompts (the upper end of the paired difference's interval,
-gateway/promotion/precision/paired.py: `excess`), the same holds of `turned_wrong` against the
-noise floor's, and at most `max_error_share` of the candidate's requests failed
-(gateway/promotion/precision/limits.py). A wrong fact is a failure even where its words and
-meaning stay close to the right one. `gate` says whether the suite is one whose pass
-opens the go-live gate (enough different prompts, room in every answer). `fallbacks` counts the
-pairs measured with less than the check asks for: without logprobs on a side (no KL, no near
-tie), or split into different tokens where the texts are equal (the tokenizers differ: KL and
-near ties compare unlike tokens, so the check leaves them out of every candidate pair).
+The verdict is `pass` when the candidate departs at most `max_departure_rate` per word more
+often than the noise floor on the same prompts (the upper end of the interval of the difference,
+gateway/promotion/precision/rates.py: `excess`), at most `max_turned_wrong` more labelled answers
+turn wrong than the floor's (the paired interval, paired.py), and at most `max_error_share` of
+the candidate's requests failed (gateway/promotion/precision/limits.py). A wrong fact is a
+failure even where its words and meaning stay close to the right one. `gate` says whether the
+suite is one whose pass opens the go-live gate (enough different prompts, room in every
+answer). `fallbacks` counts the pairs measured with less than the check asks for: without
+logprobs on a side (no KL, no near tie), or split into different tokens where the texts are
+equal (the tokenizers differ: KL and near ties compare unlike tokens, so the check leaves them
+out of every candidate pair).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from gateway.promotion.precision.limits import (
 )
 from gateway.promotion.precision.paired import Paired, wilson_interval
 from gateway.promotion.precision.plan import Plan, Suite
+from gateway.promotion.precision.rates import Rate, excess_interval, words_at_risk
 from gateway.promotion.precision.reasons import reasons
 
 PASS, FAIL = "pass", "fail"
@@ -91,22 +94,23 @@ def judge_check(
     n, k = len(pairs), len(departing)
     exact = sum(bool(r.get("exact_match")) for _, r in pairs)
     alpha = limits.alpha
-    # The verdict compares like with like: the candidate's pair and the floor's on each prompt
-    # where both were compared.
-    paired = Paired.count(
-        (departs(o.candidate, tol), departs(o.noise, tol))
+    # The verdict compares like with like: the candidate's departures per word at risk and the
+    # floor's, on the prompts where both were compared.
+    both = [
+        (o.candidate, o.noise)
         for o in outcomes
         if o.candidate is not None
         and o.noise is not None
         and compared(o.candidate)
         and compared(o.noise)
-    )
-    excess_ci = paired.interval(alpha)
+    ]
+    rate = Rate.count((departs(c, tol), at_risk(c)) for c, _ in both)
+    floor = Rate.count((departs(f, tol), at_risk(f)) for _, f in both)
+    excess_ci = excess_interval(rate, floor, alpha)
     error_share = len(failed) / len(answered) if answered else 0.0
-    limit = limits.max_harmful_share + 1e-12
-    departs_ok = paired.n > 0 and excess_ci[1] <= limit
+    departs_ok = rate.words > 0 and excess_ci[1] <= limits.max_departure_rate + 1e-12
     scored = labelled(outcomes, alpha)
-    labels_ok = scored is None or scored["ci"]["excess"][1] <= limit
+    labels_ok = scored is None or scored["ci"]["excess"][1] <= limits.max_turned_wrong + 1e-12
     errors_ok = error_share <= limits.max_error_share + 1e-12
     result: dict[str, Any] = {
         "pool": plan.pool,
@@ -130,8 +134,12 @@ def judge_check(
             [r for _, r in pairs if r.get("exact_match") is False], "near_tie"
         ),
         "harmful_share": k / n if n else None,
-        "paired_prompts": paired.n,
-        "excess": paired.excess(),
+        "paired_prompts": len(both),
+        "words_at_risk": rate.words,
+        "departure_rate": rate.value,
+        "noise_words_at_risk": floor.words,
+        "noise_departure_rate": floor.value,
+        "excess": (None if rate.value is None or floor.value is None else rate.value - floor.value),
         "noise_pairs": len(noise),
         "noise_top1_agreement": (
             sum(bool(r.get("exact_match")) for r in noise) / len(noise) if noise else None
@@ -143,12 +151,15 @@ def judge_check(
             "top1_agreement": list(wilson_interval(exact, n, alpha)),
             "harmful_share": list(wilson_interval(k, n, alpha)),
             "noise_harmful_share": list(wilson_interval(noise_departing, len(noise), alpha)),
+            "departure_rate": list(rate.interval(alpha)),
+            "noise_departure_rate": list(floor.interval(alpha)),
             "excess": list(excess_ci),
         },
         "labelled": scored,
         "tolerance": {"meaning": tol.meaning, "words": tol.words, "noise_pairs": tol.noise_pairs},
         "limits": {
-            "max_harmful_share": limits.max_harmful_share,
+            "max_departure_rate": limits.max_departure_rate,
+            "max_turned_wrong": limits.max_turned_wrong,
             "max_error_share": limits.max_error_share,
         },
         "embedding_model": plan.embedding_model,
@@ -196,6 +207,13 @@ def labelled(outcomes: Sequence[Outcome], alpha: float) -> dict[str, Any] | None
             "excess": list(paired.interval(alpha)),
         },
     }
+
+
+def at_risk(row: Mapping[str, Any]) -> int:
+    """Return a compared pair's words at risk (gateway/promotion/precision/rates.py)."""
+    return words_at_risk(
+        row.get("exact_match"), row.get("first_divergence"), row.get("reference_words") or 0
+    )
 
 
 def gate(suite: Suite) -> dict[str, Any]:

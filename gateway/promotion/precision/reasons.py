@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gateway.promotion.precision.limits import ALPHA
-from gateway.promotion.precision.paired import Paired, prompts_needed
+from gateway.promotion.precision.rates import rate_interval, words_needed
 
 
 def reasons(
@@ -15,7 +15,8 @@ def reasons(
 ) -> list[str]:
     """Say in sentences why a check passed or failed, with its numbers."""
     said = []
-    n, limit = result["compared"], result["limits"]["max_harmful_share"]
+    n, limits = result["compared"], result["limits"]
+    limit = limits["max_departure_rate"]
     level = f"{1 - alpha:.0%}"
     if n == 0:
         said.append(
@@ -27,19 +28,23 @@ def reasons(
         low, high = result["ci"]["excess"]
         floor = result["noise_harmful_share"]
         noise_k = round((floor or 0.0) * result["noise_pairs"])
+        words = result["words_at_risk"]
         said.append(
             f"{k} of {n} answers ({_pct(k / n)}) depart in meaning from the reference's, and "
             f"{noise_k} of {result['noise_pairs']} ({_pct(floor or 0.0)}) of the reference's "
-            f"own second answers do: on the {result['paired_prompts']} prompts both compared, "
-            f"the candidate departs {_points(result['excess'] or 0.0)} more often ({level} "
-            f"interval {_points(low)} to {_points(high)}), at most {_points(limit)} allowed."
+            f"own second answers do. Per 1,000 words at risk on the {result['paired_prompts']} "
+            f"prompts both compared, the candidate departs {_per_k(result['departure_rate'])} "
+            f"times (over {words:,} words) and the floor {_per_k(result['noise_departure_rate'])}"
+            f": {_per_k(result['excess'])} more ({level} interval {_per_k(low)} to "
+            f"{_per_k(high)}), at most {_per_k(limit)} allowed."
         )
-        reach = Paired(n=result["paired_prompts"]).interval(alpha)[1]
-        if not departs_ok and reach > limit:
+        needed = words_needed(limit, alpha) if limit > 0 else None
+        if not departs_ok and needed is not None and words < needed:
             said.append(
-                f"No pool can pass on {result['paired_prompts']} prompts: even with no "
-                f"departure the interval reaches {_points(reach)}; a suite needs at least "
-                f"{prompts_needed(limit, alpha)} prompts to show at most {_points(limit)} more."
+                f"No pool can pass on {words:,} words at risk: even with no departure the "
+                f"interval reaches {_per_k(rate_interval(0, words, alpha)[1])} per 1,000 words;"
+                f" a suite needs answers of at least {needed:,} words in all to show at most "
+                f"{_per_k(limit)}."
             )
     scored = result.get("labelled")
     if scored:
@@ -51,7 +56,7 @@ def reasons(
             f"wrong, and {scored['noise_turned_wrong']} of {scored['noise_questions']} the "
             f"reference's own second answers did: the candidate turns "
             f"{_points(scored['excess'] or 0.0)} more wrong ({level} interval {_points(low)} to "
-            f"{_points(high)}), at most {_points(limit)} allowed."
+            f"{_points(high)}), at most {_points(limits['max_turned_wrong'])} allowed."
         )
     if not errors_ok or result["candidate_errors"]:
         asked = result["prompts"] - result["reference_errors"]
@@ -100,6 +105,10 @@ def reasons(
 
 def _pct(value: float) -> str:
     return f"{value * 100:.1f}%"
+
+
+def _per_k(value: float | None) -> str:
+    return "–" if value is None else f"{value * 1000:.3g}"
 
 
 def _points(value: float) -> str:
