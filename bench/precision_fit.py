@@ -8,6 +8,8 @@ replica and every candidate part (bench/pairs.py), and measures, per part and ki
 - the flip rate: answers that differ from the reference's, per token at risk (the reference's
   tokens up to and including the first that differs; all of them when none does), the
   maximum-likelihood per-token rate of a part that decodes along the reference until it flips;
+  the benign flip rate counts only the flips that turned no labelled answer wrong, the rate the
+  simulator's noise is fit to (it makes wrong answers apart, as harmful errors);
 - divergence after a flip: of the differing answers, how many words still agree (ROUGE-L),
   their semantic similarity, and how many depart at the default tolerance;
 - the shape of a harmful error: of the labelled answers turned wrong, where the first
@@ -169,11 +171,16 @@ def fit(result: Mapping[str, Any]) -> dict[str, Any]:
     for profile, part in STANDS_FOR.items():
         s = result["parts"][part]["all"]
         precision = load_profile(profile).precision
+        # A wrong answer is a flip at the fact's token; the simulator makes those apart (its
+        # harmful errors), so its noise is fit to the flips that left every answer right.
+        benign = s["differing"] - s["turned_wrong"]
+        rate = benign / s["tokens_at_risk"]
         fitted[profile] = {
             "stands_for": part,
             "flip_rate_per_token": s["flip_rate_per_token"],
-            "flip_rate_interval": interval(s["differing"], s["tokens_at_risk"]),
-            "fitted_logit_noise": noise_for(s["flip_rate_per_token"], share),
+            "benign_flip_rate_per_token": rate,
+            "benign_flip_rate_interval": interval(benign, s["tokens_at_risk"]),
+            "fitted_logit_noise": noise_for(rate, share),
             "logit_noise": precision.logit_noise,
             "turned_wrong_share": s["turned_wrong"] / s["labelled"],
             "turned_wrong_interval": interval(s["turned_wrong"], s["labelled"]),

@@ -160,12 +160,17 @@ def measure(
     chosen = SCENARIOS[fleet].values()
     measured: dict[tuple[str, bool, float], Rates] = {}
     if fleet == "simulated":
+        # As long as the real fleet's answers, so the two calibrations judge alike: a part's
+        # chance to leave the reference's answer grows with the answer's length.
+        lengths = pairs.real_lengths()
         answered: dict[tuple[str, bool, float], Rates] = {}
 
         def rates(candidate: str, is_sampled: bool, harmful: float) -> Rates:
             if (candidate, is_sampled, harmful) not in answered:
                 temperature = pairs.SAMPLED_TEMPERATURE if is_sampled else 0.0
-                m = pairs.simulated(candidate, temperature, pairs_measured, seed, harmful)
+                m = pairs.simulated(
+                    candidate, temperature, pairs_measured, seed, harmful, lengths=lengths
+                )
                 answered[(candidate, is_sampled, harmful)] = m.rates()
             return answered[(candidate, is_sampled, harmful)]
 

@@ -10,11 +10,15 @@ position of it the reference model also has a runner-up, and a margin between th
 
 A device adds Gaussian noise of its `logit_noise` (in logits) to the runner-up's logit, as
 accumulated rounding in bf16, int8 or analog arithmetic does. Where the noise exceeds the margin
-the argmax flips: a benign flip, the synonym in place of the word, the rest unchanged. Per content
-token the chance is `flip_chance(logit_noise)`, about 0.2 x logit_noise, so answers of the same
-device disagree more often the longer they are. Sampling (temperature > 0) draws each content
-token from the noisy logits over the word, its synonym and a few other words, scaled by the
-temperature.
+the argmax flips to the synonym, and from there the answer goes its own way, as a real model's
+does once its context differs: the rest of the sentence is other words (each later content word
+one of another concept), and where the flip was the sentence's last content word, the next
+sentence. A real Q8_0 story that flips keeps about three quarters of its words and little of its
+meaning (docs/simulator.md, "Divergence after a flip"). Per content token the chance of a flip is
+`flip_chance(logit_noise)`, about 0.2 x logit_noise, so answers of the same device depart more
+often the longer they are: per word at risk, the rate is the part's own. Sampling (temperature >
+0) draws each content token from the noisy logits over the word, its synonym and a few other
+words, scaled by the temperature.
 
 Harmful errors (a changed fact or field) are not near ties; simulator/answers.py makes them.
 Each profile's noise is fit to the real fleet's part it stands for (bench/precision_fit.py,
@@ -28,7 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from random import Random
 
-from simulator.words import WORDS, restyle, synonym
+from simulator.words import CONTENT_WORDS, WORDS, concept, restyle, synonym
 
 MEAN_MARGIN = 2.0
 FIRM = 12.0
@@ -88,12 +92,26 @@ def decode(
     pieces: list[str] = []
     logprobs: list[TokenLogprob] | None = None if top is None else []
     flips = 0
+    # Once a token differs from the reference's the answer goes its own way (module doc):
+    # `stray` draws where, from the position and the token it left the reference by, so two
+    # answers that leave it alike go on alike.
+    stray: Random | None = None
+    redrawn = False
     for piece in reference:
         margin = margins.expovariate(1.0 / MEAN_MARGIN)
         alt = margins.getrandbits(32)
         word = piece.strip()
         runner = None if structured or not word else synonym(word)
+        if stray is not None and runner is not None:
+            chosen = restyle(piece, _elsewhere(word, stray))
+            redrawn = True
+            pieces.append(chosen)
+            if logprobs is not None:
+                logprobs.append(entry(chosen, alt, top or 0))
+            continue
         if runner is None:
+            if piece == "." and redrawn:
+                stray, redrawn = None, False
             pieces.append(piece)
             if logprobs is not None:
                 logprobs.append(_entry(piece, None, FIRM, alt, piece, 0.0, top or 0))
@@ -107,10 +125,21 @@ def decode(
             flips += 1
         else:
             chosen, logit = piece, 0.0
+        if chosen != piece:
+            stray = Random(f"{alt} {chosen}")
         pieces.append(chosen)
         if logprobs is not None:
             logprobs.append(_entry(piece, runner_up, gap, alt, chosen, logit, top or 0))
     return Decoded(tuple(pieces), flips, None if logprobs is None else tuple(logprobs))
+
+
+def _elsewhere(word: str, rng: Random) -> str:
+    """Return a content word of another concept than `word`'s: where a strayed answer goes."""
+    old = concept(word)
+    while True:
+        other = CONTENT_WORDS[int(rng.random() * len(CONTENT_WORDS))]
+        if concept(other) != old:
+            return other
 
 
 def entry(piece: str, alt: int, top: int) -> TokenLogprob:

@@ -3,6 +3,7 @@ and on the real fleet, judged on a virtual clock over one or two weeks."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,9 @@ from realworld import require_engine
 
 from bench import pairs
 from bench.promotion import QUALITY_MARGIN, SCENARIOS, calibrate, headline
+from gateway.promotion.judge import bernoulli_interval
+
+RESULTS = Path(__file__).resolve().parents[2] / "docs/results"
 
 
 @pytest.fixture(scope="module")
@@ -30,13 +34,29 @@ def test_equal_quality_and_cheaper_is_promoted_and_the_quality_null_is_not(simul
     assert s["quality_null"]["promote_rate"] == 0.0
 
 
-def test_an_int8_part_with_benign_flips_only_is_promoted_once_a_week_has_passed(simulated):
+def test_an_int8_part_is_promoted_once_a_week_has_passed(simulated):
     benign = simulated["scenarios"]["benign"]
     rates = benign["rates"]["temperature_0"]
-    # Its flips (about 3% of its answers differ from the GPU's, 2% of the GPU's own do) keep
-    # the meaning: none departs (pairs.simulated is seeded: the same pairs every run).
-    assert rates["candidate_exact_match"] < 1.0 and rates["candidate"] == 0.0
+    # Its flips depart, as the real Q8_0's do, but on answers as long as the real fleet's they
+    # are rare (pairs.simulated is seeded: the same pairs every run).
+    assert rates["candidate_exact_match"] < 1.0 and rates["candidate"] > 0.0
+    assert rates["candidate"] <= rates["noise_floor"] + QUALITY_MARGIN / 2
     assert benign["promote_rate"] == 1.0 and benign["median_days_to_decision"] >= 7.0
+
+
+def test_the_simulated_calibration_agrees_with_the_real_one(simulated: dict) -> None:
+    """Each scenario both fleets run departs at temperature 0, on the simulator, within the
+    99.9% interval of the real fleet's share (840 pairs, docs/results/promotion-real-seed0.json),
+    and is decided alike."""
+    real = json.loads((RESULTS / "promotion-real-seed0.json").read_text())["scenarios"]
+    for name in ("aa", "benign", "harmful", "sampled"):
+        ours, theirs = simulated["scenarios"][name], real[name]
+        mine, measured = ours["rates"]["temperature_0"], theirs["rates"]["temperature_0"]
+        departed = round(measured["candidate"] * measured["pairs"])
+        low, high = bernoulli_interval(departed, measured["pairs"], 1e-3)
+        assert low <= mine["candidate"] <= high, (name, mine["candidate"], (low, high))
+        assert ours["promote_rate"] == theirs["promote_rate"], name
+        assert ours["reject_rate"] == theirs["reject_rate"], name
 
 
 def test_harmful_errors_and_missed_slos_are_rejected(simulated: dict) -> None:

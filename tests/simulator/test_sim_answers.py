@@ -96,14 +96,15 @@ def test_sampling_without_a_seed_varies_between_requests():
     assert len(texts) == 5
 
 
-def test_a_sampled_answer_says_the_same_thing_in_other_words():
+def test_a_sampled_answer_follows_the_reference_until_it_samples_another_word():
     sampled = Question(model=MODEL, prompt_key="story", limit=1000, temperature=0.7, seed=1)
     answer, reference = _answer(sampled), _answer(_greedy("story"))
     assert answer.precision == SAMPLED and answer.text != reference.text
-    same = sum(
-        a == b for a, b in zip(_concepts(answer.pieces), _concepts(reference.pieces), strict=True)
-    )
-    assert same / len(reference.pieces) > 0.9
+    pairs = zip(reference.pieces, answer.pieces, strict=True)
+    first = next(k for k, (a, b) in enumerate(pairs) if a != b)
+    assert answer.pieces[:first] == reference.pieces[:first]
+    # From its first other word it goes its own way (a real model's context differs from there).
+    assert _strays(reference.pieces, answer.pieces, first)
 
 
 def test_noise_flips_near_ties_at_about_a_fifth_of_its_level_per_content_word():
@@ -116,17 +117,38 @@ def test_noise_flips_near_ties_at_about_a_fifth_of_its_level_per_content_word():
     assert 0.012 < flips / content < 0.028
 
 
-def test_a_flip_puts_the_synonym_in_place_and_keeps_the_rest():
+def _strays(reference: tuple[str, ...], answer: tuple[str, ...], at: int) -> bool:
+    """Whether `answer` leaves `reference` at `at` as the precision model says: every later
+    content word of another concept, up to the end of a sentence in which one was redrawn."""
+    redrawn = False
+    for a, b in zip(reference[at + 1 :], answer[at + 1 :], strict=True):
+        if concept(a.strip()) is not None:
+            if concept(b.strip()) == concept(a.strip()):
+                return False
+            redrawn = True
+        elif a != b:
+            return False
+        elif a == "." and redrawn:
+            return True
+    return True
+
+
+def test_a_flip_puts_the_synonym_in_place_and_the_rest_of_its_sentence_strays():
     rng = Random(0)
     flipped = 0
     for i in range(100):
         reference = _answer(_greedy(f"p{i}"))
         noisy = compose(_greedy(f"p{i}"), noise=0.3, harmful_rate=0.0, rng=rng)
-        changed = [(a, b) for a, b in zip(reference.pieces, noisy.pieces, strict=True) if a != b]
-        assert len(changed) == noisy.flips
-        assert all(synonym(a.strip()).lower() == b.strip().lower() for a, b in changed)
+        pairs = list(zip(reference.pieces, noisy.pieces, strict=True))
+        changed = [k for k, (a, b) in enumerate(pairs) if a != b]
         assert noisy.precision == (BENIGN if changed else EXACT)
-        flipped += bool(changed)
+        if not changed:
+            continue
+        flipped += 1
+        first = changed[0]
+        a, b = pairs[first]
+        assert synonym(a.strip()).lower() == b.strip().lower()
+        assert _strays(reference.pieces, noisy.pieces, first)
     assert 50 < flipped < 100
 
 
@@ -192,7 +214,9 @@ def test_a_flipped_token_is_a_near_tie_in_the_references_logprobs():
         reference = _answer(_greedy(f"near {i}", top_logprobs=5))
         noisy = _answer(_greedy(f"near {i}", top_logprobs=5), noise=0.5, seed=i)
         pairs = zip(reference.pieces, noisy.pieces, strict=True)
-        for at in (k for k, (a, b) in enumerate(pairs) if a != b):
+        # Where it first leaves the reference: after that its context differs.
+        at = next((k for k, (a, b) in enumerate(pairs) if a != b), None)
+        if at is not None:
             assert noisy.pieces[at] == reference.logprobs[at].top[1][0]
             assert noisy.logprobs[at].top[0][0] == noisy.pieces[at]
             flips += 1
