@@ -40,7 +40,7 @@ from gateway.policy.credentials import Access
 from gateway.policy.load import content_hash, render_policy
 from gateway.policy.model import Policy
 from gateway.policy.sync import FileWatcher, PolicyWatcher
-from gateway.policy.tariffs import DAY_S, Rate, rate_at
+from gateway.policy.tariffs import DAY_S, Rate, fixed_rates, rate_at
 from gateway.policy.versions import PolicyVersion
 from gateway.promotion.rollout import RolloutDriver
 from gateway.records.requests import RecordWriter
@@ -97,6 +97,8 @@ class Gateway:
         # Version 0 until the version store confirms or replaces it.
         text = policy_text if policy_text is not None else render_policy(policy)
         self.serving = Serving(policy, Fleet(policy, self.access), 0, text)
+        # The rates of the pools without a tariff, for the policy they were read from.
+        self._fixed_rates = (policy, fixed_rates(policy))
         self.metrics.registry.register(FleetCollector(lambda: self.fleet))
         self.estimator = TokenEstimator()
         self.shared = (
@@ -293,7 +295,15 @@ class Gateway:
 
     def rate(self, pool: str) -> Rate:
         """Return what a pool's electricity costs now, by its tariff and the time of day (UTC)."""
-        return rate_at(self.policy, pool, time.time() % DAY_S)
+        # Asked for every pool ranked and every request metered: a pool without a tariff has
+        # one rate, read once per policy version (0.55 µs a call otherwise).
+        policy = self.policy
+        known, fixed = self._fixed_rates
+        if known is not policy:
+            fixed = fixed_rates(policy)
+            self._fixed_rates = (policy, fixed)
+        rate = fixed.get(pool)
+        return rate if rate is not None else rate_at(policy, pool, time.time() % DAY_S)
 
     def _load_share(self, url: str) -> float:
         """Return the part of a backend's load that is this replica's requests (1 alone)."""

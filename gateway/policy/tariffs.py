@@ -42,6 +42,11 @@ def own_rate(pool: Pool) -> Rate:
     return Rate(pool.price.usd_per_kwh, pool.price.g_co2_per_kwh)
 
 
+def fixed_rates(policy: Policy) -> dict[str, Rate]:
+    """Return the rate of every pool that names no tariff: its `price`, whatever the time."""
+    return {name: own_rate(spec) for name, spec in policy.pools.items() if spec.tariff is None}
+
+
 def rate_at(policy: Policy, pool: str, seconds_of_day: float) -> Rate:
     """Return a pool's rate at a time of day (seconds after midnight, UTC)."""
     spec = policy.pools[pool]

@@ -9,6 +9,9 @@ import pytest
 from gateway.errors import PolicyError
 from gateway.policy.load import parse_policy, to_yaml
 from gateway.policy.tariffs import Rate, rate_at
+from gateway.policy.versions import PolicyVersion
+from gateway.runtime import Gateway
+from gateway.settings import Settings
 from harness.gateways import run_gateway
 from policies import MODEL, fleet_policy
 
@@ -97,3 +100,19 @@ def test_a_live_router_prices_energy_at_the_tariff_in_force(sims, tmp_path: Path
                 "g_co2_per_kwh": 800.0,
             }
     assert served["cheap"][0] == "asic" and served["expensive"][0] == "gpu"
+
+
+def test_the_serving_gateway_prices_at_the_tariff_a_reloaded_policy_gives(tmp_path: Path) -> None:
+    """A pool without a tariff keeps its price's rate until a policy version gives it one."""
+    url = f"sqlite:///{tmp_path / 'gateway.db'}"
+    plain = fleet_policy()
+    gateway = Gateway(Settings(database_url=url, spill_dir=tmp_path / "spill"), plain)
+    assert gateway.rate("asic") == rate_at(plain, "asic", 0) == Rate(0.12, 0.0)
+    # A whole day in one window, so the rate does not hang on the hour the test runs at.
+    day = [{"start": "00:00", "end": "24:00", "usd_per_kwh": 0.40, "g_co2_per_kwh": 650}]
+    tariffed = with_tariff(day)
+    gateway.use_policy(tariffed, PolicyVersion(2, "", "", "test", 0.0, "a tariff"))
+    assert gateway.rate("asic") == Rate(0.40, 650)
+    assert gateway.rate("gpu") == Rate(0.12, 0.0)
+    with pytest.raises(KeyError):
+        gateway.rate("tpu")
