@@ -2,6 +2,7 @@
 
     python -m bench.promotion --fleet real --seed 0 --out docs/results/promotion-real-seed0.json
     python -m bench.promotion --fleet simulated --seed 0 --out docs/results/promotion-seed0.json
+    python -m bench.promotion --fleet simulated --natural-lengths --seed 0 --out R.json
 
 1. Pairs (bench/pairs.py): each candidate's answers and the noise floor's, compared as the mirror
    compares shadow copies, at temperature 0 and sampled at 0.7; on the real fleet with every
@@ -150,7 +151,13 @@ def run(
 
 
 def measure(
-    fleet: str, seed: int, *, pairs_measured: int, samples: int, logs: Path | None
+    fleet: str,
+    seed: int,
+    *,
+    pairs_measured: int,
+    samples: int,
+    logs: Path | None,
+    natural_lengths: bool = False,
 ) -> dict[tuple[str, bool, float], Rates]:
     """Measure every candidate the fleet's scenarios name, at temperature 0 and sampled.
 
@@ -161,8 +168,9 @@ def measure(
     measured: dict[tuple[str, bool, float], Rates] = {}
     if fleet == "simulated":
         # As long as the real fleet's answers, so the two calibrations judge alike: a part's
-        # chance to leave the reference's answer grows with the answer's length.
-        lengths = pairs.real_lengths()
+        # chance to leave the reference's answer grows with the answer's length. Or the
+        # simulator's own lengths, to see the judge on longer answers.
+        lengths = () if natural_lengths else pairs.real_lengths()
         answered: dict[tuple[str, bool, float], Rates] = {}
 
         def rates(candidate: str, is_sampled: bool, harmful: float) -> Rates:
@@ -209,6 +217,7 @@ def calibrate(
     seed: int = 0,
     *,
     pairs_measured: int = 1500,
+    natural_lengths: bool = False,
     samples: int = 3,
     look_hours: float = 6.0,
     logs: Path | None = None,
@@ -216,7 +225,14 @@ def calibrate(
     """Run every scenario of `fleet` `runs` times; return the rates the judge is held to."""
     criteria = Criteria()
     rng = np.random.default_rng(seed)
-    measured = measure(fleet, seed, pairs_measured=pairs_measured, samples=samples, logs=logs)
+    measured = measure(
+        fleet,
+        seed,
+        pairs_measured=pairs_measured,
+        samples=samples,
+        logs=logs,
+        natural_lengths=natural_lengths,
+    )
     results: dict[str, Any] = {}
     for name, scenario in SCENARIOS[fleet].items():
         rates = {
@@ -250,7 +266,10 @@ def calibrate(
                 if not is_sampled or scenario.sampled_share
             },
         }
-    return summary(fleet, results, runs=runs, seed=seed, look_hours=look_hours)
+    result = summary(fleet, results, runs=runs, seed=seed, look_hours=look_hours)
+    if fleet == "simulated":
+        result["answer_lengths"] = "natural" if natural_lengths else "real"
+    return result
 
 
 def target(name: str, truth: str) -> tuple[str, str, float]:
@@ -305,6 +324,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--pairs", type=int, default=1500, help="simulated pairs per candidate")
     parser.add_argument("--samples", type=int, default=3, help="real: sampled answers a prompt")
     parser.add_argument("--logs", type=Path, help="real: where the engines' logs go")
+    parser.add_argument(
+        "--natural-lengths",
+        action="store_true",
+        help="simulated: answers of the simulator's own lengths, not the real fleet's",
+    )
     parser.add_argument("--out", type=Path, required=True, help="where to write the JSON result")
     args = parser.parse_args(argv)
     result = calibrate(
@@ -314,6 +338,7 @@ def main(argv: list[str] | None = None) -> None:
         pairs_measured=args.pairs,
         samples=args.samples,
         logs=args.logs,
+        natural_lengths=args.natural_lengths,
     )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
