@@ -267,9 +267,12 @@ class Replay:
                 break  # all served: the scenario's later boundaries are finish()'s
             boundary = self._boundaries[0] if self._boundaries else math.inf
             external = min(pending, boundary)
-            if external == math.inf or any(self._waiting.values()):
+            if pending == math.inf or any(self._waiting.values()):
                 # Someone waits for a slot (or only the devices are left): step device events
-                # one at a time, so a freed slot goes to the oldest waiter at its true instant.
+                # one at a time, so a freed slot goes to the oldest waiter at its true instant,
+                # and the last request's end is not carried past it to a boundary of the
+                # scenario's that only finish() may reach: every strategy's fleet is measured
+                # over the same window.
                 step = self._next_device_event()
                 if step < external:
                     self._advance(step)

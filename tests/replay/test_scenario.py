@@ -131,3 +131,21 @@ def test_tariffs_price_the_energy_drawn_while_they_hold_and_move_routers_that_re
     for moved in (results["learned"], oracle):
         assert moved["pool_shares"]["asic"] == pytest.approx(0.5)
         assert moved["cost_usd_per_1k_tokens"] < static["cost_usd_per_1k_tokens"] / 5
+
+
+def test_every_strategy_draws_over_the_same_window_when_the_scenario_outlasts_the_trace(
+    policy: Policy,
+) -> None:
+    """A scenario whose last boundary lies past the trace's end and drain (the shipped ones run
+    to 4,000 s) must not stretch the window of a strategy that reads no meter: its fleet would
+    be charged idle time the learned router's is not."""
+    outlasting = Scenario.model_validate(
+        {"events": [{"pool": "asic", "start_s": 0, "end_s": 3600, "power_factor": 1.0}]}
+    )
+    results = benchmark(
+        policy, steady(40), strategies=("learned", "static", "oracle"), scenario=outlasting
+    )
+    plain = benchmark(policy, steady(40), strategies=("static",))["static"]
+    windows = {name: result["duration_s"] for name, result in results.items()}
+    assert set(windows.values()) == {plain["duration_s"]}, windows
+    assert results["static"]["fleet_energy_j"] == pytest.approx(plain["fleet_energy_j"])
