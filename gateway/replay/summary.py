@@ -5,7 +5,8 @@ when it was drawn (the scenario's tariffs, else the policy's price), and the slo
 requests held (admission to last token) at its hourly price divided by its slots: a backend's
 hourly price buys `slots` slots, as the router's marginal cost assumes. Carbon is the same
 energy at the electricity's carbon intensity. The fleet's cost, every device for the whole
-window with its idle draw, is reported beside it.
+window with its idle draw, and its carbon, all its energy at the intensity in force when it was
+drawn, are reported beside them.
 
 Goodput is the share of requests served within `GOODPUT_TTFT_S` to the first token (queueing
 included) and `GOODPUT_TPOT_S` a token after it, whatever their SLO class: the bar DistServe and
@@ -49,7 +50,7 @@ def summarize(replay: Replay) -> dict[str, object]:
     served = [p for p in passages if p.served]
     tokens_k = max(sum(p.request.output_tokens for p in served), 1) / 1000
     duration_s = max((sim.device.time for sim in replay.world.values()), default=0.0)
-    above_idle = fleet = fleet_cost = carbon = 0.0
+    above_idle = fleet = fleet_cost = carbon = fleet_carbon = 0.0
     pool_cost: dict[str, float] = dict.fromkeys(replay.fleet.pools, 0.0)
     for sim in replay.world.values():
         pool = policy.pools[sim.state.pool]
@@ -57,6 +58,7 @@ def summarize(replay: Replay) -> dict[str, object]:
         above_idle += sim.energy_above_idle_j
         fleet += sim.device.energy_j
         carbon += sim.carbon_g
+        fleet_carbon += sim.fleet_carbon_g
         pool_cost[sim.state.pool] += (
             sim.energy_usd + sim.slot_s * price.usd_per_hour / 3600 / pool.slots_per_backend
         )
@@ -86,6 +88,7 @@ def summarize(replay: Replay) -> dict[str, object]:
         "carbon_g_per_request": round(carbon / total, 5),
         "fleet_energy_j": round(fleet, 1),
         "fleet_energy_j_per_request": round(fleet / total, 3),
+        "fleet_carbon_g": round(fleet_carbon, 3),
         "cost_usd_per_1k_tokens": round(cost / tokens_k, 9),
         "fleet_cost_usd_per_1k_tokens": round(fleet_cost / tokens_k, 9),
         "slo_attainment": round(sum(p.meets_slo() for p in passages) / total, 5),

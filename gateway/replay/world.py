@@ -34,13 +34,21 @@ class SimulatedBackend:
     energy_usd: float = 0.0
     carbon_g: float = 0.0
     charged_j: float = 0.0
+    # All its energy, idle included, at the carbon intensity in force when it was drawn, up to
+    # `charged_fleet_j` of it: the fleet's carbon.
+    fleet_carbon_g: float = 0.0
+    charged_fleet_j: float = 0.0
 
     def charge(self, rate: Rate) -> None:
-        """Price the energy drawn above idle since the last charge at `rate`."""
+        """Price the energy drawn since the last charge at `rate`: above idle in dollars and
+        carbon, all of it in carbon."""
         drawn = self.energy_above_idle_j
         self.energy_usd += (drawn - self.charged_j) * rate.usd_per_j
         self.carbon_g += (drawn - self.charged_j) * rate.g_co2_per_j
         self.charged_j = drawn
+        total = self.device.energy_j
+        self.fleet_carbon_g += (total - self.charged_fleet_j) * rate.g_co2_per_j
+        self.charged_fleet_j = total
 
     @property
     def energy_above_idle_j(self) -> float:

@@ -149,3 +149,33 @@ def test_every_strategy_draws_over_the_same_window_when_the_scenario_outlasts_th
     windows = {name: result["duration_s"] for name, result in results.items()}
     assert set(windows.values()) == {plain["duration_s"]}, windows
     assert results["static"]["fleet_energy_j"] == pytest.approx(plain["fleet_energy_j"])
+
+
+def test_the_fleets_carbon_is_all_its_energy_at_the_intensity_in_force(policy: Policy) -> None:
+    """Idle draw included: at one intensity everywhere it is the fleet's energy times it; a
+    dirtier grid for the second half of the window raises it by that half's idle draw at least."""
+    grams_per_kwh = 500.0
+    flat = Scenario.model_validate(
+        {
+            "tariffs": [
+                {"start_s": 0, "end_s": 3600, "usd_per_kwh": 0.1, "g_co2_per_kwh": grams_per_kwh}
+            ]
+        }
+    )
+    result = benchmark(policy, steady(40), strategies=("static",), scenario=flat)["static"]
+    assert result["fleet_carbon_g"] == pytest.approx(
+        result["fleet_energy_j"] * grams_per_kwh / 3.6e6, rel=1e-3
+    )
+    assert result["fleet_carbon_g"] > result["carbon_g_per_request"] * 40
+    half = result["duration_s"] / 2
+    dirtier = Scenario.model_validate(
+        {
+            "tariffs": [
+                {"start_s": 0, "end_s": half, "usd_per_kwh": 0.1, "g_co2_per_kwh": grams_per_kwh},
+                {"start_s": half, "end_s": 3600, "usd_per_kwh": 0.1, "g_co2_per_kwh": 2000},
+            ]
+        }
+    )
+    later = benchmark(policy, steady(40), strategies=("static",), scenario=dirtier)["static"]
+    assert later["fleet_energy_j"] == pytest.approx(result["fleet_energy_j"])
+    assert later["fleet_carbon_g"] > 1.5 * result["fleet_carbon_g"]
