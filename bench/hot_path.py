@@ -192,6 +192,14 @@ def cpu_s(pid: int, children: bool = True) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
+def kernel_s(pid: int) -> float:
+    """Return the CPU time a process (every thread of it) has spent in the kernel, in seconds."""
+    with contextlib.suppress(OSError, IndexError, ValueError):
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return int(fields[12]) / os.sysconf("SC_CLK_TCK")  # stime
+    return 0.0
+
+
 def memory_mib(pid: int, field: str, children: bool = True) -> float:
     """Sum `field` (VmRSS now, VmHWM the peak) over a process and its children, in MiB."""
     total = 0
@@ -485,15 +493,18 @@ def measure_point(
     gateway = name.startswith("gateway")
     with paused(idle):
         lag = stall_counts(base) if gateway else {}
-        used, serving = cpu_s(pid), cpu_s(pid, children=False)
+        used, serving, kernel = cpu_s(pid), cpu_s(pid, children=False), kernel_s(pid)
         point = wrk(base + CHAT, connections, args.seconds, script)
         used, serving = cpu_s(pid) - used, cpu_s(pid, children=False) - serving
+        kernel = kernel_s(pid) - kernel
         if gateway:
             point["loop_stalls"] = stalls(lag, stall_counts(base))
     # CPU per request moves far less than throughput when the machine is not quiet.
     served = point["rps"] * args.seconds
     point["cpu_us_per_req"] = round(used * 1e6 / served) if served else 0
     point["serving_cpu_us_per_req"] = round(serving * 1e6 / served) if served else 0
+    # Of it, the kernel's (socket reads and writes, wake-ups): the rest is the interpreter's.
+    point["serving_kernel_us_per_req"] = round(kernel * 1e6 / served) if served else 0
     return point
 
 
