@@ -198,8 +198,16 @@ def test_a_command_not_allowed_is_never_run(gpus: list[SimulatorProcess], tmp_pa
             message="the hook was never tried",
         )
         assert not marker.exists()
-        rows = _event_rows(server)
-        assert any("GATEWAY_PARKING_COMMANDS" in r.reason for r in rows if r.event == "failed")
+        # The event is written by the records writer, after the metric counts the failure.
+        wait_for(
+            lambda: any(
+                "GATEWAY_PARKING_COMMANDS" in r.reason
+                for r in _event_rows(server)
+                if r.event == "failed"
+            ),
+            message=lambda: f"no failed event naming the allow-list: {_event_rows(server)}",
+        )
+        assert not marker.exists()
 
 
 def test_two_replicas_plan_under_one_lease_and_neither_routes_to_a_parked_backend(
