@@ -174,12 +174,15 @@ class Device:
         self.time = 0.0
         self.energy_j = 0.0
         self.idle_energy_j = 0.0  # what it would have drawn idle over the same time
-        # Parked, it draws `_parked_w` and takes nothing; woken, it serves from `ready_at`.
+        # Parked, it draws `_parked_w` (nothing if released) and takes nothing; woken, it
+        # serves from `ready_at`.
         self.parked = False
+        self.released = False
         self.ready_at = 0.0
         self.wake_s = parking.wake_s
+        self.released_wake_s = parking.released_wake_s
         parked_w = power.idle_w if parking.parked_w is None else parking.parked_w
-        self._parked_w = min(power.idle_w, parked_w)
+        self._asleep_w = self._parked_w = min(power.idle_w, parked_w)
         self.served = 0
         self._prefill_fixed_s = timing.prefill_fixed_ms / 1e3
         self._prefill_per_token_s = (
@@ -266,12 +269,17 @@ class Device:
         self._queue.append(job)
         self._admit(now)
 
-    def park(self, now: float) -> None:
-        """Switch the device off from `now`: it must hold no request."""
+    def park(self, now: float, release: bool = False) -> None:
+        """Switch the device off from `now`, asleep or released: it must hold no request."""
+        if release and self.released_wake_s is None:
+            raise RuntimeError(
+                "the device's profile gives no released_wake_s: it cannot be released"
+            )
         self.advance(now)
         if self._holding or self._queue:
             raise RuntimeError("a device is parked only once its requests are done")
-        self.parked = True
+        self.parked, self.released = True, release
+        self._parked_w = 0.0 if release else self._asleep_w
         # Asleep, an engine keeps no KV cache (vLLM's sleep mode drops it): no prefix either.
         self.prefix_cache.clear()
 
@@ -279,8 +287,10 @@ class Device:
         """Switch the device on from `now`; return the instant it can serve."""
         self.advance(now)
         if self.parked:
-            self.parked = False
-            self.ready_at = now + self.wake_s
+            wake_s = self.released_wake_s if self.released else self.wake_s
+            assert wake_s is not None
+            self.parked = self.released = False
+            self.ready_at = now + wake_s
         return max(self.ready_at, now)
 
     def set_condition(self, slow_factor: float, power_factor: float, now: float) -> None:

@@ -120,9 +120,9 @@ class SimulatedDevice:
         """From `now`, take `slow_factor` times as long and draw `power_factor` times the power."""
         self.device.set_condition(slow_factor, power_factor, now)
 
-    def park(self, now: float) -> None:
-        """Switch the device off from `now`; it holds no request."""
-        self.device.park(now)
+    def park(self, now: float, release: bool = False) -> None:
+        """Switch the device off from `now`, asleep or released; it holds no request."""
+        self.device.park(now, release)
 
     def wake(self, now: float) -> float:
         """Switch the device on from `now`; return the instant it can serve."""

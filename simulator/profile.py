@@ -97,13 +97,17 @@ class PowerFigures(_Figures):
 class ParkingFigures(_Figures):
     """What a device draws switched off by the gateway, and how long it takes to serve again.
 
-    `parked_w` is the board's draw with its engine asleep or stopped, at most its idle draw
-    (None: its idle draw, no saving known); `wake_s` the time from the wake-up call to its
-    first request. While it wakes it draws its idle power.
+    Asleep, `parked_w` is the board's draw with its engine asleep or stopped, at most its idle
+    draw (None: its idle draw, no saving known), and `wake_s` the time from the wake-up call to
+    its first request. Released (its node powered down, its instance given back), it draws
+    nothing, and `released_wake_s` is the time to have it back: the node or instance started,
+    the engine started and the model's weights loaded (None: it cannot be released). While it
+    wakes either way it draws its idle power.
     """
 
     parked_w: float | None = Field(default=None, ge=0)
     wake_s: float = Field(default=0.0, ge=0)
+    released_wake_s: float | None = Field(default=None, ge=0)
 
 
 class Precision(_Figures):

@@ -12,8 +12,13 @@ that grows faster than forecast while a backend wakes.
 
 A backend the forecast needs is woken at once: a draining one simply takes requests again, a
 parked one is switched on and serves after its wake-up time. One the forecast has not needed
-for `HOLD_S` is drained (it takes no new request) and parked once its last request is done: one
-at a time, the active backend running the fewest requests. A pool keeps `min_active` backends
+for `HOLD_S`, or for its pool's `wake_s` where that is longer, is drained (it takes no new
+request) and parked once its last request is done: one at a time, the active backend running the
+fewest requests. A backend parked sooner than its wake-up lasts and needed again costs more to
+bring back (its idle draw, and its hours if released, over the wake-up) than it saved, and comes
+back late: on Azure's code trace, released devices taking 180 s to start, parking after 60 s woke
+17 times, 2 of them with requests waiting, and doubled TTFT p99; after 180 s, 9 and none late
+(docs/routing.md, "Parking"). A pool keeps `min_active` backends
 on (at least 1), so a route never loses a pool to a forecast made without its traffic, and the
 fleet keeps a GPU on: it serves every model, and is the fallback. An ejected backend counts as
 off: the plan wakes another in its place.
@@ -84,6 +89,7 @@ class Parking:
     ):
         self.min_active = dict(min_active or {})
         self.wake_s = dict(wake_s or {})
+        self.releases: frozenset[str] = frozenset()  # the pools whose parking gives devices back
         self.window_s, self.short_s, self.hold_s = window_s, short_s, hold_s
         self.traffic: dict[str, PoolTraffic] = {}
 
@@ -99,6 +105,7 @@ class Parking:
         blocks = {name: pool.parking for name, pool in policy.pools.items() if pool.parking}
         self.min_active = {name: block.min_active for name, block in blocks.items()}
         self.wake_s = {name: block.wake_s for name, block in blocks.items()}
+        self.releases = frozenset(n for n, block in blocks.items() if block.mode == "release")
         return list(blocks)
 
     def arrived(self, pool: str, now: float) -> None:
@@ -165,13 +172,17 @@ class Parking:
                 if traffic.needed_fewer_since is None:
                     traffic.needed_fewer_since = now
                 serving = [b for b in on if b.parking == IN_SERVICE]
-                if now - traffic.needed_fewer_since >= self.hold_s and len(serving) > 1:
+                if now - traffic.needed_fewer_since >= self.hold(pool.name) and len(serving) > 1:
                     quietest = min(serving, key=lambda b: (b.load, b.name))
                     moves.append(Move(quietest, "park", reason))
                     traffic.needed_fewer_since = now  # one at a time, hold_s apart
             else:
                 traffic.needed_fewer_since = None
         return moves
+
+    def hold(self, pool: str) -> float:
+        """Return how long `pool` must need fewer backends before one is parked."""
+        return max(self.hold_s, self.wake_s.get(pool, 0.0))
 
     def _traffic(self, pool: str) -> PoolTraffic:
         traffic = self.traffic.get(pool)

@@ -167,7 +167,9 @@ class PoolParking(Strict):
     `vllm` sends vLLM's sleep mode calls to the backend itself (POST /sleep?level=1, POST
     /wake_up, GET /is_sleeping); `command` runs the operator's argv for each, with the backend's
     `{name}`, `{url}` and `{pool}` put in (a power cap, a scale to zero, a process stopped and
-    started again).
+    started again). `mode` says what a parked device costs: `sleep`, its parked draw and its
+    hours; `release`, nothing (its node powered down, its instance given back), for a wake-up
+    that starts it from cold.
     """
 
     hook: Literal["vllm", "command"] = Field(
@@ -184,9 +186,16 @@ class PoolParking(Strict):
         description="With hook: command, the argv that switches it on again; it serves once its "
         "/health answers 200.",
     )
+    mode: Literal["sleep", "release"] = Field(
+        default="sleep",
+        description="sleep: a parked backend stays the operator's, asleep or stopped (it draws "
+        "its parked power, its hours are paid); release: its node is powered down or its "
+        "instance given back (nothing drawn or paid), and waking it starts one from cold.",
+    )
     wake_s: NonNegativeFloat = Field(
         description="Seconds from the wake-up call to the first request served: the plan wakes "
-        "a backend this far ahead of the load it forecasts."
+        "a backend this far ahead of the load it forecasts (released, it also keeps it parked "
+        "no sooner than this after it was last needed)."
     )
     min_active: int = Field(
         default=1,
@@ -234,6 +243,18 @@ class PoolParking(Strict):
                     f"{' and '.join(given)} {'is' if len(given) == 1 else 'are'} for hook: "
                     "command; hook: vllm calls the backend's own /sleep and /wake_up"
                 )
+            if self.mode == "release":
+                raise ValueError(
+                    "mode: release gives the device back, which vLLM's sleep mode does not (its "
+                    "engine and node stay up): use hook: command with commands that power the "
+                    "node down or release the instance"
+                )
+        if self.wake_s > self.hook_timeout_s:
+            raise ValueError(
+                f"wake_s is {self.wake_s:g} s, longer than hook_timeout_s ({self.hook_timeout_s:g}"
+                " s): a woken backend would be taken for failed before it could serve; raise "
+                "hook_timeout_s"
+            )
         return self
 
     def command(self, action: str, name: str, url: str, pool: str) -> list[str]:

@@ -130,8 +130,10 @@ class Device(Protocol):
         """From `now`, take `slow_factor` times as long and draw `power_factor` times the power."""
         ...
 
-    def park(self, now: float) -> None:
-        """Switch the device off from `now` (it holds no request): it draws its parked power."""
+    def park(self, now: float, release: bool = False) -> None:
+        """Switch the device off from `now` (it holds no request): asleep it draws its parked
+        power; released (its node powered down, its instance given back) nothing, and its
+        wake-up is a start from cold."""
         ...
 
     def wake(self, now: float) -> float:

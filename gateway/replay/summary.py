@@ -6,7 +6,8 @@ requests held (admission to last token) at its hourly price divided by its slots
 hourly price buys `slots` slots, as the router's marginal cost assumes. Carbon is the same
 energy at the electricity's carbon intensity. The fleet's cost, every device for the whole
 window with its idle draw, and its carbon, all its energy at the intensity in force when it was
-drawn, are reported beside them.
+drawn, are reported beside them; a device released by parking (`mode: release`) draws nothing
+and its hours are not paid while it is, but both are while it wakes.
 
 Goodput is the share of requests served within `GOODPUT_TTFT_S` to the first token (queueing
 included) and `GOODPUT_TPOT_S` a token after it, whatever their SLO class: the bar DistServe and
@@ -63,7 +64,9 @@ def summarize(replay: Replay) -> dict[str, object]:
             sim.energy_usd + sim.slot_s * price.usd_per_hour / 3600 / pool.slots_per_backend
         )
         fleet_cost += sim.energy_usd + sim.device.idle_energy_j * price.usd_per_kwh / 3.6e6
-        fleet_cost += sim.device.time * price.usd_per_hour / 3600
+        # A released device's hours are not paid (its instance given back, its node down).
+        paid_s = sim.device.time - replay.released_s(sim.state.name)
+        fleet_cost += paid_s * price.usd_per_hour / 3600
     cost = sum(pool_cost.values())
     ttft = [p.ttft_s * 1e3 for p in served if p.ttft_s is not None]
     tpot = [p.tpot_s * 1e3 for p in served if p.tpot_s is not None]
@@ -136,4 +139,6 @@ def parking_summary(replay: Replay) -> dict[str, object]:
         # What the parked devices still drew: the fleet's energy less this is what parking
         # would leave if a parked device drew nothing (powered off, released).
         "parked_energy_j": round(replay.parked_energy_j, 1),
+        # Backend-seconds released (drawing nothing, not paid); 0 where parking sleeps.
+        "released_s": round(sum(replay.released_s(name) for name in replay.world), 1),
     }

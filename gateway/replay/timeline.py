@@ -22,8 +22,9 @@ name none to the gateway's session table.
 
 A strategy that parks (`learned-parked`) plans every `PLAN_INTERVAL_S` with its
 `gateway.fleet.parking.Parking`: a backend to park stops taking requests and is switched off
-once its last one is done; one to wake takes requests again at once if it was draining, else
-once its device's wake-up time has passed. Its meter is not read while it is off.
+once its last one is done (asleep, or released where its pool's parking says `mode: release`);
+one to wake takes requests again at once if it was draining, else once its device's wake-up
+time has passed. Its meter is not read while it is off.
 
 The learned strategy meters energy as the live gateway does: each device's energy counter is read
 every `meter_interval_s` and fed, with the request spans, to a
@@ -243,9 +244,10 @@ class Replay:
         self.moves: list[tuple[float, str, str, str]] = []
         self.late_wake_ups = 0  # wake-ups called with requests already waiting in the pool
         # Each parked device's instant and energy counter when it was switched off, and the
-        # time and energy of the parked spans that ended.
+        # time and energy of the parked spans that ended; of them, each device's released time.
         self._off_since: dict[str, tuple[float, float]] = {}
         self._parked_s = self._parked_j = 0.0
+        self._released_s: dict[str, float] = {}
         if strategy.oracle is not None:
             strategy.oracle.world = self.world  # the oracle reads the truth the others measure
         self._condition(0.0)
@@ -257,11 +259,14 @@ class Replay:
         while True:
             arrival = self.passages[arrivals].arrival_s if arrivals < total else math.inf
             deadline = self._deadlines[0][0] if self._deadlines else math.inf
+            ready = self._ready[0][0] if self._ready else math.inf
             if not self._busy(arrivals < total):
                 self._next_reading = math.inf
                 if not any(self._waiting.values()):
                     self._next_plan = math.inf  # a request still waiting may need a wake-up
-            ready = self._ready[0][0] if self._ready else math.inf
+                    # Nor does a wake-up under way serve anyone now: waiting for its end (a
+                    # released device's takes minutes) would run this fleet past the window.
+                    ready = math.inf
             pending = min(arrival, deadline, self._next_reading, self._next_plan, ready)
             if pending == math.inf and self._next_device_event() == math.inf:
                 break  # all served: the scenario's later boundaries are finish()'s
@@ -492,6 +497,8 @@ class Replay:
             since, counter = self._off_since.pop(state.name)
             self._parked_s += now - since
             self._parked_j += sim.device.energy_j - counter
+            if self.parking is not None and state.pool in self.parking.releases:
+                self._released_s[state.name] = self._released_s.get(state.name, 0.0) + now - since
             heapq.heappush(self._ready, (ready, next(self._order), sim))
 
     def _switch_off(self, sim: SimulatedBackend, now: float) -> None:
@@ -500,7 +507,8 @@ class Replay:
             # A last reading settles what its requests drew; the meter rests while it is off.
             self._read_meter(sim, now)
             sim.ledger.restart()
-        sim.device.park(now)
+        assert self.parking is not None
+        sim.device.park(now, release=sim.state.pool in self.parking.releases)
         self._off_since[sim.state.name] = (now, sim.device.energy_j)
         sim.state.parking = PARKED
         self.fleet.prefixes.forget(sim.state.name)
@@ -516,6 +524,17 @@ class Replay:
         """Return what the devices drew while switched off, up to where each was advanced."""
         still = sum(self.world[n].device.energy_j - c for n, (_, c) in self._off_since.items())
         return self._parked_j + still
+
+    def released_s(self, backend: str) -> float:
+        """Return the seconds a backend's device spent released (its hours not paid), up to
+        where it was advanced."""
+        released = self._released_s.get(backend, 0.0)
+        off = self._off_since.get(backend)
+        if off is not None and self.parking is not None:
+            sim = self.world[backend]
+            if sim.state.pool in self.parking.releases:
+                released += sim.device.time - off[0]
+        return released
 
     def _serve_again(self, now: float) -> None:
         """Put every device whose wake-up is over back in service."""

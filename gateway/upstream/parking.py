@@ -17,6 +17,11 @@ failure is logged, counted (gateway_parking_hook_failures_total) and recorded
 requests waiting for a woken one wait in its pool's queue, within their budget, as for a
 full pool. The fleet's last GPU backend in service is never parked: it is the fallback.
 
+A pool whose parking says `mode: release` has its parked backends given back (a node powered
+down, an instance released): its hook is the operator's command, its wake-up a start from cold,
+which the plan counts (it also parks no sooner than a wake-up lasts), and its meter's last
+reading is not taken for what a released backend draws: nothing.
+
 Replicas. With Redis, one replica plans: the one holding the planner lease
 (PREFIX:parking:planner, renewed every round, lapsing GATEWAY_SLOT_LEASE_S after its holder
 stops). It runs the hooks, writes each backend's state to PREFIX:parking:state (url -> JSON)
@@ -415,7 +420,11 @@ class Parker:
         fleet.prefixes.forget(backend.name)
         self.metrics.child(self.metrics.parks, backend.pool).inc()
         self._record(backend, "parked", backend.parking_reason, seconds=drained_s)
-        log.info("backend %s of pool %s parked: %s", backend.name, backend.pool, self._why(backend))
+        spec = self._specs.get(backend.pool)
+        how = "released" if spec is not None and spec.mode == "release" else "parked"
+        log.info(
+            "backend %s of pool %s %s: %s", backend.name, backend.pool, how, self._why(backend)
+        )
 
     def _wake(self, backend: BackendState, reason: str, fleet: Fleet) -> None:
         parked = self._parked.pop(backend.url, None)
@@ -471,6 +480,9 @@ class Parker:
         """Keep what the meter reads of each parked backend, for the energy parking saved."""
         for backend in fleet.backends():
             parked = self._parked.get(backend.url)
+            spec = self._specs.get(backend.pool)
+            if spec is not None and spec.mode == "release":
+                continue  # given back, it draws nothing: a reading is its meter's last, stale
             if parked is not None and backend.parking == PARKED:
                 watts = self._power_w(backend)
                 if watts is not None:
@@ -478,8 +490,8 @@ class Parker:
 
     def _saved_j(self, backend: BackendState, seconds: float, readings: list[float]) -> float:
         """Return the energy a backend parked `seconds` did not draw: its pool's idle draw less
-        what its meter read while parked (nothing, if it read nothing: a process stopped, a
-        node given back)."""
+        what its meter read while parked (nothing, if it read nothing or was released: a process
+        stopped, a node powered down or given back)."""
         pool = self._policy().pools.get(backend.pool)
         if pool is None:
             return 0.0

@@ -133,3 +133,55 @@ def test_a_pool_slow_to_wake_wakes_ahead_of_rising_arrivals() -> None:
 
     # Without a wake-up time the rate now is what the pool needs; a slow wake-up sees it rise.
     assert woken(0.0) == 0 < woken(60.0)
+
+
+RELEASE = {
+    "hook": "command",
+    "mode": "release",
+    "park_command": ["/usr/local/bin/fleetctl", "release", "{name}"],
+    "wake_command": ["/usr/local/bin/fleetctl", "provision", "{name}"],
+    "wake_s": 180,
+    "hook_timeout_s": 600,
+}
+
+
+def first_wake(parking: Parking, slope: float) -> float:
+    """Return when the plan first wakes a parked GPU as arrivals ramp up, `slope` more each
+    second every second, from nothing."""
+    f = fleet()
+    for b in f.pools["gpu"].backends[1:]:
+        b.parking = PARKED
+    for _ in range(50):
+        parking.finished("gpu", 5.0)
+    arrived = 0
+    for now in itertools.count(1):
+        # Arrivals so far: the integral of slope * t, each at its own instant.
+        while (arrived + 1) <= slope * now**2 / 2:
+            arrived += 1
+            parking.arrived("gpu", (2 * arrived / slope) ** 0.5)
+        if wakes(parking.plan(f, float(now))):
+            return float(now)
+    raise AssertionError("unreachable")
+
+
+def test_a_pool_slow_to_wake_wakes_ahead_of_a_ramp_by_at_least_its_wake_up() -> None:
+    released = fleet_policy(gpu_extra={"parking": RELEASE})
+    parking = Parking.of(released)
+    assert parking.releases == {"gpu"} and parking.wake_s == {"gpu": 180}
+    # The same ramp, planned without a wake-up time, wakes when the rate now needs a backend.
+    at_once = first_wake(Parking(), slope=0.01)
+    ahead = first_wake(parking, slope=0.01)
+    assert at_once - ahead >= 180
+
+
+def test_a_released_pool_parks_no_sooner_than_its_wake_up_lasts() -> None:
+    def first_park(parking: Parking) -> float:
+        f = fleet()
+        gpus = {b.name for b in f.pools["gpu"].backends}
+        return next(t for t in range(1000) if gpus & set(parks(parking.plan(f, float(t)))))
+
+    slow = Parking.of(fleet_policy(gpu_extra={"parking": RELEASE | {"wake_s": 300}}))
+    assert first_park(Parking()) == HOLD_S
+    # Switched off sooner than a wake-up lasts, a backend needed again would cost more to
+    # bring back (its idle draw and hours over the wake-up) than it saved.
+    assert first_park(slow) == 300

@@ -144,6 +144,32 @@ ERRORS: dict[str, tuple[Edit, str]] = {
         ),
         "pools.asic: Value error, parking.min_active is 3, more than the pool's 1 backends",
     ),
+    "release through vLLM's sleep mode": (
+        lambda d: d["pools"]["gpu"].update(
+            parking={"hook": "vllm", "mode": "release", "wake_s": 0.4}
+        ),
+        "pools.gpu.parking: Value error, mode: release gives the device back, which vLLM's sleep "
+        "mode does not",
+    ),
+    "an unknown parking mode": (
+        lambda d: d["pools"]["gpu"].update(
+            parking={"hook": "vllm", "mode": "hibernate", "wake_s": 0.4}
+        ),
+        "pools.gpu.parking.mode: Input should be 'sleep' or 'release'",
+    ),
+    "a wake-up longer than a hook call may take": (
+        lambda d: d["pools"]["gpu"].update(
+            parking={
+                "hook": "command",
+                "mode": "release",
+                "wake_s": 180,
+                "park_command": ["release", "{name}"],
+                "wake_command": ["provision", "{name}"],
+            }
+        ),
+        "pools.gpu.parking: Value error, wake_s is 180 s, longer than hook_timeout_s (30 s): a "
+        "woken backend would be taken for failed before it could serve",
+    ),
     "version written as a number": (
         lambda d: d["pools"]["gpu"].update(firmware=1.10),
         "pools.gpu.firmware: Value error, write a version as a quoted string, e.g. '1.1'",
@@ -243,3 +269,9 @@ def test_each_parking_hook_is_valid_with_its_own_keys() -> None:
         }
 
     assert checked(parked) == ([], [])
+
+    def released(doc: dict) -> None:
+        parked(doc)
+        doc["pools"]["asic"]["parking"] |= {"mode": "release", "wake_s": 180, "hook_timeout_s": 600}
+
+    assert checked(released) == ([], [])

@@ -27,7 +27,7 @@ from realfleet import engine
 from realfleet.corpus import MODEL
 from realfleet.fleet import BACKENDS, models, spec
 
-SWITCH = Path(__file__).resolve().parent / "llama_switch.py"
+SWITCH = Path(__file__).resolve().parents[2] / "harness" / "server_switch.py"
 
 
 def switch(action: str, url: str, state: Path) -> None:

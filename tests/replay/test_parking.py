@@ -10,6 +10,7 @@ from gateway.policy.load import parse_policy, to_yaml
 from gateway.policy.model import Policy
 from gateway.replay.bench import benchmark, parking_targets
 from gateway.replay.strategies import strategy_for
+from gateway.replay.summary import summarize
 from gateway.replay.timeline import Replay
 from gateway.replay.trace import read_trace
 
@@ -82,3 +83,49 @@ def test_pools_serving_none_of_the_traces_models_are_left_alone(
     two = parse_policy(to_yaml(doc), "two-big.yaml")
     replay = Replay(strategy_for("learned-parked", two), read_trace(trace, limit=1500)).run()
     assert replay.moves and all(not b.startswith("gpu-70b") for _, b, *_ in replay.moves)
+
+
+def parking(policy: Policy, block: dict) -> Policy:
+    """Return the policy with the GPU pool parked through `block`."""
+    doc = policy.model_dump(mode="json", exclude_defaults=True)
+    doc["pools"]["gpu"]["parking"] = block
+    return parse_policy(to_yaml(doc), "parked.yaml")
+
+
+def test_a_released_device_draws_nothing_and_its_hours_are_not_paid(
+    policy: Policy, trace: Path
+) -> None:
+    release = {
+        "hook": "command",
+        "mode": "release",
+        "park_command": ["fleetctl", "release", "{name}"],
+        "wake_command": ["fleetctl", "provision", "{name}"],
+        "wake_s": 180,
+        "hook_timeout_s": 600,
+    }
+    requests = read_trace(trace, limit=1500)
+    replay = Replay(strategy_for("learned-parked", parking(policy, release)), requests).run()
+    spans = off_spans(replay)
+    assert spans, "the trace's head keeps far less than two GPUs busy"
+    end = max(sim.device.time for sim in replay.world.values())
+    off_s = {name: sum(min(b, end) - a for a, b in s) for name, s in spans.items()}
+    assert all(replay.released_s(name) == off_s.get(name, 0.0) for name in replay.world)
+    assert replay.parked_energy_j == 0.0  # powered down: not even a sleeping board's draw
+    # The fleet's cost pays each device's hours but for those it spent released.
+    summary = summarize(replay)
+    tokens_k = sum(p.request.output_tokens for p in replay.passages if p.served) / 1000
+    hours_usd = 0.0
+    for name, sim in replay.world.items():
+        price = replay.policy.pools[sim.state.pool].price
+        energy_usd = sim.energy_usd + sim.device.idle_energy_j * price.usd_per_kwh / 3.6e6
+        hours_usd += (sim.device.time - off_s.get(name, 0.0)) * price.usd_per_hour / 3600
+        hours_usd += energy_usd
+    assert summary["fleet_cost_usd_per_1k_tokens"] == round(hours_usd / tokens_k, 9)
+    parked = summary["parking"]
+    assert isinstance(parked, dict) and parked["released_s"] == round(sum(off_s.values()), 1)
+
+    # Put to sleep instead, the same device draws its parked power and its hours are paid.
+    sleep = {"hook": "vllm", "wake_s": 0.4}
+    asleep = Replay(strategy_for("learned-parked", parking(policy, sleep)), requests).run()
+    assert off_spans(asleep) and asleep.parked_energy_j > 0
+    assert all(asleep.released_s(name) == 0.0 for name in asleep.world)

@@ -317,6 +317,36 @@ def test_a_parked_device_draws_its_parked_power_and_serves_again_after_its_wake_
     assert job.finished_at is not None
 
 
+def test_a_released_device_draws_nothing_and_serves_again_after_its_cold_start():
+    from simulator.profile import ParkingFigures
+
+    figures = ParkingFigures(parked_w=40, wake_s=2, released_wake_s=180)
+    device = Device(0, TIMING, 4, PowerCurve(POWER), parking=figures)
+    device.advance(10.0)
+    device.park(10.0, release=True)
+    device.advance(110.0)
+    assert device.energy_j == pytest.approx(100 * 10)  # nothing drawn while released
+    assert device.power_w == 0
+    ready = device.wake(110.0)
+    assert ready == 290.0
+    with pytest.raises(RuntimeError, match="waking"):
+        device.submit(Job(CHAT, prompt_tokens=10, output_tokens=2), 289.0)
+    device.advance(290.0)
+    assert device.energy_j == pytest.approx(100 * 10 + 100 * 180)  # idle while it starts
+    # Put to sleep the next time, it draws its parked power and wakes in its sleep's time.
+    device.park(290.0)
+    device.advance(300.0)
+    assert device.energy_j == pytest.approx(100 * 10 + 100 * 180 + 40 * 10)
+    assert device.wake(300.0) == 302.0
+
+
+def test_a_device_whose_profile_gives_no_cold_start_cannot_be_released():
+    device = _device()
+    with pytest.raises(RuntimeError, match="released_wake_s"):
+        device.park(0.0, release=True)
+    assert not device.parked
+
+
 def test_a_device_with_requests_cannot_be_parked():
     device = _device()
     device.submit(Job(CHAT, prompt_tokens=10, output_tokens=50), 0.0)

@@ -7,6 +7,8 @@ looks back), and its rounds to a fifth of a second; everything else is the servi
 from __future__ import annotations
 
 import contextlib
+import json
+import subprocess
 import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -25,6 +27,7 @@ from gateway.upstream.parking import Parker, last_gpu
 from harness.gateways import GatewayServer, run_gateway
 from harness.simulators import SimulatorProcess, start_simulator
 from policies import MODEL, fleet_policy
+from realfleet.engine import free_port
 
 SLOTS = 2  # so that two requests at once need both backends (at 60% of their slots)
 CHAT_ONLY = [{"name": "chat", "match": {"models": [MODEL]}, "pools": ["gpu"]}]
@@ -143,6 +146,88 @@ def test_an_idle_backend_is_parked_and_woken_before_traffic_reaches_it(
         )
         assert metric(server, "gateway_backend_parks_total", pool="gpu") >= 1
         assert metric(server, "gateway_backend_wakeups_total", pool="gpu") >= 1
+
+
+SWITCH = Path(__file__).resolve().parents[2] / "harness" / "server_switch.py"
+
+
+def switch(action: str, url: str, state: Path) -> None:
+    subprocess.run([sys.executable, str(SWITCH), action, url, str(state)], check=True)
+
+
+def up(url: str) -> bool:
+    with contextlib.suppress(httpx.HTTPError):
+        return httpx.get(url + "/health", timeout=2).status_code == 200
+    return False
+
+
+@pytest.fixture
+def releasable(tmp_path: Path) -> Iterator[tuple[list[str], Path]]:
+    """Two GPU simulators whose processes the release hook stops and starts again."""
+    state = tmp_path / "servers"
+    state.mkdir()
+    urls = []
+    for seed in (1, 2):
+        port = free_port()
+        argv = [sys.executable, "-m", "simulator", "--profile", "gpu", "--host", "127.0.0.1"]
+        argv += ["--port", str(port), "--speed", "100", "--seed", str(seed)]
+        (state / f"{port}.json").write_text(json.dumps(argv))
+        urls.append(f"http://127.0.0.1:{port}")
+    try:
+        for url in urls:
+            switch("wake", url, state)
+        for url in urls:
+            wait_for(lambda u=url: up(u), timeout=60, message=f"{url} never served")
+        yield urls, state
+    finally:
+        for url in urls:
+            switch("park", url, state)
+
+
+def test_a_released_backend_is_given_back_and_started_again_for_returning_traffic(
+    releasable: tuple[list[str], Path], tmp_path: Path
+) -> None:
+    urls, state = releasable
+    hook = [sys.executable, str(SWITCH)]
+    release = {
+        "hook": "command",
+        "mode": "release",
+        "wake_s": 2,
+        "park_command": [*hook, "park", "{url}", str(state)],
+        "wake_command": [*hook, "wake", "{url}", str(state)],
+    }
+    policy = parked_policy(urls, release)
+    with run_gateway(policy, tmp_path, parking_commands=[sys.executable]) as server:
+        quick(server)
+        assert chat(server).status_code == 200
+        # Traffic stops: one backend is drained and given back; nothing listens on its port.
+        parked = wait_for(
+            lambda: next((u for u, s in states(server).items() if s == "parked"), None),
+            message=lambda: f"no backend released: {states(server)}",
+        )
+        assert not up(parked)
+        assert list(states(server).values()).count("") == 1
+        # Traffic returns: it is started again, and serves only once its /health answers.
+        with ThreadPoolExecutor(6) as pool:
+            answers = list(pool.map(lambda _: chat(server, 200), range(24)))
+        assert [a.status_code for a in answers] == [200] * 24
+        wait_for(
+            lambda: states(server)[parked] == "" and up(parked),
+            message=lambda: f"the released backend was not started: {states(server)}",
+        )
+        name = next(b.name for b in server.gateway.fleet.backends() if b.url == parked)
+        wait_for(
+            lambda: (
+                [e for b, e in events(server) if b == name][:4]
+                == ["drain", "parked", "wake", "ready"]
+            ),
+            message=lambda: f"events: {events(server)}",
+        )
+        # Released, it drew nothing: its pool's whole idle draw was saved, whatever its meter
+        # read last before its process went away.
+        wake = next(r for r in _event_rows(server) if r.backend == name and r.event == "wake")
+        idle_w = policy.pools["gpu"].power.idle_w
+        assert wake.seconds > 0 and wake.saved_j == pytest.approx(idle_w * wake.seconds)
 
 
 def test_a_hook_that_fails_leaves_the_backend_serving(

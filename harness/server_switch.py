@@ -1,6 +1,7 @@
-"""A parking hook for the real fleet: stop a llama-server, or start it again.
+"""A parking hook that stops a server process, or starts it again: the real fleet's llama-server
+switched off and on, or a simulator released and provisioned again.
 
-    python tests/realfleet/llama_switch.py park|wake URL STATE_DIR
+    python harness/server_switch.py park|wake URL STATE_DIR
 
 STATE_DIR holds, per backend port, `PORT.json` (the server's command line) and, while it runs,
 `PORT.pid`. `wake` starts the server in a session of its own and returns at once: the gateway
