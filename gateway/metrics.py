@@ -191,7 +191,7 @@ class GatewayMetrics:
         "Request records lost past the documented limit: the writer queue was full, or "
         "the database was unreachable and memory and the spill file were full.",
     )
-    # Records the database could not take, per table (request_records, shadow_records).
+    # Records the database could not take, per table (request_records, shadow_records, ...).
     records_buffered = gauge(
         "records_buffered",
         "Records waiting to be written after a failed insert, held in memory or on disk.",
@@ -268,6 +268,16 @@ class GatewayMetrics:
     shadow_records_dropped = counter(
         "shadow_records_dropped",
         "Shadow records lost past the documented limit (queue, memory and spill file full).",
+    )
+    draw_records_written = counter(
+        "draw_records_written",
+        "Rows of a backend's draw (its energy and time on and parked in a minute) written to "
+        "the database.",
+    )
+    draw_records_dropped = counter(
+        "draw_records_dropped",
+        "Rows of a backend's draw lost past the documented limit (queue, memory and spill file "
+        "full).",
     )
 
     # Shared state (REDIS_URL): whether this replica shares it now, and what it sees.

@@ -24,7 +24,7 @@ from gateway.costmodel.model import CostModel, OutputLengths
 from gateway.costmodel.train import RetrainSchedule
 from gateway.db.connection import connect
 from gateway.db.retention import Pruner, Windows
-from gateway.db.schema import RequestRecord, request_records
+from gateway.db.schema import BackendEnergy, RequestRecord, backend_energy, request_records
 from gateway.errors import PolicyStoreUnavailable
 from gateway.fleet.admission import Admission
 from gateway.fleet.collector import FleetCollector
@@ -43,6 +43,7 @@ from gateway.policy.sync import FileWatcher, PolicyWatcher
 from gateway.policy.tariffs import DAY_S, Rate, fixed_rates, rate_at
 from gateway.policy.versions import PolicyVersion
 from gateway.promotion.rollout import RolloutDriver
+from gateway.records.batching import BatchWriter
 from gateway.records.requests import RecordWriter
 from gateway.records.writer import WriterProcess
 from gateway.report.schedule import ReportScheduler, parse_schedule
@@ -138,6 +139,15 @@ class Gateway:
             "inserter": self.writer,
         }
         self.records = RecordWriter(self.db, self.metrics, **spill)
+        # Each backend's draw and time on and parked, a row a minute (gateway/records/draw.py).
+        self.draw_records: BatchWriter[BackendEnergy] = BatchWriter(
+            self.db,
+            backend_energy,
+            self.metrics,
+            self.metrics.draw_records_written,
+            self.metrics.draw_records_dropped,
+            **spill,
+        )
         self.meter = EnergyMeter(
             lambda: self.fleet,
             self.upstream,
@@ -147,6 +157,7 @@ class Gateway:
             load_share=self._load_share,
             on_room=self._room,
             rates=self.rate,
+            record=self.draw_records.add,
         )
         self.costmodel = CostModel(policy)
         self.learner = Learner(
@@ -356,6 +367,7 @@ class Gateway:
         await self.upstream.start()
         self.records.start()
         self.shadow_records.start()
+        self.draw_records.start()
         self.mirror.start()
         await self.meter.start()
         self.health.start()
@@ -415,6 +427,7 @@ class Gateway:
         await self.mirror.stop()
         await self.meter.stop()  # delivers the energy of what is still held, then they are written
         await self.shadow_records.stop()
+        await self.draw_records.stop()
         await self.records.stop()
         if self.writer is not None:
             await asyncio.to_thread(self.writer.close)

@@ -1,7 +1,7 @@
 """Retention: delete records past their window, a small batch at a time, on an interval.
 
-Request records and parking events (which the weekly report reads beside them) are kept
-GATEWAY_RETENTION_DAYS (30), shadow records and shadow drop counts
+Request records, and parking events and backend energy (which the weekly report reads beside
+them), are kept GATEWAY_RETENTION_DAYS (30), shadow records and shadow drop counts
 GATEWAY_SHADOW_RETENTION_DAYS (30); 0 keeps a table forever. The shadow window defaults to the
 request window for two reasons. The weekly report of the last full week, written on any day of
 the week after it, reads back to the start of its comparison week: 21 days, which also covers
@@ -39,6 +39,7 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 
 from gateway.db.schema import (
+    backend_energy,
     cost_models,
     parking_events,
     request_records,
@@ -74,6 +75,7 @@ class Windows:
         return {
             request_records: self.request_days,
             parking_events: self.request_days,
+            backend_energy: self.request_days,
             shadow_records: self.shadow_days,
             shadow_drops: self.shadow_days,
         }

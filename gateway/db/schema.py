@@ -354,3 +354,30 @@ class ParkingEvent:
 
 
 parking_events = table("parking_events", ParkingEvent)
+
+
+@dataclass(slots=True)
+class BackendEnergy:
+    """One backend's draw over (part of) a minute: the energy its meter read, idle included,
+    and the time it was on and parked (gateway/records/draw.py). The fleet's energy and
+    device-hours over any period are sums of these rows."""
+
+    ts: float = field(metadata=column(index=True, comment="Start of the minute, Unix seconds."))
+    pool: str = field(metadata=column(width=64))
+    backend: str = field(metadata=column(width=64))
+    on_s: float = field(metadata=column(comment="Seconds in service, draining or waking."))
+    parked_s: float = field(metadata=column(comment="Seconds parked."))
+    energy_j: float = field(
+        metadata=column(comment="Energy the backend drew, idle included: its meter's reading.")
+    )
+    estimated_j: float = field(
+        metadata=column(
+            comment="Of energy_j, the part estimated from nominal figures (no meter reading)."
+        )
+    )
+
+    def row(self) -> dict[str, Any]:
+        return row_of(self)
+
+
+backend_energy = table("backend_energy", BackendEnergy)

@@ -89,6 +89,14 @@ def admin_router(gateway: Gateway) -> APIRouter:
         """Every pool and backend now: health, slots, queue, power, energy today, model error."""
         return await asyncio.to_thread(views.fleet, gateway, time.time())
 
+    @router.get("/fleet/energy")
+    async def fleet_energy(window: Literal["hour", "day"] = "day") -> dict[str, Any]:
+        """The fleet's energy (idle included), cost (device-hours and energy) and carbon over
+        the last hour or day, per pool, against the window before."""
+        return await asyncio.to_thread(
+            views.fleet_energy, gateway.db, gateway.policy, time.time(), views.WINDOWS[window]
+        )
+
     @router.get("/parking")
     async def parking(window: Literal["hour", "day"] = "day") -> dict[str, Any]:
         """Parking over the last hour or day: per pool, backends on and parked over time,

@@ -1,5 +1,5 @@
-"""What the console shows, read for the admin API: the fleet now and its parking over a window,
-traffic over a window, and sampled shadow pairs with where they part.
+"""What the console shows, read for the admin API: the fleet now, its energy, cost and carbon and
+its parking over a window, traffic over a window, and sampled shadow pairs with where they part.
 
 Each view is plain data (JSON), so the console is one client of the admin API among others.
 """
@@ -18,10 +18,11 @@ from gateway.compare.measures import MEASURES, WORD
 from gateway.db.schema import request_records, shadow_records
 from gateway.policy.model import Policy
 from gateway.policy.tariffs import DAY_S
+from gateway.records.draw import MINUTE_S
 from gateway.records.slo import judged_on, record_meets_slo
-from gateway.report.numbers import parking_numbers
+from gateway.report.numbers import fleet_headline, parking_numbers
 from gateway.report.period import Period
-from gateway.report.records import read_parking
+from gateway.report.records import read_draw, read_parking
 from gateway.routing.explain import hardware, parking
 from gateway.stats import percentile
 
@@ -84,6 +85,28 @@ def fleet(gateway: Gateway, now: float) -> list[dict[str, Any]]:
             }
         )
     return pools
+
+
+def fleet_energy(db: sa.Engine, policy: Policy, now: float, window_s: float) -> dict[str, Any]:
+    """The fleet's energy (idle included), cost (device-hours and energy) and carbon over the
+    last `window_s` of whole minutes, against the window before: the weekly report's headline
+    (gateway/report/numbers.py)."""
+    until = math.floor(now / MINUTE_S) * MINUTE_S  # a minute's draw is written once it ends
+    period = Period(until - window_s, until, f"the last {window_s / 3600:g} h")
+    previous = period.previous()
+    r = request_records.c
+    count = sa.select(sa.func.count()).select_from(request_records)
+    with db.connect() as conn:
+        requests, before = (
+            int(conn.execute(count.where(r.ts >= p.since, r.ts < p.until)).scalar_one())
+            for p in (period, previous)
+        )
+    draw = read_draw(db, previous.since, period.until)
+    return {
+        "since": period.since,
+        "until": period.until,
+        **fleet_headline(draw, requests, before, policy, period),
+    }
 
 
 def parking_history(db: sa.Engine, policy: Policy, now: float, window_s: float) -> dict[str, Any]:

@@ -96,20 +96,24 @@ class BackendLedger:
         self.measured_until = -math.inf
         self.power_w: float | None = None  # the draw between the last two readings
 
-    def reading(self, t: float, counter_j: float, share: float = 1.0) -> None:
-        """Take a reading of the cumulative energy counter at time t.
+    def reading(self, t: float, counter_j: float, share: float = 1.0) -> Interval | None:
+        """Take a reading of the cumulative energy counter at time t; return the interval it
+        closes, if any.
 
         `share` is the part of the backend's load that this replica's requests were at t
         (1 for a single gateway); an interval gets the mean of its two ends.
         """
+        interval = None
         if self._reading is not None:
             t0, c0, share0 = self._reading
             if t > t0 and counter_j >= c0:  # a counter reset loses one interval, nothing more
-                self._intervals.append(Interval(t0, t, counter_j - c0, (share0 + share) / 2))
+                interval = Interval(t0, t, counter_j - c0, (share0 + share) / 2)
+                self._intervals.append(interval)
                 self.power_w = (counter_j - c0) / (t - t0)
                 self._idle_floor(counter_j - c0, t - t0, t0, t)
         self._reading = (t, counter_j, share)
         self.measured_until = t
+        return interval
 
     def restart(self) -> None:
         """Forget the last reading: the device was switched off since (parked), and what it

@@ -1,7 +1,8 @@
 """The report's numbers: pure folds of a period's rows into plain values.
 
-Rows are dictionaries with the columns of request_records, shadow_records and shadow_drops (as
-gateway/report/records.py reads them) and the stored precision checks' results, so the numbers
+Rows are dictionaries with the columns of request_records, shadow_records, shadow_drops,
+parking_events and backend_energy (as gateway/report/records.py reads them) and the stored
+precision checks' results, so the numbers
 can be checked against rows built by hand. Values that could not be measured are None, never
 zero.
 """
@@ -17,7 +18,9 @@ from typing import Any
 from gateway.compare.measures import MEASURES
 from gateway.costmodel.model import Prediction
 from gateway.policy.model import Policy
+from gateway.policy.tariffs import DAY_S, rate_at
 from gateway.promotion.judge import Criteria
+from gateway.records.draw import MINUTE_S
 from gateway.records.slo import record_meets_slo
 from gateway.report.period import Period
 from gateway.shadow.sample import CANDIDATE, NOISE
@@ -54,11 +57,13 @@ def build(
     verdicts_before: Verdicts,
     checks: Sequence[Mapping[str, Any]] = (),
     parking: Sequence[Row] = (),
+    draw: Sequence[Row] = (),
 ) -> dict[str, Any]:
     """Fold the rows of the period (and the history before it) into the report's numbers.
 
     `parking` is every parking event up to the period's end (a backend parked before it began
-    is parked at its start).
+    is parked at its start); `draw` the backends' energy and time (backend_energy) of the
+    period and the one before.
 
     `verdicts` and `verdicts_before` are the judge's under `rules` at the end of the period and
     of the one before; `checks` are each pool's newest precision check by the end of the period.
@@ -101,6 +106,9 @@ def build(
         "previous_period": previous.as_dict(),
         "generated_at": datetime.fromtimestamp(now, UTC).isoformat().replace("+00:00", "Z"),
         "fleet": {
+            "headline": fleet_headline(
+                draw, len(this_requests), len(before_requests), policy, period
+            ),
             **fleet,
             "slo": slo_attainment(this_requests, policy),
             "cost_model": cost_model_error(this_requests, cost_model),
@@ -209,6 +217,121 @@ def _within(rows: Iterable[Row], period: Period) -> list[Row]:
 
 
 # Fleet -------------------------------------------------------------------------------------
+
+# What the headline compares with the previous period.
+HEADLINE_CHANGES = (
+    "energy_j",
+    "energy_j_per_request",
+    "cost_usd",
+    "cost_usd_per_request",
+    "carbon_g",
+    "device_hours",
+)
+
+
+def fleet_headline(
+    draw: Sequence[Row],
+    requests: int,
+    requests_before: int,
+    policy: Policy,
+    period: Period,
+) -> dict[str, Any]:
+    """Return the fleet's energy, cost and carbon over the period (`fleet_draw`), with how far
+    each moved from the period before. The weekly report and the console's fleet page lead with
+    it."""
+    now = fleet_draw(_within(draw, period), requests, policy, period)
+    previous = period.previous()
+    before = fleet_draw(_within(draw, previous), requests_before, policy, previous)
+    return {**now, "change": {name: _delta(now[name], before[name]) for name in HEADLINE_CHANGES}}
+
+
+def fleet_draw(
+    draw: Sequence[Row], requests: int, policy: Policy, period: Period
+) -> dict[str, Any]:
+    """Fold the backends' minutes (backend_energy) into the fleet's energy, cost and carbon.
+
+    - Energy is every joule the backends drew, idle included, parked too: what their meters
+      read, or estimated from nominal figures where none read (`estimated_j` says how much).
+    - Device-hours are each backend's time on and parked: a parked device's hours are paid as
+      its pool's `usd_per_hour` says, as the routing benchmark counts them.
+    - Cost is the device-hours at `usd_per_hour` plus each minute's energy at the electricity
+      price in force on its pool then (its tariff's window, else its `price`); carbon likewise at
+      the carbon intensity, and None when the policy gives none. A pool the policy no longer
+      has is counted in energy and hours, not in cost or carbon.
+
+    Several replicas each record every backend they meter: a backend's minute counts at most
+    once, its rows scaled to the minute's length when together they cover more of it.
+    """
+    minutes: dict[tuple[float, str, str], list[float]] = {}
+    for r in draw:
+        figures = minutes.setdefault((r["ts"], r["pool"], r["backend"]), [0.0] * 4)
+        figures[0] += r["on_s"]
+        figures[1] += r["parked_s"]
+        figures[2] += r["energy_j"]
+        figures[3] += r["estimated_j"]
+    carbon_known = any(
+        spec.price.g_co2_per_kwh > 0
+        or any(w.g_co2_per_kwh > 0 for w in policy.tariffs.get(spec.tariff or "", ()))
+        for spec in policy.pools.values()
+    )
+    pools: dict[str, dict[str, Any]] = {}
+    for (ts, pool, backend), (on_s, parked_s, energy_j, estimated_j) in sorted(minutes.items()):
+        covered = on_s + parked_s
+        scale = min(1.0, MINUTE_S / covered) if covered > 0 else 1.0
+        p = pools.setdefault(
+            pool,
+            {
+                "pool": pool,
+                "backends": set(),
+                "energy_j": 0.0,
+                "estimated_j": 0.0,
+                "on_hours": 0.0,
+                "parked_hours": 0.0,
+                "energy_usd": 0.0 if pool in policy.pools else None,
+                "carbon_g": 0.0 if pool in policy.pools and carbon_known else None,
+            },
+        )
+        p["backends"].add(backend)
+        p["energy_j"] += energy_j * scale
+        p["estimated_j"] += estimated_j * scale
+        p["on_hours"] += on_s * scale / 3600
+        p["parked_hours"] += parked_s * scale / 3600
+        if p["energy_usd"] is not None:
+            rate = rate_at(policy, pool, ts % DAY_S)
+            p["energy_usd"] += energy_j * scale * rate.usd_per_j
+            if p["carbon_g"] is not None:
+                p["carbon_g"] += energy_j * scale * rate.g_co2_per_j
+    rows = []
+    for p in pools.values():
+        hours = p["on_hours"] + p["parked_hours"]
+        spec = policy.pools.get(p["pool"])
+        p["backends"] = len(p["backends"])
+        p["device_hours"] = hours
+        p["hours_usd"] = None if spec is None else hours * spec.price.usd_per_hour
+        p["cost_usd"] = None if spec is None else p["hours_usd"] + p["energy_usd"]
+        rows.append(p)
+    recorded = {ts for ts, _, _ in minutes}
+    energy = math.fsum(p["energy_j"] for p in rows) if rows else None
+    cost = total(rows, "cost_usd")
+    carbon = total(rows, "carbon_g")
+    return {
+        "energy_j": energy,
+        "estimated_j": total(rows, "estimated_j"),
+        "energy_j_per_request": None if energy is None or not requests else energy / requests,
+        "device_hours": total(rows, "device_hours"),
+        "on_hours": total(rows, "on_hours"),
+        "parked_hours": total(rows, "parked_hours"),
+        "hours_usd": total(rows, "hours_usd"),
+        "energy_usd": total(rows, "energy_usd"),
+        "cost_usd": cost,
+        "cost_usd_per_request": None if cost is None or not requests else cost / requests,
+        "carbon_g": carbon,
+        "carbon_g_per_request": None if carbon is None or not requests else carbon / requests,
+        "requests": requests,
+        # The share of the period's minutes some backend's draw was recorded in.
+        "recorded_share": min(1.0, len(recorded) * MINUTE_S / (period.until - period.since)),
+        "pools": sorted(rows, key=lambda p: p["pool"]),
+    }
 
 
 def _tokens(r: Row) -> int | None:

@@ -2,7 +2,8 @@
 
 `collect` is the one edge of the report that reads: request records, shadow records (with the
 primary's measured energy and cost where the copy carries none), shadow drops, the newest cost
-model, the stored verdicts and precision checks, and parking events. The judge
+model, the stored verdicts and precision checks, parking events, and each backend's energy and
+time on and parked (backend_energy). The judge
 (gateway/report/verdicts.py) and the pure folds (gateway/report/numbers.py) make the report's
 numbers of them.
 """
@@ -15,7 +16,13 @@ from typing import Any
 import sqlalchemy as sa
 
 from gateway.costmodel.model import CostModel
-from gateway.db.schema import cost_models, parking_events, request_records, shadow_drops
+from gateway.db.schema import (
+    backend_energy,
+    cost_models,
+    parking_events,
+    request_records,
+    shadow_drops,
+)
 from gateway.policy.model import Policy
 from gateway.promotion import evidence
 from gateway.promotion.precision import results
@@ -77,6 +84,7 @@ def collect(
         verdicts_before=judge_rows(shadows, policy, previous.until),
         checks=results.newest(db, until=period.until),
         parking=read_parking(db, period.until),
+        draw=read_draw(db, previous.since, period.until),
     )
 
 
@@ -99,6 +107,14 @@ def read_parking(db: sa.Engine, until: float) -> list[dict[str, Any]]:
     query = sa.select(parking_events).where(parking_events.c.ts < until)
     with db.connect() as conn:
         return [dict(r._mapping) for r in conn.execute(query)]
+
+
+def read_draw(db: sa.Engine, since: float, until: float) -> list[dict[str, Any]]:
+    """Read the backends' minutes (energy, time on and parked) from `since` to `until`."""
+    e = backend_energy.c
+    query = sa.select(e.ts, e.pool, e.backend, e.on_s, e.parked_s, e.energy_j, e.estimated_j)
+    with db.connect() as conn:
+        return [dict(r._mapping) for r in conn.execute(query.where(e.ts >= since, e.ts < until))]
 
 
 def _read_cost_model(db: sa.Engine, until: float) -> dict[str, Any] | None:

@@ -96,6 +96,8 @@ def signed(value: float | None, kind: str = "number") -> str:
         return f"{value * 100:+.1f} pts"
     if kind == "usd":
         return ("+" if value >= 0 else "−") + usd(abs(value))
+    if kind in UNITS:
+        return ("+" if value >= 0 else "−") + UNITS[kind](abs(value))
     return ("+" if value >= 0 else "−") + number(abs(value))
 
 
@@ -116,6 +118,24 @@ def joules(value: float | None) -> str:
     return f"{value:,.0f} J" if abs(value) >= 100 else f"{value:.3g} J"
 
 
+def energy(value: float | None) -> str:
+    """Format a fleet's energy: in kWh from a tenth of one, in joules below."""
+    if value is None or abs(value) < 360_000:
+        return joules(value)
+    return f"{value / 3.6e6:,.1f} kWh" if abs(value) >= 3.6e7 else f"{value / 3.6e6:.3g} kWh"
+
+
+def grams(value: float | None) -> str:
+    """Format carbon in grams of CO2, in kilograms from one."""
+    if value is None:
+        return "–"
+    return f"{value / 1000:,.3g} kg CO₂" if abs(value) >= 1000 else f"{value:.3g} g CO₂"
+
+
+def hours(value: float | None) -> str:
+    return "–" if value is None else f"{number(value)} h"
+
+
 def when(ts: float | None) -> str:
     """Format Unix seconds as a UTC time to the minute."""
     if ts is None:
@@ -123,8 +143,22 @@ def when(ts: float | None) -> str:
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
+# The units a change may be written in, beside number, percent and usd.
+UNITS = {"energy": energy, "joules": joules, "grams": grams, "hours": hours}
+FORMATS = {"usd": usd, **UNITS}
+
+
+def fmt(value: float | None, unit: str) -> str:
+    """Format a value in a unit named in FORMATS."""
+    return FORMATS[unit](value)
+
+
 FILTERS = {
+    "fmt": fmt,
     "when": when,
+    "energy": energy,
+    "grams": grams,
+    "hours": hours,
     "number": number,
     "percent": percent,
     "per_k": per_k,
@@ -149,6 +183,7 @@ def html(report: Mapping[str, Any], svgs: Mapping[str, str]) -> str:
     )
     env.filters.update(FILTERS)
     env.globals["chart_id"] = chart_id
+    env.globals["headline"] = HEADLINE
     return env.get_template("report.html.j2").render(
         report=report, svgs={k: jinja2.filters.Markup(v) for k, v in svgs.items()}
     )
@@ -182,13 +217,14 @@ def markdown(report: Mapping[str, Any]) -> str:
             f"- **{c['route']} → {c['candidate']}**: {said} Projected weekly saving if promoted: "
             f"{usd(saved)}."
         )
+    lines += ["", "## Fleet", "", *_headline_markdown(fleet["headline"])]
     lines += [
         "",
-        "## Fleet",
-        "",
-        f"{number(fleet['requests'])} requests ({signed(fleet['change']['requests']['change'])} "
-        f"on the previous period), {number(fleet['errors'])} errors, "
-        f"{joules(fleet['energy_j'])}, {usd(fleet['cost_usd'])}.",
+        "Attributed to requests (a diagnostic: each request's share of its backend's draw while "
+        f"it ran, its slot time at the hourly price): {number(fleet['requests'])} requests "
+        f"({signed(fleet['change']['requests']['change'])} on the previous period), "
+        f"{number(fleet['errors'])} errors, {joules(fleet['energy_j'])}, "
+        f"{usd(fleet['cost_usd'])}.",
         "",
         _row("pool", "requests", "errors", "energy", "J / 1k tokens", "cost", "USD / 1k tokens"),
         _row(*["---"] * 7),
@@ -242,6 +278,58 @@ def markdown(report: Mapping[str, Any]) -> str:
     for c in report["candidates"]:
         lines += ["", *_candidate_markdown(c)]
     return "\n".join(lines) + "\n"
+
+
+# The headline's figures: title, key, and the unit its value and change are written in.
+HEADLINE = (
+    ("fleet energy, idle included", "energy_j", "energy"),
+    ("energy per request", "energy_j_per_request", "joules"),
+    ("fleet cost, device-hours and energy", "cost_usd", "usd"),
+    ("cost per request", "cost_usd_per_request", "usd"),
+    ("fleet carbon", "carbon_g", "grams"),
+    ("device-hours, on and parked", "device_hours", "hours"),
+)
+
+
+def _headline_markdown(headline: Mapping[str, Any]) -> list[str]:
+    """The fleet's energy, cost and carbon against the previous period, then per pool."""
+    lines = [
+        _row("fleet", "this period", "previous", "change"),
+        _row(*["---"] * 4),
+    ]
+    for title, key, unit in HEADLINE:
+        moved = headline["change"][key]
+        lines.append(
+            _row(
+                title,
+                FORMATS[unit](headline[key]),
+                FORMATS[unit](moved["previous"]),
+                signed(moved["change"], unit),
+            )
+        )
+    lines += [
+        "",
+        f"Energy estimated from nominal figures: {energy(headline['estimated_j'])}; "
+        f"{hours(headline['on_hours'])} on, {hours(headline['parked_hours'])} parked; "
+        f"draw recorded in {percent(headline['recorded_share'])} of the period.",
+        "",
+        _row("pool", "backends", "energy", "estimated", "on", "parked", "cost", "carbon"),
+        _row(*["---"] * 8),
+    ]
+    for p in headline["pools"]:
+        lines.append(
+            _row(
+                p["pool"],
+                number(p["backends"]),
+                energy(p["energy_j"]),
+                energy(p["estimated_j"]),
+                hours(p["on_hours"]),
+                hours(p["parked_hours"]),
+                usd(p["cost_usd"]),
+                grams(p["carbon_g"]),
+            )
+        )
+    return lines
 
 
 def _parking_markdown(parking: Mapping[str, Any]) -> list[str]:

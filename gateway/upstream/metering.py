@@ -4,7 +4,10 @@ The edge around gateway/records/energy.py. Every interval it reads each metered 
 endpoint, feeds the readings and the spans of requests (and of shadow copies, which are counted
 in pool energy too) to that backend's ledger, and delivers each one's energy and cost once known.
 Pools that report no power (or whose scrapes keep failing) get an estimate from the capability
-matrix's nominal figures, and their records say so (`energy_estimated`).
+matrix's nominal figures, and their records say so (`energy_estimated`). Every reading also
+counts whole for its backend, idle included, beside the time the backend was on and parked
+(gateway/records/draw.py): the fleet's energy and device-hours, handed to `record` a minute at a
+time.
 
 The same round reads the load series of pools that name their serving `engine`
 (gateway/upstream/engines.py): requests the engine runs or queues beyond the gateway's own take
@@ -19,14 +22,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from gateway.db.schema import BackendEnergy
+from gateway.fleet.parking import PARKED
 from gateway.fleet.state import BackendState, Fleet
 from gateway.metrics import GatewayMetrics
 from gateway.policy.model import Pool
 from gateway.policy.tariffs import Rate, Rates, own_rate
+from gateway.records.draw import FleetDraw, Seen
 from gateway.records.energy import BackendLedger, Span
 from gateway.upstream import engines, exposition
 from gateway.upstream.client import Upstream
@@ -77,7 +84,13 @@ class EnergyMeter:
         load_share: Callable[[str], float] = lambda url: 1.0,
         on_room: Callable[[str], None] = lambda pool: None,
         rates: Rates | None = None,
+        wall: Callable[[], float] = time.time,
+        record: Callable[[BackendEnergy], None] = lambda row: None,
     ):
+        # The fleet's draw per backend and minute, on the wall clock, for `record`.
+        self.draw = FleetDraw()
+        self._wall = wall
+        self._record = record
         # What each pool's electricity costs now (its tariff's window), for the records' cost.
         self._rates = rates
         self._fleet = fleet
@@ -160,6 +173,12 @@ class EnergyMeter:
             pending.deliver(None, None, True)
             return
         energy_j, device_s = nominal_energy(pool, seconds, pending.concurrent)
+        if not self._metered(pending.backend):
+            # Its idle share the draw already estimates by time.
+            above_idle = max(0.0, energy_j - pool.power.idle_w * device_s)
+            self.draw.estimated(
+                pending.backend.pool, pending.backend.name, self._wall(), above_idle
+            )
         rate = self._rate(pending.backend.pool, pool)
         pending.deliver(energy_j, cost_usd(pool, energy_j, device_s, rate), True)
 
@@ -183,6 +202,7 @@ class EnergyMeter:
         """Read every metered backend's energy counter and every engine's load; release the
         records now known, and wake the queues of pools whose engines have room again."""
         fleet = self._fleet()
+        offset = self._wall() - self._clock()  # from the meter's clock to the wall's
         power = [
             (backend, pool.spec)
             for pool in fleet.pools.values()
@@ -216,9 +236,18 @@ class EnergyMeter:
                 continue
             self._failures[backend.url] = 0
             ledger = self._ledgers.setdefault(backend.url, BackendLedger(pool.power.idle_w))
-            ledger.reading(now, counter / 1000.0, self._load_share(backend.url))  # mJ
+            interval = ledger.reading(now, counter / 1000.0, self._load_share(backend.url))  # mJ
+            if interval is not None:
+                self.draw.measured(
+                    backend.pool,
+                    backend.name,
+                    interval.t0 + offset,
+                    interval.t1 + offset,
+                    interval.energy_j,
+                )
             for span in ledger.settle():
                 self._release(span)
+        self._count_draw(fleet, offset)
         roomier: set[str] = set()
         for state in fleet.pools.values():
             if state.spec.engine is None:  # a reload took its engine away: its figures go too
@@ -258,6 +287,34 @@ class EnergyMeter:
                 roomier.add(backend.pool)
         for pool_name in roomier:
             self._on_room(pool_name)
+
+    def _count_draw(self, fleet: Fleet, offset: float) -> None:
+        """Count every backend's time up to now, and hand over the minutes that have ended."""
+        now = self._clock() + offset
+        seen = []
+        for pool in fleet.pools.values():
+            for backend in pool.backends:
+                ledger = self._ledgers.get(backend.url)
+                metered = ledger is not None and self._metered(backend)
+                seen.append(
+                    Seen(
+                        backend.pool,
+                        backend.name,
+                        backend.parking == PARKED,
+                        pool.spec.power.idle_w,
+                        ledger.measured_until + offset if ledger is not None and metered else None,
+                    )
+                )
+        self.draw.round(now, seen)
+        self._hand_over(now)
+
+    def _hand_over(self, before: float = math.inf) -> None:
+        for m in self.draw.take(before):
+            self._record(
+                BackendEnergy(
+                    m.ts, m.pool, m.backend, m.on_s, m.parked_s, m.energy_j, m.estimated_j
+                )
+            )
 
     def _scrape_failed(self, url: str) -> None:
         failures = self._failures.get(url, 0) + 1
@@ -310,6 +367,7 @@ class EnergyMeter:
             self._estimate_all(url)
         for key in list(self._pending):
             self._estimate(self._pending.pop(key), 0.0)
+        self._hand_over()
 
     async def _run(self) -> None:
         while True:

@@ -17,7 +17,9 @@ from waiting import until, wait_for
 from gateway.db.connection import connect
 from gateway.db.retention import Pruner, Windows, prune
 from gateway.db.schema import (
+    BackendEnergy,
     ParkingEvent,
+    backend_energy,
     cost_models,
     parking_events,
     request_records,
@@ -66,6 +68,10 @@ def test_deletes_exactly_the_rows_past_each_tables_window(db: sa.Engine) -> None
             parking_events.insert(),
             [ParkingEvent(NOW - a * DAY, "gpu", f"age-{a:g}", "wake", "").row() for a in ages],
         )
+        conn.execute(
+            backend_energy.insert(),
+            [BackendEnergy(NOW - a * DAY, "gpu", f"age-{a:g}", 60, 0, 1, 0).row() for a in ages],
+        )
 
     deleted = prune(db, Windows(request_days=30, shadow_days=10), NOW)
 
@@ -74,11 +80,15 @@ def test_deletes_exactly_the_rows_past_each_tables_window(db: sa.Engine) -> None
     with db.connect() as conn:
         parked = sorted(conn.execute(sa.select(parking_events.c.backend)).scalars())
     assert parked == routes(30, 29.9, 10.5, 9.5, 1, 0)  # kept as long as request records
+    with db.connect() as conn:
+        drawn = sorted(conn.execute(sa.select(backend_energy.c.backend)).scalars())
+    assert drawn == routes(30, 29.9, 10.5, 9.5, 1, 0)  # and the backends' draw too
     for table in (shadow_records, shadow_drops):
         assert kept(db, table) == routes(9.5, 1, 0)
     assert deleted == {
         "request_records": 2,
         "parking_events": 2,
+        "backend_energy": 2,
         "shadow_records": 5,
         "shadow_drops": 5,
         "cost_models": 0,
@@ -91,8 +101,14 @@ def test_deletes_in_batches_of_at_most_batch_rows(db: sa.Engine) -> None:
 
     deleted = prune(db, Windows(request_days=30, shadow_days=0), NOW, batch_rows=10)
 
-    assert batches == [10, 10, 5, 0, 0]  # then parking events, none stored (nor cost models)
-    assert deleted == {"request_records": 25, "parking_events": 0, "cost_models": 0}
+    # Then parking events and backend energy, none stored (nor cost models).
+    assert batches == [10, 10, 5, 0, 0, 0]
+    assert deleted == {
+        "request_records": 25,
+        "parking_events": 0,
+        "backend_energy": 0,
+        "cost_models": 0,
+    }
     assert kept(db, request_records) == ["age-1"] * 3
 
 
@@ -157,8 +173,13 @@ def test_a_stopped_round_ends_after_the_batch_it_is_on(db: sa.Engine) -> None:
 
     deleted = prune(db, Windows(30, 0), NOW, batch_rows=10, stopping=stopping)
 
-    # Neither parking events nor cost models begun.
-    assert deleted == {"request_records": 10, "parking_events": 0, "cost_models": 0}
+    # Neither parking events, backend energy nor cost models begun.
+    assert deleted == {
+        "request_records": 10,
+        "parking_events": 0,
+        "backend_energy": 0,
+        "cost_models": 0,
+    }
     assert len(kept(db, request_records)) == 15
 
 

@@ -4,9 +4,11 @@ rollback, with nothing loaded from another origin."""
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -14,6 +16,7 @@ from urllib.parse import urlsplit
 import pytest
 from shadowworld import serve, shadow_policy
 
+from gateway.db.schema import BackendEnergy, backend_energy
 from harness.gateways import GatewayServer, run_gateway
 
 TOKEN = "s3cret-admin-token"
@@ -84,11 +87,28 @@ def test_an_operator_reads_the_fleet_edits_the_policy_and_rolls_back(
     gateway: GatewayServer, page: Page
 ) -> None:
     base = gateway.url
+    # Half an hour of a GPU on at 200 W, well inside the last day.
+    until = math.floor(time.time() / 60) * 60
+    with gateway.gateway.db.begin() as conn:
+        conn.execute(
+            backend_energy.insert(),
+            [
+                BackendEnergy(until - 7200 + 60 * m, "gpu", "gpu-0", 60, 0, 12_000, 0).row()
+                for m in range(30)
+            ],
+        )
     sign_in(page, base, TOKEN)
     assert "Bearer" not in page.url and TOKEN not in page.url
 
-    # Fleet: every pool, its backends healthy, the CIM part shadow-only.
+    # Fleet: led by the fleet's energy, idle included, cost and carbon over the last day.
     expect(page.locator("#view h2")).to_have_text("Fleet")
+    expect(page.locator("#view table").first).to_have_attribute("id", "fleet-headline")
+    headline = page.locator("#fleet-headline tbody tr")
+    expect(headline.first.locator("td")).to_have_text(
+        ["fleet energy, idle included", "0.100 kWh", "–", "–"]
+    )
+    expect(headline.nth(4).locator("td").first).to_have_text("fleet carbon")
+    # Then every pool, its backends healthy, the CIM part shadow-only.
     fleet = page.locator("#view table")
     expect(fleet.locator("tr.pool td:first-child")).to_have_text(["gpu", "asic", "cim"])
     expect(fleet.locator("tr.pool").nth(2)).to_contain_text("cim (shadow-only)")

@@ -3,13 +3,17 @@ filled by real traffic through the gateway and the simulators."""
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import time
 from pathlib import Path
 
-from rows import shadow_record
+import pytest
+from rows import request_record, shadow_record
 from shadowworld import serve, shadow_policy
 
 from gateway.compare.measures import MEASURES
-from gateway.db.schema import shadow_records
+from gateway.db.schema import BackendEnergy, backend_energy, request_records, shadow_records
 from gateway.policy.load import to_yaml
 from harness.gateways import run_gateway
 from harness.metrics import metric_value
@@ -177,3 +181,42 @@ def test_advancing_rollouts_now_moves_only_a_step_that_is_due(sims, tmp_path: Pa
     (rollout,) = rollouts
     assert (rollout["route"], rollout["candidate"], rollout["state"]) == ("chat", "cim", "rolling")
     assert rollout["weight"] > 0
+
+
+def draw_minutes(until: float) -> list[dict]:
+    """Half an hour of the GPU on at 200 W in the last hour, ten minutes the hour before; ten
+    minutes' margin at each edge, so a minute passing while the test runs changes nothing."""
+    rows = [
+        BackendEnergy(until - 3000 + 60 * m, "gpu", "gpu-0", 60.0, 0.0, 60 * 200.0, 0.0).row()
+        for m in range(30)
+    ]
+    rows += [
+        BackendEnergy(until - 6600 + 60 * m, "gpu", "gpu-0", 60.0, 0.0, 60 * 200.0, 0.0).row()
+        for m in range(10)
+    ]
+    return rows
+
+
+def test_fleet_energy_is_the_reports_headline_over_the_last_hour(tmp_path: Path) -> None:
+    far = fleet_policy()  # no backend answers: only the rows stored here count
+    # A scrape round an hour apart: the gateway's own draw ends no minute while the test runs.
+    with run_gateway(far, tmp_path, admin_token=TOKEN, power_scrape_interval_s=3600) as gw:
+        until = math.floor(time.time() / 60) * 60
+        requests = [dataclasses.replace(request_record(n), ts=until - 1800 + n) for n in range(4)]
+        with gw.gateway.db.begin() as conn:
+            conn.execute(backend_energy.insert(), draw_minutes(until))
+            conn.execute(request_records.insert(), [r.row() for r in requests])
+        with gw.http() as http:
+            hour = http.get("/admin/fleet/energy", params={"window": "hour"}, headers=AUTH).json()
+            week = http.get("/admin/fleet/energy", params={"window": "week"}, headers=AUTH)
+    energy = 1800 * 200.0
+    assert hour["energy_j"] == pytest.approx(energy)
+    assert hour["energy_j_per_request"] == pytest.approx(energy / 4)
+    assert hour["device_hours"] == pytest.approx(0.5)
+    # fleet_policy's GPU: $2.50 an hour, $0.12 per kWh, no carbon intensity.
+    assert hour["cost_usd"] == pytest.approx(0.5 * 2.5 + energy * 0.12 / 3.6e6)
+    assert hour["carbon_g"] is None
+    assert hour["change"]["energy_j"] == {"previous": 600 * 200.0, "change": energy - 120_000}
+    assert hour["change"]["energy_j_per_request"]["previous"] is None  # no request then
+    assert [p["pool"] for p in hour["pools"]] == ["gpu"]
+    assert week.status_code == 400

@@ -13,6 +13,9 @@ from gateway.costmodel.model import CostModel
 from gateway.db.connection import connect
 from gateway.promotion.evidence import evaluate
 from gateway.report import generate
+from gateway.report.numbers import fleet_draw, fleet_headline
+from gateway.report.period import Period
+from policies import fleet_policy
 
 
 @pytest.fixture
@@ -275,3 +278,94 @@ def test_parking_shows_backends_on_and_parked_by_day_wake_ups_and_energy_saved(
     markdown = (tmp_path / "report.md").read_text()
     assert "## Parking" in markdown and "gpu/gpu-1: forecast 30.0" in markdown
     assert "Wake-ups (1" in (tmp_path / "report.html").read_text()
+
+
+# The fleet's headline -----------------------------------------------------------------------
+
+
+def test_the_fleet_leads_with_energy_idle_included_and_cost_as_device_hours_plus_energy(
+    written,
+) -> None:
+    """A week of each day an hour of the GPU on at 150 W, the ASIC parked at 5 W, the CIM part
+    estimated at its idle draw (reportworld.draw_rows), priced by policies/default.yaml."""
+    world, report, _ = written
+    headline = report["fleet"]["headline"]
+    kwh = 0.12 / 3.6e6  # USD per joule
+    gpu, asic, cim = 7 * 3600 * 150.0, 7 * 3600 * 5.0, 7 * 3600 * 8.0
+    assert headline["energy_j"] == pytest.approx(gpu + asic + cim)
+    assert headline["energy_j"] == pytest.approx(
+        sum(r["energy_j"] for r in in_week(world, world.draw))
+    )
+    assert headline["estimated_j"] == pytest.approx(cim)
+    assert headline["energy_j_per_request"] == pytest.approx((gpu + asic + cim) / 60)
+    assert (headline["on_hours"], headline["parked_hours"]) == pytest.approx((14.0, 7.0))
+    assert headline["device_hours"] == pytest.approx(21.0)
+    hours_usd = 7 * 2.50 + 7 * 0.60 + 7 * 0.20  # a parked device's hours are paid
+    assert headline["hours_usd"] == pytest.approx(hours_usd)
+    assert headline["cost_usd"] == pytest.approx(hours_usd + (gpu + asic + cim) * kwh)
+    assert headline["cost_usd_per_request"] == pytest.approx(headline["cost_usd"] / 60)
+    assert headline["carbon_g"] == pytest.approx((gpu + asic + cim) * 390 / 3.6e6)
+    pools = {p["pool"]: p for p in headline["pools"]}
+    assert pools["asic"]["energy_j"] == pytest.approx(asic)  # parked: only what its meter read
+    assert pools["asic"]["cost_usd"] == pytest.approx(7 * 0.60 + asic * kwh)
+    assert (pools["asic"]["on_hours"], pools["asic"]["parked_hours"]) == pytest.approx((0, 7))
+    # The week before: half an hour of the GPU, over its five requests.
+    before = 1800 * 150.0
+    change = headline["change"]
+    assert change["energy_j"]["previous"] == pytest.approx(before)
+    assert change["energy_j"]["change"] == pytest.approx(gpu + asic + cim - before)
+    assert change["energy_j_per_request"]["previous"] == pytest.approx(before / 5)
+    assert change["cost_usd"]["previous"] == pytest.approx(0.5 * 2.50 + before * kwh)
+    assert change["device_hours"]["previous"] == pytest.approx(0.5)
+    # Requests' attributed energy, the diagnostic, is far below what the fleet drew.
+    assert report["fleet"]["energy_j"] < headline["energy_j"] / 10
+
+
+def minute(ts: float, pool: str = "gpu", on_s: float = 60.0, j: float = 6000.0, **more) -> dict:
+    return {"ts": ts, "pool": pool, "backend": f"{pool}-0", "on_s": on_s, "parked_s": 0.0,
+            "energy_j": j, "estimated_j": 0.0} | more  # fmt: skip
+
+
+def test_energy_is_priced_at_the_tariff_window_in_force_when_it_was_drawn() -> None:
+    peak = [
+        {"start": "00:00", "end": "14:00", "usd_per_kwh": 0.08, "g_co2_per_kwh": 120},
+        {"start": "14:00", "end": "20:00", "usd_per_kwh": 0.40, "g_co2_per_kwh": 650},
+    ]
+    policy = fleet_policy(tariffs={"site": peak}, asic_extra={"tariff": "site"})
+    day = 1_790_035_200.0  # a midnight, UTC
+    rows = [minute(day + 14 * 3600 - 60, "asic", j=3.6e6), minute(day + 14 * 3600, "asic", j=3.6e6)]
+    figures = fleet_draw(rows, 4, policy, Period(day, day + 86400, "a day"))
+    assert figures["energy_usd"] == pytest.approx(0.08 + 0.40)
+    assert figures["cost_usd"] == pytest.approx(2 / 60 * 2.5 + 0.08 + 0.40)
+    assert figures["carbon_g"] == pytest.approx(120 + 650)
+    assert figures["carbon_g_per_request"] == pytest.approx(770 / 4)
+
+
+def test_a_policy_without_carbon_intensity_has_no_fleet_carbon() -> None:
+    day = 1_790_035_200.0
+    figures = fleet_draw([minute(day)], 1, fleet_policy(), Period(day, day + 86400, "a day"))
+    assert figures["carbon_g"] is None and figures["carbon_g_per_request"] is None
+    assert figures["cost_usd"] == pytest.approx(2.5 / 60 + 6000 * 0.12 / 3.6e6)
+
+
+def test_a_minute_two_replicas_both_recorded_counts_once_and_a_restart_adds_up() -> None:
+    day = 1_790_035_200.0
+    rows = [
+        minute(day, j=6000.0),  # two replicas read the same counter over the same minute
+        minute(day, j=6100.0),
+        minute(day + 60, on_s=25.0, j=2500.0),  # a replica stopped 25 s in, started again
+        minute(day + 60, on_s=35.0, j=3500.0),
+        minute(day + 120, on_s=0.0, j=40.0),  # a late reading of a minute already written
+    ]
+    figures = fleet_draw(rows, 1, fleet_policy(), Period(day, day + 86400, "a day"))
+    assert figures["energy_j"] == pytest.approx(6050.0 + 6000.0 + 40.0)
+    assert figures["device_hours"] == pytest.approx(2 / 60)
+    assert figures["recorded_share"] == pytest.approx(3 * 60 / 86400)
+
+
+def test_a_period_without_draw_records_says_so_rather_than_zero() -> None:
+    day = 1_790_035_200.0
+    headline = fleet_headline([], 10, 0, fleet_policy(), Period(day, day + 86400, "a day"))
+    assert headline["energy_j"] is None and headline["cost_usd"] is None
+    assert headline["energy_j_per_request"] is None
+    assert headline["change"]["energy_j"] == {"previous": None, "change": None}

@@ -81,6 +81,35 @@ def test_markdown_leads_with_the_decisions(written: tuple[dict, Path]) -> None:
     assert c["verdict"]["summary"] in text
 
 
+def test_the_fleet_section_leads_with_fleet_energy_cost_and_carbon(
+    written: tuple[dict, Path],
+) -> None:
+    """Fleet energy (idle included), cost (device-hours and energy) and carbon, each beside the
+    week before, come before what was attributed to requests."""
+    _, out = written
+    page = (out / "report.html").read_text()
+    fleet = page[page.index('<section id="fleet">') :]
+    headline = re.search(r'<table id="fleet-headline">(.*?)</table>', fleet, re.S)
+    assert headline is not None
+    assert fleet.index('id="fleet-headline"') < fleet.index("Attributed to requests")
+    cells = [
+        re.sub(r"<[^>]+>", "", c).strip()
+        for c in re.findall(r"<td>(.*?)</td>", headline.group(1), re.S)
+    ]
+    rows = {cells[i]: cells[i + 1 : i + 4] for i in range(0, len(cells), 4)}
+    # 7 h of the GPU at 150 W, the ASIC parked at 5 W and the CIM part at 8 W: 4,107,600 J.
+    assert rows["Fleet energy, idle included"] == ["1.14 kWh", "270.00 kJ", "+1.07 kWh"]
+    assert rows["Energy per request"][0] == "68.46 kJ"
+    assert rows["Fleet cost, device-hours and energy"][:2] == ["$23.24", "$1.26"]
+    assert rows["Fleet carbon"][0] == "445 g CO₂"
+    assert rows["Device-hours, on and parked"] == ["21 h", "0.5 h", "+20.5 h"]
+    text = (out / "report.md").read_text()
+    section = text[text.index("## Fleet") :]
+    assert section.index("| fleet energy, idle included | 1.14 kWh |") < section.index(
+        "Attributed to requests"
+    )
+
+
 @pytest.mark.skipif(
     CHROMIUM is None, reason="no chromium binary (Debian: apt-get install chromium)"
 )

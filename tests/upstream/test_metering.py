@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import socket
 import statistics
+import time
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 
+from gateway.db.connection import connect
+from gateway.db.schema import backend_energy
 from harness.gateways import run_gateway
 from harness.metrics import metric_value
 from policies import BIG, MODEL, fleet_policy
@@ -110,3 +114,47 @@ def test_unreachable_power_endpoint_falls_back_to_estimates(sims, tmp_path: Path
         metrics = gw.http().get("/metrics").text
     assert row["energy_estimated"] is True
     assert "gateway_power_scrape_failures_total" in metrics
+
+
+def test_the_fleet_draw_holds_every_joule_the_meter_read_idle_included(
+    sims, tmp_path: Path
+) -> None:
+    """Per backend and minute (backend_energy): the GPU's counter between the gateway's first
+    and last readings, idle between requests included; the ASIC, which reports no power,
+    estimated and flagged so."""
+    policy = fleet_policy(
+        sims.urls("gpu")[:1],
+        sims.urls("asic"),
+        sims.urls("cim"),
+        asic_extra={"power_metrics": None},
+    )
+    gpu = sims.gpu[0]
+    outside = (counter_j(gpu), time.time())
+    with run_gateway(policy, tmp_path, power_scrape_interval_s=0.1) as gw:
+        inside = (counter_j(gpu), time.time())
+        client = gw.client()
+        for model in (BIG, MODEL, BIG):
+            client.chat.completions.create(model=model, messages=PROMPT, max_tokens=20)
+        records = gw.records(3)
+        inside = (counter_j(gpu) - inside[0], time.time() - inside[1])
+    outside = (counter_j(gpu) - outside[0], time.time() - outside[1])
+    db = connect(f"sqlite:///{tmp_path / 'gateway.db'}")
+    with db.connect() as conn:
+        rows = [dict(r._mapping) for r in conn.execute(sa.select(backend_energy))]
+    db.dispose()
+    mine = {pool: [r for r in rows if r["pool"] == pool] for pool in ("gpu", "asic", "cim")}
+    energy = sum(r["energy_j"] for r in mine["gpu"])
+    on_s = sum(r["on_s"] for r in mine["gpu"])
+    assert inside[0] <= energy <= outside[0]
+    assert inside[1] <= on_s <= outside[1]
+    assert not any(r["estimated_j"] or r["parked_s"] for r in mine["gpu"])
+    # The requests' attributed energy leaves out the idle draw between them.
+    served = sum(r["energy_j"] for r in records if r["pool"] == "gpu")
+    assert 0 < served < energy
+    asic_on = sum(r["on_s"] for r in mine["asic"])
+    asic_j = sum(r["energy_j"] for r in mine["asic"])
+    assert inside[1] <= asic_on <= outside[1]
+    assert asic_j == pytest.approx(sum(r["estimated_j"] for r in mine["asic"]))
+    # Its nominal idle draw while on, and its request's estimate above it.
+    (asked,) = (r for r in records if r["pool"] == "asic")
+    assert 100 * asic_on < asic_j < 100 * asic_on + asked["energy_j"]

@@ -144,12 +144,55 @@ function parkingSection(parking) {
   ];
 }
 
+const kwh = (v) => dash(v, (x) => (x >= 360000 ? `${(x / 3.6e6).toPrecision(3)} kWh` : joules(x)));
+const grams = (v) => dash(v, (x) => (x >= 1000 ? `${(x / 1000).toPrecision(3)} kg` : `${x.toPrecision(3)} g`));
+const hours = (v) => dash(v, (x) => `${x.toPrecision(3)} h`);
+const change = (v, f) => dash(v, (x) => `${x >= 0 ? "+" : "−"}${f(Math.abs(x))}`);
+
+// The fleet's energy, cost and carbon over the last day, against the day before (the weekly
+// report's headline): every device's draw, idle included, and its hours on and parked.
+const HEADLINE = [
+  ["fleet energy, idle included", "energy_j", kwh],
+  ["energy per request", "energy_j_per_request", joules],
+  ["fleet cost, device-hours and energy", "cost_usd", usd],
+  ["cost per request", "cost_usd_per_request", usd],
+  ["fleet carbon", "carbon_g", grams],
+  ["device-hours, on and parked", "device_hours", hours],
+];
+
+function headlineSection(d) {
+  return [
+    h("table", { id: "fleet-headline" },
+      h("thead", {}, h("tr", {}, ["the last day", "figure", "the day before", "change"].map((t) => h("th", {}, t)))),
+      h("tbody", {}, HEADLINE.map(([title, key, f]) => h("tr", {},
+        h("td", {}, title), h("td", {}, h("strong", {}, f(d[key]))),
+        h("td", {}, f(d.change[key].previous)), h("td", {}, change(d.change[key].change, f)))))),
+    h("p", { class: "muted" },
+      `Every backend's draw as its meter read it, parked too (${kwh(d.estimated_j)} estimated where none read); `
+      + `cost is ${hours(d.device_hours)} of device-hours (${hours(d.parked_hours)} parked) at each pool's hourly price, ${usd(d.hours_usd)}, `
+      + `plus the energy at its electricity price, ${usd(d.energy_usd)}; per request over ${num(d.requests)} requests.`),
+    d.pools.length
+      ? table([
+        ["pool", (p) => p.pool],
+        ["energy", (p) => kwh(p.energy_j)],
+        ["on / parked", (p) => `${hours(p.on_hours)} / ${hours(p.parked_hours)}`],
+        ["cost", (p) => usd(p.cost_usd)],
+        ["carbon", (p) => grams(p.carbon_g)],
+      ], d.pools)
+      : null,
+  ];
+}
+
 async function fleetView(view) {
-  const [pools, parking] = await Promise.all([admin("/admin/fleet"), admin("/admin/parking?window=day")]);
+  const [pools, energy, parking] = await Promise.all([
+    admin("/admin/fleet"), admin("/admin/fleet/energy?window=day"), admin("/admin/parking?window=day"),
+  ]);
   const rows = pools.flatMap((p) => [{ pool: p }, ...p.backends.map((b) => ({ pool: p, backend: b }))]);
   fill(view, 
     h("h2", {}, "Fleet"),
-    h("p", { class: "muted" }, `Live; refreshed every ${REFRESH_MS / 1000} s. Energy today is what requests were attributed since 00:00 UTC.`),
+    ...headlineSection(energy),
+    h("h3", {}, "Now"),
+    h("p", { class: "muted" }, `Live; refreshed every ${REFRESH_MS / 1000} s. Energy attributed today is requests' share of their backends' draw since 00:00 UTC, a diagnostic: it leaves out backends idle between requests.`),
     table(
       [
         ["pool / backend", (r) => (r.backend ? r.backend.name : r.pool.pool)],
@@ -165,7 +208,7 @@ async function fleetView(view) {
           : `${r.pool.in_use} / ${r.pool.slots}`)],
         ["queued", (r) => (r.backend ? "" : r.pool.queued)],
         ["power now", (r) => dash(r.backend ? r.backend.power_w : r.pool.power_w, (w) => `${w.toFixed(0)} W`)],
-        ["energy today", (r) => (r.backend ? "" : joules(r.pool.energy_today_j))],
+        ["energy attributed today", (r) => (r.backend ? "" : joules(r.pool.energy_today_j))],
         ["engine", (r) => (r.backend ? engineFigures(r.backend) : r.pool.engine || "–")],
         ["driver / runtime / firmware", (r) => (r.backend ? "" : [r.pool.driver, r.pool.runtime, r.pool.firmware].map((v) => v || "–").join(" / "))],
         ["model error (e2e, energy)", (r) => (r.backend ? "" : `${pct(r.pool.cost_model_error.e2e)}, ${pct(r.pool.cost_model_error.energy)}`)],
