@@ -116,8 +116,8 @@ def build(
             "hardware": hardware(policy),
         },
         "criteria": {
-            "quality_margin": rules.quality_margin,
-            "sampled_quality_margin": rules.sampled_quality_margin,
+            "departure_margin": rules.departure_margin,
+            "sampled_departure_margin": rules.sampled_departure_margin,
             "slo_margin": rules.slo_margin,
             "max_error_rate": rules.max_error_rate,
             "alpha": rules.alpha,
@@ -252,8 +252,9 @@ def fleet_draw(
 
     - Energy is every joule the backends drew, idle included, parked too: what their meters
       read, or estimated from nominal figures where none read (`estimated_j` says how much).
-    - Device-hours are each backend's time on and parked: a parked device's hours are paid as
-      its pool's `usd_per_hour` says, as the routing benchmark counts them.
+    - Device-hours are each backend's time on, and parked unless its pool's parking releases
+      what it parks (`mode: release`: nothing drawn, no hours paid), as the routing benchmark
+      counts them.
     - Cost is the device-hours at `usd_per_hour` plus each minute's energy at the electricity
       price in force on its pool then (its tariff's window, else its `price`); carbon likewise at
       the carbon intensity, and None when the policy gives none. A pool the policy no longer
@@ -303,8 +304,9 @@ def fleet_draw(
                 p["carbon_g"] += energy_j * scale * rate.g_co2_per_j
     rows = []
     for p in pools.values():
-        hours = p["on_hours"] + p["parked_hours"]
         spec = policy.pools.get(p["pool"])
+        released = spec is not None and spec.parking is not None and spec.parking.mode == "release"
+        hours = p["on_hours"] + (0.0 if released else p["parked_hours"])
         p["backends"] = len(p["backends"])
         p["device_hours"] = hours
         p["hours_usd"] = None if spec is None else hours * spec.price.usd_per_hour

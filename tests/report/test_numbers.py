@@ -369,3 +369,19 @@ def test_a_period_without_draw_records_says_so_rather_than_zero() -> None:
     assert headline["energy_j"] is None and headline["cost_usd"] is None
     assert headline["energy_j_per_request"] is None
     assert headline["change"]["energy_j"] == {"previous": None, "change": None}
+
+
+def test_a_released_backends_parked_hours_are_not_paid_and_a_sleeping_ones_are() -> None:
+    def parking(mode: str) -> dict:
+        return {"parking": {"hook": "command", "mode": mode, "wake_s": 1,
+                            "park_command": ["true"], "wake_command": ["true"]}}  # fmt: skip
+
+    day = 1_790_035_200.0
+    # An hour of the ASIC parked, its meter reading nothing.
+    parked = [minute(day + 60 * m, "asic", on_s=0.0, parked_s=60.0, j=0.0) for m in range(60)]
+    period = Period(day, day + 86400, "a day")
+    asleep = fleet_draw(parked, 1, fleet_policy(asic_extra=parking("sleep")), period)
+    released = fleet_draw(parked, 1, fleet_policy(asic_extra=parking("release")), period)
+    assert asleep["parked_hours"] == released["parked_hours"] == pytest.approx(1.0)
+    assert asleep["cost_usd"] == pytest.approx(2.5)  # fleet_policy's $2.50 an hour
+    assert released["cost_usd"] == 0 and released["device_hours"] == 0
