@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import statistics
 import time
@@ -9,11 +10,13 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from waiting import wait_for
 
 from gateway.db.connection import connect
 from gateway.db.schema import backend_energy
 from harness.gateways import run_gateway
 from harness.metrics import metric_value
+from harness.simulators import start_simulator
 from policies import BIG, MODEL, fleet_policy
 
 PROMPT = [{"role": "user", "content": "Summarise the roofline model in a few sentences."}]
@@ -158,3 +161,43 @@ def test_the_fleet_draw_holds_every_joule_the_meter_read_idle_included(
     # Its nominal idle draw while on, and its request's estimate above it.
     (asked,) = (r for r in records if r["pool"] == "asic")
     assert 100 * asic_on < asic_j < 100 * asic_on + asked["energy_j"]
+
+
+def test_a_parked_backend_counts_what_its_meter_read_asleep_and_nothing_more(
+    tmp_path: Path,
+) -> None:
+    """Two GPUs of the test's own, one parked by vLLM's sleep mode while the gateway runs: its
+    minutes hold its time parked and its counter's energy, asleep included, none estimated."""
+    with contextlib.ExitStack() as stack:
+        sims = [stack.enter_context(start_simulator("gpu", seed=s)) for s in (1, 2)]
+        policy = fleet_policy(
+            gpu=[s.url for s in sims],
+            routes=[{"name": "chat", "match": {"models": [MODEL]}, "pools": ["gpu"]}],
+            gpu_extra={"slots_per_backend": 2, "parking": {"hook": "vllm", "wake_s": 0.4}},
+        )
+        outside = {s.url: counter_j(s) for s in sims}
+        with run_gateway(policy, tmp_path, power_scrape_interval_s=0.1) as gw:
+            inside = {s.url: counter_j(s) for s in sims}
+            planner = gw.gateway.parker.planner  # windows a test can wait for
+            planner.window_s, planner.short_s, planner.hold_s = 3.0, 1.0, 1.0
+            gw.gateway.parker.drain_grace_s = 0.3
+            gw.gateway.parker.periodic.interval_s = 0.2
+            gw.client().chat.completions.create(model=MODEL, messages=PROMPT, max_tokens=8)
+            backends = gw.gateway.fleet.pools["gpu"].backends
+            parked = wait_for(
+                lambda: next((b for b in backends if b.parking == "parked"), None),
+                message="no backend was parked",
+            )
+            inside = {s.url: counter_j(s) - inside[s.url] for s in sims}
+        outside = {s.url: counter_j(s) - outside[s.url] for s in sims}
+    db = connect(f"sqlite:///{tmp_path / 'gateway.db'}")
+    with db.connect() as conn:
+        rows = [dict(r._mapping) for r in conn.execute(sa.select(backend_energy))]
+    db.dispose()
+    for b in backends:
+        mine = [r for r in rows if r["backend"] == b.name]
+        assert inside[b.url] <= sum(r["energy_j"] for r in mine) <= outside[b.url], b.name
+        assert not any(r["estimated_j"] for r in mine)
+    asleep = sum(r["parked_s"] for r in rows if r["backend"] == parked.name)
+    assert asleep > 0
+    assert not any(r["parked_s"] for r in rows if r["backend"] != parked.name)
