@@ -10,7 +10,9 @@ wants and a new one plugs in with `@comparator("name")`:
 | `normalized`       | `normalized_match`: equal after case, punctuation, whitespace     |
 | `rouge_l`          | `similarity`: ROUGE-L F1 over word tokens (0..1)                  |
 | `edit_ratio`       | `similarity`: 1 - token edit distance / longer length (0..1)      |
-| `first_divergence` | `first_divergence`: index of the first word token that differs    |
+| `first_divergence` | `first_divergence`: index of the first word token that differs;   |
+|                    | `reference_words`: word tokens in the primary's answer (what a    |
+|                    | matching pair puts at risk, gateway/promotion/precision/rates.py) |
 | `length_ratio`     | `length_ratio`: candidate tokens / primary tokens                 |
 | `structure`        | `json_diff`: paths missing, extra, changed in JSON or tool calls  |
 | `embedding_cosine` | `embedding_cosine`: mean cosine similarity of the vectors         |
@@ -103,6 +105,7 @@ class Diff:
     similarity: float | None = None
     similarity_method: str | None = field(default=None, metadata={"width": 16})
     first_divergence: int | None = None
+    reference_words: int | None = _described("Word tokens in the primary's answer.")
     length_ratio: float | None = None
     json_diff: dict[str, Any] | None = None
     embedding_cosine: float | None = None
@@ -291,7 +294,11 @@ def _first_divergence(primary: Answer, candidate: Answer) -> Mapping[str, Any]:
     texts = _texts(primary, candidate)
     if texts is None:
         return {}
-    return {"first_divergence": first_divergence(tokens(texts[0]), tokens(texts[1]))}
+    primary_words = tokens(texts[0])
+    return {
+        "first_divergence": first_divergence(primary_words, tokens(texts[1])),
+        "reference_words": len(primary_words),
+    }
 
 
 @comparator("length_ratio")

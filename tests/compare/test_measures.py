@@ -65,6 +65,8 @@ def test_identical_answers_match_on_every_measure() -> None:
     assert (diff.similarity, diff.similarity_method) == (1.0, "rouge_l")
     assert diff.first_divergence is None and diff.length_ratio == 1.0
     assert diff.json_diff is None and diff.embedding_cosine is None
+    # Matching answers put every word of the primary's at risk: the judge needs how many.
+    assert diff.reference_words == 5  # four words and a full stop
 
 
 def test_normalized_match_ignores_case_punctuation_and_whitespace() -> None:
@@ -78,6 +80,7 @@ def test_first_divergence_is_the_first_differing_word_token() -> None:
     candidate = "the cell holds a signal of one unit and more"
     diff = compare(Answer(text=primary), Answer(text=candidate))
     assert diff.first_divergence == 4
+    assert diff.reference_words == 8  # the primary's, whichever answer is longer
     assert diff.length_ratio == pytest.approx(10 / 8)
     assert first_divergence(["a", "b"], ["a", "b", "c"]) == 2  # a prefix diverges at its end
     assert tokens("it's 3.5 W.") == ["it", "'", "s", "3", ".", "5", "W", "."]

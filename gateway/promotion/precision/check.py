@@ -21,7 +21,7 @@ import httpx
 
 from gateway.compare.answers import Answer, read_body
 from gateway.compare.meaning import similarity, windows
-from gateway.compare.measures import DEFAULT_COMPARATORS, MEASURES, compare, tokens
+from gateway.compare.measures import DEFAULT_COMPARATORS, MEASURES, compare
 from gateway.errors import InvalidRequest
 from gateway.policy.credentials import Access
 from gateway.policy.model import Backend, Policy
@@ -176,7 +176,6 @@ async def measure_pair(
             client, embedder, model, reference, other.answer
         )
     row = {**{name: getattr(diff, name) for name in MEASURES}, "candidate_error": None}
-    row["reference_words"] = len(tokens(reference.text or ""))
     mine, theirs = reference.tokens, other.answer.tokens
     row["without_logprobs"] = not mine or not theirs
     # The same text split into other tokens: the two pools' tokenizers differ.
