@@ -203,12 +203,18 @@ class EnergyMeter:
         records now known, and wake the queues of pools whose engines have room again."""
         fleet = self._fleet()
         offset = self._wall() - self._clock()  # from the meter's clock to the wall's
-        power = [
-            (backend, pool.spec)
-            for pool in fleet.pools.values()
-            if pool.spec.power_metrics is not None
-            for backend in pool.backends
-        ]
+        power = []
+        for state in fleet.pools.values():
+            if state.spec.power_metrics is None:
+                continue
+            for backend in state.backends:
+                if released(backend, state.spec):
+                    # Given back, nothing answers for it: its meter starts anew once it is back.
+                    ledger = self._ledgers.get(backend.url)
+                    if ledger is not None:
+                        ledger.restart()
+                    continue
+                power.append((backend, state.spec))
         engine = [
             (backend, pool.spec.engine)
             for pool in fleet.pools.values()
@@ -295,7 +301,12 @@ class EnergyMeter:
         for pool in fleet.pools.values():
             for backend in pool.backends:
                 ledger = self._ledgers.get(backend.url)
-                metered = ledger is not None and self._metered(backend)
+                # A released backend has no meter to wait for while it is: it draws nothing.
+                metered = (
+                    ledger is not None
+                    and self._metered(backend)
+                    and not released(backend, pool.spec)
+                )
                 seen.append(
                     Seen(
                         backend.pool,
@@ -376,3 +387,8 @@ class EnergyMeter:
                 await self.scrape_once()
             except Exception:
                 log.exception("energy scrape round failed")
+
+
+def released(backend: BackendState, pool: Pool) -> bool:
+    """Whether `backend` is parked by a pool whose parking gives its devices back."""
+    return backend.parking == PARKED and pool.parking is not None and pool.parking.mode == "release"

@@ -90,6 +90,12 @@ def events(server: GatewayServer) -> list[tuple[str, str]]:
         return [(r.backend, r.event) for r in rows]
 
 
+def parked_seconds(server: GatewayServer, backend: str) -> float:
+    """The time the meter's draw has counted `backend` parked, in minutes not yet written."""
+    draw = server.gateway.meter.draw
+    return sum(f[1] for (_, _, name), f in draw._minutes.items() if name == backend)
+
+
 def metric(server: GatewayServer, name: str, **labels: str) -> float:
     value = server.gateway.metrics.registry.get_sample_value(name, labels)
     return value or 0.0
@@ -210,6 +216,13 @@ def test_a_released_backend_is_given_back_and_started_again_for_returning_traffi
         )
         assert not up(parked)
         assert list(states(server).values()).count("") == 1
+        # Its meter is not read while it is given back: no scrape fails, nothing is estimated.
+        name = next(b.name for b in server.gateway.fleet.backends() if b.url == parked)
+        wait_for(
+            lambda: parked_seconds(server, name) > 0,
+            message="no scrape round counted the released backend's time",
+        )
+        assert server.gateway.meter._failures.get(parked, 0) == 0
         # Traffic returns: it is started again, and serves only once its /health answers.
         with ThreadPoolExecutor(6) as pool:
             answers = list(pool.map(lambda _: chat(server, 200), range(24)))
@@ -218,7 +231,6 @@ def test_a_released_backend_is_given_back_and_started_again_for_returning_traffi
             lambda: states(server)[parked] == "" and up(parked),
             message=lambda: f"the released backend was not started: {states(server)}",
         )
-        name = next(b.name for b in server.gateway.fleet.backends() if b.url == parked)
         wait_for(
             lambda: (
                 [e for b, e in events(server) if b == name][:4]
