@@ -34,11 +34,11 @@ import httpx
 
 from bench import pairs
 from gateway.compare.measures import tokens
-from gateway.promotion.departures import Tolerance, departs
+from gateway.promotion.departures import Tolerance, departs, words_at_risk
 from gateway.promotion.precision.check import Endpoint, ask, measure_pair
 from gateway.promotion.precision.labels import states
 from gateway.promotion.precision.limits import MAX_TURNED_WRONG
-from gateway.promotion.precision.rates import Rate, words_at_risk
+from gateway.promotion.precision.rates import Rate
 from realfleet import corpus, engine, fleet, weights
 
 SNRS_DB = (16.0, 14.0, 12.0, 11.0, 10.0, 9.0, 8.0)

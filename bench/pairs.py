@@ -33,8 +33,8 @@ import httpx
 
 from gateway.compare.answers import Answer, TokenChoice
 from gateway.compare.meaning import similarity, windows
-from gateway.compare.measures import MEASURES, compare, tokens
-from gateway.promotion.departures import Tolerance, departs, tolerance
+from gateway.compare.measures import MEASURES, compare
+from gateway.promotion.departures import Tolerance, at_risk, departs, tolerance
 from gateway.promotion.precision.check import Endpoint, Reply, ask, measure_pair
 from gateway.promotion.precision.labels import states
 from realfleet import corpus, engine, fleet
@@ -70,6 +70,11 @@ class Measured:
         def share(rows: Sequence[Row], test: Callable[[Row], bool]) -> float:
             return sum(map(test, rows)) / len(rows) if rows else 0.0
 
+        def words(rows: Sequence[Row], departing: bool) -> float:
+            """The mean words at risk of the pairs that depart (or do not)."""
+            found = [at_risk(r) or 0 for r in rows if departs(r, held_to) == departing]
+            return sum(found) / len(found) if found else 0.0
+
         labelled = [r for r in self.candidate if r.get("candidate_right") is not None]
         turned_wrong = [r for r in labelled if r["primary_right"] and not r["candidate_right"]]
         return Rates(
@@ -77,6 +82,10 @@ class Measured:
             noise=share(self.noise, lambda r: departs(r, held_to)),
             candidate_exact=share(self.candidate, lambda r: bool(r["exact_match"])),
             noise_exact=share(self.noise, lambda r: bool(r["exact_match"])),
+            candidate_words_departed=words(self.candidate, True),
+            candidate_words_kept=words(self.candidate, False),
+            noise_words_departed=words(self.noise, True),
+            noise_words_kept=words(self.noise, False),
             tolerance=held_to,
             pairs=len(self.candidate),
             noise_pairs=len(self.noise),
@@ -105,12 +114,17 @@ class Measured:
 
 @dataclass(frozen=True)
 class Rates:
-    """Measured chances, for one kind of traffic, that a pair departs (and matches exactly)."""
+    """Measured chances, for one kind of traffic, that a pair departs (and matches exactly), and
+    the words at risk of a pair that departs and of one that does not."""
 
     candidate: float
     noise: float
     candidate_exact: float
     noise_exact: float
+    candidate_words_departed: float
+    candidate_words_kept: float
+    noise_words_departed: float
+    noise_words_kept: float
     tolerance: Tolerance
     pairs: int = 0
     noise_pairs: int = 0
@@ -127,10 +141,24 @@ class Rates:
     departed_by_words: float = 0.0
     departing_kinds: dict[str, int] = field(default_factory=dict)  # real: by prompt kind
 
+    @property
+    def candidate_words(self) -> float:
+        """The mean words at risk of a candidate's pair."""
+        return _mean_words(self.candidate, self.candidate_words_departed, self.candidate_words_kept)
+
+    @property
+    def noise_words(self) -> float:
+        """The mean words at risk of a noise floor's pair."""
+        return _mean_words(self.noise, self.noise_words_departed, self.noise_words_kept)
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "candidate": self.candidate,
             "noise_floor": self.noise,
+            "candidate_per_1000_words": _per_1000(self.candidate, self.candidate_words),
+            "noise_floor_per_1000_words": _per_1000(self.noise, self.noise_words),
+            "candidate_words_at_risk_per_pair": self.candidate_words,
+            "noise_words_at_risk_per_pair": self.noise_words,
             "candidate_exact_match": self.candidate_exact,
             "noise_exact_match": self.noise_exact,
             "tolerance": self.tolerance.describe(),
@@ -147,6 +175,14 @@ class Rates:
             "departed_by_words": self.departed_by_words,
             "departing_kinds": self.departing_kinds,
         }
+
+
+def _mean_words(departing: float, departed: float, kept: float) -> float:
+    return departing * departed + (1 - departing) * kept
+
+
+def _per_1000(departing: float, words: float) -> float | None:
+    return 1000 * departing / words if words else None
 
 
 def words_only(row: Row) -> Row:
@@ -189,7 +225,6 @@ def simulated(
             **{name: getattr(diff, name) for name in MEASURES},
             "candidate_error": None,
             "reference_tokens": primary.completion_tokens,
-            "reference_words": len(tokens(primary.text)),
         }
 
     rng = Random(seed)

@@ -10,12 +10,15 @@
 2. Weeks: shadow traffic at the conversation trace's rate (19,366 requests an hour), 5% of it
    copied to the candidate and a quarter of those to the noise floor, 0.2% of copies failing;
    every 6 hours the judge (gateway/promotion/judge.py) decides on counts drawn at the measured
-   rates. A run's decision is the first promote or reject it says; one that says neither holds.
+   rates: how many pairs depart, and the words at risk of those that do and those that do not
+   at their measured means. A run's decision is the first promote or reject it says; one that
+   says neither holds.
 
 Every scenario's candidate is cheaper on 90% of requests and meets the SLO as the primary does
-(but `worse_latency`), so that quality alone decides. The quality null is a candidate whose
-pairs depart exactly `quality_margin` more often than the noise floor's: the most a judge may
-let through, so it must promote it at most alpha of the time.
+(but `worse_latency`), so that quality alone decides. The quality null is a candidate that
+departs exactly `departure_margin` more often per word at risk than the noise floor, over as
+many words per pair: the most a judge may let through, so it must promote it at most alpha of
+the time.
 """
 
 from __future__ import annotations
@@ -52,20 +55,20 @@ class Scenario:
     candidate: str  # a simulator profile (simulated) or a part of bench.pairs.REAL_PARTS (real)
     truth: str  # "promote", "reject" or "not promote"
     harmful_rate: float = 0.0  # simulated: the share of its answers with a harmful error
-    excess: float | None = None  # the quality null: departs this much above the noise floor
+    excess: float | None = None  # the quality null: departs this much per word above the floor
     sampled_share: float = 0.0
     slo_loss: float = 0.0  # share of requests where only the candidate misses, beyond noise
     cheaper: float = 0.9
     days: float = 7.0
 
 
-QUALITY_MARGIN = Criteria().quality_margin
+DEPARTURE_MARGIN = Criteria().departure_margin
 # The simulated analog part, fit to the real one (bench/precision_fit.py).
 CIM_HARMFUL_RATE = load_profile("cim").precision.harmful_rate
 SCENARIOS = {
     "simulated": {
         "aa": Scenario("gpu", "promote"),
-        "quality_null": Scenario("gpu", "not promote", excess=QUALITY_MARGIN),
+        "quality_null": Scenario("gpu", "not promote", excess=DEPARTURE_MARGIN),
         "benign": Scenario("asic", "promote"),
         "harmful": Scenario("cim", "reject", harmful_rate=CIM_HARMFUL_RATE, days=14.0),
         "sampled": Scenario("asic", "promote", sampled_share=0.7, days=14.0),
@@ -73,7 +76,7 @@ SCENARIOS = {
     },
     "real": {
         "aa": Scenario("f16", "promote"),
-        "quality_null": Scenario("f16", "not promote", excess=QUALITY_MARGIN),
+        "quality_null": Scenario("f16", "not promote", excess=DEPARTURE_MARGIN),
         "benign": Scenario("q8_0", "promote"),
         "harmful": Scenario("analog", "reject", days=14.0),
         "subtle": Scenario("subtle", "reject", days=14.0),
@@ -127,11 +130,23 @@ def run(
                 continue
             r = rates[is_sampled]
             a = e.sampled if is_sampled else e.greedy
+            if scenario.excess is None:
+                departed, words = _drawn(
+                    rng, count, r.candidate, r.candidate_words_departed, r.candidate_words_kept
+                )
+            else:  # the floor's words per pair, departing the margin more often per word
+                words = round(count * r.noise_words)
+                departed = int(rng.binomial(words, r.noise / r.noise_words + scenario.excess))
+            noise_departed, noise_words = _drawn(
+                rng, floor, r.noise, r.noise_words_departed, r.noise_words_kept
+            )
             a.compared += count
-            a.departed += int(rng.binomial(count, r.candidate))
+            a.departed += departed
+            a.words += words
             a.exact += int(rng.binomial(count, r.candidate_exact))
             a.noise_compared += floor
-            a.noise_departed += int(rng.binomial(floor, r.noise))
+            a.noise_departed += noise_departed
+            a.noise_words += noise_words
             a.noise_exact += int(rng.binomial(floor, r.noise_exact))
             a.tolerance = r.tolerance.describe()
         e.priced += ok
@@ -148,6 +163,14 @@ def run(
         if outcome in (PROMOTE, REJECT):
             return outcome, now / 86400
     return "hold", None
+
+
+def _drawn(
+    rng: np.random.Generator, pairs: int, departing: float, departed: float, kept: float
+) -> tuple[int, int]:
+    """Draw how many of `pairs` depart; return them and the pairs' words at risk."""
+    count = int(rng.binomial(pairs, departing))
+    return count, round(count * departed + (pairs - count) * kept)
 
 
 def measure(
@@ -204,10 +227,30 @@ def measure(
 
 def mixed(clean: Rates, wrong: Rates, share: float) -> Rates:
     """Return the rates of a candidate whose answers carry a harmful error `share` of the time."""
+    departing = (1 - share) * clean.candidate + share * wrong.candidate
+
+    def words(clean_part: float, wrong_part: float, in_clean: float, in_wrong: float) -> float:
+        """The mean words at risk of a part of the pairs, mixed as the pairs are."""
+        weights = (1 - share) * clean_part, share * wrong_part
+        total = sum(weights)
+        return (weights[0] * in_clean + weights[1] * in_wrong) / total if total else 0.0
+
     return replace(
         clean,
-        candidate=(1 - share) * clean.candidate + share * wrong.candidate,
+        candidate=departing,
         candidate_exact=(1 - share) * clean.candidate_exact + share * wrong.candidate_exact,
+        candidate_words_departed=words(
+            clean.candidate,
+            wrong.candidate,
+            clean.candidate_words_departed,
+            wrong.candidate_words_departed,
+        ),
+        candidate_words_kept=words(
+            1 - clean.candidate,
+            1 - wrong.candidate,
+            clean.candidate_words_kept,
+            wrong.candidate_words_kept,
+        ),
     )
 
 
@@ -241,7 +284,13 @@ def calibrate(
         }
         if scenario.excess is not None:  # the quality null: exactly the margin above the floor
             rates = {
-                k: replace(r, candidate=r.noise + scenario.excess, candidate_exact=r.noise_exact)
+                k: replace(
+                    r,
+                    candidate=r.noise + scenario.excess * r.noise_words,
+                    candidate_exact=r.noise_exact,
+                    candidate_words_departed=r.noise_words,
+                    candidate_words_kept=r.noise_words,
+                )
                 for k, r in rates.items()
             }
         outcomes: dict[str, int] = {}
@@ -310,10 +359,16 @@ def headline(result: Mapping[str, Any]) -> list[str]:
             f"{name} ({s['candidate']}, {s['truth']}): promote {s['promote_rate']:.0%}, reject "
             f"{s['reject_rate']:.0%}, median day {'-' if days is None else f'{days:.2f}'}; "
             f"departs {rates['candidate']:.2%} against the floor's {rates['noise_floor']:.2%}"
+            f" ({_shown(rates['candidate_per_1000_words'])} against"
+            f" {_shown(rates['noise_floor_per_1000_words'])} per 1,000 words at risk)"
             f"{right}; target {result['targets'][name]}: "
             f"{'met' if result['targets_met'][name] else 'NOT met'}"
         )
     return lines
+
+
+def _shown(per_1000: float | None) -> str:
+    return "-" if per_1000 is None else f"{per_1000:.3g}"
 
 
 def main(argv: list[str] | None = None) -> None:

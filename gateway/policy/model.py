@@ -11,9 +11,10 @@ from __future__ import annotations
 import hashlib
 import re
 import string
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from gateway.compare.measures import DEFAULT_COMPARATORS
 
@@ -555,18 +556,25 @@ class Route(Strict):
         return NoiseFloor(share=DEFAULT_NOISE_SHARE, compare=self.shadow[0].compare)
 
 
+# The judge's former margins on shares of departing answers, and what replaced them.
+RENAMED_MARGINS = {
+    "quality_margin": "departure_margin",
+    "sampled_quality_margin": "sampled_departure_margin",
+}
+
+
 class Promotion(Strict):
     """When shadow evidence promotes a candidate pool (see docs/promotion.md)."""
 
-    quality_margin: float = Field(
-        default=0.01,
+    departure_margin: float = Field(
+        default=0.0008,
         ge=0,
         le=1,
-        description="Share of temperature-0 answers that may depart in meaning beyond the"
-        " noise floor's share.",
+        description="Departures in meaning per word at risk that temperature-0 answers may"
+        " make beyond the noise floor's.",
     )
-    sampled_quality_margin: float = Field(
-        default=0.01,
+    sampled_departure_margin: float = Field(
+        default=0.0009,
         ge=0,
         le=1,
         description="The same for sampled answers (temperature > 0).",
@@ -600,6 +608,22 @@ class Promotion(Strict):
     guard_min_requests: int = Field(
         default=20, ge=1, description="Canary requests a step needs before it can advance."
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_share_margins(cls, data: Any) -> Any:
+        """Refuse the former share margins: their numbers mean something else per word."""
+        if isinstance(data, dict):
+            for old, new in RENAMED_MARGINS.items():
+                if old in data:
+                    raise PydanticCustomError(
+                        "renamed",
+                        "promotion.{old} (a share of departing answers) is no longer read: the"
+                        " judge holds departures per word at risk to promotion.{new}"
+                        " (docs/promotion.md)",
+                        {"old": old, "new": new},
+                    )
+        return data
 
 
 class RateLimit(Strict):

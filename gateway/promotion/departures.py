@@ -13,6 +13,11 @@ its answers differ by more than the route's own noise floor lets two answers of 
   candidate's token among the primary's top logprobs) does not depart, else one whose word
   similarity (ROUGE-L) falls below the word tolerance (at most `SAME_WORDS`) does.
 
+A pair departs at most once, and its words at risk say how often it could have: the reference's
+words up to and including the first that differs, all of them when none does. Departures per word
+at risk are what a precision check (gateway/promotion/precision/rates.py) and the judge's quality
+check count. An embedding answer is one vector, so one at risk.
+
 Pure: rows in, counts out. Rows carry a shadow record's measures (gateway/shadow/records.py).
 """
 
@@ -97,6 +102,25 @@ def compared(row: Row) -> bool:
     return row.get("candidate_error") is None and (
         row.get("exact_match") is not None or row.get("embedding_cosine") is not None
     )
+
+
+def words_at_risk(exact_match: bool | None, first_divergence: int | None, words: int) -> int:
+    """Return the words of a pair at risk of departing: up to and including the first that
+    differs, or all `words` of the reference's answer when the answers match."""
+    if exact_match or first_divergence is None:
+        return words
+    return min(first_divergence + 1, max(words, 1))
+
+
+def at_risk(row: Row) -> int | None:
+    """Return the words a compared pair put at risk of departing; None for a text pair stored
+    before the primary's length in words was measured, whose matching answers cannot say."""
+    if row.get("exact_match") is None:
+        return 1  # an embedding answer: one vector to depart on
+    words = row.get("reference_words")
+    if words is None:
+        return None
+    return words_at_risk(row["exact_match"], row.get("first_divergence"), words)
 
 
 def _meaning(row: Row) -> float | None:

@@ -18,8 +18,8 @@ import sqlalchemy as sa
 
 from gateway.db.schema import promotion_evaluations, request_records, shadow_records
 from gateway.policy.model import Policy
-from gateway.promotion.departures import Tolerance, compared, departs, tolerance
-from gateway.promotion.judge import Criteria, Evidence, Verdict, judge
+from gateway.promotion.departures import Tolerance, at_risk, compared, departs, tolerance
+from gateway.promotion.judge import Agreement, Criteria, Evidence, Verdict, judge
 from gateway.records.slo import Targets, meets_slo
 from gateway.shadow.sample import CANDIDATE, NOISE
 
@@ -34,8 +34,8 @@ def criteria(policy: Policy) -> Criteria:
     """Return the judge's criteria from the policy's promotion settings."""
     p = policy.promotion
     return Criteria(
-        quality_margin=p.quality_margin,
-        sampled_quality_margin=p.sampled_quality_margin,
+        departure_margin=p.departure_margin,
+        sampled_departure_margin=p.sampled_departure_margin,
         slo_margin=p.slo_margin,
         max_error_rate=p.max_error_rate,
         alpha=p.alpha,
@@ -68,8 +68,11 @@ def gather(rows: Iterable[dict[str, Any]], targets_of: TargetsOf) -> EvidenceByK
 
     Compared pairs are split into temperature-0 and sampled traffic; each kind's noise-floor
     pairs set the tolerance its pairs are held to (gateway/promotion/departures.py), and are
-    the floor of every candidate of their route. Each answered copy and the primary's answer
-    are judged against the targets of the request's SLO class (`targets_of`).
+    the floor of every candidate of their route. Departures are counted over words at risk;
+    pairs stored before the primary's length in words was measured are left out of them (their
+    matching answers cannot say how many words they put at risk) and counted as unmeasured.
+    Each answered copy and the primary's answer are judged against the targets of the
+    request's SLO class (`targets_of`).
     """
     evidence: dict[tuple[str, str], Evidence] = {}
     noise: dict[tuple[str, bool], list[dict[str, Any]]] = {}
@@ -111,14 +114,29 @@ def gather(rows: Iterable[dict[str, Any]], targets_of: TargetsOf) -> EvidenceByK
             floor = noise.get((e.route, sampled), [])
             held_to = tolerances.get((e.route, sampled), Tolerance())
             own = pairs.get((e.route, e.candidate, sampled), [])
-            agreement.compared = len(own)
-            agreement.departed = sum(departs(r, held_to) for r in own)
-            agreement.exact = sum(bool(r["exact_match"]) for r in own)
-            agreement.noise_compared = len(floor)
-            agreement.noise_departed = sum(departs(r, held_to) for r in floor)
-            agreement.noise_exact = sum(bool(r["exact_match"]) for r in floor)
-            agreement.tolerance = held_to.describe()
+            _count(agreement, own, floor, held_to)
     return evidence
+
+
+def _count(
+    agreement: Agreement,
+    own: list[dict[str, Any]],
+    floor: list[dict[str, Any]],
+    held_to: Tolerance,
+) -> None:
+    """Count each side's measured pairs, their departures and words at risk."""
+    measured = [(r, words) for r in own if (words := at_risk(r)) is not None]
+    noise = [(r, words) for r in floor if (words := at_risk(r)) is not None]
+    agreement.compared = len(measured)
+    agreement.departed = sum(departs(r, held_to) for r, _ in measured)
+    agreement.words = sum(words for _, words in measured)
+    agreement.exact = sum(bool(r["exact_match"]) for r, _ in measured)
+    agreement.noise_compared = len(noise)
+    agreement.noise_departed = sum(departs(r, held_to) for r, _ in noise)
+    agreement.noise_words = sum(words for _, words in noise)
+    agreement.noise_exact = sum(bool(r["exact_match"]) for r, _ in noise)
+    agreement.unmeasured = len(own) + len(floor) - len(measured) - len(noise)
+    agreement.tolerance = held_to.describe()
 
 
 # What `departs` reads of a shadow record: all the rollout guards read of the copies.

@@ -3,19 +3,21 @@
 Pure statistics, no I/O. Every criterion is decided with a confidence sequence: an interval that
 holds at every sample size at once (with probability 1 - alpha), so looking at the evidence every
 day, or after every batch, does not inflate the chance of a false promotion the way repeated
-fixed-sample tests would. Proportions use Robbins' beta-mixture sequence (a mixture martingale
-with Ville's inequality: Howard et al., "Time-uniform, nonparametric, nonasymptotic confidence
-sequences", 2021).
+fixed-sample tests would. Proportions use Robbins' beta-mixture sequence, rates per word its
+gamma-mixture analogue (mixture martingales with Ville's inequality: Howard et al.,
+"Time-uniform, nonparametric, nonasymptotic confidence sequences", 2021).
 
 Criteria, each a non-inferiority test against a margin from the policy:
 
-- quality: the share of the candidate's temperature-0 answers that depart in meaning from the
-  primary's (gateway/promotion/departures.py) is at most `quality_margin` above the share of
-  the noise floor's (the primary's own pool asked again), so near-tie flips a bf16 GPU makes
-  too are no evidence against an int8 or analog part;
+- quality: the candidate's temperature-0 answers depart in meaning from the primary's
+  (gateway/promotion/departures.py) at most `departure_margin` times per word at risk more
+  than the noise floor's (the primary's own pool asked again), so near-tie flips a bf16 GPU
+  makes too are no evidence against an int8 or analog part. Per word at risk, as a precision
+  check judges (gateway/promotion/precision/rates.py), because a share of departing answers
+  grows with the answers' length and a rate per word does not;
 - quality_sampled: the same on sampled traffic (temperature > 0), with
-  `sampled_quality_margin`: two samples differ in words, and the noise floor's samples say how
-  much; judged only where sampled pairs were compared;
+  `sampled_departure_margin`: two samples differ in words, and the noise floor's samples say
+  how much; judged only where sampled pairs were compared;
 - slo: the share of the candidate's copies that meet their SLO class's targets
   (gateway/records/slo.py) is at most `slo_margin` below the share of the primary's answers
   that do, on the same requests: a cheaper chip may be slower, and one that meets every target
@@ -39,6 +41,12 @@ from typing import Any
 
 PROMOTE, HOLD, REJECT = "promote", "hold", "reject"
 PASS, FAIL, UNDECIDED = "pass", "fail", "undecided"
+# Departures per word at risk a candidate may make beyond the noise floor's: one answer in a
+# hundred changing in meaning, over the words a real fleet's pair puts at risk (11.97 at
+# temperature 0, 10.72 sampled), rounded down. Where they come from, and why not a precision
+# check's limit: docs/promotion.md, "The criteria".
+DEPARTURE_MARGIN = 0.0008
+SAMPLED_DEPARTURE_MARGIN = 0.0009
 # Each check in an operator's words: what it is, and what failing it means.
 NAMES = {
     "quality": "quality at temperature 0",
@@ -48,10 +56,10 @@ NAMES = {
     "benefit": "cost benefit",
 }
 FAILED = {
-    "quality": "its temperature-0 answers depart in meaning from the primary's more often than"
-    " two answers of the primary's own pool do",
-    "quality_sampled": "its sampled answers depart in meaning from the primary's more often"
-    " than two samples of the primary's own pool do",
+    "quality": "its temperature-0 answers depart in meaning from the primary's more often per"
+    " word than two answers of the primary's own pool do, beyond the margin",
+    "quality_sampled": "its sampled answers depart in meaning from the primary's more often per"
+    " word than two samples of the primary's own pool do, beyond the margin",
     "slo": "fewer of its copies meet the route's SLO than the primary's answers do, beyond"
     " the margin",
     "errors": "it fails more requests than allowed",
@@ -63,8 +71,8 @@ FAILED = {
 class Criteria:
     """Margins and evidence requirements for a promotion."""
 
-    quality_margin: float = 0.01
-    sampled_quality_margin: float = 0.01
+    departure_margin: float = DEPARTURE_MARGIN
+    sampled_departure_margin: float = SAMPLED_DEPARTURE_MARGIN
     slo_margin: float = 0.01
     max_error_rate: float = 0.01
     alpha: float = 0.05
@@ -116,14 +124,19 @@ class Histogram:
 @dataclass(slots=True)
 class Agreement:
     """Compared pairs of one kind of traffic (temperature 0, or sampled), the candidate's and
-    the noise floor's, and how many of each departed in meaning or matched exactly."""
+    the noise floor's: how many of each departed in meaning, over how many words at risk
+    (gateway/promotion/departures.py), and how many matched exactly. Pairs whose words at
+    risk are unknown (stored before the primary's length was measured) are counted apart."""
 
     compared: int = 0
     departed: int = 0
+    words: int = 0
     exact: int = 0
     noise_compared: int = 0
     noise_departed: int = 0
+    noise_words: int = 0
     noise_exact: int = 0
+    unmeasured: int = 0  # pairs of either side left out: their words at risk are unknown
     tolerance: str = ""  # what made a pair depart, in words
 
     def scaled(self, factor: int) -> Agreement:
@@ -131,10 +144,13 @@ class Agreement:
         return Agreement(
             max(self.compared, 1) * factor,
             self.departed * factor,
+            max(self.words, 1) * factor,
             self.exact * factor,
             max(self.noise_compared, 1) * factor,
             self.noise_departed * factor,
+            max(self.noise_words, 1) * factor,
             self.noise_exact * factor,
+            self.unmeasured,
             self.tolerance,
         )
 
@@ -282,8 +298,59 @@ def bernoulli_interval(successes: int, n: int, alpha: float) -> tuple[float, flo
     return (low, high)
 
 
+# The gamma mixture's prior on a rate per word: Jeffreys' shape, and a scale of one word, since
+# a pair departs at most once and puts at least one word at risk (a rate is at most 1).
+_PRIOR_SHAPE, _PRIOR_WORDS = 0.5, 1.0
+_TINY = 1e-300
+
+
+def poisson_interval(count: int, exposure: int, alpha: float) -> tuple[float, float]:
+    """Return a confidence sequence for a rate per unit after `count` events in `exposure`.
+
+    The set of rates r where the gamma-mixture likelihood ratio of a Poisson process stays below
+    1/alpha: by Ville's inequality it covers the true rate at every exposure at once with
+    probability 1 - alpha. Words at risk are Bernoulli trials, for which the Poisson ratio is a
+    supermartingale (1 + x <= e^x), so it covers them too. Cut at 1, as a rate per word is.
+    """
+    if exposure <= 0:
+        return (0.0, 1.0)
+    shape, scale = _PRIOR_SHAPE, _PRIOR_WORDS
+    # log of the mixture's evidence, without the part that depends on r
+    mixture = (
+        shape * math.log(scale)
+        - math.lgamma(shape)
+        + math.lgamma(shape + count)
+        - (shape + count) * math.log(scale + exposure)
+    )
+    limit = math.log(1 / alpha)
+
+    def outside(r: float) -> bool:
+        return mixture - count * math.log(r) + r * exposure >= limit
+
+    def edge(inside: float, beyond: float) -> float:
+        # The log ratio is convex in r with its least at count / exposure: one crossing a side.
+        for _ in range(100):
+            mid = (inside + beyond) / 2
+            if outside(mid):
+                beyond = mid
+            else:
+                inside = mid
+        return inside
+
+    centre = count / exposure
+    low = 0.0 if count == 0 or not outside(_TINY) else edge(centre, _TINY)
+    high = 1.0 if not outside(1.0) else edge(centre, 1.0)
+    return (low, high)
+
+
 def _quality(name: str, a: Agreement, margin: float, alpha: float, traffic: str) -> Check:
-    if a.compared == 0 or a.noise_compared == 0:
+    left_out = (
+        f"; {a.unmeasured} pairs stored before the primary's length in words was measured are"
+        " left out"
+        if a.unmeasured
+        else ""
+    )
+    if a.words == 0 or a.noise_words == 0:
         return Check(
             name,
             UNDECIDED,
@@ -292,23 +359,25 @@ def _quality(name: str, a: Agreement, margin: float, alpha: float, traffic: str)
             margin,
             min(a.compared, a.noise_compared),
             f"needs {traffic} pairs from the candidate ({a.compared}) and from the noise floor"
-            f" ({a.noise_compared})",
+            f" ({a.noise_compared}){left_out}",
         )
-    p_c, p_n = a.departed / a.compared, a.noise_departed / a.noise_compared
-    c_low, c_high = bernoulli_interval(a.departed, a.compared, alpha / 2)
-    n_low, n_high = bernoulli_interval(a.noise_departed, a.noise_compared, alpha / 2)
+    r_c, r_n = a.departed / a.words, a.noise_departed / a.noise_words
+    c_low, c_high = poisson_interval(a.departed, a.words, alpha / 2)
+    n_low, n_high = poisson_interval(a.noise_departed, a.noise_words, alpha / 2)
     low, high = c_low - n_high, c_high - n_low
     result = PASS if high <= margin else FAIL if low > margin else UNDECIDED
     return Check(
         name,
         result,
-        p_c - p_n,
+        r_c - r_n,
         (low, high),
         margin,
         min(a.compared, a.noise_compared),
-        f"{p_c:.2%} of {a.compared} {traffic} pairs depart in meaning, {p_n:.2%} of the"
-        f" noise floor's {a.noise_compared}; exact match {a.exact / a.compared:.1%} against"
-        f" {a.noise_exact / a.noise_compared:.1%} ({a.tolerance or 'default tolerance'})",
+        f"{a.departed} of {a.compared} {traffic} pairs depart in meaning, {1000 * r_c:.3g} per"
+        f" 1,000 of their {a.words:,} words at risk; the noise floor's {a.noise_departed} of"
+        f" {a.noise_compared}, {1000 * r_n:.3g} per 1,000 of {a.noise_words:,}; exact match"
+        f" {a.exact / a.compared:.1%} against {a.noise_exact / a.noise_compared:.1%}"
+        f" ({a.tolerance or 'default tolerance'}){left_out}",
     )
 
 
@@ -420,10 +489,10 @@ def _pairs(e: Evidence) -> int:
 
 def _checks(e: Evidence, c: Criteria, each: float) -> list[Check]:
     """Every check: quality (per kind of traffic), SLO attainment, errors and benefit."""
-    checks = [_quality("quality", e.greedy, c.quality_margin, each, "temperature-0")]
+    checks = [_quality("quality", e.greedy, c.departure_margin, each, "temperature-0")]
     if e.sampled.compared:
         checks.append(
-            _quality("quality_sampled", e.sampled, c.sampled_quality_margin, each, "sampled")
+            _quality("quality_sampled", e.sampled, c.sampled_departure_margin, each, "sampled")
         )
     return [*checks, _slo(e.slo, c.slo_margin, each), _errors(e, c, each), _benefit(e, c, each)]
 

@@ -49,8 +49,9 @@ def plain_check(check: Mapping[str, Any]) -> str:
         traffic = "Temperature-0" if name == "quality" else "Sampled"
         return (
             f"{traffic} quality {result}: {check['detail']}. The candidate departs "
-            f"{estimate * 100:+.2f} points more often than the noise floor (interval "
-            f"{low * 100:+.2f} to {high * 100:+.2f}); at most {threshold * 100:.1f} allowed."
+            f"{estimate * 1000:+.2f} times per 1,000 words at risk more than the noise floor "
+            f"(interval {low * 1000:+.2f} to {high * 1000:+.2f}); at most "
+            f"{threshold * 1000:.1f} allowed."
         )
     if name == "slo":
         return (

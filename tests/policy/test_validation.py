@@ -174,6 +174,11 @@ ERRORS: dict[str, tuple[Edit, str]] = {
         lambda d: d["pools"]["gpu"].update(firmware=1.10),
         "pools.gpu.firmware: Value error, write a version as a quoted string, e.g. '1.1'",
     ),
+    "the former share margin of the quality check": (
+        lambda d: d.setdefault("promotion", {}).update(quality_margin=0.01),
+        "promotion: promotion.quality_margin (a share of departing answers) is no longer read: "
+        "the judge holds departures per word at risk to promotion.departure_margin",
+    ),
 }
 
 

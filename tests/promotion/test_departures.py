@@ -9,8 +9,10 @@ from gateway.promotion.departures import (
     SAME_MEANING,
     SAME_WORDS,
     Tolerance,
+    at_risk,
     departs,
     tolerance,
+    words_at_risk,
 )
 
 
@@ -57,3 +59,20 @@ def test_too_few_noise_pairs_give_the_default_tolerance() -> None:
     few = [pair(semantic_similarity=0.5) for _ in range(MIN_DIFFERING - 1)]
     assert tolerance(few) == Tolerance()
     assert "too few noise-floor pairs" in tolerance(few).describe()
+
+
+def test_words_at_risk_run_to_the_first_difference_or_the_whole_answer() -> None:
+    assert words_at_risk(True, None, 30) == 30
+    assert words_at_risk(False, 0, 30) == 1  # the first word differs: one word was at risk
+    assert words_at_risk(False, 11, 30) == 12
+    assert words_at_risk(False, 40, 30) == 30  # the candidate ran on past the reference's end
+    assert words_at_risk(None, None, 7) == 7  # without the measure, the whole answer
+
+
+def test_a_record_without_the_primarys_length_has_no_words_at_risk() -> None:
+    # Stored before the length was measured: a matching pair cannot say what it put at risk.
+    assert at_risk(pair(exact_match=True, first_divergence=None)) is None
+    assert at_risk(pair(first_divergence=3, reference_words=20)) == 4
+    assert at_risk(pair(exact_match=True, reference_words=20)) == 20
+    # An embedding answer has no words: one vector, one at risk.
+    assert at_risk(pair(exact_match=None, embedding_cosine=0.99)) == 1

@@ -17,8 +17,8 @@ from rows import request_record, shadow_record
 from gateway.db.connection import connect
 from gateway.db.schema import promotion_evaluations, request_records, shadow_records
 from gateway.policy.load import load_policy
-from gateway.promotion.evidence import evaluate, latest
-from gateway.promotion.judge import HOLD, PROMOTE, REJECT
+from gateway.promotion.evidence import evaluate, gather, latest
+from gateway.promotion.judge import HOLD, PROMOTE, REJECT, Criteria, judge
 from harness.gateways import run_gateway
 from policies import fleet_policy
 
@@ -61,11 +61,22 @@ def shadow_history(
             "primary_cost_usd": 1e-4,
             "candidate_cost_usd": 5e-5 if cheaper else 2e-4,
         }
-        copy = shadow_record(first + 2 * i, exact_match=not disagrees, **common)
+        copy = shadow_record(
+            first + 2 * i,
+            exact_match=not disagrees,
+            first_divergence=5 if disagrees else None,
+            reference_words=40,
+            **common,
+        )
         rows.append(copy.row())
         rows.append(
             shadow_record(
-                first + 2 * i + 1, kind="noise", candidate_pool="gpu", exact_match=True, **common
+                first + 2 * i + 1,
+                kind="noise",
+                candidate_pool="gpu",
+                exact_match=True,
+                reference_words=40,
+                **common,
             ).row()
         )
         if slo_class is not None:
@@ -79,10 +90,41 @@ def shadow_history(
             conn.execute(request_records.insert(), requests)
 
 
+def test_departures_are_counted_per_word_at_risk_and_records_without_the_length_left_out() -> None:
+    def row(n: int, kind: str = "candidate", **measures: object) -> dict:
+        pool = "gpu" if kind == "noise" else "cim"
+        fields = {"similarity": None, **measures}
+        record = shadow_record(n, kind=kind, candidate_pool=pool, **fields)
+        return {**record.row(), "slo_class": None}
+
+    rows = [
+        row(1, exact_match=True, reference_words=30),  # every word at risk, none departed
+        row(2, exact_match=False, first_divergence=9, similarity=0.5, reference_words=30),
+        row(3, exact_match=True),  # stored before the length was measured
+        row(4, "noise", exact_match=True, reference_words=30),
+        row(5, "noise", exact_match=True, reference_words=25),
+        row(6, "noise", exact_match=False, first_divergence=2, similarity=0.5),
+    ]
+    (e,) = gather(rows, lambda _: None).values()
+    a = e.greedy
+    # The differing pair put its words up to and including the first that differs at risk.
+    assert (a.compared, a.departed, a.words) == (2, 1, 30 + 10)
+    assert (a.noise_compared, a.noise_departed, a.noise_words) == (2, 0, 55)
+    assert a.unmeasured == 2
+    (quality,) = [c for c in judge(e, Criteria(), now=NOW).checks if c.name == "quality"]
+    assert quality.estimate == pytest.approx(1 / 40)
+    assert "1 of 2 temperature-0 pairs depart in meaning, 25 per 1,000 of their 40 words" in (
+        quality.detail
+    )
+    assert "2 pairs stored before the primary's length in words was measured are left out" in (
+        quality.detail
+    )
+
+
 def test_evaluations_are_judged_stored_and_listed(database: str) -> None:
     db = connect(database)
     policy = load_policy(ROOT / "policies/default.yaml")
-    # Non-inferiority within 0.2 points needs thousands of pairs on each side.
+    # A departure in one answer of ten, each of 40 words, is 2.7 per 1,000 words at risk.
     shadow_history(db, 8000)
     shadow_history(db, 3000, agree_every=10, route="worse")
     verdicts = {v.route: v for v in evaluate(db, policy, now=NOW)}
@@ -144,7 +186,7 @@ def test_cli_and_admin_api_show_the_verdicts(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     (verdict,) = json.loads(result.stdout)
-    assert verdict["outcome"] == HOLD  # 600 samples: not enough to tell a 0.2-point margin
+    assert verdict["outcome"] == HOLD  # 600 samples: too few to decide the SLO's 1-point margin
     assert verdict["samples_needed"] is None or verdict["samples_needed"] > 0
     with run_gateway(fleet_policy(), tmp_path, admin_token="t") as gw, gw.http() as http:
         listed = http.get("/admin/promotions", headers={"authorization": "Bearer t"}).json()

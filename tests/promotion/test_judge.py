@@ -2,9 +2,12 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 
+from gateway.policy.model import Promotion
 from gateway.promotion.judge import (
+    DEPARTURE_MARGIN,
     FAIL,
     FAILED,
     HOLD,
@@ -19,7 +22,9 @@ from gateway.promotion.judge import (
     Histogram,
     bernoulli_interval,
     judge,
+    poisson_interval,
 )
+from gateway.promotion.precision.rates import rate_interval
 
 WEEK = 7 * 86400.0
 
@@ -28,16 +33,18 @@ def evidence(
     n: int = 100_000,
     departing: float = 0.0,
     floor: float = 0.0,
+    words: int = 12,
     sampled_share: float = 0.0,
-    sampled_departing: float = 0.01,
-    sampled_floor: float = 0.01,
+    sampled_departing: float = 0.0004,
+    sampled_floor: float = 0.0004,
     slowdown: float = 1.0,
     slo_loss: float = 0.0,
     cheaper: float = 0.9,
     error_rate: float = 0.001,
     seed: int = 1,
 ) -> Evidence:
-    """Shadow evidence drawn from known truths."""
+    """Shadow evidence drawn from known truths: departures per word at risk, over pairs that
+    each put `words` at risk (the real fleet's answers put 12)."""
     rng = random.Random(seed)
     e = Evidence("chat", "cim", first_ts=0.0)
     # Counts at exactly their rates, so each test's truth is also its estimate.
@@ -45,8 +52,8 @@ def evidence(
     e.errors = round(n * error_rate)
     compared = n - e.errors
     sampled = round(compared * sampled_share)
-    e.greedy = _agreement(compared - sampled, departing, floor)
-    e.sampled = _agreement(sampled, sampled_departing, sampled_floor)
+    e.greedy = _agreement(compared - sampled, departing, floor, words)
+    e.sampled = _agreement(sampled, sampled_departing, sampled_floor, words)
     e.priced = compared
     # Every answer meets the SLO but for `slo_loss` of the copies, however slow the candidate.
     missed = round(compared * slo_loss)
@@ -60,14 +67,16 @@ def evidence(
     return e
 
 
-def _agreement(compared: int, departing: float, floor: float) -> Agreement:
+def _agreement(compared: int, departing: float, floor: float, words: int) -> Agreement:
     noise = compared // 4
     return Agreement(
         compared=compared,
-        departed=round(compared * departing),
+        departed=round(compared * words * departing),
+        words=compared * words,
         exact=round(compared * 0.4),
         noise_compared=noise,
-        noise_departed=round(noise * floor),
+        noise_departed=round(noise * words * floor),
+        noise_words=noise * words,
         noise_exact=round(noise * 0.9),
         tolerance="semantic similarity below 0.980",
     )
@@ -92,8 +101,8 @@ def test_the_same_evidence_is_held_until_the_minimum_window_passes() -> None:
 @pytest.mark.parametrize(
     ("truth", "failed"),
     [
-        ({"departing": 0.03}, "quality"),
-        ({"sampled_share": 0.5, "sampled_departing": 0.04}, "quality_sampled"),
+        ({"departing": 0.003}, "quality"),
+        ({"sampled_share": 0.5, "sampled_departing": 0.004}, "quality_sampled"),
         ({"slo_loss": 0.03}, "slo"),
         ({"error_rate": 0.05}, "errors"),
         ({"cheaper": 0.2}, "benefit"),
@@ -143,13 +152,13 @@ def test_no_answered_copies_leave_the_slo_undecided() -> None:
 
 
 def test_little_evidence_holds_with_an_estimate_of_samples_needed() -> None:
-    verdict = judge(evidence(n=2400, departing=0.005), Criteria(), now=WEEK + 1)
+    verdict = judge(evidence(n=2400, departing=0.0004), Criteria(), now=WEEK + 1)
     assert verdict.outcome == HOLD
     assert verdict.reason.startswith("not enough evidence yet on quality at temperature 0")
     assert verdict.samples_needed is not None and verdict.samples_needed > 0
     # At the same rates, that many more noise-floor pairs (a quarter of the copies) decide it.
     pairs = 2400 // 4 + verdict.samples_needed
-    enough = evidence(n=4 * pairs, departing=0.005)
+    enough = evidence(n=4 * pairs, departing=0.0004)
     assert results(judge(enough, Criteria(), now=WEEK + 1))["quality"] != UNDECIDED
 
 
@@ -161,7 +170,7 @@ def test_a_candidate_no_cheaper_than_the_primary_is_never_promoted() -> None:
 
 def test_no_noise_floor_means_no_quality_verdict() -> None:
     e = evidence(n=5000)
-    e.greedy.noise_compared = e.greedy.noise_departed = 0
+    e.greedy.noise_compared = e.greedy.noise_departed = e.greedy.noise_words = 0
     verdict = judge(e, Criteria(), now=WEEK + 1)
     assert verdict.outcome == HOLD and results(verdict)["quality"] == UNDECIDED
     assert "quality at temperature 0" in verdict.reason
@@ -180,7 +189,8 @@ def test_many_exact_mismatches_are_no_evidence_against_a_candidate_whose_meaning
 def test_sampled_traffic_is_judged_against_its_own_noise_floor() -> None:
     # Samples differ from each other far more than greedy answers: the same departure rate
     # that would fail at temperature 0 passes against the sampled floor.
-    both = evidence(sampled_share=0.7, sampled_departing=0.012, sampled_floor=0.01)
+    assert results(judge(evidence(departing=0.0012), Criteria(), now=WEEK + 1))["quality"] == FAIL
+    both = evidence(sampled_share=0.7, sampled_departing=0.0012, sampled_floor=0.001)
     verdict = judge(both, Criteria(), now=WEEK + 1)
     assert results(verdict)["quality_sampled"] == PASS
     assert verdict.outcome == PROMOTE, verdict.reason
@@ -190,9 +200,9 @@ def test_sampled_traffic_is_judged_against_its_own_noise_floor() -> None:
 
 
 def test_harmful_errors_hidden_in_sampled_traffic_are_found() -> None:
-    # 0.5% harmful answers in the sampled share, none in the temperature-0 share.
+    # Harmful answers in the sampled share, none in the temperature-0 share.
     verdict = judge(
-        evidence(sampled_share=0.7, sampled_departing=0.01 + 0.03), Criteria(), now=WEEK + 1
+        evidence(sampled_share=0.7, sampled_departing=0.0004 + 0.002), Criteria(), now=WEEK + 1
     )
     assert verdict.outcome == REJECT
     assert results(verdict) == {**results(verdict), "quality": PASS, "quality_sampled": FAIL}
@@ -212,6 +222,93 @@ def test_bernoulli_sequence_covers_the_truth_at_every_look() -> None:
                     misses += 1
                     break
     assert misses <= 10  # at most alpha of the streams ever miss, with room for chance
+
+
+def long_answers(departing: float, floor: float, departed_at: int) -> Evidence:
+    """A week of copies of 100-word answers (the simulator's natural length): 160,000 pairs
+    of the candidate's, 40,000 of the noise floor's, each departing pair diverging at
+    word `departed_at`."""
+    e = evidence(n=160_000)
+    a = e.greedy
+    candidate, noise = round(a.compared * departing), round(a.noise_compared * floor)
+    a.departed, a.noise_departed = candidate, noise
+    a.words = (a.compared - candidate) * 100 + candidate * departed_at
+    a.noise_words = (a.noise_compared - noise) * 100 + noise * departed_at
+    return e
+
+
+def test_a_long_answer_benign_candidate_the_share_rule_held_is_promoted() -> None:
+    # The int8 ASIC at natural lengths: 2.1% of its answers depart against the GPU's own 1.2%,
+    # each a flip somewhere in 100 words that sends the rest elsewhere.
+    e = long_answers(departing=0.021, floor=0.012, departed_at=50)
+    a = e.greedy
+    # Shares, as the judge compared them before: 0.9 points apart, whose interval reaches past
+    # the 1-point margin after a week, so it held the part.
+    each = Criteria().alpha / 5 / 2
+    high = (
+        bernoulli_interval(a.departed, a.compared, each)[1]
+        - bernoulli_interval(a.noise_departed, a.noise_compared, each)[0]
+    )
+    assert high > 0.01
+    # Per word at risk both rates are small and close: promoted after the week.
+    verdict = judge(e, Criteria(), now=WEEK + 1)
+    assert verdict.outcome == PROMOTE, verdict.reason
+    (quality,) = [c for c in verdict.checks if c.name == "quality"]
+    assert quality.interval is not None and quality.interval[1] < DEPARTURE_MARGIN / 2
+
+
+def test_a_long_answer_harmful_candidate_is_rejected_on_the_first_day() -> None:
+    # A wrong fact in a fifth of the answers, around their 30th word.
+    e = long_answers(departing=0.2 + 0.012, floor=0.012, departed_at=30)
+    verdict = judge(e, Criteria(), now=86400)
+    assert verdict.outcome == REJECT
+    assert results(verdict)["quality"] == FAIL
+
+
+def test_a_departure_in_one_short_answer_in_ten_is_rejected() -> None:
+    # 12-word answers, one in ten departing: what the former 1-point share margin rejected
+    # is rejected per word too (8.3 per 1,000 words against 0.8 allowed).
+    verdict = judge(evidence(n=20_000, departing=0.1 / 12), Criteria(), now=WEEK + 1)
+    assert verdict.outcome == REJECT and results(verdict)["quality"] == FAIL
+
+
+def test_the_policys_margins_are_the_judges() -> None:
+    # The policy cannot import the judge (it sits below it), so its defaults are held here.
+    policy, rules = Promotion(), Criteria()
+    assert policy.departure_margin == rules.departure_margin == DEPARTURE_MARGIN
+    assert policy.sampled_departure_margin == rules.sampled_departure_margin
+
+
+def misses(interval, rate: float, looks: int, words_per_look: int, streams: int = 200) -> int:
+    """Count the streams of Bernoulli words at `rate` whose interval ever leaves the truth."""
+    rng = np.random.default_rng(11)
+    missed = 0
+    for _ in range(streams):
+        counts = np.cumsum(rng.binomial(words_per_look, rate, size=looks))
+        for look, count in enumerate(counts, start=1):
+            low, high = interval(int(count), look * words_per_look, 0.05)
+            if not low <= rate <= high:
+                missed += 1
+                break
+    return missed
+
+
+@pytest.mark.parametrize("rate", [0.0002, 0.002])
+def test_the_rate_sequence_covers_the_truth_at_every_look(rate: float) -> None:
+    # 400 looks of one stream of words, as the judge looks every 6 hours for 100 days: the
+    # sequence misses the true rate in at most alpha of the streams, with room for chance.
+    assert misses(poisson_interval, rate, 400, 5000) <= 15
+    # The fixed-sample score interval, looked at as often, misses far more: the test can tell.
+    assert misses(rate_interval, rate, 400, 5000) > 30
+
+
+def test_the_rate_sequence_narrows_as_words_arrive_and_stays_within_a_rate() -> None:
+    assert poisson_interval(0, 0, 0.05) == (0.0, 1.0)
+    low, high = poisson_interval(0, 100_000, 0.05)
+    assert low == 0.0 and 0 < high < 1e-4
+    wide, narrow = poisson_interval(20, 10_000, 0.05), poisson_interval(200, 100_000, 0.05)
+    assert wide[0] < narrow[0] < 0.002 < narrow[1] < wide[1]
+    assert poisson_interval(5, 5, 0.05)[1] == 1.0  # a rate per word is at most 1
 
 
 def test_histogram_quantiles_are_within_two_percent() -> None:

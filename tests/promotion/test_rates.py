@@ -10,17 +10,8 @@ from gateway.promotion.precision.rates import (
     Rate,
     excess_interval,
     rate_interval,
-    words_at_risk,
     words_needed,
 )
-
-
-def test_words_at_risk_run_to_the_first_difference_or_the_whole_answer() -> None:
-    assert words_at_risk(True, None, 30) == 30
-    assert words_at_risk(False, 0, 30) == 1  # the first word differs: one word was at risk
-    assert words_at_risk(False, 11, 30) == 12
-    assert words_at_risk(False, 40, 30) == 30  # the candidate ran on past the reference's end
-    assert words_at_risk(None, None, 7) == 7  # without the measure, the whole answer
 
 
 def test_the_score_interval_of_none_ends_at_z_squared_over_the_words() -> None:

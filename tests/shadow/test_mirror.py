@@ -25,6 +25,7 @@ from gateway.fleet.state import Fleet
 from gateway.metrics import GatewayMetrics
 from gateway.policy.load import parse_policy, to_yaml
 from gateway.policy.model import SemanticSimilarity
+from gateway.promotion.departures import at_risk
 from gateway.routing.classify import RequestProfile
 from gateway.routing.router import RouteDecision
 from gateway.shadow.mirror import Mirror, copy_body
@@ -211,10 +212,16 @@ def test_candidate_and_noise_records_carry_correct_diffs(sims, deviant_cim, tmp_
         assert row["primary_status"] == row["candidate_status"] == 200
         assert row["temperature"] == 0 and row["sampled"] is False
         expected = compare(Answer(text=row["primary_text"]), Answer(text=row["candidate_text"]))
-        assert (row["exact_match"], row["similarity"], row["first_divergence"]) == (
+        assert (
+            row["exact_match"],
+            row["similarity"],
+            row["first_divergence"],
+            row["reference_words"],
+        ) == (
             expected.exact_match,
             expected.similarity,
             expected.first_divergence,
+            len(tokens(row["primary_text"])),
         )
         assert row["candidate_e2e_ms"] > 0 and row["primary_e2e_ms"] > 0
     for row in candidates:
@@ -223,11 +230,14 @@ def test_candidate_and_noise_records_carry_correct_diffs(sims, deviant_cim, tmp_
         primary, candidate = tokens(row["primary_text"]), tokens(row["candidate_text"])
         at = row["first_divergence"]
         assert primary[:at] == candidate[:at] and primary[at] != candidate[at]
+        # The judge counts the words up to and including the first that differs as at risk.
+        assert at_risk(row) == at + 1
     for row in noise:
         # A/A on the GPU pool: another backend than the primary's, same answer at temperature 0.
         assert row["candidate_pool"] == row["primary_pool"] == "gpu"
         assert row["candidate_backend"] != row["primary_backend"]
         assert row["exact_match"] is True and row["similarity"] == 1.0
+        assert at_risk(row) == len(tokens(row["primary_text"])) > 0  # every word was at risk
 
 
 def test_copies_ask_for_logprobs_and_differing_pairs_are_embedded_for_meaning(

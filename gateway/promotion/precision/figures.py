@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway import stats
-from gateway.promotion.departures import compared, departs, tolerance
+from gateway.promotion.departures import compared, departs, tolerance, words_at_risk
 from gateway.promotion.precision.limits import (
     DEFAULT_LIMITS,
     MIN_DISTINCT_PROMPTS,
@@ -48,7 +48,7 @@ from gateway.promotion.precision.limits import (
 )
 from gateway.promotion.precision.paired import Paired, wilson_interval
 from gateway.promotion.precision.plan import Plan, Suite
-from gateway.promotion.precision.rates import Rate, excess_interval, words_at_risk
+from gateway.promotion.precision.rates import Rate, excess_interval
 from gateway.promotion.precision.reasons import reasons
 
 PASS, FAIL = "pass", "fail"

@@ -6,7 +6,8 @@ meaning. So the chance that an answer departs grows with its length (an int8 par
 on 0.4% of 20-word answers departs on about 4% of 200-word ones), and a share of departing
 answers says as much about the suite's lengths as about the part. The rate per word at risk
 does not: each pair contributes the words both answers share up to and including the first
-that differs (all of them when none does), and a departure where it departs. It is the
+that differs (all of them when none does: gateway/promotion/departures.py, `words_at_risk`),
+and a departure where it departs. It is the
 maximum-likelihood rate of a part that follows the reference until it departs.
 
 A check compares the candidate's rate with the noise floor's (the reference's second answers)
@@ -24,14 +25,6 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from statistics import NormalDist
-
-
-def words_at_risk(exact_match: bool | None, first_divergence: int | None, words: int) -> int:
-    """Return the words of a pair at risk of departing: up to and including the first that
-    differs, or all `words` of the reference's answer when the answers match."""
-    if exact_match or first_divergence is None:
-        return words
-    return min(first_divergence + 1, max(words, 1))
 
 
 def rate_interval(count: int, exposure: int, alpha: float) -> tuple[float, float]:
