@@ -10,7 +10,7 @@ import pytest
 from realworld import require_engine
 
 from bench import pairs
-from bench.promotion import QUALITY_MARGIN, SCENARIOS, calibrate, headline
+from bench.promotion import DEPARTURE_MARGIN, SCENARIOS, calibrate, headline
 from gateway.promotion.judge import bernoulli_interval
 
 RESULTS = Path(__file__).resolve().parents[2] / "docs/results"
@@ -28,9 +28,12 @@ def test_every_simulated_scenario_meets_its_target(simulated: dict) -> None:
 def test_equal_quality_and_cheaper_is_promoted_and_the_quality_null_is_not(simulated) -> None:
     s = simulated["scenarios"]
     assert s["aa"]["promote_rate"] == 1.0
-    # At exactly the margin above the floor: the boundary a judge must not cross.
+    # At exactly the margin above the floor, per word at risk: the boundary a judge must not
+    # cross.
     null = s["quality_null"]["rates"]["temperature_0"]
-    assert null["candidate"] == pytest.approx(null["noise_floor"] + QUALITY_MARGIN)
+    assert null["candidate_per_1000_words"] == pytest.approx(
+        null["noise_floor_per_1000_words"] + 1000 * DEPARTURE_MARGIN
+    )
     assert s["quality_null"]["promote_rate"] == 0.0
 
 
@@ -40,8 +43,22 @@ def test_an_int8_part_is_promoted_once_a_week_has_passed(simulated):
     # Its flips depart, as the real Q8_0's do, but on answers as long as the real fleet's they
     # are rare (pairs.simulated is seeded: the same pairs every run).
     assert rates["candidate_exact_match"] < 1.0 and rates["candidate"] > 0.0
-    assert rates["candidate"] <= rates["noise_floor"] + QUALITY_MARGIN / 2
+    assert rates["candidate_per_1000_words"] <= (
+        rates["noise_floor_per_1000_words"] + 1000 * DEPARTURE_MARGIN / 2
+    )
     assert benign["promote_rate"] == 1.0 and benign["median_days_to_decision"] >= 7.0
+
+
+def test_on_long_answers_the_int8_part_is_promoted_and_the_cim_part_rejected() -> None:
+    """At the simulator's own lengths (a median of 100 tokens) a benign part departs on more
+    of its answers, as any part does on longer ones; per word at risk it does not."""
+    natural = calibrate("simulated", runs=10, seed=3, pairs_measured=300, natural_lengths=True)
+    s = natural["scenarios"]
+    assert natural["targets_met"] == dict.fromkeys(SCENARIOS["simulated"], True)
+    long_answers = s["benign"]["rates"]["temperature_0"]
+    assert long_answers["candidate_words_at_risk_per_pair"] > 50
+    assert s["benign"]["promote_rate"] == 1.0 and s["benign"]["median_days_to_decision"] == 7.0
+    assert s["harmful"]["promote_rate"] == 0.0 and s["harmful"]["reject_rate"] == 1.0
 
 
 def test_the_simulated_calibration_agrees_with_the_real_one(simulated: dict) -> None:
