@@ -165,13 +165,16 @@ def test_queued_requests_are_served_in_arrival_order():
 
 
 def test_speed_divides_every_simulated_duration():
-    durations = {}
+    # A 4 s prefill and 20 steps of 200 ms, simulated: 0.8 and 0.2 s of wall time in 20 events,
+    # so the CPU a busy machine makes slow (a thousand events of a long answer) stays ms of it.
+    flags = ["--prefill-fixed-ms", "4000", "--decode-fixed-ms", "200"]
+    traces = {}
     for speed in (10, 40):
-        with start_simulator("cim", speed=speed) as sim:
-            # ~4 s simulated: 0.4 and 0.1 s of wall time, beside the HTTP round trip's few ms.
-            trace = _run(sim.url, [_body("word " * 2000, 1000)])[0]
-            durations[speed] = trace.last_token
-    assert durations[10] > 2 * durations[40]
+        with start_simulator("cim", speed=speed, extra_args=flags) as sim:
+            traces[speed] = _run(sim.url, [_body("word " * 20, 20)])[0]
+    slow, fast = traces[10], traces[40]
+    assert slow.first_token > 2 * fast.first_token
+    assert slow.last_token - slow.first_token > 2 * (fast.last_token - fast.first_token)
 
 
 def test_requests_go_to_the_device_with_the_fewest_in_flight():
