@@ -7,9 +7,6 @@ requests only once its /health answers.
 
 from __future__ import annotations
 
-import contextlib
-import json
-import subprocess
 import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -18,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 from realworld import require_engine
+from switching import HOOK, switched, up
 from waiting import wait_for
 
 from gateway.policy.model import Policy
@@ -27,12 +25,6 @@ from realfleet import engine
 from realfleet.corpus import MODEL
 from realfleet.fleet import BACKENDS, models, spec
 
-SWITCH = Path(__file__).resolve().parents[2] / "harness" / "server_switch.py"
-
-
-def switch(action: str, url: str, state: Path) -> None:
-    subprocess.run([sys.executable, str(SWITCH), action, url, str(state)], check=True)
-
 
 @pytest.fixture
 def engines(tmp_path: Path) -> Iterator[tuple[list[str], Path]]:
@@ -41,27 +33,9 @@ def engines(tmp_path: Path) -> Iterator[tuple[list[str], Path]]:
     files = models(engine.cache_dir())
     gpu = next(b for b in BACKENDS if b.part == "f16")
     state = tmp_path / "engines"
-    state.mkdir()
-    urls = []
-    for seed in (1, 2):
-        port = engine.free_port()
-        (state / f"{port}.json").write_text(json.dumps(spec(gpu, files, seed=seed).args(port)))
-        urls.append(f"http://127.0.0.1:{port}")
-    try:
-        for url in urls:
-            switch("wake", url, state)
-        for url in urls:
-            wait_for(lambda u=url: up(u), timeout=120, message=f"{url} never served")
+    commands = [spec(gpu, files, seed=seed).args for seed in (1, 2)]
+    with switched(commands, state, timeout_s=120) as urls:
         yield urls, state
-    finally:
-        for url in urls:
-            switch("park", url, state)
-
-
-def up(url: str) -> bool:
-    with contextlib.suppress(httpx.HTTPError):
-        return httpx.get(url + "/health", timeout=2).status_code == 200
-    return False
 
 
 def chat(server: GatewayServer, tokens: int) -> httpx.Response:
@@ -75,14 +49,13 @@ def test_the_command_hook_stops_an_idle_engine_and_starts_it_for_returning_traff
     engines: tuple[list[str], Path], tmp_path: Path
 ) -> None:
     urls, state = engines
-    hook = [sys.executable, str(SWITCH)]
     gpu = pool("gpu", urls, [MODEL], max_context=2048, slots_per_backend=2, engine="llamacpp")
     gpu["power_metrics"] = None
     gpu["parking"] = {
         "hook": "command",
         "wake_s": 0.2,
-        "park_command": [*hook, "park", "{url}", str(state)],
-        "wake_command": [*hook, "wake", "{url}", str(state)],
+        "park_command": [*HOOK, "park", "{url}", str(state)],
+        "wake_command": [*HOOK, "wake", "{url}", str(state)],
     }
     policy = Policy.model_validate(
         {

@@ -7,16 +7,15 @@ looks back), and its rounds to a fifth of a second; everything else is the servi
 from __future__ import annotations
 
 import contextlib
-import json
-import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import pytest
 import sqlalchemy as sa
+from switching import HOOK, switched, up
 from waiting import wait_for
 
 from gateway.db.schema import parking_events
@@ -27,7 +26,6 @@ from gateway.upstream.parking import Parker, last_gpu
 from harness.gateways import GatewayServer, run_gateway
 from harness.simulators import SimulatorProcess, start_simulator
 from policies import MODEL, fleet_policy
-from realfleet.engine import free_port
 
 SLOTS = 2  # so that two requests at once need both backends (at 60% of their slots)
 # Slots enough that requests one at a time never need a second backend, however the forecast
@@ -157,53 +155,30 @@ def test_an_idle_backend_is_parked_and_woken_before_traffic_reaches_it(
         assert metric(server, "gateway_backend_wakeups_total", pool="gpu") >= 1
 
 
-SWITCH = Path(__file__).resolve().parents[2] / "harness" / "server_switch.py"
-
-
-def switch(action: str, url: str, state: Path) -> None:
-    subprocess.run([sys.executable, str(SWITCH), action, url, str(state)], check=True)
-
-
-def up(url: str) -> bool:
-    with contextlib.suppress(httpx.HTTPError):
-        return httpx.get(url + "/health", timeout=2).status_code == 200
-    return False
+def simulator(seed: int) -> Callable[[int], list[str]]:
+    """A GPU simulator's command line, given its port."""
+    argv = [sys.executable, "-m", "simulator", "--profile", "gpu", "--host", "127.0.0.1"]
+    return lambda port: [*argv, "--port", str(port), "--speed", "100", "--seed", str(seed)]
 
 
 @pytest.fixture
 def releasable(tmp_path: Path) -> Iterator[tuple[list[str], Path]]:
     """Two GPU simulators whose processes the release hook stops and starts again."""
     state = tmp_path / "servers"
-    state.mkdir()
-    urls = []
-    for seed in (1, 2):
-        port = free_port()
-        argv = [sys.executable, "-m", "simulator", "--profile", "gpu", "--host", "127.0.0.1"]
-        argv += ["--port", str(port), "--speed", "100", "--seed", str(seed)]
-        (state / f"{port}.json").write_text(json.dumps(argv))
-        urls.append(f"http://127.0.0.1:{port}")
-    try:
-        for url in urls:
-            switch("wake", url, state)
-        for url in urls:
-            wait_for(lambda u=url: up(u), timeout=60, message=f"{url} never served")
+    with switched([simulator(s) for s in (1, 2)], state, timeout_s=60) as urls:
         yield urls, state
-    finally:
-        for url in urls:
-            switch("park", url, state)
 
 
 def test_a_released_backend_is_given_back_and_started_again_for_returning_traffic(
     releasable: tuple[list[str], Path], tmp_path: Path
 ) -> None:
     urls, state = releasable
-    hook = [sys.executable, str(SWITCH)]
     release = {
         "hook": "command",
         "mode": "release",
         "wake_s": 2,
-        "park_command": [*hook, "park", "{url}", str(state)],
-        "wake_command": [*hook, "wake", "{url}", str(state)],
+        "park_command": [*HOOK, "park", "{url}", str(state)],
+        "wake_command": [*HOOK, "wake", "{url}", str(state)],
     }
     policy = parked_policy(urls, release)
     with run_gateway(policy, tmp_path, parking_commands=[sys.executable]) as server:
