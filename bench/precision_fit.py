@@ -19,6 +19,15 @@ The simulator's precision model (simulator/precision.py, docs/simulator.md) take
 from this file: `fit` gives each profile the logit noise at which it flips as often as the part
 it stands for, and tests/bench/test_precision_fit.py holds the simulator, answering prompts of
 the real answers' lengths, within `ALPHA` intervals of every figure.
+
+How sure the model is when it samples is fit apart, to the real fleet's sampled calibration
+pairs (docs/results/promotion-real-seed0.json), with no engine running:
+
+    python -m bench.precision_fit --sampling
+
+`sampling_fit` gives the sureness (simulator/precision.py, `SAMPLING_SURENESS`) at which two
+simulated answers sampled at 0.7, as long as the real ones, match as often as the real
+reference's and its replica's do.
 """
 
 from __future__ import annotations
@@ -41,7 +50,7 @@ from gateway.promotion.precision.check import Endpoint, ask, measure_pair
 from gateway.promotion.precision.labels import states
 from realfleet import fleet
 from simulator.answers import Question, compose
-from simulator.precision import flip_chance
+from simulator.precision import SAMPLING_SURENESS, flip_chance
 from simulator.profile import load_profile
 from simulator.words import concept
 
@@ -50,6 +59,7 @@ PARTS = {"f16 replica": pairs.REPLICA, **{k: v for k, v in pairs.REAL_PARTS.item
 # The part each simulator profile stands for.
 STANDS_FOR = {"gpu": "f16 replica", "asic": "q8_0", "cim": "analog"}
 ALPHA = 1e-3
+REAL_CALIBRATION = pairs.PRECISION_FIT.parent / "promotion-real-seed0.json"
 
 
 async def answered(urls: Mapping[str, str], concurrency: int = 4) -> dict[str, list[Row]]:
@@ -190,6 +200,48 @@ def fit(result: Mapping[str, Any]) -> dict[str, Any]:
     return {"content_share": share, "alpha": ALPHA, "profiles": fitted}
 
 
+def sampled_exact_match(sureness: float, lengths: Sequence[int], rounds: int = 10) -> float:
+    """Return the share of prompts on which two answers sampled at 0.7 with `sureness` match,
+    each prompt as long as `lengths` says, `rounds` times over."""
+    # Sampling divides the logits by the temperature and multiplies them by the sureness, so a
+    # sureness is tried as the temperature that gives the same draws under the simulator's own.
+    temperature = pairs.SAMPLED_TEMPERATURE * SAMPLING_SURENESS / sureness
+    rng = Random(0)
+    same = 0
+    for k in range(rounds):
+        for i, length in enumerate(lengths):
+            question = Question(
+                "m", f"sampling {k} {i}", limit=length, ignore_eos=True, temperature=temperature
+            )
+            one, two = (compose(question, noise=0.0, harmful_rate=0.0, rng=rng) for _ in range(2))
+            same += one.text == two.text
+    return same / (rounds * len(lengths))
+
+
+def sureness_for(exact: float, lengths: Sequence[int]) -> float:
+    """Return the sampling sureness at which sampled answers match `exact` of the time."""
+    low, high = 1.0, 100.0
+    for _ in range(14):
+        mid = (low + high) / 2
+        low, high = (mid, high) if sampled_exact_match(mid, lengths) < exact else (low, mid)
+    return (low + high) / 2
+
+
+def sampling_fit() -> dict[str, Any]:
+    """Return the real fleet's sampled pairs' exact match, its interval, and the sureness that
+    fits it on answers of the real lengths."""
+    sampled = json.loads(REAL_CALIBRATION.read_text())["scenarios"]["sampled"]["rates"]["sampled"]
+    pairs_measured = int(sampled["noise_pairs"])
+    matched = round(sampled["noise_exact_match"] * pairs_measured)
+    lengths = pairs.real_lengths()
+    return {
+        "noise_exact_match": matched / pairs_measured,
+        "noise_exact_match_interval": interval(matched, pairs_measured),
+        "fitted_sampling_sureness": sureness_for(matched / pairs_measured, lengths),
+        "sampling_sureness": SAMPLING_SURENESS,
+    }
+
+
 def measure(logs: Path | None = None) -> dict[str, Any]:
     """Start the real fleet, ask the suite, and summarise each part: prose and facts apart."""
     with pairs.real_fleet(logs) as urls:
@@ -213,9 +265,19 @@ def measure(logs: Path | None = None) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--out", type=Path)
     parser.add_argument("--logs", type=Path, default=None)
+    parser.add_argument(
+        "--sampling",
+        action="store_true",
+        help="fit how sure sampling is to the real fleet's stored sampled pairs, and print it",
+    )
     args = parser.parse_args(argv)
+    if args.sampling:
+        print(json.dumps(sampling_fit(), indent=1))
+        return 0
+    if args.out is None:
+        parser.error("--out is required to measure the real fleet")
     result = measure(args.logs)
     result["fit"] = fit(result)
     args.out.write_text(json.dumps(result, indent=1) + "\n")

@@ -18,7 +18,9 @@ RESULTS = Path(__file__).resolve().parents[2] / "docs/results"
 
 @pytest.fixture(scope="module")
 def simulated() -> dict:
-    return calibrate("simulated", runs=10, seed=3, pairs_measured=300)
+    # As many pairs as the real fleet's calibration: sampled answers match on 86% of its
+    # prompts, so fewer would leave the floor too few differing pairs to measure a tolerance.
+    return calibrate("simulated", runs=10, seed=3, pairs_measured=840)
 
 
 def test_every_simulated_scenario_meets_its_target(simulated: dict) -> None:
@@ -74,6 +76,27 @@ def test_the_simulated_calibration_agrees_with_the_real_one(simulated: dict) -> 
         assert low <= mine["candidate"] <= high, (name, mine["candidate"], (low, high))
         assert ours["promote_rate"] == theirs["promote_rate"], name
         assert ours["reject_rate"] == theirs["reject_rate"], name
+
+
+def test_simulated_sampled_pairs_match_and_depart_as_the_real_ones_do(simulated: dict) -> None:
+    """At 0.7 the simulated int8 part's sampled pairs, and the floor's, match exactly and depart
+    within the 99.9% interval of the real fleet's (840 pairs each), and leave their answers as
+    late: a sampled pair puts at risk the share of a temperature-0 pair's words a real one does.
+    The share, not the words: a simulated token is a word, a real answer has 1.43 tokens a word,
+    so a simulated pair of the real answers' lengths puts more words at risk at any temperature."""
+    real = json.loads((RESULTS / "promotion-real-seed0.json").read_text())["scenarios"]
+    ours, theirs = simulated["scenarios"]["sampled"]["rates"], real["sampled"]["rates"]
+    measured = theirs["sampled"]["pairs"]
+    for figure in ("candidate", "noise_floor", "candidate_exact_match", "noise_exact_match"):
+        low, high = bernoulli_interval(round(theirs["sampled"][figure] * measured), measured, 1e-3)
+        assert low <= ours["sampled"][figure] <= high, (figure, ours["sampled"][figure])
+
+    def kept(rates: dict) -> float:
+        """A sampled pair's words at risk over a temperature-0 pair's."""
+        words = "noise_words_at_risk_per_pair"
+        return rates["sampled"][words] / rates["temperature_0"][words]
+
+    assert kept(ours) == pytest.approx(kept(theirs), abs=0.05)
 
 
 def test_harmful_errors_and_missed_slos_are_rejected(simulated: dict) -> None:

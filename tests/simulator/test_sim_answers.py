@@ -77,10 +77,19 @@ def test_token_count_of_the_text_equals_completion_tokens():
     assert count_tokens(answer.text) == answer.completion_tokens
 
 
+def _long_sample(seed: int | None = None) -> Question:
+    """A 400-token answer sampled at 1.0: about 200 content words, enough that the model, as
+    sure of its words as the real fleet's, samples another word somewhere."""
+    return Question(
+        model=MODEL, prompt_key="hi", limit=400, ignore_eos=True, temperature=1.0, seed=seed
+    )
+
+
 def test_sampling_is_reproducible_with_a_request_seed():
-    sampled = Question(model=MODEL, prompt_key="hi", limit=200, temperature=1.0, seed=7)
+    sampled = _long_sample(seed=7)
     assert _answer(sampled, seed=1).text == _answer(sampled, seed=2).text
-    assert _answer(sampled).text != _answer(_greedy("hi", limit=200)).text
+    greedy = _greedy("hi", limit=400, ignore_eos=True)
+    assert _answer(sampled).text != _answer(greedy).text
 
 
 def test_a_vanishing_temperature_samples_the_reference_text_instead_of_failing():
@@ -90,7 +99,7 @@ def test_a_vanishing_temperature_samples_the_reference_text_instead_of_failing()
 
 
 def test_sampling_without_a_seed_varies_between_requests():
-    sampled = Question(model=MODEL, prompt_key="hi", limit=200, temperature=1.0)
+    sampled = _long_sample()
     rng = Random(0)
     texts = {compose(sampled, noise=0.0, harmful_rate=0.0, rng=rng).text for _ in range(5)}
     assert len(texts) == 5
