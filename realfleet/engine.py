@@ -147,12 +147,26 @@ def stop(server: Server, timeout_s: float = 10.0) -> None:
             server.process.wait()
 
 
+def start(spec: ServerSpec, log: Path | None = None, attempts: int = 3) -> Server:
+    """Launch a server of `spec` on a free port and return it ready. One that exits before it
+    serves is launched again on another port: a port free a moment ago may be taken before the
+    server binds it (an outgoing connection's ephemeral port, another test's server)."""
+    for attempt in range(attempts):
+        server = launch(spec, log=log)
+        try:
+            wait_ready(server)
+            return server
+        except RuntimeError:
+            if attempt == attempts - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
 @contextlib.contextmanager
 def serving(spec: ServerSpec, log: Path | None = None) -> Iterator[Server]:
     """Run one server for the duration of a block, ready on entry."""
-    server = launch(spec, log=log)
+    server = start(spec, log=log)
     try:
-        wait_ready(server)
         yield server
     finally:
         stop(server)

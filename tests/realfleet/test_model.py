@@ -80,13 +80,11 @@ def test_the_policy_describes_the_engines_the_fleet_starts() -> None:
 @pytest.fixture(scope="module")
 def servers(parts: dict[str, weights.Part]) -> Iterator[dict[str, engine.Server]]:
     require_engine()
-    started = {
-        precision: engine.launch(engine.ServerSpec(part.path, corpus.MODEL, seed=1))
-        for precision, part in parts.items()
-    }
+    started: dict[str, engine.Server] = {}
     try:
-        for server in started.values():
-            engine.wait_ready(server)
+        for precision, part in parts.items():
+            spec = engine.ServerSpec(part.path, corpus.MODEL, seed=1)
+            started[precision] = engine.start(spec)
         yield started
     finally:
         for server in started.values():
