@@ -171,9 +171,8 @@ def test_make_run_installs_the_simulated_fleet_without_torch(source: Path, tmp_p
 
 
 def test_make_test_installs_every_extra_torch_included(tmp_path: Path) -> None:
-    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
-        "optional-dependencies"
-    ]
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
     assert any(_name(r) == "torch" for r in extras["train"])
     dry = subprocess.run(
         ["make", "-n", "test", f"VENV={tmp_path / 'venv'}"],
