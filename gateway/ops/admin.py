@@ -31,6 +31,7 @@ from gateway.errors import (
 from gateway.ops import views
 from gateway.ops.errors import problem
 from gateway.ops.openapi import ADMIN_ERRORS, ErrorBody
+from gateway.ops.parts import OpsParts
 from gateway.periodic import helper_process
 from gateway.policy import validation, versions
 from gateway.policy.apply import apply, rollback
@@ -41,7 +42,6 @@ from gateway.replay.whatif import recorded_requests, simulate
 from gateway.report.period import ISO_WEEK, SINCE, parse_since
 from gateway.report.schedule import FILES, listing
 from gateway.routing.explain import explain
-from gateway.runtime import Gateway
 from gateway.shadow.summary import summarize
 
 MAX_LISTED = 1000  # policy versions one listing returns; a bigger limit is a 400, not a crash
@@ -49,7 +49,7 @@ MAX_VERSION = 2**63 - 1  # the widest integer the databases store
 MAX_PAIRS = 200  # shadow pairs one listing returns
 
 
-def admin_router(gateway: Gateway) -> APIRouter:
+def admin_router(gateway: OpsParts) -> APIRouter:
     """Build the /admin routes for a gateway."""
 
     # The token is checked before the app reads anything (gateway/ops/guard.py).
@@ -400,6 +400,6 @@ class ExplainRequest(AdminRequest):
     headers: dict[str, str] = {}
 
 
-def install(app: FastAPI, gateway: Gateway) -> None:
+def install(app: FastAPI, gateway: OpsParts) -> None:
     """Mount the admin API on the ops app."""
     app.include_router(admin_router(gateway))
