@@ -36,9 +36,10 @@ from gateway.ingress.responses import ResponsesRelay, to_chat
 from gateway.ingress.telemetry import Telemetry
 from gateway.metrics import GatewayMetrics
 from gateway.policy.model import Policy, Tenant
+from gateway.routing.bodies import MAX_MODEL_CHARS
 from gateway.routing.classify import (
     ENDPOINTS,
-    MAX_MODEL_CHARS,
+    RESPONSES_PATH,
     RequestProfile,
     TokenEstimator,
     classify,
@@ -57,7 +58,6 @@ from gateway.upstream.metering import EnergyMeter
 # The request headers classify reads beside the x-slo- ones: the tenant key and session keys.
 _KEPT_HEADERS = frozenset({b"authorization", *(h.encode() for h in SESSION_HEADERS)})
 log = logging.getLogger(__name__)
-RESPONSES_PATH = "/v1/responses"
 MODELS_PATH = "/v1/models"
 
 JSON = [(b"content-type", b"application/json")]
@@ -88,7 +88,7 @@ def _assumed_max_tokens(payload: Any, profile: RequestProfile, policy: Policy) -
     """
     if profile.max_tokens is not None or profile.endpoint == "embeddings":
         return None
-    return max(policy.assumed_max_tokens, payload.get("min_tokens") or 0)
+    return max(policy.assumed_max_tokens, int(payload.get("min_tokens") or 0))
 
 
 def _used(ex: Exchange, charged: int) -> int:

@@ -41,11 +41,14 @@ from gateway.promotion import evidence, rollout
 from gateway.replay.whatif import recorded_requests, simulate
 from gateway.report.period import ISO_WEEK, SINCE, parse_since
 from gateway.report.schedule import FILES, listing
+from gateway.routing.bodies import INTEGRAL
 from gateway.routing.explain import explain
 from gateway.shadow.summary import summarize
 
 MAX_LISTED = 1000  # policy versions one listing returns; a bigger limit is a 400, not a crash
-MAX_VERSION = 2**63 - 1  # the widest integer the databases store
+# The widest integer a JSON reader holds exactly (the description's bounds are doubles), which
+# every database stores.
+MAX_VERSION = 2**53 - 1
 MAX_PAIRS = 200  # shadow pairs one listing returns
 
 
@@ -310,7 +313,8 @@ def conflict(description: str) -> dict[int | str, dict[str, Any]]:
 
 
 class AdminRequest(BaseModel):
-    """A JSON body of the admin API, typed strictly: `"yes"` is no boolean, `"1"` no integer."""
+    """A JSON body of the admin API, typed strictly: `"yes"` is no boolean, `"1"` no integer
+    (and `1.0` is one, as JSON Schema says: `INTEGRAL`)."""
 
     model_config = ConfigDict(strict=True)
 
@@ -355,15 +359,15 @@ class SimulateRequest(PolicyCandidate):
     """A proposed policy to replay the recorded traffic under."""
 
     days: float = Field(default=7, gt=0, le=90, description="How far back the traffic goes.")
-    limit: int = Field(
-        default=5000, ge=1, le=100_000, description="Replay at most this many requests."
+    limit: Annotated[int, Field(ge=1, le=100_000), INTEGRAL] = Field(
+        default=5000, description="Replay at most this many requests."
     )
 
 
 class RollbackRequest(AdminRequest):
     """Which version to serve again (default: the one before the active version), and why."""
 
-    version: int | None = Field(default=None, ge=1, le=MAX_VERSION)
+    version: Annotated[int, Field(ge=1, le=MAX_VERSION), INTEGRAL] | None = None
     message: str = ""
     author: str = "admin-api"
     override_precision_gate: bool = Field(
