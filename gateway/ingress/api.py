@@ -31,6 +31,7 @@ from gateway.errors import (
 from gateway.exchange import Exchange
 from gateway.fleet.ratelimit import TokenBuckets, admit_tenant, settle_tenant
 from gateway.fleet.sessions import SESSION_HEADERS
+from gateway.fleet.state import Serving
 from gateway.ingress.body import BodyDeadlines
 from gateway.ingress.responses import ResponsesRelay, to_chat
 from gateway.ingress.telemetry import Telemetry
@@ -47,7 +48,6 @@ from gateway.routing.classify import (
 )
 from gateway.routing.ranking import CostRanker
 from gateway.routing.router import decide, tokens_at_most
-from gateway.runtime import Serving
 from gateway.settings import Settings
 from gateway.shadow.mirror import Mirror
 from gateway.shadow.sample import ShadowPlan

@@ -96,30 +96,27 @@ def admin_router(gateway: OpsParts) -> APIRouter:
     async def fleet_energy(window: Literal["hour", "day"] = "day") -> dict[str, Any]:
         """The fleet's energy (idle included), cost (device-hours and energy) and carbon over
         the last hour or day, per pool, against the window before."""
-        return await asyncio.to_thread(
-            views.fleet_energy, gateway.db, gateway.policy, time.time(), views.WINDOWS[window]
-        )
+        policy, span = gateway.serving.policy, views.WINDOWS[window]
+        return await asyncio.to_thread(views.fleet_energy, gateway.db, policy, time.time(), span)
 
     @router.get("/parking")
     async def parking(window: Literal["hour", "day"] = "day") -> dict[str, Any]:
         """Parking over the last hour or day: per pool, backends on and parked over time,
         parks, wake-ups, hook failures and energy saved; and each wake-up, with why."""
-        return await asyncio.to_thread(
-            views.parking_history, gateway.db, gateway.policy, time.time(), views.WINDOWS[window]
-        )
+        policy, span = gateway.serving.policy, views.WINDOWS[window]
+        return await asyncio.to_thread(views.parking_history, gateway.db, policy, time.time(), span)
 
     @router.get("/traffic")
     async def traffic(window: Literal["hour", "day"] = "hour") -> list[dict[str, Any]]:
         """Per route over the last hour or day: pool shares, SLO attainment, TTFT, energy, cost."""
-        return await asyncio.to_thread(
-            views.traffic, gateway.db, gateway.policy, time.time(), views.WINDOWS[window]
-        )
+        policy, span = gateway.serving.policy, views.WINDOWS[window]
+        return await asyncio.to_thread(views.traffic, gateway.db, policy, time.time(), span)
 
     @router.get("/promotions")
     async def promotions(evaluate: bool = False) -> list[dict[str, Any]]:
         """Return the newest verdict per route and candidate; judge afresh with ?evaluate=1."""
         if evaluate:
-            await asyncio.to_thread(evidence.evaluate, gateway.db, gateway.policy)
+            await asyncio.to_thread(evidence.evaluate, gateway.db, gateway.serving.policy)
         return await asyncio.to_thread(evidence.latest, gateway.db)
 
     @router.get("/reports")
@@ -148,7 +145,7 @@ def admin_router(gateway: OpsParts) -> APIRouter:
         started = await asyncio.to_thread(
             rollout.start,
             gateway.db,
-            gateway.policy,
+            gateway.serving.policy,
             request.route,
             request.candidate,
             author="admin-api",
@@ -163,7 +160,7 @@ def admin_router(gateway: OpsParts) -> APIRouter:
         """Check every running rollout now: step, finish or roll back those whose step is due
         and whose guards say so (as the rollout driver does each round); return what moved."""
         moved = await asyncio.to_thread(
-            rollout.advance, gateway.db, gateway.policy, author="admin-api"
+            rollout.advance, gateway.db, gateway.serving.policy, author="admin-api"
         )
         await gateway.policy_watcher.sync()
         return moved
@@ -182,12 +179,13 @@ def admin_router(gateway: OpsParts) -> APIRouter:
     @router.post("/explain")
     async def explain_request(request: ExplainRequest) -> dict[str, Any]:
         """Route a request as the gateway would now, without sending it; return the reasons."""
+        serving = gateway.serving  # the policy and the fleet it configured: one version
         return explain(
             request.endpoint,
             request.body,
             request.headers,
-            gateway.policy,
-            gateway.fleet,
+            serving.policy,
+            serving.fleet,
             gateway.ranker,
             gateway.estimator,
         )
@@ -195,8 +193,8 @@ def admin_router(gateway: OpsParts) -> APIRouter:
     @router.get("/policy")
     async def active_policy() -> dict[str, Any]:
         """Return the policy serving on this replica: its version, hash and YAML."""
-        text = gateway.policy_text
-        return {"version": gateway.policy_version, "hash": content_hash(text), "yaml": text}
+        version, text = gateway.serving.version, gateway.serving.text
+        return {"version": version, "hash": content_hash(text), "yaml": text}
 
     @router.put("/policy", responses={422: {"model": PolicyErrors}, **STORE_ERRORS})
     async def apply_policy(change: PolicyChange) -> Response:
@@ -255,7 +253,7 @@ def admin_router(gateway: OpsParts) -> APIRouter:
         replay = helper_process()
         try:
             return await asyncio.get_running_loop().run_in_executor(
-                replay, simulate, gateway.policy, proposed, requests
+                replay, simulate, gateway.serving.policy, proposed, requests
             )
         finally:
             await asyncio.to_thread(replay.shutdown)

@@ -2,7 +2,7 @@
 
 `runtime.Gateway` has all of it; the ops app reads nothing else of it, as the ingress reads its
 own `Parts` (gateway/ingress/api.py), so a part added to the gateway for serving reaches /admin
-only by being named here.
+only by being named here. Neither imports runtime (an import-linter contract holds them).
 """
 
 from __future__ import annotations
@@ -11,10 +11,9 @@ from typing import Any, Protocol
 
 import sqlalchemy as sa
 
-from gateway.fleet.state import BackendState, Fleet
+from gateway.fleet.state import BackendState, Serving
 from gateway.metrics import GatewayMetrics
 from gateway.policy.credentials import Access
-from gateway.policy.model import Policy
 from gateway.routing.classify import TokenEstimator
 from gateway.routing.ranking import CostRanker
 from gateway.settings import Settings
@@ -33,46 +32,24 @@ class PolicySync(Protocol):
 
 
 class OpsParts(Protocol):
-    """What the ops app uses of the running gateway, all read-only: its lifespan and
-    readiness, its settings and metrics, the database, the policy serving now and its fleet,
-    what explains a decision, and the policy watcher that serves a version the admin API
-    stored."""
+    """What the ops app uses of the running gateway: its lifespan and readiness, its settings
+    and metrics, the database, the policy version serving now with its fleet (one snapshot, as
+    a request reads it), what explains a decision, the meter's power readings, and the policy
+    watcher that serves a version the admin API stored."""
 
-    @property
-    def settings(self) -> Settings: ...
-
-    @property
-    def metrics(self) -> GatewayMetrics: ...
-
-    @property
-    def db(self) -> sa.Engine: ...
-
-    @property
-    def access(self) -> Access: ...
-
-    @property
-    def estimator(self) -> TokenEstimator: ...
-
-    @property
-    def ranker(self) -> CostRanker: ...
+    settings: Settings
+    metrics: GatewayMetrics
+    db: sa.Engine
+    serving: Serving
+    access: Access
+    estimator: TokenEstimator
+    ranker: CostRanker
 
     @property
     def meter(self) -> PowerReadings: ...
 
     @property
     def policy_watcher(self) -> PolicySync: ...
-
-    @property
-    def policy(self) -> Policy: ...
-
-    @property
-    def fleet(self) -> Fleet: ...
-
-    @property
-    def policy_version(self) -> int: ...
-
-    @property
-    def policy_text(self) -> str: ...
 
     async def start(self) -> None: ...
 

@@ -55,5 +55,5 @@ def ops_app(gateway: OpsParts) -> FastAPI:
     console.install(app, gateway)
     errors.install(app)
     generate = app.openapi  # FastAPI's generator, which keeps what it generated
-    app.openapi = lambda: openapi.document(generate(), gateway.policy)  # type: ignore[method-assign]
+    app.openapi = lambda: openapi.document(generate(), gateway.serving.policy)  # type: ignore[method-assign]
     return app

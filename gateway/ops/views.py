@@ -37,8 +37,9 @@ def fleet(gateway: OpsParts, now: float) -> list[dict[str, Any]]:
     attributed today (UTC), and the serving cost model's held-out error."""
     today = _energy_since(gateway.db, math.floor(now / DAY_S) * DAY_S)
     pools = []
-    for name, spec in gateway.policy.pools.items():
-        state = gateway.fleet.pools.get(name)
+    serving = gateway.serving  # the policy and the fleet it configured: one version
+    for name, spec in serving.policy.pools.items():
+        state = serving.fleet.pools.get(name)
         backends: list[dict[str, Any]] = []
         for b in state.backends if state is not None else []:
             backends.append(
