@@ -97,10 +97,10 @@ class Arithmetic(NamedTuple):
 ONE = Arithmetic(math.log1p, math.log, min, max)
 
 
-def context_terms(context: Any, ops: Arithmetic = ONE) -> tuple[Any, Any, Any]:
+def context_terms(context: Any, arithmetic: Arithmetic = ONE) -> tuple[Any, Any, Any]:
     """Return φ's terms of the KV-cache tokens a backend will hold: their log, and how far
     past each of CONTEXT_KNEES they reach."""
-    log1p, maximum = ops.log1p, ops.maximum
+    log1p, maximum = arithmetic.log1p, arithmetic.maximum
     return (
         log1p(context / 1000),
         log1p(maximum(context - _KNEE_LOW, 0) / 1000),
@@ -109,51 +109,40 @@ def context_terms(context: Any, ops: Arithmetic = ONE) -> tuple[Any, Any, Any]:
 
 
 def request_terms(
-    prompt: Any, output: Any, context: Any, span: Span = UNBOUNDED, ops: Arithmetic = ONE
+    prompt: Any, output: Any, context: Any, span: Span = UNBOUNDED, arithmetic: Arithmetic = ONE
 ) -> tuple[Any, ...]:
     """Return the request's terms of φ (REQUEST_TERMS): of its prompt and output tokens and
     the `context` its backend will hold, the squares and the product within `span`."""
-    log1p, minimum, maximum = ops.log1p, ops.minimum, ops.maximum
+    log1p, minimum, maximum = arithmetic.log1p, arithmetic.minimum, arithmetic.maximum
     log_prompt = log1p(prompt)
     log_output = log1p(output)
     (prompt_low, prompt_high), (output_low, output_high) = span.log_prompt, span.log_output
     p = minimum(maximum(log_prompt, prompt_low), prompt_high)
     o = minimum(maximum(log_output, output_low), output_high)
-    log_context, past_low, past_high = context_terms(context, ops)
+    log_context, past_low, past_high = context_terms(context, arithmetic)
     return (1.0, log_prompt, log_output, log_context, past_low, past_high, p * p, o * o, p * o)
 
 
 def batch_terms(
-    concurrent: Any, slots: Any, span: Span = UNBOUNDED, ops: Arithmetic = ONE
+    concurrent: Any, slots: Any, span: Span = UNBOUNDED, arithmetic: Arithmetic = ONE
 ) -> tuple[Any, ...]:
     """Return the batch's terms of φ (BATCH_TERMS): of the requests a backend of `slots` will
     have in flight, the request's own included, log concurrency also within `span`."""
-    log_concurrent = ops.log(ops.maximum(concurrent, 1))
+    log_concurrent = arithmetic.log(arithmetic.maximum(concurrent, 1))
     low, high = span.log_concurrent
-    c = ops.minimum(ops.maximum(log_concurrent, low), high)
+    c = arithmetic.minimum(arithmetic.maximum(log_concurrent, low), high)
     return (1.0, log_concurrent, concurrent / slots, c, c * c)
 
 
-def features(
-    prompt: Any,
-    output: Any,
-    concurrent: Any,
-    slots: Any,
-    context: Any,
-    span: Span = UNBOUNDED,
-    ops: Arithmetic = ONE,
-) -> tuple[Any, ...]:
-    """Return φ for a request on a backend that will have `concurrent` requests with it, whose
-    KV cache will hold `context` tokens (every request's on it, this one's included), its
-    quadratic terms within `span`.
+def features(request: tuple[Any, ...], batch: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Return φ of a request's terms and its batch's terms (`request_terms`, `batch_terms`):
+    each feature the product of its two (PHI).
 
-    The one definition, in three functions both sides call: training evaluates it over arrays
-    of observations (`train.design`); `PoolModel` folds each concurrency's `batch_terms` into
-    its weights and a prediction evaluates the request's `request_terms` (tests/costmodel/:
-    a prediction is the prior times exp(w · φ) of the features training fits w on).
+    The one definition, which both sides compute: training over arrays of observations
+    (`train.design`); the request path folds each concurrency's batch terms into the weights
+    (`PoolModel`) and a prediction computes the request's terms (tests/costmodel/: a
+    prediction is the prior times exp(w · φ) of the features training fits w on).
     """
-    request = request_terms(prompt, output, context, span, ops)
-    batch = batch_terms(concurrent, slots, span, ops)
     return tuple(request[r] * batch[b] for r, b in _FACTORS)
 
 

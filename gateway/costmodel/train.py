@@ -157,8 +157,9 @@ def _columns(group: Sequence[Observation], slots: int, phys: Physics) -> dict[st
 def terms(columns: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Return the request's and the batch's terms of φ of every row of a group, by name, with
     nothing clamped (REQUEST_TERMS, BATCH_TERMS)."""
-    request = request_terms(columns["prompt"], columns["output"], columns["context"], ops=MANY)
-    batch = batch_terms(columns["concurrent"], columns["slots"], ops=MANY)
+    prompt, output, context = columns["prompt"], columns["output"], columns["context"]
+    request = request_terms(prompt, output, context, UNBOUNDED, MANY)
+    batch = batch_terms(columns["concurrent"], columns["slots"], UNBOUNDED, MANY)
     return dict(zip(REQUEST_TERMS, request, strict=True)) | dict(
         zip(BATCH_TERMS, batch, strict=True)
     )
@@ -176,16 +177,9 @@ def span_of(columns: Mapping[str, np.ndarray], rows: np.ndarray) -> Span:
 
 def design(columns: Mapping[str, np.ndarray], span: Span = UNBOUNDED) -> np.ndarray:
     """Return φ of every row of a group (`features`), its quadratic terms within `span`."""
-    phi = features(
-        columns["prompt"],
-        columns["output"],
-        columns["concurrent"],
-        columns["slots"],
-        columns["context"],
-        span,
-        MANY,
-    )
-    return np.column_stack(np.broadcast_arrays(*phi))
+    request = request_terms(columns["prompt"], columns["output"], columns["context"], span, MANY)
+    batch = batch_terms(columns["concurrent"], columns["slots"], span, MANY)
+    return np.column_stack(np.broadcast_arrays(*features(request, batch)))
 
 
 def _measured(values: list[float | None]) -> np.ndarray:

@@ -165,7 +165,7 @@ def test_the_closed_form_ridge_is_scikit_learns_ridge() -> None:
 
 
 def test_retraining_computes_the_priors_and_features_the_request_path_predicts_with() -> None:
-    from gateway.costmodel.model import Span, features
+    from gateway.costmodel.model import Span, batch_terms, features, request_terms
     from gateway.costmodel.train import _columns, design
 
     slots = POLICY.pools["gpu"].slots_per_backend
@@ -192,7 +192,10 @@ def test_retraining_computes_the_priors_and_features_the_request_path_predicts_w
         assert columns["prior_e2e"][i] == pytest.approx(service)
         assert columns["prior_energy"][i] == pytest.approx(energy)
         context = o.context_tokens or o.prompt_tokens + o.completion_tokens
-        want = features(o.prompt_tokens, o.completion_tokens, o.concurrent, slots, context, span)
+        want = features(
+            request_terms(o.prompt_tokens, o.completion_tokens, context, span),
+            batch_terms(o.concurrent, slots, span),
+        )
         assert list(phi[i]) == pytest.approx(list(want))
     assert columns["ttft"][0] == 0.1 and all(v != v for v in columns["tpot"])  # NaN: not measured
 
