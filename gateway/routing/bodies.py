@@ -82,28 +82,28 @@ PromptCacheKey = Annotated[
 ]
 
 
-class ContentPart(TypedDict):
-    """A part of a message's content: text, or another kind (an image) counted as one."""
+class _Body(TypedDict):
+    """A JSON object of a body: its fields typed strictly; fields it does not name pass."""
 
     __pydantic_config__ = _OPEN  # type: ignore[misc]
+
+
+class ContentPart(_Body):
+    """A part of a message's content: text, or a part of another kind (an image, audio)."""
 
     type: str
     text: NotRequired[str | None]
 
 
-class ChatMessage(TypedDict):
+class ChatMessage(_Body):
     """One message of a conversation."""
-
-    __pydantic_config__ = _OPEN  # type: ignore[misc]
 
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: NotRequired[str | list[ContentPart] | None]
 
 
-class Generation(TypedDict):
+class Generation(_Body):
     """What chat and text completions share."""
-
-    __pydantic_config__ = _OPEN  # type: ignore[misc]
 
     model: Model
     stream: NotRequired[bool]
@@ -145,10 +145,8 @@ class CompletionRequest(Generation):
     ]
 
 
-class EmbeddingRequest(TypedDict):
+class EmbeddingRequest(_Body):
     """Texts or token ids to embed."""
-
-    __pydantic_config__ = _OPEN  # type: ignore[misc]
 
     model: Model
     input: (
@@ -172,19 +170,15 @@ def _part_type(part: Any) -> str | None:
     return "text" if kind in ("input_text", "output_text") else "image" if kind else None
 
 
-class InputText(TypedDict):
+class InputText(_Body):
     """Text in a Responses API message."""
-
-    __pydantic_config__ = _OPEN  # type: ignore[misc]
 
     type: Literal["input_text", "output_text"]
     text: str
 
 
-class InputImage(TypedDict):
+class InputImage(_Body):
     """An image in a Responses API message, by URL."""
-
-    __pydantic_config__ = _OPEN  # type: ignore[misc]
 
     type: Literal["input_image"]
     image_url: str
@@ -200,20 +194,16 @@ InputPart = Annotated[
 ]
 
 
-class InputMessage(TypedDict):
+class InputMessage(_Body):
     """A message of the Responses API's input."""
-
-    __pydantic_config__ = _OPEN  # type: ignore[misc]
 
     type: NotRequired[Literal["message"]]
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[InputPart]
 
 
-class FunctionCall(TypedDict):
+class FunctionCall(_Body):
     """A call of a function tool the model made earlier in the conversation."""
-
-    __pydantic_config__ = _OPEN  # type: ignore[misc]
 
     type: Literal["function_call"]
     call_id: NotRequired[str]
@@ -221,10 +211,8 @@ class FunctionCall(TypedDict):
     arguments: NotRequired[str]
 
 
-class FunctionCallOutput(TypedDict):
+class FunctionCallOutput(_Body):
     """What a function call returned."""
-
-    __pydantic_config__ = _OPEN  # type: ignore[misc]
 
     type: Literal["function_call_output"]
     call_id: NotRequired[str]
@@ -248,10 +236,8 @@ InputItem = Annotated[
 ]
 
 
-class FunctionTool(TypedDict):
+class FunctionTool(_Body):
     """A function the model may call."""
-
-    __pydantic_config__ = _OPEN  # type: ignore[misc]
 
     type: Annotated[
         Literal["function"],
@@ -266,10 +252,8 @@ class FunctionTool(TypedDict):
     strict: NotRequired[bool | None]
 
 
-class TextFormat(TypedDict):
+class TextFormat(_Body):
     """The form of the answer's text: plain, a JSON object, or JSON that a schema describes."""
-
-    __pydantic_config__ = _OPEN  # type: ignore[misc]
 
     type: Literal["text", "json_object", "json_schema"]
     name: NotRequired[str]
@@ -277,18 +261,14 @@ class TextFormat(TypedDict):
     strict: NotRequired[bool | None]
 
 
-class TextOptions(TypedDict):
+class TextOptions(_Body):
     """Options of the answer's text."""
-
-    __pydantic_config__ = _OPEN  # type: ignore[misc]
 
     format: NotRequired[TextFormat]
 
 
-class ResponseRequest(TypedDict):
+class ResponseRequest(_Body):
     """OpenAI's Responses API, served through chat completions."""
-
-    __pydantic_config__ = _OPEN  # type: ignore[misc]
 
     model: Model
     input: str | Annotated[list[InputItem], Field(min_length=1)]
