@@ -25,6 +25,7 @@ from gateway.costmodel.train import RetrainSchedule
 from gateway.db.connection import connect
 from gateway.db.retention import Pruner, Windows
 from gateway.db.schema import BackendEnergy, RequestRecord, backend_energy, request_records
+from gateway.energy.meter import EnergyMeter
 from gateway.errors import PolicyStoreUnavailable
 from gateway.fleet.admission import Admission
 from gateway.fleet.collector import FleetCollector
@@ -34,6 +35,7 @@ from gateway.fleet.shared_prefixes import SharedPrefixes
 from gateway.fleet.sharedstate import SharedState
 from gateway.fleet.state import BackendState, Fleet
 from gateway.metrics import GatewayMetrics
+from gateway.parking.driver import Parker, command_environment
 from gateway.periodic import LoopLag, time_collections
 from gateway.policy import versions
 from gateway.policy.credentials import Access
@@ -55,9 +57,7 @@ from gateway.shadow.records import ShadowWriter
 from gateway.upstream.client import Upstream
 from gateway.upstream.forward import Forwarder
 from gateway.upstream.health import HealthChecker, SharedEjections
-from gateway.upstream.metering import EnergyMeter
 from gateway.upstream.outliers import OutlierDetector
-from gateway.upstream.parking import Parker, command_environment
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +139,7 @@ class Gateway:
             "inserter": self.writer,
         }
         self.records = RecordWriter(self.db, self.metrics, **spill)
-        # Each backend's draw and time on and parked, a row a minute (gateway/records/draw.py).
+        # Each backend's draw and time on and parked, a row a minute (gateway/energy/draw.py).
         self.draw_records: BatchWriter[BackendEnergy] = BatchWriter(
             self.db,
             backend_energy,

@@ -20,6 +20,7 @@ import orjson
 
 from gateway.costmodel.model import OutputLengths
 from gateway.db.schema import RequestRecord
+from gateway.energy.meter import EnergyMeter
 from gateway.errors import (
     GatewayError,
     InternalError,
@@ -52,7 +53,6 @@ from gateway.shadow.mirror import Mirror
 from gateway.shadow.sample import ShadowPlan
 from gateway.upstream.asgi import Receive, Scope, Send
 from gateway.upstream.forward import Forwarder
-from gateway.upstream.metering import EnergyMeter
 
 # The request headers classify reads beside the x-slo- ones: the tenant key and session keys.
 _KEPT_HEADERS = frozenset({b"authorization", *(h.encode() for h in SESSION_HEADERS)})

@@ -8,12 +8,12 @@ from typing import Any
 
 from gateway.costmodel.model import OutputLengths
 from gateway.db.schema import RequestRecord
+from gateway.energy.meter import EnergyMeter
 from gateway.exchange import Exchange
 from gateway.metrics import GatewayMetrics
 from gateway.records.requests import ms
 from gateway.records.slo import meets_slo, tpot_s
 from gateway.routing.classify import TokenEstimator
-from gateway.upstream.metering import EnergyMeter
 
 
 @dataclass(frozen=True, slots=True)

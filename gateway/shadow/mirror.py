@@ -34,6 +34,7 @@ import orjson
 from gateway.compare.answers import Answer, read_body, read_stream
 from gateway.compare.measures import Diff, compare
 from gateway.db.schema import ShadowRecord
+from gateway.energy.meter import EnergyMeter
 from gateway.errors import UpstreamError, UpstreamTimeout
 from gateway.exchange import Exchange
 from gateway.fleet.admission import Admission
@@ -51,7 +52,6 @@ from gateway.shadow.sample import CANDIDATE, NOISE, Sampler, ShadowPlan, sample,
 from gateway.shadow.semantic import Embedder
 from gateway.upstream import usage
 from gateway.upstream.client import PATHS, Upstream
-from gateway.upstream.metering import EnergyMeter
 from gateway.upstream.sse import StreamTally
 
 log = logging.getLogger(__name__)

@@ -1,12 +1,12 @@
 """Metering: scrape each backend's energy counter and its engine's load, once an interval.
 
-The edge around gateway/records/energy.py. Every interval it reads each metered backend's Prometheus
+The edge around gateway/energy/ledger.py. Every interval it reads each metered backend's Prometheus
 endpoint, feeds the readings and the spans of requests (and of shadow copies, which are counted
 in pool energy too) to that backend's ledger, and delivers each one's energy and cost once known.
 Pools that report no power (or whose scrapes keep failing) get an estimate from the capability
 matrix's nominal figures, and their records say so (`energy_estimated`). Every reading also
 counts whole for its backend, idle included, beside the time the backend was on and parked
-(gateway/records/draw.py): the fleet's energy and device-hours, handed to `record` a minute at a
+(gateway/energy/draw.py): the fleet's energy and device-hours, handed to `record` a minute at a
 time.
 
 The same round reads the load series of pools that name their serving `engine`
@@ -28,13 +28,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from gateway.db.schema import BackendEnergy
-from gateway.fleet.parking import PARKED
-from gateway.fleet.state import BackendState, Fleet
+from gateway.energy.draw import FleetDraw, Seen
+from gateway.energy.ledger import BackendLedger, Span
+from gateway.fleet.state import PARKED, BackendState, Fleet
 from gateway.metrics import GatewayMetrics
 from gateway.policy.model import Pool
 from gateway.policy.tariffs import Rate, Rates, own_rate
-from gateway.records.draw import FleetDraw, Seen
-from gateway.records.energy import BackendLedger, Span
 from gateway.upstream import engines, exposition
 from gateway.upstream.client import Upstream
 

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.records.energy import BackendLedger
+from gateway.energy.ledger import BackendLedger
 
 
 def ledger_with_idle(idle_w: float = 100.0) -> BackendLedger:

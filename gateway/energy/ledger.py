@@ -1,6 +1,6 @@
 """Energy attribution: split what a backend's energy counter measured among its requests.
 
-A pure core, fed by the power scraper (gateway/upstream/metering.py) with counter readings and by
+A pure core, fed by the power scraper (gateway/energy/meter.py) with counter readings and by
 the forwarder with request spans. Each interval between two readings is split when every request
 overlapping it has ended:
 
