@@ -37,6 +37,7 @@ from gateway.ingress.responses import ResponsesRelay, to_chat
 from gateway.ingress.telemetry import Telemetry
 from gateway.metrics import GatewayMetrics
 from gateway.policy.model import Policy, Tenant
+from gateway.records.requests import RequestEnergy
 from gateway.routing.classify import (
     ENDPOINTS,
     MAX_MODEL_CHARS,
@@ -131,6 +132,8 @@ class Parts(Protocol):
 
     def record_finished(self, record: RequestRecord) -> None: ...
 
+    def energy_settled(self, record: RequestRecord, energy: RequestEnergy) -> None: ...
+
 
 class Ingress:
     """Serve /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses (through chat
@@ -151,6 +154,7 @@ class Ingress:
             gateway.meter,
             gateway.estimator,
             gateway.outputs,
+            gateway.energy_settled,
         )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
