@@ -269,17 +269,17 @@ class GatewayMetrics:
         "shadow_records_dropped",
         "Shadow records lost past the documented limit (queue, memory and spill file full).",
     )
-    energy_updates_written = counter(
-        "energy_updates_written",
+    attribution_updates_written = counter(
+        "attribution_updates_written",
         "Request and shadow records given their measured energy in the database, after the "
         "record itself.",
     )
-    energy_updates_dropped = counter(
-        "energy_updates_dropped",
+    attribution_updates_dropped = counter(
+        "attribution_updates_dropped",
         "Energy updates lost past the documented limit (queue, memory and spill file full).",
     )
-    energy_settle_delay = histogram(
-        "energy_settle_delay_seconds",
+    attribution_delay = histogram(
+        "attribution_delay_seconds",
         "From a request's end to its energy being final: the readings that cover it, and the "
         "requests it shared them with having ended (or a bounded wait for them).",
         buckets=LATENCY_BUCKETS,

@@ -189,7 +189,7 @@ class EnergyMeter:
         m.child(m.energy, pool_name).inc(span.energy_j)
         if cost is not None:
             m.child(m.cost, pool_name).inc(cost)
-        m.energy_settle_delay.observe(max(0.0, self._clock() - pending.end_at))
+        m.attribution_delay.observe(max(0.0, self._clock() - pending.end_at))
         pending.deliver(span.energy_j, cost, False)
 
     def wanted(self) -> Mapping[str, Mapping[str, str]]:

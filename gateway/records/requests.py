@@ -51,8 +51,8 @@ class RecordWriter(BatchWriter[RequestRecord]):
             db,
             request_records,
             metrics,
-            metrics.energy_updates_written,
-            metrics.energy_updates_dropped,
+            metrics.attribution_updates_written,
+            metrics.attribution_updates_dropped,
             name="request_energy",
             statement=Statement.update(
                 request_records,

@@ -153,14 +153,14 @@ def test_energy_lands_after_its_record_through_an_outage_and_a_restart(
         down = GatewayMetrics()
         asyncio.run(run(down, range(20), up=False))
         assert sample(down, "gateway_records_spilled_total", table="request_energy") > 0
-        assert sample(down, "gateway_energy_updates_written_total") == 0
+        assert sample(down, "gateway_attribution_updates_written_total") == 0
         assert (spill / "request_energy.jsonl").exists()
 
         back = GatewayMetrics()
         asyncio.run(run(back, range(20, 30), up=True))
     assert energy_of(database) == {n: (1.5 * n, False) for n in range(30)}
-    assert sample(back, "gateway_energy_updates_written_total") == 30
-    assert sample(back, "gateway_energy_updates_dropped_total") == 0
+    assert sample(back, "gateway_attribution_updates_written_total") == 30
+    assert sample(back, "gateway_attribution_updates_dropped_total") == 0
     assert not (spill / "request_energy.jsonl").exists()
 
 
