@@ -70,6 +70,16 @@ def _overlap(a0: float, a1: float, b0: float, b1: float) -> float:
     return max(0.0, min(a1, b1) - max(a0, b0))
 
 
+def _union(ranges: list[tuple[float, float]]) -> float:
+    """Return the total length covered by a set of ranges."""
+    total, reach = 0.0, -math.inf
+    for a, b in sorted(ranges):
+        if b > reach:
+            total += b - max(a, reach)
+            reach = b
+    return total
+
+
 def _share(a0: float, a1: float, t0: float, t1: float) -> float:
     """Return the fraction of [a0, a1] that lies in [t0, t1] (all of it if a0 == a1 is inside)."""
     if a1 <= a0:
@@ -195,7 +205,7 @@ class BackendLedger:
         present: list[tuple[Span, float, float, float | None]] = []
         carried: list[Span] = []
         ended_work = ended_time = 0.0
-        busy, reach = 0.0, -math.inf
+        busy, reach, in_order = 0.0, -math.inf, True
         for n, span in enumerate(spans, 1):
             if n % STEP == 0:
                 yield None
@@ -212,10 +222,14 @@ class BackendLedger:
                 ended_work += work
                 ended_time += b - a
             present.append((span, a, b, work))
-            # Spans come in the order they opened, so their starts in the interval rise.
+            # Spans come in the order they opened, so their starts in the interval rise and
+            # the time something ran is one sweep; a start told out of order needs a sort.
+            in_order = in_order and (len(present) == 1 or a >= present[-2][1])
             if b > reach:
                 busy += b - max(a, reach)
                 reach = b
+        if not in_order:
+            busy = _union([(a, b) for _, a, b, _ in present])
         self._carried = carried
         if present:
             # A request still running goes at the pace of those that ended (see the docstring).

@@ -153,3 +153,16 @@ def test_settling_pauses_every_few_requests_so_a_loop_can_serve_between() -> Non
     assert sum(s.energy_j for s in spans) == pytest.approx(100.0 - 10.0 * 0.5)
     # Between two pauses: at most a step of splitting, or a step of finished spans.
     assert longest <= STEP
+
+
+def test_requests_opened_out_of_order_count_the_time_anything_ran_once() -> None:
+    ledger = ledger_with_idle(100.0)
+    ledger.open("later", 0.5)
+    ledger.open("earlier", 0.2)  # its start was read before the other's, told after
+    ledger.close("later", 0.6, 0, 1)
+    ledger.close("earlier", 0.4, 0, 1)
+    ledger.reading(1.0, 100.0)  # idle only
+    spans = ledger.settle()
+    # Busy 0.3 s of the second: that share of the idle draw and of the device's time.
+    assert sum(s.energy_j for s in spans) == pytest.approx(30.0)
+    assert sum(s.device_s for s in spans) == pytest.approx(0.3)
