@@ -38,7 +38,7 @@ class Telemetry:
         meter: EnergyMeter,
         estimator: TokenEstimator,
         outputs: OutputLengths,
-        settled: Callable[[RequestRecord, RequestEnergy], None] = lambda record, energy: None,
+        settled: Callable[[RequestRecord, RequestEnergy], None],
     ):
         self.metrics = metrics
         self.sink = sink
