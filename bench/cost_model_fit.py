@@ -52,9 +52,9 @@ from gateway.costmodel.train import (
     terms,
     train,
 )
+from gateway.energy.ledger import PREFILL_TOKEN_WEIGHT, BackendLedger
 from gateway.policy.load import load_policy
 from gateway.policy.model import Policy
-from gateway.records.energy import PREFILL_TOKEN_WEIGHT, BackendLedger
 from gateway.replay.learner import WARM_OBSERVATIONS, OnlineLearner
 from gateway.replay.scenario import PLAIN, Scenario, ScenarioRates, load_scenario
 from gateway.replay.strategies import strategy_for

@@ -1,5 +1,11 @@
 """An upstream that answers every chat completion at once: the floor for proxy benchmarks.
 
+`GET /metrics` answers as a GPU's exporters do, so that a gateway's energy meter and
+engine-load reader run as they do on a real fleet: DCGM's energy counter
+(`DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION`, mJ) advancing at an idle draw plus a fixed energy per
+token answered, its power (`DCGM_FI_DEV_POWER_USAGE`, W), and vLLM's load series (requests
+running and waiting, the KV cache in use).
+
 A request to /v1/embeddings is answered with one fixed vector per input, so that a shadow
 comparison's semantic measure (which asks the policy's embedding pool) has an answer too.
 
@@ -37,6 +43,46 @@ ANSWER = orjson.dumps(
         "usage": {"prompt_tokens": 8, "completion_tokens": 1, "total_tokens": 9},
     }
 )
+# An H100-class GPU serving an 8B model: 120 W idle, about 0.5 J per token at moderate batch.
+IDLE_W = 120.0
+JOULES_PER_TOKEN = 0.5
+
+
+class Device:
+    """The draw of the GPU this upstream stands for: idle since it started, and its tokens."""
+
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+        self.tokens = 0
+        self.running = 0
+        self._last: tuple[float, float] | None = None  # (time, joules) at the last scrape
+
+    def joules(self, now: float) -> float:
+        return IDLE_W * (now - self.started) + JOULES_PER_TOKEN * self.tokens
+
+    def metrics(self) -> bytes:
+        now = time.monotonic()
+        joules = self.joules(now)
+        last = self._last
+        watts = IDLE_W if last is None or now <= last[0] else (joules - last[1]) / (now - last[0])
+        self._last = (now, joules)
+        return (
+            "# TYPE DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION counter\n"
+            f'DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{{gpu="0"}} {joules * 1000:.0f}\n'
+            "# TYPE DCGM_FI_DEV_POWER_USAGE gauge\n"
+            f'DCGM_FI_DEV_POWER_USAGE{{gpu="0"}} {watts:.3f}\n'
+            "# TYPE vllm:num_requests_running gauge\n"
+            f"vllm:num_requests_running {self.running}\n"
+            "# TYPE vllm:num_requests_waiting gauge\n"
+            "vllm:num_requests_waiting 0\n"
+            "# TYPE vllm:kv_cache_usage_perc gauge\n"
+            f"vllm:kv_cache_usage_perc {min(self.running / 256, 1.0):.4f}\n"
+        ).encode()
+
+
+DEVICE = Device()
+METRICS_HEADERS = [(b"content-type", b"text/plain; version=0.0.4")]
+
 # One 1,024-wide vector (bge-large-en-v1.5's width), the same for every input.
 VECTOR = [round(1 / (1 + i), 6) for i in range(1024)]
 
@@ -93,6 +139,18 @@ STAMP = b'"id":"chatcmpl-bench"'
 async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     if scope["type"] != "http":
         return
+    if scope["method"] == "GET" and scope["path"] == "/metrics":
+        await send({"type": "http.response.start", "status": 200, "headers": METRICS_HEADERS})
+        await send({"type": "http.response.body", "body": DEVICE.metrics()})
+        return
+    DEVICE.running += 1
+    try:
+        await answer(scope, receive, send)
+    finally:
+        DEVICE.running -= 1
+
+
+async def answer(scope: dict[str, Any], receive: Any, send: Any) -> None:
     body, more = b"", True
     while more:
         message = await receive()
@@ -106,6 +164,7 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         await send({"type": "http.response.body", "body": answer})
         return
     if STREAM_FLAGS[0] in body or STREAM_FLAGS[1] in body:
+        DEVICE.tokens += len(EVENTS) - 1
         await send({"type": "http.response.start", "status": 200, "headers": STREAM_HEADERS})
         for event in EVENTS:
             if GAP_S:
@@ -114,6 +173,7 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
             await send({"type": "http.response.body", "body": event, "more_body": True})
         await send({"type": "http.response.body", "body": b""})
         return
+    DEVICE.tokens += 1
     await send({"type": "http.response.start", "status": 200, "headers": HEADERS})
     await send({"type": "http.response.body", "body": ANSWER})
 

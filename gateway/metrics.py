@@ -269,6 +269,21 @@ class GatewayMetrics:
         "shadow_records_dropped",
         "Shadow records lost past the documented limit (queue, memory and spill file full).",
     )
+    attribution_updates_written = counter(
+        "attribution_updates_written",
+        "Request and shadow records given their measured energy in the database, after the "
+        "record itself.",
+    )
+    attribution_updates_dropped = counter(
+        "attribution_updates_dropped",
+        "Energy updates lost past the documented limit (queue, memory and spill file full).",
+    )
+    attribution_delay = histogram(
+        "attribution_delay_seconds",
+        "From a request's end to its energy being final: the readings that cover it, and the "
+        "requests it shared them with having ended (or a bounded wait for them).",
+        buckets=LATENCY_BUCKETS,
+    )
     draw_records_written = counter(
         "draw_records_written",
         "Rows of a backend's draw (its energy and time on and parked in a minute) written to "

@@ -24,6 +24,7 @@ from gateway.costmodel.train import RetrainSchedule
 from gateway.db.connection import connect
 from gateway.db.retention import Pruner, Windows
 from gateway.db.schema import BackendEnergy, RequestRecord, backend_energy, request_records
+from gateway.energy.meter import EnergyMeter
 from gateway.errors import PolicyStoreUnavailable
 from gateway.fleet.admission import Admission
 from gateway.fleet.collector import FleetCollector
@@ -33,6 +34,7 @@ from gateway.fleet.shared_prefixes import SharedPrefixes
 from gateway.fleet.sharedstate import SharedState
 from gateway.fleet.state import BackendState, Fleet, Serving
 from gateway.metrics import GatewayMetrics
+from gateway.parking.driver import Parker, command_environment
 from gateway.periodic import LoopLag, time_collections
 from gateway.policy import versions
 from gateway.policy.credentials import Access
@@ -43,7 +45,7 @@ from gateway.policy.tariffs import DAY_S, Rate, fixed_rates, rate_at
 from gateway.policy.versions import PolicyVersion
 from gateway.promotion.rollout import RolloutDriver
 from gateway.records.batching import BatchWriter
-from gateway.records.requests import RecordWriter
+from gateway.records.requests import RecordWriter, RequestEnergy
 from gateway.records.writer import WriterProcess
 from gateway.report.schedule import ReportScheduler, parse_schedule
 from gateway.routing.classify import TokenEstimator
@@ -52,11 +54,11 @@ from gateway.settings import Settings, variables
 from gateway.shadow.mirror import Mirror
 from gateway.shadow.records import ShadowWriter
 from gateway.upstream.client import Upstream
+from gateway.upstream.engines import EngineLoads
 from gateway.upstream.forward import Forwarder
 from gateway.upstream.health import HealthChecker, SharedEjections
-from gateway.upstream.metering import EnergyMeter
 from gateway.upstream.outliers import OutlierDetector
-from gateway.upstream.parking import Parker, command_environment
+from gateway.upstream.scrape import Scrape
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +129,7 @@ class Gateway:
             "inserter": self.writer,
         }
         self.records = RecordWriter(self.db, self.metrics, **spill)
-        # Each backend's draw and time on and parked, a row a minute (gateway/records/draw.py).
+        # Each backend's draw and time on and parked, a row a minute (gateway/energy/draw.py).
         self.draw_records: BatchWriter[BackendEnergy] = BatchWriter(
             self.db,
             backend_energy,
@@ -138,14 +140,18 @@ class Gateway:
         )
         self.meter = EnergyMeter(
             lambda: self.fleet,
-            self.upstream,
             self.metrics,
-            interval_s=settings.power_scrape_interval_s,
             clock=clock,
             load_share=self._load_share,
-            on_room=self._room,
             rates=self.rate,
             record=self.draw_records.add,
+        )
+        self.engine_loads = EngineLoads(lambda: self.fleet, on_room=self._room)
+        self.scrape = Scrape(
+            self.upstream,
+            [self.meter, self.engine_loads],
+            interval_s=settings.power_scrape_interval_s,
+            clock=clock,
         )
         self.costmodel = CostModel(policy)
         self.learner = Learner(
@@ -316,8 +322,12 @@ class Gateway:
         self.shared.publish("policy", version=version)
 
     def record_finished(self, record: RequestRecord) -> None:
-        """Keep a finished request's record and learn from it."""
+        """Keep a finished request's record."""
         self.records.add(record)
+
+    def energy_settled(self, record: RequestRecord, energy: RequestEnergy) -> None:
+        """Keep a request's energy, now known, and learn from the request."""
+        self.records.energy.add(energy)
         self.learner.observe(record)
 
     def _use_model(self, model: CostModel) -> None:
@@ -357,7 +367,8 @@ class Gateway:
         self.shadow_records.start()
         self.draw_records.start()
         self.mirror.start()
-        await self.meter.start()
+        self.meter.start()
+        await self.scrape.start()
         self.health.start()
         self.parker.start()
         self.learner.start()
@@ -413,7 +424,8 @@ class Gateway:
         await self.parker.stop()
         await self.health.stop()
         await self.mirror.stop()
-        await self.meter.stop()  # delivers the energy of what is still held, then they are written
+        await self.scrape.stop()  # a last reading of every meter
+        await self.meter.stop()  # delivers the energy of what is still held, then it is written
         await self.shadow_records.stop()
         await self.draw_records.stop()
         await self.records.stop()

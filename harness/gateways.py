@@ -40,13 +40,19 @@ class GatewayServer:
     def http(self) -> httpx.Client:
         return httpx.Client(base_url=self.url, timeout=30)
 
-    def records(self, expected: int, timeout: float = 60.0) -> list[dict]:
-        """Wait until at least `expected` request records are written; return them all."""
+    def records(self, expected: int, timeout: float = 60.0, *, settled: bool = True) -> list[dict]:
+        """Wait until at least `expected` request records are written, and, if `settled`, the
+        energy of every one that reached a backend (it lands seconds after its record); return
+        them all."""
         deadline = time.monotonic() + timeout
         while True:
             with self.gateway.db.connect() as conn:
                 rows = [dict(r._mapping) for r in conn.execute(sa.select(request_records))]
-            if len(rows) >= expected or time.monotonic() > deadline:
+            done = len(rows) >= expected and (
+                not settled
+                or all(r["energy_estimated"] is not None for r in rows if r["backend"] is not None)
+            )
+            if done or time.monotonic() > deadline:
                 return rows
             time.sleep(0.05)
 

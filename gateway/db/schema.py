@@ -327,7 +327,7 @@ precision_checks = sa.Table(
 
 @dataclass(slots=True)
 class ParkingEvent:
-    """A step of parking a backend or waking it (gateway/upstream/parking.py), and why."""
+    """A step of parking a backend or waking it (gateway/parking/driver.py), and why."""
 
     ts: float = field(metadata=column(index=True, comment="Unix seconds."))
     pool: str = field(metadata=column(width=64))
@@ -359,7 +359,7 @@ parking_events = table("parking_events", ParkingEvent)
 @dataclass(slots=True)
 class BackendEnergy:
     """One backend's draw over (part of) a minute: the energy its meter read, idle included,
-    and the time it was on and parked (gateway/records/draw.py). The fleet's energy and
+    and the time it was on and parked (gateway/energy/draw.py). The fleet's energy and
     device-hours over any period are sums of these rows."""
 
     ts: float = field(metadata=column(index=True, comment="Start of the minute, Unix seconds."))

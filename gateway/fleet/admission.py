@@ -19,16 +19,23 @@ import asyncio
 import math
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gateway.errors import NoCapacity, SharedStateUnavailable
 from gateway.fleet.leases import Leases, Occupancy, Place
-from gateway.fleet.parking import Traffic
 from gateway.fleet.state import BackendState, Fleet, PoolState, Slot, Waiter
 from gateway.periodic import Periodic, Tasks
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
+
+
+class Traffic(Protocol):
+    """What parking is told of the requests served: each routed to a pool, each slot's hold."""
+
+    def arrived(self, pool: str, now: float) -> None: ...
+
+    def finished(self, pool: str, slot_s: float) -> None: ...
 
 
 def slot_place(backend: BackendState) -> Place:

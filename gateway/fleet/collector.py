@@ -14,8 +14,7 @@ from collections.abc import Callable, Iterator
 from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gateway.fleet.parking import DRAINING, PARKED, WAKING
-from gateway.fleet.state import Fleet
+from gateway.fleet.state import DRAINING, PARKED, WAKING, Fleet
 from gateway.metrics import NAMESPACE
 
 

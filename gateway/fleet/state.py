@@ -20,6 +20,10 @@ REQUEST_HEADERS = {"content-type": "application/json"}
 SHADOW_HEADER = {"x-gateway-shadow": "1"}
 
 
+# Parking's states of a backend (gateway/parking/plan.py): in service, or taken out of it.
+IN_SERVICE, DRAINING, PARKED, WAKING = "", "draining", "parked", "waking"
+
+
 @dataclass(eq=False, slots=True)
 class BackendState:
     """One upstream server: its slots and KV-cache memory in use, and its outlier state.
@@ -63,7 +67,7 @@ class BackendState:
     engine_tokens_per_s: float | None = None
     ejected: bool = False
     ejected_until: float = 0.0
-    # Parking's state (gateway/fleet/parking.py): '' in service, else draining, parked, waking;
+    # Parking's state (gateway/parking/plan.py): '' in service, else draining, parked, waking;
     # why the plan moved it there, and since when (Unix seconds).
     parking: str = ""
     parking_reason: str = ""

@@ -20,6 +20,7 @@ import orjson
 
 from gateway.costmodel.model import OutputLengths
 from gateway.db.schema import RequestRecord
+from gateway.energy.meter import EnergyMeter
 from gateway.errors import (
     GatewayError,
     InternalError,
@@ -37,6 +38,7 @@ from gateway.ingress.responses import ResponsesRelay, to_chat
 from gateway.ingress.telemetry import Telemetry
 from gateway.metrics import GatewayMetrics
 from gateway.policy.model import Policy, Tenant
+from gateway.records.requests import RequestEnergy
 from gateway.routing.bodies import MAX_MODEL_CHARS
 from gateway.routing.classify import (
     ENDPOINTS,
@@ -53,7 +55,6 @@ from gateway.shadow.mirror import Mirror
 from gateway.shadow.sample import ShadowPlan
 from gateway.upstream.asgi import Receive, Scope, Send
 from gateway.upstream.forward import Forwarder
-from gateway.upstream.metering import EnergyMeter
 
 # The request headers classify reads beside the x-slo- ones: the tenant key and session keys.
 _KEPT_HEADERS = frozenset({b"authorization", *(h.encode() for h in SESSION_HEADERS)})
@@ -131,6 +132,8 @@ class Parts(Protocol):
 
     def record_finished(self, record: RequestRecord) -> None: ...
 
+    def energy_settled(self, record: RequestRecord, energy: RequestEnergy) -> None: ...
+
 
 class Ingress:
     """Serve /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses (through chat
@@ -151,6 +154,7 @@ class Ingress:
             gateway.meter,
             gateway.estimator,
             gateway.outputs,
+            gateway.energy_settled,
         )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

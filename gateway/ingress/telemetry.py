@@ -1,4 +1,5 @@
-"""Telemetry: when an exchange ends, update the metrics and estimators, and hand on its record."""
+"""Telemetry: when an exchange ends, update the metrics and estimators, and hand on its record;
+its energy follows once the meter has settled it."""
 
 from __future__ import annotations
 
@@ -8,12 +9,12 @@ from typing import Any
 
 from gateway.costmodel.model import OutputLengths
 from gateway.db.schema import RequestRecord
+from gateway.energy.meter import EnergyMeter
 from gateway.exchange import Exchange
 from gateway.metrics import GatewayMetrics
-from gateway.records.requests import ms
+from gateway.records.requests import RequestEnergy, ms
 from gateway.records.slo import meets_slo, tpot_s
 from gateway.routing.classify import TokenEstimator
-from gateway.upstream.metering import EnergyMeter
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,9 +38,11 @@ class Telemetry:
         meter: EnergyMeter,
         estimator: TokenEstimator,
         outputs: OutputLengths,
+        settled: Callable[[RequestRecord, RequestEnergy], None],
     ):
         self.metrics = metrics
         self.sink = sink
+        self.settled = settled
         self.meter = meter
         self.estimator = estimator
         self.outputs = outputs
@@ -146,17 +149,16 @@ class Telemetry:
         ex.slo_met = ok
 
     def _deliver(self, ex: Exchange, record: RequestRecord, ended_at: float) -> None:
-        """Hand the record on, once the energy its backend drew for it is known."""
+        """Hand the record on now, and its energy once its backend's meter has settled it."""
+        self.sink(record)
         if ex.backend is None or not ex.attempt_started_at:
-            self.sink(record)
             return
-        # Energy is measured upstream, so the record waits for its share of the readings.
-        sink = self.sink
+        settled = self.settled
 
         def deliver(energy_j: float | None, cost: float | None, estimated: bool) -> None:
-            record.energy_j = None if energy_j is None else round(energy_j, 6)
-            record.cost_usd, record.energy_estimated = cost, estimated
-            sink(record)
+            energy = None if energy_j is None else round(energy_j, 6)
+            record.energy_j, record.cost_usd, record.energy_estimated = energy, cost, estimated
+            settled(record, RequestEnergy(record.decision_id, energy, cost, estimated))
 
         self.meter.settle(
             ex.backend,

@@ -16,10 +16,10 @@ import sqlalchemy as sa
 
 from gateway.compare.measures import MEASURES, WORD
 from gateway.db.schema import request_records, shadow_records
+from gateway.energy.draw import MINUTE_S
 from gateway.ops.parts import OpsParts
 from gateway.policy.model import Policy
 from gateway.policy.tariffs import DAY_S
-from gateway.records.draw import MINUTE_S
 from gateway.records.slo import judged_on, record_meets_slo
 from gateway.report.numbers import fleet_headline, parking_numbers
 from gateway.report.period import Period

@@ -18,6 +18,11 @@ At shutdown, rows still held are spilled, so the next start replays them. A reco
 only past those limits (counted as dropped: the queue is full, or memory and the spill file
 are) or when the database refuses the row itself (counted as rejected: a constraint, which no
 retry can fix). Request records and shadow records are both written this way.
+
+A writer may be followed by another that updates the rows it inserts (a record's energy, known
+seconds after the record): each round the follower writes after it, and only while every row
+the first one took is in the database, else its updates are held and spilled behind them. So an
+update never reaches the database before its row, through an outage or a restart.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import contextlib
 import logging
 import operator
 import os
+import typing
 from collections import deque
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
@@ -60,17 +66,19 @@ class Row(Protocol):
 T = TypeVar("T", bound=Row)
 
 
-class InsertStatement:
-    """A table's INSERT compiled once for a database, taking rows of plain values as they are.
+class Statement:
+    """A statement compiled once for a database, taking rows of plain values as they are.
 
     Rows go to the driver without SQLAlchemy's per-row parameter processing, which is half the
     CPU of a batch insert; they hold only str, int, float, bool and None, which need none.
     """
 
-    def __init__(self, table: sa.Table, db: sa.Engine):
-        generated = table.autoincrement_column
-        self.columns = tuple(c.name for c in table.columns if c is not generated)
-        compiled = table.insert().compile(dialect=db.dialect, column_keys=list(self.columns))
+    def __init__(self, clause: sa.Insert | sa.TextClause, columns: tuple[str, ...], db: sa.Engine):
+        compiled = typing.cast(
+            sa.sql.compiler.SQLCompiler,
+            clause.compile(dialect=db.dialect, column_keys=list(columns)),
+        )
+        self.columns = columns
         self.sql = str(compiled)
         # Set for a positional paramstyle (SQLite's ?), empty for a named one (psycopg's).
         self.positions = tuple(compiled.positiontup or ())
@@ -79,6 +87,22 @@ class InsertStatement:
         several = len(self.positions) > 1
         self._from_row = operator.itemgetter(*self.positions) if several else None
         self._from_record = operator.attrgetter(*self.positions) if several else None
+
+    @classmethod
+    def insert(cls, table: sa.Table, db: sa.Engine) -> Statement:
+        """Insert a row into `table`: a value for each column but its generated key."""
+        generated = table.autoincrement_column
+        columns = tuple(c.name for c in table.columns if c is not generated)
+        return cls(table.insert(), columns, db)
+
+    @classmethod
+    def update(
+        cls, table: sa.Table, keys: tuple[str, ...], values: tuple[str, ...], db: sa.Engine
+    ) -> Statement:
+        """Set `values` on the rows of `table` whose `keys` equal a row's."""
+        where = " AND ".join(f"{k} = :{k}" for k in keys)
+        sets = ", ".join(f"{v} = :{v}" for v in values)
+        return cls(sa.text(f"UPDATE {table.name} SET {sets} WHERE {where}"), values + keys, db)
 
     def values(self, records: list[Any]) -> list[Any]:
         """Return records as the driver takes them, read from the attributes named as columns.
@@ -182,10 +206,17 @@ class BatchWriter(Generic[T]):
         spill_dir: Path | None = None,
         max_spill_bytes: int = DEFAULT_MAX_SPILL_BYTES,
         inserter: Inserter | None = None,
+        name: str | None = None,
+        statement: Statement | None = None,
     ):
         self._db = db
         self._inserter = inserter or InThread(db)
-        self._table = table
+        # What its rows are called (spill file, metrics, logs) and how they are written: the
+        # table's own, inserted, unless said otherwise.
+        self.name = name = name or table.name
+        self._statements: dict[str, Statement] = {}
+        self._own = statement or self._statement(table)
+        self._updates: list[BatchWriter[Any]] = []
         self._written = written
         self._dropped = dropped
         self._interval = flush_interval_s
@@ -197,14 +228,12 @@ class BatchWriter(Generic[T]):
         self._stopping = asyncio.Event()
         self._held: deque[dict[str, Any]] = deque()
         self._max_held = max_held
-        self._spill = None if spill_dir is None else Path(spill_dir) / f"{table.name}.jsonl"
+        self._spill = None if spill_dir is None else Path(spill_dir) / f"{name}.jsonl"
         self._max_spill_bytes = max_spill_bytes
         self._spill_bytes = 0
         self._spill_rows = 0
         self._replayed_to = 0  # offset in the spill file before which every row is written
         self._outage = False
-        self._statements: dict[str, InsertStatement] = {}
-        name = table.name
         self._held_gauge = metrics.records_buffered.labels(name, "memory")
         self._spill_gauge = metrics.records_buffered.labels(name, "disk")
         self._spilled = metrics.records_spilled.labels(name)
@@ -221,45 +250,77 @@ class BatchWriter(Generic[T]):
         else:
             self._queue.append(record)
 
+    def follow(self, updates: BatchWriter[Any]) -> None:
+        """Have `updates`, a writer of updates to the rows this one inserts, write each round
+        after this one, and only once every row it holds is in the database: an update never
+        reaches the database before the row it updates, through an outage and a restart too.
+        """
+        self._updates.append(updates)
+
     def start(self) -> None:
         self._stopping = asyncio.Event()
-        self._task = asyncio.create_task(self._run(), name=f"{self._table.name}-writer")
+        self._task = asyncio.create_task(self._run(), name=f"{self.name}-writer")
 
-    async def stop(self) -> None:
-        """Stop the worker after writing everything queued; spill what the database refuses."""
+    async def stop(self, *, write: bool = True) -> None:
+        """Stop the worker after writing everything queued; spill what the database refuses
+        (everything, without `write`)."""
         self._stopping.set()
         if self._task is not None:
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
-        await self.flush()
-        while self._queue:  # added while the last round wrote
+        if write:
             await self.flush()
+            while self._queue:  # added while the last round wrote
+                await self.flush()
+        else:
+            await self._hold()
         if self._held:
             rows = list(self._held)
             self._held.clear()
             self._held_gauge.set(0)
             await self._spill_or_drop(rows)
+        for updates in self._updates:
+            await updates.stop(write=write and self._caught_up)
 
-    async def flush(self) -> None:
-        """Write what is held, spilled and queued, oldest first; keep what cannot be written.
+    async def flush(self, limit: int | None = None) -> None:
+        """Write what is held, spilled and queued (the first `limit` queued), oldest first;
+        keep what cannot be written; then let the writers that follow this one write theirs.
 
         Records queued while it writes wait for the next round: chasing them under load would
         write them a few at a time, at several times the CPU per row of a full batch.
         """
+        # The updates queued by now update rows queued by now, which this round writes.
+        due = [len(updates._queue) for updates in self._updates]
+        await self._flush(len(self._queue) if limit is None else min(limit, len(self._queue)))
+        for updates, queued in zip(self._updates, due, strict=True):
+            if self._caught_up:
+                await updates.flush(queued)
+            else:
+                await updates._hold()
+
+    @property
+    def _caught_up(self) -> bool:
+        """Whether every row this writer took is in the database (none held or spilled)."""
+        return not self._held and self._spill_bytes == 0
+
+    async def _flush(self, queued: int) -> None:
         if await self._write_backlog():
-            queued = len(self._queue)
             while queued > 0:
                 records = self._take(min(queued, self._batch_size))
                 queued -= len(records)
                 # Read on the loop: a thread would hold the interpreter as long, and a record's
                 # values are what both a worker thread and the writer process take.
-                if not await self._write(self._statement(self._table).values(records)):
+                if not await self._write(self._own.values(records)):
                     await self._keep([record.row() for record in records])
                     break
             else:
                 return
+        await self._hold()
+
+    async def _hold(self) -> None:
+        """Move the queue out of the way, to memory and the spill file, keeping its order: the
+        database is down (or the rows an update needs are not in it yet)."""
         if self._queue:
-            # The database is down: move the queue out of the way so that adding keeps room.
             await self._keep([record.row() for record in self._take(len(self._queue))])
 
     async def tick(self) -> None:
@@ -273,10 +334,10 @@ class BatchWriter(Generic[T]):
         for reason in refused:
             log.error("the database refused a %s row: %s", table.name, reason)
 
-    def _statement(self, table: sa.Table) -> InsertStatement:
+    def _statement(self, table: sa.Table) -> Statement:
         statement = self._statements.get(table.name)
         if statement is None:
-            statement = self._statements[table.name] = InsertStatement(table, self._db)
+            statement = self._statements[table.name] = Statement.insert(table, self._db)
         return statement
 
     async def _run(self) -> None:
@@ -288,7 +349,7 @@ class BatchWriter(Generic[T]):
             try:
                 await self.tick()
             except Exception:
-                log.exception("%s writer round failed", self._table.name)
+                log.exception("%s writer round failed", self.name)
 
     def _take(self, n: int) -> list[T]:
         batch: list[T] = []
@@ -300,9 +361,9 @@ class BatchWriter(Generic[T]):
     async def _write(self, values: list[Any]) -> bool:
         """Insert rows of driver values; return False, keeping nothing, when the database is
         unreachable. Rows the database refuses are counted as rejected, not kept."""
-        name = self._table.name
+        name = self.name
         try:
-            written, refused = await self._inserter.insert(self._statement(self._table).sql, values)
+            written, refused = await self._inserter.insert(self._own.sql, values)
         except DatabaseUnavailable as exc:
             self._failures.inc()
             if not self._outage:
@@ -322,7 +383,7 @@ class BatchWriter(Generic[T]):
         """Write held rows, then replay the spill file; return whether all of it is written."""
         while self._held:
             rows = [self._held[i] for i in range(min(self._batch_size, len(self._held)))]
-            if not await self._write(self._statement(self._table).params(rows)):
+            if not await self._write(self._own.params(rows)):
                 return False
             for _ in rows:
                 self._held.popleft()
@@ -333,7 +394,7 @@ class BatchWriter(Generic[T]):
             rows, end = await asyncio.to_thread(self._read_spill, self._replayed_to)
             if end == self._replayed_to:
                 break
-            if rows and not await self._write(self._statement(self._table).params(rows)):
+            if rows and not await self._write(self._own.params(rows)):
                 return False
             self._replayed_to = end
             self._spill_rows = max(0, self._spill_rows - len(rows))
@@ -362,7 +423,7 @@ class BatchWriter(Generic[T]):
             log.error(
                 "dropped %d %s rows: memory (%d rows) and the spill file (%d bytes) are full",
                 lost,
-                self._table.name,
+                self.name,
                 self._max_held,
                 self._max_spill_bytes if self._spill is not None else 0,
             )
@@ -388,7 +449,7 @@ class BatchWriter(Generic[T]):
                 f.flush()
                 os.fsync(f.fileno())
         except OSError as exc:
-            log.error("cannot spill %s rows to %s: %s", self._table.name, self._spill, exc)
+            log.error("cannot spill %s rows to %s: %s", self.name, self._spill, exc)
             return 0
         self._spill_bytes = size
         self._spill_rows += len(lines)
@@ -427,6 +488,6 @@ class BatchWriter(Generic[T]):
         log.warning(
             "found %d %s rows spilled by an earlier run in %s; they will be replayed",
             self._spill_rows,
-            self._table.name,
+            self.name,
             self._spill,
         )

@@ -3,7 +3,7 @@
 Every strategy routes through the real `decide()`; they differ only in how the eligible pools
 are ranked (the `rank_pools` seam), for `gpu-only` in a policy cut down to the GPU pool, and in
 what their router reads of a request; `learned-parked` is `learned` that also parks the backends
-its forecast does not need (`gateway.fleet.parking`). The gateway's own (`learned`,
+its forecast does not need (`gateway.parking.plan`). The gateway's own (`learned`,
 `learned-parked`, `static`, `best-static`, `gpu-only`) read its prompt's prefix blocks and the
 fleet's prefix index, as the live gateway does. The baselines rank backends themselves, as the
 routers others deploy in front of engines do: `round-robin` and `least-loaded`
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from gateway.costmodel.model import OutputLengths
 from gateway.costmodel.train import RetrainSchedule
-from gateway.fleet.parking import Parking
+from gateway.parking.plan import Parking
 from gateway.policy.model import Policy, Route
 from gateway.policy.tariffs import Rates, own_rate
 from gateway.replay.approximate_prefix import ApproximatePrefix

@@ -21,14 +21,14 @@ named only to the strategy that keys on it (`gateway.replay.strategies`); the re
 name none to the gateway's session table.
 
 A strategy that parks (`learned-parked`) plans every `PLAN_INTERVAL_S` with its
-`gateway.fleet.parking.Parking`: a backend to park stops taking requests and is switched off
+`gateway.parking.plan.Parking`: a backend to park stops taking requests and is switched off
 once its last one is done (asleep, or released where its pool's parking says `mode: release`);
 one to wake takes requests again at once if it was draining, else once its device's wake-up
 time has passed. Its meter is not read while it is off.
 
 The learned strategy meters energy as the live gateway does: each device's energy counter is read
 every `meter_interval_s` and fed, with the request spans, to a
-`gateway.records.energy.BackendLedger`; a request's observation (its TTFT, TPOT and end-to-end time
+`gateway.energy.ledger.BackendLedger`; a request's observation (its TTFT, TPOT and end-to-end time
 from the device's timestamps, and its attributed energy) reaches the learner when its energy is
 settled.
 """
@@ -46,9 +46,9 @@ from typing import Any, cast
 
 from gateway.costmodel.train import Observation
 from gateway.errors import GatewayError
-from gateway.fleet.parking import DRAINING, IN_SERVICE, PARKED, WAKING, Move
 from gateway.fleet.prefixes import BLOCK_TOKENS
-from gateway.fleet.state import Fleet, PoolState
+from gateway.fleet.state import DRAINING, IN_SERVICE, PARKED, WAKING, Fleet, PoolState
+from gateway.parking.plan import Move
 from gateway.policy.model import Policy, Route
 from gateway.records.requests import ms
 from gateway.records.slo import meets_slo, tpot_s

@@ -14,10 +14,10 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass
 
+from gateway.energy.ledger import BackendLedger
 from gateway.fleet.state import BackendState, Fleet
 from gateway.policy.model import Policy
 from gateway.policy.tariffs import Rate
-from gateway.records.energy import BackendLedger
 from gateway.replay.hardware import Device, Hardware
 
 

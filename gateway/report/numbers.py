@@ -17,10 +17,10 @@ from typing import Any
 
 from gateway.compare.measures import MEASURES
 from gateway.costmodel.model import Prediction
+from gateway.energy.draw import MINUTE_S
 from gateway.policy.model import Policy
 from gateway.policy.tariffs import DAY_S, rate_at
 from gateway.promotion.judge import Criteria
-from gateway.records.draw import MINUTE_S
 from gateway.records.slo import record_meets_slo
 from gateway.report.period import Period
 from gateway.shadow.sample import CANDIDATE, NOISE

@@ -34,6 +34,7 @@ import orjson
 from gateway.compare.answers import Answer, read_body, read_stream
 from gateway.compare.measures import Diff, compare
 from gateway.db.schema import ShadowRecord
+from gateway.energy.meter import EnergyMeter
 from gateway.errors import UpstreamError, UpstreamTimeout
 from gateway.exchange import Exchange
 from gateway.fleet.admission import Admission
@@ -46,12 +47,11 @@ from gateway.records.requests import ms
 from gateway.records.slo import tpot_s
 from gateway.routing.classify import RequestProfile
 from gateway.routing.router import tokens_needed
-from gateway.shadow.records import ShadowWriter
+from gateway.shadow.records import CopyEnergy, ShadowWriter
 from gateway.shadow.sample import CANDIDATE, NOISE, Sampler, ShadowPlan, sample, stable_fraction
 from gateway.shadow.semantic import Embedder
 from gateway.upstream import usage
 from gateway.upstream.client import PATHS, Upstream
-from gateway.upstream.metering import EnergyMeter
 from gateway.upstream.sse import StreamTally
 
 log = logging.getLogger(__name__)
@@ -385,9 +385,13 @@ class Mirror:
         if semantic is not None and record.diff.exact_match is False and texts is not None:
             record.diff.semantic_similarity = await self.embedder.similarity(semantic, *texts)
 
+        self.writer.add(record)
+        writer = self.writer.energy
+        copy = (record.decision_id, record.kind, backend.name)
+
         def deliver(energy_j: float | None, cost: float | None, estimated: bool) -> None:
             record.candidate_energy_j, record.candidate_cost_usd = energy_j, cost
-            self.writer.add(record)
+            writer.add(CopyEnergy(*copy, energy_j, cost))
 
         self.meter.settle(
             backend,

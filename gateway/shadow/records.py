@@ -15,18 +15,33 @@ import math
 import time
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
 
-from gateway.db.schema import ShadowRecord, shadow_drops, shadow_records
+from gateway.db.schema import ShadowRecord, row_of, shadow_drops, shadow_records
 from gateway.metrics import GatewayMetrics
-from gateway.records.batching import BatchWriter
+from gateway.records.batching import BatchWriter, Statement
 
 log = logging.getLogger(__name__)
 
 
 DropKey = tuple[float, str, str, str, str]
+
+
+@dataclass(slots=True)
+class CopyEnergy:
+    """A shadow copy's energy and cost on its candidate, once measured: an update of its record."""
+
+    decision_id: str
+    kind: str
+    candidate_backend: str
+    candidate_energy_j: float | None
+    candidate_cost_usd: float | None
+
+    def row(self) -> dict[str, Any]:
+        return row_of(self)
 
 
 class ShadowWriter(BatchWriter[ShadowRecord]):
@@ -65,15 +80,35 @@ class ShadowWriter(BatchWriter[ShadowRecord]):
         self._next_purge = 0.0
         self._wall = wall
         self._drops: Counter[DropKey] = Counter()
+        # A copy's energy is known seconds after its record: an update, written after it.
+        self.energy: BatchWriter[CopyEnergy] = BatchWriter(
+            db,
+            shadow_records,
+            metrics,
+            metrics.attribution_updates_written,
+            metrics.attribution_updates_dropped,
+            flush_interval_s=flush_interval_s,
+            batch_size=batch_size,
+            max_pending=max_pending,
+            name="shadow_energy",
+            statement=Statement.update(
+                shadow_records,
+                ("decision_id", "kind", "candidate_backend"),
+                ("candidate_energy_j", "candidate_cost_usd"),
+                db,
+            ),
+            **options,
+        )
+        self.follow(self.energy)
 
     def count_drop(self, route: str, candidate: str, kind: str, reason: str) -> None:
         """Count a copy that was not sent, in the current minute."""
         minute = math.floor(self._wall() / 60) * 60.0
         self._drops[(minute, route, candidate, kind, reason)] += 1
 
-    async def flush(self) -> None:
+    async def flush(self, limit: int | None = None) -> None:
         """Write every queued record and drop count now."""
-        await super().flush()
+        await super().flush(limit)
         await self._write_drops()
 
     async def tick(self) -> None:

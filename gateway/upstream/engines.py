@@ -2,8 +2,8 @@
 prompt cache and generation speed of the engines that report them.
 
 A backend shared with other clients, or behind a load balancer, carries load the gateway did
-not send. The engines say how loaded they are in their Prometheus series, which the metering
-scrape reads for a pool whose policy names its `engine`:
+not send. The engines say how loaded they are in their Prometheus series, which the metrics
+scrape (gateway/upstream/scrape.py) reads for a pool whose policy names its `engine`:
 
 - vllm: `vllm:num_requests_running`, `vllm:num_requests_waiting`, and the KV cache in use
   (0-1) as `vllm:kv_cache_usage_perc`, or `vllm:gpu_cache_usage_perc` before 0.9; with prefix
@@ -32,10 +32,14 @@ lost in rounding once they pass a million, while their ratio keeps its precision
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from gateway.fleet.state import BackendState, Fleet
 from gateway.upstream import exposition
+
+# Scrapes an engine may miss before its figures are dropped and the gateway's own count rules.
+MISSES_BEFORE_FORGETTING = 3
 
 # Past this share of its KV cache an engine preempts or queues what it is sent next.
 KV_FULL = 0.95
@@ -160,3 +164,88 @@ def _first(
         if value is not None:
             return value
     return None
+
+
+class EngineLoads:
+    """Read the load series of the pools that name their serving `engine`, into their backends.
+
+    Requests the engine runs or queues beyond the gateway's own take the backend's slots
+    (`BackendState.external`), and an engine that queues or whose KV cache is full takes nothing
+    more (`engine_full`) until a scrape sees it has room again, when its pool's queue is woken
+    (`on_room`). The prompt cache's share and the generation speed an engine reports (llama.cpp)
+    are kept for the fleet's views and gauges: a speed holds until the engine measures another,
+    as it measures none in a window where no request finished.
+    """
+
+    def __init__(
+        self, fleet: Callable[[], Fleet], on_room: Callable[[str], None] = lambda pool: None
+    ):
+        self._fleet = fleet
+        self._on_room = on_room
+        self._misses: dict[str, int] = {}
+        # Each backend's own count as the round began: requests on their way to the engine.
+        self._ours: dict[str, int] = {}
+
+    def wanted(self) -> Mapping[str, Mapping[str, str]]:
+        """Return the engine endpoints to read: every backend of a pool naming its engine."""
+        fleet = self._fleet()
+        self._ours = {
+            b.url: b.gateway_load
+            for pool in fleet.pools.values()
+            if pool.spec.engine is not None
+            for b in pool.backends
+        }
+        return {
+            b.engine_url: b.engine_auth
+            for pool in fleet.pools.values()
+            if pool.spec.engine is not None
+            for b in pool.backends
+        }
+
+    def read(self, readings: Mapping[str, tuple[float, str | None]]) -> None:
+        """Take a round's texts: each backend's load, and which pools have room again."""
+        fleet = self._fleet()
+        roomier: set[str] = set()
+        for state in fleet.pools.values():
+            name = state.spec.engine
+            if name is None:  # a reload took its engine away: its figures go too
+                for kept in state.backends:
+                    kept.engine_cached_share = kept.engine_tokens_per_s = None
+                    if kept.external or kept.engine_full:
+                        kept.external = kept.external_seen = 0
+                        kept.engine_full = ""
+                        roomier.add(state.name)
+                continue
+            for backend in state.backends:
+                before = backend.free_slots
+                _, text = readings.get(backend.engine_url, (0.0, None))
+                load = None if text is None else read_engine(text, name)
+                self._take(backend, load)
+                if backend.free_slots > before:
+                    roomier.add(backend.pool)
+        for pool in roomier:
+            self._on_room(pool)
+
+    def _take(self, backend: BackendState, load: EngineLoad | None) -> None:
+        if load is None:
+            # A busy engine is the one likeliest to answer its scrape late: its last figures
+            # hold for a few misses; then the gateway's own bookkeeping decides.
+            misses = self._misses.get(backend.url, 0) + 1
+            self._misses[backend.url] = misses
+            if misses >= MISSES_BEFORE_FORGETTING:
+                backend.external = backend.external_seen = 0
+                backend.engine_full = ""
+                backend.engine_cached_share = backend.engine_tokens_per_s = None
+            return
+        self._misses[backend.url] = 0
+        # A request of ours on its way to the engine is in our count, not yet in its: the
+        # estimate of the others' falls for a moment. It falls only once a second scrape
+        # agrees, and ours is the smaller of the counts around the scrape.
+        gateway = min(self._ours.get(backend.url, backend.gateway_load), backend.gateway_load)
+        seen = max(0, load.requests - gateway)
+        backend.external = max(seen, backend.external_seen)
+        backend.external_seen = seen
+        backend.engine_full = full_reason(load)
+        backend.engine_cached_share = load.cached_share
+        if load.tokens_per_s is not None:
+            backend.engine_tokens_per_s = load.tokens_per_s

@@ -20,7 +20,7 @@ import asyncio
 import re
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, Protocol
 
 from gateway.costmodel.model import Prediction
 from gateway.errors import NoCapacity, UpstreamError
@@ -35,7 +35,6 @@ from gateway.upstream import usage
 from gateway.upstream.asgi import Receive, Send
 from gateway.upstream.client import PATHS
 from gateway.upstream.http1 import Response
-from gateway.upstream.metering import EnergyMeter
 from gateway.upstream.outliers import OutlierDetector
 from gateway.upstream.sse import StreamTally
 
@@ -66,6 +65,15 @@ def error_detail(body: bytes, backend: BackendState, limit: int = 200) -> str:
     return text[:limit]
 
 
+class Spans(Protocol):
+    """Told when an attempt upstream starts and when one fails: the energy meter, which
+    attributes a backend's measured energy to the requests it served."""
+
+    def open(self, backend: BackendState, key: str, start_at: float) -> None: ...
+
+    def abandon(self, backend: BackendState, key: str) -> None: ...
+
+
 class Forwarder:
     """Admit, send, retry before the first byte, and relay; give the slot back as soon as the
     backend has answered, and always."""
@@ -76,7 +84,7 @@ class Forwarder:
         admission: Admission,
         outliers: OutlierDetector,
         metrics: GatewayMetrics,
-        meter: EnergyMeter,
+        meter: Spans,
         ranker: CostRanker,
         clock: Callable[[], float] = time.perf_counter,
     ):

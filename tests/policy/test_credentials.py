@@ -184,7 +184,7 @@ class BackgroundRounds:
     def __init__(self, gateway: Gateway) -> None:
         self.probed: set[str] = set()
         self.scrapes = 0
-        probe, scrape = gateway.upstream.probe, gateway.meter.scrape_once
+        probe, scrape = gateway.upstream.probe, gateway.scrape.round
 
         async def probing(backend: BackendState) -> bool:
             ok = await probe(backend)
@@ -196,7 +196,7 @@ class BackgroundRounds:
             self.scrapes += 1
 
         gateway.upstream.probe = probing  # type: ignore[method-assign]
-        gateway.meter.scrape_once = scraping  # type: ignore[method-assign]
+        gateway.scrape.round = scraping  # type: ignore[method-assign]
 
     def __repr__(self) -> str:
         return f"probed {sorted(self.probed)}, {self.scrapes} scrape rounds"

@@ -20,8 +20,10 @@ from waiting import wait_for
 
 import gateway.records.batching as batching
 from gateway.db.connection import connect
+from gateway.db.schema import request_records
+from gateway.errors import DatabaseUnavailable
 from gateway.metrics import GatewayMetrics
-from gateway.records.requests import RecordWriter
+from gateway.records.requests import RecordWriter, RequestEnergy
 from gateway.records.writer import WriterProcess
 from harness.gateways import run_gateway
 from policies import MODEL, fleet_policy
@@ -110,6 +112,87 @@ def test_stop_spills_what_the_database_cannot_take_and_the_next_start_replays_it
         asyncio.run(run(after, range(20, 25)))
     assert stored(database) == list(range(25))
     assert sample(after, "gateway_records_replayed_total", table=TABLE) == 20
+
+
+def energy_of(url: str) -> dict[int, tuple[float | None, bool | None]]:
+    """Each stored record's energy and whether it was estimated, by its completion tokens."""
+    db = connect(url)
+    c = request_records.c
+    with db.connect() as conn:
+        rows = conn.execute(sa.select(c.completion_tokens, c.energy_j, c.energy_estimated))
+        energy = {n: (j, estimated) for n, j, estimated in rows}
+    db.dispose()
+    return energy
+
+
+def test_energy_lands_after_its_record_through_an_outage_and_a_restart(
+    database: str, tmp_path: Path, inserts: Callable[[str], dict[str, Any]]
+) -> None:
+    """A record is written when its request ends and its energy seconds later, as an update:
+    held and spilled behind the records while the database is down, never before its row."""
+    spill = tmp_path / "spill"
+    with switchable(database, tmp_path) as switch:
+
+        async def run(metrics: GatewayMetrics, adding: range, *, up: bool) -> None:
+            db = connect(switch.url)
+            writer = RecordWriter(
+                db, metrics, batch_size=7, max_held=5, spill_dir=spill, **inserts(switch.url)
+            )
+            for n in adding:
+                record = request_record(n)
+                writer.add(record)
+                if n % 4 == 3:  # energy comes later than its record, and in a later round
+                    await writer.flush()
+                writer.energy.add(RequestEnergy(record.decision_id, 1.5 * n, 1e-6 * n, False))
+            if up:
+                switch.up()
+            await writer.flush()
+            await writer.stop()
+            db.dispose()
+
+        down = GatewayMetrics()
+        asyncio.run(run(down, range(20), up=False))
+        assert sample(down, "gateway_records_spilled_total", table="request_energy") > 0
+        assert sample(down, "gateway_attribution_updates_written_total") == 0
+        assert (spill / "request_energy.jsonl").exists()
+
+        back = GatewayMetrics()
+        asyncio.run(run(back, range(20, 30), up=True))
+    assert energy_of(database) == {n: (1.5 * n, False) for n in range(30)}
+    assert sample(back, "gateway_attribution_updates_written_total") == 30
+    assert sample(back, "gateway_attribution_updates_dropped_total") == 0
+    assert not (spill / "request_energy.jsonl").exists()
+
+
+class InsertsRefused(batching.InThread):
+    """A database that takes updates but, while `refusing`, no inserts: the moment in a round
+    when it came back after the records' batch failed and before their energy's."""
+
+    refusing = True
+
+    async def insert(self, sql: str, values: list[Any]) -> tuple[int, list[str]]:
+        if self.refusing and sql.lstrip().upper().startswith("INSERT"):
+            raise DatabaseUnavailable("inserts refused")
+        return await super().insert(sql, values)
+
+
+def test_energy_waits_while_its_record_is_held_even_if_the_database_takes_updates(
+    database: str, tmp_path: Path
+) -> None:
+    metrics = GatewayMetrics()
+    db = connect(database)
+    inserter = InsertsRefused(db)
+    writer = RecordWriter(db, metrics, inserter=inserter)
+    record = request_record(7)
+    writer.add(record)
+    writer.energy.add(RequestEnergy(record.decision_id, 12.5, 1e-5, False))
+    asyncio.run(writer.flush())
+    assert energy_of(database) == {}
+    assert sample(metrics, "gateway_records_buffered", table="request_energy", where="memory") == 1
+    inserter.refusing = False
+    asyncio.run(writer.flush())
+    db.dispose()
+    assert energy_of(database) == {7: (12.5, False)}
 
 
 @pytest.mark.postgres

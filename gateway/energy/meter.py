@@ -1,21 +1,19 @@
-"""Metering: scrape each backend's energy counter and its engine's load, once an interval.
+"""The energy meter: read each backend's energy counter, attribute it to requests, and count
+the fleet's draw.
 
-The edge around gateway/records/energy.py. Every interval it reads each metered backend's Prometheus
-endpoint, feeds the readings and the spans of requests (and of shadow copies, which are counted
-in pool energy too) to that backend's ledger, and delivers each one's energy and cost once known.
+The edge around gateway/energy/ledger.py and gateway/energy/draw.py. Every round of the metrics
+scrape (gateway/upstream/scrape.py) hands it each metered backend's Prometheus text; a reading
+is O(1) per backend. The spans of requests (and of shadow copies, which are counted in pool
+energy too) are opened by the forwarder and the mirror and closed as each ends; their records
+are written then, without waiting. A task of the meter's own splits what the readings made due,
+a slice of the event loop at a time (`SLICE_S`), and delivers each request's energy and cost
+once final: at most a scrape interval and the ledger's `SETTLE_WITHIN_S` after it ended.
+
 Pools that report no power (or whose scrapes keep failing) get an estimate from the capability
-matrix's nominal figures, and their records say so (`energy_estimated`). Every reading also
-counts whole for its backend, idle included, beside the time the backend was on and parked
-(gateway/records/draw.py): the fleet's energy and device-hours, handed to `record` a minute at a
+matrix's nominal figures, at once, and their records say so (`energy_estimated`). Every reading
+also counts whole for its backend, idle included, beside the time the backend was on and parked
+(gateway/energy/draw.py): the fleet's energy and device-hours, handed to `record` a minute at a
 time.
-
-The same round reads the load series of pools that name their serving `engine`
-(gateway/upstream/engines.py): requests the engine runs or queues beyond the gateway's own take
-the backend's slots (`BackendState.external`), and an engine that queues or whose KV cache is
-full takes nothing more (`engine_full`) until a scrape sees it has room again. The prompt
-cache's share and the generation speed an engine reports (llama.cpp) are kept for the fleet's
-views and gauges (`engine_cached_share`, `engine_tokens_per_s`): a speed holds until the engine
-measures another, as it measures none in a window where no request finished.
 """
 
 from __future__ import annotations
@@ -28,21 +26,20 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from gateway.db.schema import BackendEnergy
-from gateway.fleet.parking import PARKED
-from gateway.fleet.state import BackendState, Fleet
+from gateway.energy.draw import FleetDraw, Seen
+from gateway.energy.ledger import BackendLedger, Span
+from gateway.fleet.state import PARKED, BackendState, Fleet
 from gateway.metrics import GatewayMetrics
 from gateway.policy.model import Pool
 from gateway.policy.tariffs import Rate, Rates, own_rate
-from gateway.records.draw import FleetDraw, Seen
-from gateway.records.energy import BackendLedger, Span
-from gateway.upstream import engines, exposition
-from gateway.upstream.client import Upstream
+from gateway.upstream import exposition
+from gateway.upstream.scrape import Reading
 
 log = logging.getLogger(__name__)
 
 FAILED_SCRAPES_BEFORE_ESTIMATING = 3
-SCRAPE_TIMEOUT_S = 1.0
-BASELINE_S = 0.1
+# The longest the settling task holds the event loop before it lets requests run.
+SLICE_S = 0.001
 
 
 def cost_usd(pool: Pool, energy_j: float, device_s: float, rate: Rate) -> float:
@@ -68,6 +65,7 @@ class _Pending:
     deliver: Deliver
     backend: BackendState
     concurrent: int
+    end_at: float
 
 
 class EnergyMeter:
@@ -76,13 +74,10 @@ class EnergyMeter:
     def __init__(
         self,
         fleet: Callable[[], Fleet],
-        upstream: Upstream,
         metrics: GatewayMetrics,
         *,
-        interval_s: float = 1.0,
         clock: Callable[[], float] = time.perf_counter,
         load_share: Callable[[str], float] = lambda url: 1.0,
-        on_room: Callable[[str], None] = lambda pool: None,
         rates: Rates | None = None,
         wall: Callable[[], float] = time.time,
         record: Callable[[BackendEnergy], None] = lambda row: None,
@@ -94,16 +89,13 @@ class EnergyMeter:
         # What each pool's electricity costs now (its tariff's window), for the records' cost.
         self._rates = rates
         self._fleet = fleet
-        self._on_room = on_room
         self._load_share = load_share
-        self._upstream = upstream
         self._metrics = metrics
-        self._interval_s = interval_s
         self._clock = clock
         self._ledgers: dict[str, BackendLedger] = {}
         self._failures: dict[str, int] = {}
-        self._engine_misses: dict[str, int] = {}
         self._pending: dict[str, _Pending] = {}
+        self._due = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
     def _pool(self, backend: BackendState) -> Pool | None:
@@ -161,11 +153,12 @@ class EnergyMeter:
         energy is known (or estimated)."""
         concurrent = backend.load + 1
         ledger = self._ledgers.get(backend.url)
+        pending = _Pending(deliver, backend, concurrent, end_at)
         if ledger is not None and key in ledger and self._metered(backend):
             ledger.close(key, end_at, prompt_tokens, completion_tokens, first_token_at)
-            self._pending[key] = _Pending(deliver, backend, concurrent)
+            self._pending[key] = pending
             return
-        self._estimate(_Pending(deliver, backend, concurrent), end_at - start_at)
+        self._estimate(pending, end_at - start_at)
 
     def _estimate(self, pending: _Pending, seconds: float) -> None:
         pool = self._pool(pending.backend)
@@ -196,15 +189,13 @@ class EnergyMeter:
         m.child(m.energy, pool_name).inc(span.energy_j)
         if cost is not None:
             m.child(m.cost, pool_name).inc(cost)
+        m.attribution_delay.observe(max(0.0, self._clock() - pending.end_at))
         pending.deliver(span.energy_j, cost, False)
 
-    async def scrape_once(self) -> None:
-        """Read every metered backend's energy counter and every engine's load; release the
-        records now known, and wake the queues of pools whose engines have room again."""
-        fleet = self._fleet()
-        offset = self._wall() - self._clock()  # from the meter's clock to the wall's
-        power = []
-        for state in fleet.pools.values():
+    def wanted(self) -> Mapping[str, Mapping[str, str]]:
+        """Return the energy endpoints to read: every metered backend not given back."""
+        wanted: dict[str, Mapping[str, str]] = {}
+        for state in self._fleet().pools.values():
             if state.spec.power_metrics is None:
                 continue
             for backend in state.backends:
@@ -214,85 +205,62 @@ class EnergyMeter:
                     if ledger is not None:
                         ledger.restart()
                     continue
-                power.append((backend, state.spec))
-        engine = [
-            (backend, pool.spec.engine)
-            for pool in fleet.pools.values()
-            if pool.spec.engine is not None
-            for backend in pool.backends
-        ]
-        wanted = {b.metrics_url: b.metrics_auth for b, _ in power}
-        wanted |= {b.engine_url: b.engine_auth for b, _ in engine}
-        ours = {b.url: b.gateway_load for b, _ in engine}
-        readings = dict(
-            zip(
-                wanted,
-                await asyncio.gather(*(self._fetch(url, auth) for url, auth in wanted.items())),
-                strict=True,
-            )
-        )
-        for backend, pool in power:
-            now, text = readings[backend.metrics_url]
-            assert pool.power_metrics is not None
-            counter = (
-                None if text is None else exposition.total(text, pool.power_metrics.energy_counter)
-            )
-            if counter is None:
-                self._scrape_failed(backend.url)
+                wanted[backend.metrics_url] = backend.metrics_auth
+        return wanted
+
+    def read(self, readings: Mapping[str, Reading]) -> None:
+        """Take a round's readings of the energy counters: O(1) per backend; the splitting
+        they make due is the settling task's."""
+        fleet = self._fleet()
+        offset = self._wall() - self._clock()  # from the meter's clock to the wall's
+        for state in fleet.pools.values():
+            metrics = state.spec.power_metrics
+            if metrics is None:
                 continue
-            self._failures[backend.url] = 0
-            ledger = self._ledgers.setdefault(backend.url, BackendLedger(pool.power.idle_w))
-            interval = ledger.reading(now, counter / 1000.0, self._load_share(backend.url))  # mJ
-            if interval is not None:
-                self.draw.measured(
-                    backend.pool,
-                    backend.name,
-                    interval.t0 + offset,
-                    interval.t1 + offset,
-                    interval.energy_j,
+            for backend in state.backends:
+                reading = readings.get(backend.metrics_url)
+                if reading is None:
+                    continue  # not asked for this round (released)
+                now, text = reading
+                counter = None if text is None else exposition.total(text, metrics.energy_counter)
+                if counter is None:
+                    self._scrape_failed(backend.url)
+                    continue
+                self._failures[backend.url] = 0
+                ledger = self._ledgers.setdefault(
+                    backend.url, BackendLedger(state.spec.power.idle_w)
                 )
+                interval = ledger.reading(now, counter / 1000.0, self._load_share(backend.url))
+                if interval is not None:
+                    self.draw.measured(
+                        backend.pool,
+                        backend.name,
+                        interval.t0 + offset,
+                        interval.t1 + offset,
+                        interval.energy_j,
+                    )
+        self._count_draw(fleet, offset)
+        self._due.set()
+
+    async def _settling(self) -> None:
+        """Split what the readings made due and deliver what is final, a slice at a time."""
+        while True:
+            await self._due.wait()
+            self._due.clear()
+            began = time.perf_counter()
+            for ledger in list(self._ledgers.values()):
+                for span in ledger.settling():
+                    if span is not None:
+                        self._release(span)
+                    if time.perf_counter() - began > SLICE_S:
+                        await asyncio.sleep(0)
+                        began = time.perf_counter()
+
+    def settle_now(self) -> None:
+        """Split and deliver everything due at once (for a stop, or a test)."""
+        for ledger in list(self._ledgers.values()):
             for span in ledger.settle():
                 self._release(span)
-        self._count_draw(fleet, offset)
-        roomier: set[str] = set()
-        for state in fleet.pools.values():
-            if state.spec.engine is None:  # a reload took its engine away: its figures go too
-                for kept in state.backends:
-                    kept.engine_cached_share = kept.engine_tokens_per_s = None
-                    if kept.external or kept.engine_full:
-                        kept.external = kept.external_seen = 0
-                        kept.engine_full = ""
-                        roomier.add(state.name)
-        for backend, name in engine:
-            _, text = readings[backend.engine_url]
-            load = None if text is None else engines.read_engine(text, name)
-            before = backend.free_slots
-            if load is None:
-                # A busy engine is the one likeliest to answer its scrape late: its last figures
-                # hold for a few misses; then the gateway's own bookkeeping decides.
-                misses = self._engine_misses.get(backend.url, 0) + 1
-                self._engine_misses[backend.url] = misses
-                if misses >= FAILED_SCRAPES_BEFORE_ESTIMATING:
-                    backend.external = backend.external_seen = 0
-                    backend.engine_full = ""
-                    backend.engine_cached_share = backend.engine_tokens_per_s = None
-            else:
-                self._engine_misses[backend.url] = 0
-                # A request of ours on its way to the engine is in our count, not yet in its:
-                # the estimate of the others' falls for a moment. It falls only once a second
-                # scrape agrees, and ours is the smaller of the counts around the scrape.
-                gateway = min(ours[backend.url], backend.gateway_load)
-                seen = max(0, load.requests - gateway)
-                backend.external = max(seen, backend.external_seen)
-                backend.external_seen = seen
-                backend.engine_full = engines.full_reason(load)
-                backend.engine_cached_share = load.cached_share
-                if load.tokens_per_s is not None:
-                    backend.engine_tokens_per_s = load.tokens_per_s
-            if backend.free_slots > before:
-                roomier.add(backend.pool)
-        for pool_name in roomier:
-            self._on_room(pool_name)
 
     def _count_draw(self, fleet: Fleet, offset: float) -> None:
         """Count every backend's time up to now, and hand over the minutes that have ended."""
@@ -346,47 +314,23 @@ class EnergyMeter:
             if pending is not None and span.end is not None:
                 self._estimate(pending, span.end - span.start)
 
-    async def _fetch(self, url: str, headers: Mapping[str, str]) -> tuple[float, str | None]:
-        """Return (when the reading was taken, the metrics text or None)."""
-        sent = self._clock()
-        answer = await self._upstream.get(url, headers, SCRAPE_TIMEOUT_S)
-        if answer is None:
-            return sent, None
-        status, body = answer
-        text = body.decode("utf-8", errors="replace") if status == 200 else None
-        # The exporter read its counter somewhere in the round trip: take the middle.
-        return (sent + self._clock()) / 2, text
-
-    async def start(self) -> None:
-        """Take a baseline (two readings of the idle fleet, to learn idle draw), then run."""
-        await self.scrape_once()
-        await asyncio.sleep(min(self._interval_s, BASELINE_S))
-        await self.scrape_once()
-        self._task = asyncio.create_task(self._run(), name="energy-meter")
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._settling(), name="energy-settling")
 
     async def stop(self) -> None:
-        """Take a last reading, then write every held record, estimated if still unknown."""
+        """Deliver every request's energy: what the last readings settle, the rest estimated.
+
+        The scrape takes its last reading first (gateway/upstream/scrape.py)."""
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
-        try:
-            await self.scrape_once()
-        except Exception:
-            log.exception("final energy reading failed")
+        self.settle_now()
         for url in list(self._ledgers):
             self._estimate_all(url)
         for key in list(self._pending):
             self._estimate(self._pending.pop(key), 0.0)
         self._hand_over()
-
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self._interval_s)
-            try:
-                await self.scrape_once()
-            except Exception:
-                log.exception("energy scrape round failed")
 
 
 def released(backend: BackendState, pool: Pool) -> bool:

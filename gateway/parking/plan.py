@@ -33,9 +33,8 @@ import math
 from collections import deque
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
 
-from gateway.fleet.state import BackendState, Fleet, PoolState
+from gateway.fleet.state import DRAINING, IN_SERVICE, PARKED, WAKING, BackendState, Fleet, PoolState
 from gateway.policy.model import Policy
 
 WINDOW_S = 120.0
@@ -44,16 +43,6 @@ PACK = 0.6
 HOLD_S = 60.0
 SLOT_EWMA = 0.05  # weight of each new request's slot time in the pool's mean
 DEFAULT_SLOT_S = 5.0  # a pool's mean slot time before any request finished
-
-IN_SERVICE, DRAINING, PARKED, WAKING = "", "draining", "parked", "waking"
-
-
-class Traffic(Protocol):
-    """What parking is told of the requests served: each routed to a pool, each slot's hold."""
-
-    def arrived(self, pool: str, now: float) -> None: ...
-
-    def finished(self, pool: str, slot_s: float) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)

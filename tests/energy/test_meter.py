@@ -49,6 +49,22 @@ def test_records_carry_measured_energy_that_grows_with_work(sims, tmp_path: Path
     assert sum(r["energy_j"] for r in rows) <= after - before
 
 
+def test_a_record_is_written_when_its_request_ends_and_its_energy_lands_after(
+    sims, tmp_path: Path
+) -> None:
+    """No reading after the request: its record is in the database without energy while the
+    gateway serves, and gets its measured energy from the last reading, taken as it stops."""
+    policy = fleet_policy(sims.urls("gpu")[:1], sims.urls("asic"), sims.urls("cim"))
+    with run_gateway(policy, tmp_path, power_scrape_interval_s=3600) as gw:
+        gw.client().chat.completions.create(model=BIG, messages=PROMPT, max_tokens=20)
+        (written,) = gw.records(1, settled=False)
+        assert written["status"] == 200 and written["pool"] == "gpu"
+        assert written["energy_j"] is None and written["energy_estimated"] is None
+    (settled,) = gw.records(1)
+    assert settled["energy_estimated"] is False
+    assert settled["energy_j"] > 0 and settled["cost_usd"] > 0
+
+
 def test_energy_and_cost_counters_add_up_to_the_measured_records(sims, tmp_path: Path) -> None:
     policy = fleet_policy(sims.urls("gpu"), sims.urls("asic"), sims.urls("cim"))
     with run_gateway(policy, tmp_path, power_scrape_interval_s=0.2) as gw:

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.records.energy import BackendLedger
+from gateway.energy.ledger import SETTLE_WITHIN_S, STEP, BackendLedger
 
 
 def ledger_with_idle(idle_w: float = 100.0) -> BackendLedger:
@@ -106,3 +106,63 @@ def test_replicas_sharing_a_backend_split_its_energy_once_between_them() -> None
         energy += [s.energy_j for s in ledger.settle()]
     assert energy == pytest.approx([250.0, 250.0])
     assert sum(energy) == pytest.approx(500.0)
+
+
+def test_a_request_that_runs_on_settles_its_neighbours_within_the_bound() -> None:
+    """An hour-long stream holds nobody's energy: an interval it overlaps is split once
+    SETTLE_WITHIN_S has passed, the stream going at the pace of the requests that ended."""
+    ledger = ledger_with_idle(100.0)
+    ledger.open("stream", 0.0)
+    ledger.open("short", 0.0)
+    ledger.close("short", 1.0, prompt_tokens=0, completion_tokens=10)
+    ledger.reading(1.0, 500.0)  # 100 J idle + 400 J dynamic
+    for t in range(2, 1 + int(SETTLE_WITHIN_S)):
+        ledger.reading(float(t), 500.0 + 400.0 * (t - 1))
+        assert ledger.settle() == []  # within the bound, it waits for the stream's work
+    ledger.reading(1.0 + SETTLE_WITHIN_S, 500.0 + 400.0 * SETTLE_WITHIN_S)
+    (short,) = ledger.settle()
+    # Both ran the whole second; the stream, still running, went at the short one's pace.
+    assert short.key == "short"
+    assert short.energy_j == pytest.approx(200.0 + 50.0)
+    assert short.device_s == pytest.approx(0.5)
+    assert "stream" in ledger
+    # The stream's later intervals, and what it was given of the first, settle when it ends.
+    end = 1.0 + SETTLE_WITHIN_S
+    ledger.close("stream", end, prompt_tokens=0, completion_tokens=60)
+    ledger.reading(end + 1, 500.0 + 400.0 * SETTLE_WITHIN_S + 100.0)  # idle after it
+    (stream,) = ledger.settle()
+    assert stream.energy_j == pytest.approx(500.0 + 400.0 * SETTLE_WITHIN_S - 250.0)
+
+
+def test_settling_pauses_every_few_requests_so_a_loop_can_serve_between() -> None:
+    ledger = ledger_with_idle(10.0)
+    for n in range(1000):
+        ledger.open(str(n), n / 1000)
+        ledger.close(str(n), n / 1000 + 0.0005, prompt_tokens=5, completion_tokens=1)
+    ledger.reading(1.0, 100.0)
+    gap = longest = 0
+    spans = []
+    for item in ledger.settling():
+        if item is None:
+            gap = 0
+            continue
+        spans.append(item)
+        gap += 1
+        longest = max(longest, gap)
+    assert len(spans) == 1000
+    assert sum(s.energy_j for s in spans) == pytest.approx(100.0 - 10.0 * 0.5)
+    # Between two pauses: at most a step of splitting, or a step of finished spans.
+    assert longest <= STEP
+
+
+def test_requests_opened_out_of_order_count_the_time_anything_ran_once() -> None:
+    ledger = ledger_with_idle(100.0)
+    ledger.open("later", 0.5)
+    ledger.open("earlier", 0.2)  # its start was read before the other's, told after
+    ledger.close("later", 0.6, 0, 1)
+    ledger.close("earlier", 0.4, 0, 1)
+    ledger.reading(1.0, 100.0)  # idle only
+    spans = ledger.settle()
+    # Busy 0.3 s of the second: that share of the idle draw and of the device's time.
+    assert sum(s.energy_j for s in spans) == pytest.approx(30.0)
+    assert sum(s.device_s for s in spans) == pytest.approx(0.3)

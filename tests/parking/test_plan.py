@@ -4,16 +4,8 @@ from __future__ import annotations
 
 import itertools
 
-from gateway.fleet.parking import (
-    DRAINING,
-    HOLD_S,
-    PACK,
-    PARKED,
-    SHORT_S,
-    WINDOW_S,
-    Parking,
-)
-from gateway.fleet.state import Fleet
+from gateway.fleet.state import DRAINING, PARKED, Fleet
+from gateway.parking.plan import HOLD_S, PACK, SHORT_S, WINDOW_S, Parking
 from policies import fleet_policy
 
 

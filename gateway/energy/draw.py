@@ -1,7 +1,7 @@
 """Draw: what each backend drew, idle included, and how long it was on and parked, per minute.
 
-A pure core, fed by the power scraper (gateway/upstream/metering.py) on the wall clock. It is the
-fleet's side of energy, where gateway/records/energy.py is the requests' side: every joule a
+A pure core, fed by the power scraper (gateway/energy/meter.py) on the wall clock. It is the
+fleet's side of energy, where gateway/energy/ledger.py is the requests' side: every joule a
 backend's meter read counts, whether a request ran or not, so the weekly report and the console
 can lead with the fleet's energy and device-hours (each `Minute` a row of `backend_energy`,
 folded by gateway/report/numbers.py).

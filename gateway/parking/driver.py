@@ -1,7 +1,7 @@
 """Parking in the serving gateway: the plan run every second beside serving, and the hooks that
 switch a backend off and on (docs/routing.md#in-the-gateway).
 
-Admission tells the plan (gateway/fleet/parking.py) of every request routed to a pool and of
+Admission tells the plan (gateway/parking/plan.py) of every request routed to a pool and of
 every slot's hold; every `ROUND_S` the plan says which backends each pool with a `parking`
 block needs. A backend to park is drained first: it takes no new request ('draining'), and
 once every replica's requests on it have ended, and `DRAIN_GRACE_S` has passed so that every
@@ -49,10 +49,10 @@ import sqlalchemy as sa
 from gateway.db.schema import ParkingEvent, parking_events
 from gateway.errors import ParkingHookFailed, SharedStateUnavailable, UpstreamError
 from gateway.fleet.admission import Admission
-from gateway.fleet.parking import DRAINING, IN_SERVICE, PARKED, WAKING, Move, Parking
 from gateway.fleet.sharedstate import SharedState
-from gateway.fleet.state import BackendState, Fleet, PoolState
+from gateway.fleet.state import DRAINING, IN_SERVICE, PARKED, WAKING, BackendState, Fleet, PoolState
 from gateway.metrics import GatewayMetrics
+from gateway.parking.plan import Move, Parking
 from gateway.periodic import Periodic, Tasks
 from gateway.policy.model import Policy, PoolParking
 from gateway.upstream.client import Upstream
@@ -227,7 +227,7 @@ def command_environment(environ: Mapping[str, str], settings: Collection[str]) -
 class Parker:
     """Run the parking plan beside serving: drain, park and wake backends through their hooks.
 
-    It is the admission's traffic (gateway/fleet/parking.py's `Traffic`): told of every request
+    It is the admission's traffic (gateway/parking/plan.py's `Traffic`): told of every request
     routed and every slot given back.
     """
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.records.draw import FleetDraw, Minute, Seen
+from gateway.energy.draw import FleetDraw, Minute, Seen
 
 T0 = 1_790_000_080.0  # 40 s into a minute
 IDLE_W = 100.0

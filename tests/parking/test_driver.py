@@ -19,10 +19,10 @@ from switching import HOOK, switched, up
 from waiting import wait_for
 
 from gateway.db.schema import parking_events
-from gateway.fleet.parking import Move
 from gateway.fleet.state import Fleet
+from gateway.parking.driver import Parker, last_gpu
+from gateway.parking.plan import Move
 from gateway.policy.model import Policy
-from gateway.upstream.parking import Parker, last_gpu
 from harness.gateways import GatewayServer, run_gateway
 from harness.simulators import SimulatorProcess, start_simulator
 from policies import MODEL, fleet_policy
