@@ -131,8 +131,10 @@ def installs(target: str, source: Path, work: Path) -> set[str]:
     """Return what `make TARGET` installs into a new environment, as pip resolves it.
 
     The commands are the Makefile's own (`make -n`), resolved by pip without installing
-    anything (`--dry-run`), from a copy of the sources.
+    anything (`--dry-run`), from a copy of the sources of their own (an editable install writes
+    its metadata beside them).
     """
+    source = Path(shutil.copytree(source, work / f"{target}-source"))
     dry = subprocess.run(
         ["make", "-n", target, f"VENV={work / 'venv'}"],
         cwd=ROOT,
