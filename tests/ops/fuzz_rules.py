@@ -35,11 +35,17 @@ def _fraction(value: Any) -> bool:
     return isinstance(value, float)
 
 
+def _number(body: dict[str, Any], field: str) -> float:
+    """Return a field's number, 0 where it is none (a field the endpoint does not read)."""
+    value = body.get(field)
+    return value if isinstance(value, int | float) and not isinstance(value, bool) else 0
+
+
 def _served(body: dict[str, Any]) -> bool:
     """Say whether a valid /v1 body is one the gateway and the simulators serve."""
-    if any((body.get(field) or 0) > LONGEST for field in LIMITS):
+    if any(_number(body, field) > LONGEST for field in LIMITS):
         return False
-    if (body.get("n") or 1) > 1 or (body.get("best_of") or 1) > 1:
+    if _number(body, "n") > 1 or _number(body, "best_of") > 1:
         return False
     if body.get("min_tokens") or body.get("ignore_eos"):
         return False
