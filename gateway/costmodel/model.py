@@ -216,9 +216,8 @@ class PoolModel:
     every concurrency a backend takes, the prior's decode step and draw and, per target, the
     weight of each of the request's terms of φ, the batch's terms folded in (`features`:
     every feature is a request term times a batch term). A prediction computes the request's
-    terms (`request_terms`, as training does) and, per target, their sum with those weights
-    inline, in about 0.6 of the time that calls and tuples per feature took (docs/routing.md,
-    "Decision time").
+    terms (`request_terms`, as training does) and, per target, their sum with those weights,
+    written out: it runs for every pool a decision ranks (docs/routing.md, "Decision time").
     """
 
     __slots__ = (
