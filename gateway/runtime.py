@@ -13,7 +13,6 @@ import os
 import socket
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
@@ -33,7 +32,7 @@ from gateway.fleet.leases import Leases
 from gateway.fleet.ratelimit import TokenBuckets
 from gateway.fleet.shared_prefixes import SharedPrefixes
 from gateway.fleet.sharedstate import SharedState
-from gateway.fleet.state import BackendState, Fleet
+from gateway.fleet.state import BackendState, Fleet, Serving
 from gateway.metrics import GatewayMetrics
 from gateway.parking.driver import Parker, command_environment
 from gateway.periodic import LoopLag, time_collections
@@ -65,17 +64,6 @@ log = logging.getLogger(__name__)
 
 # How often a gateway that started without a usable database checks for it again.
 DATABASE_RECHECK_S = 2.0
-
-
-@dataclass(frozen=True, slots=True)
-class Serving:
-    """What requests are served by: one policy version and the fleet it configured, replaced
-    whole on a reload, so a request that reads it sees one version throughout."""
-
-    policy: Policy
-    fleet: Fleet
-    version: int
-    text: str  # the version's YAML, as stored
 
 
 class Gateway:

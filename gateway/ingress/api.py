@@ -32,15 +32,17 @@ from gateway.errors import (
 from gateway.exchange import Exchange
 from gateway.fleet.ratelimit import TokenBuckets, admit_tenant, settle_tenant
 from gateway.fleet.sessions import SESSION_HEADERS
+from gateway.fleet.state import Serving
 from gateway.ingress.body import BodyDeadlines
 from gateway.ingress.responses import ResponsesRelay, to_chat
 from gateway.ingress.telemetry import Telemetry
 from gateway.metrics import GatewayMetrics
 from gateway.policy.model import Policy, Tenant
 from gateway.records.requests import RequestEnergy
+from gateway.routing.bodies import MAX_MODEL_CHARS
 from gateway.routing.classify import (
     ENDPOINTS,
-    MAX_MODEL_CHARS,
+    RESPONSES_PATH,
     RequestProfile,
     TokenEstimator,
     classify,
@@ -48,7 +50,6 @@ from gateway.routing.classify import (
 )
 from gateway.routing.ranking import CostRanker
 from gateway.routing.router import decide, tokens_at_most
-from gateway.runtime import Serving
 from gateway.settings import Settings
 from gateway.shadow.mirror import Mirror
 from gateway.shadow.sample import ShadowPlan
@@ -58,7 +59,6 @@ from gateway.upstream.forward import Forwarder
 # The request headers classify reads beside the x-slo- ones: the tenant key and session keys.
 _KEPT_HEADERS = frozenset({b"authorization", *(h.encode() for h in SESSION_HEADERS)})
 log = logging.getLogger(__name__)
-RESPONSES_PATH = "/v1/responses"
 MODELS_PATH = "/v1/models"
 
 JSON = [(b"content-type", b"application/json")]
@@ -89,7 +89,7 @@ def _assumed_max_tokens(payload: Any, profile: RequestProfile, policy: Policy) -
     """
     if profile.max_tokens is not None or profile.endpoint == "embeddings":
         return None
-    return max(policy.assumed_max_tokens, payload.get("min_tokens") or 0)
+    return max(policy.assumed_max_tokens, int(payload.get("min_tokens") or 0))
 
 
 def _used(ex: Exchange, charged: int) -> int:

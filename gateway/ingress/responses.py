@@ -9,8 +9,9 @@ comparisons see chat completions on both sides.
 - `input` (a string, or items: messages with text or image parts, `function_call` and
   `function_call_output` items) and `instructions` become messages; `max_output_tokens`,
   `temperature`, `top_p`, `tools` (function tools), `tool_choice` and `text.format` become
-  their chat counterparts. Server-side state (`previous_response_id`) and built-in tools are
-  refused with a 400 that says so.
+  their chat counterparts. What the gateway takes of a request is its description
+  (gateway/routing/bodies.py): server-side state (`previous_response_id`) and built-in tools
+  are refused with a 400 that says so.
 - A whole answer becomes a `response` object; a stream becomes the typed events
   (`response.created` ... `response.output_text.delta` ... `response.completed`), each with
   its `sequence_number`. Errors keep OpenAI's error shape, as they are.
@@ -28,40 +29,32 @@ from typing import Any
 import orjson
 
 from gateway.compare.events import EventReader
-from gateway.errors import InvalidRequest
+from gateway.routing import bodies
 from gateway.upstream.asgi import Message, Send
 from gateway.upstream.usage import cached
 
-_FORMATS = {"json_object", "json_schema", "text"}
-
 
 def to_chat(payload: Any) -> dict[str, Any]:
-    """Return the chat completions request a Responses request means; raise InvalidRequest."""
-    if not isinstance(payload, dict):
-        raise InvalidRequest("the request body must be a JSON object")
-    if payload.get("previous_response_id") is not None:
-        raise InvalidRequest(
-            "previous_response_id is not supported: the gateway keeps no responses; send the"
-            " conversation in 'input'",
-            param="previous_response_id",
-        )
-    chat: dict[str, Any] = {"model": payload.get("model")}
+    """Return the chat completions request a Responses request means; raise InvalidRequest
+    for one its description (gateway/routing/bodies.py) refuses."""
+    bodies.check("responses", payload)
+    chat: dict[str, Any] = {"model": payload["model"]}
     messages: list[dict[str, Any]] = []
     instructions = payload.get("instructions")
-    if isinstance(instructions, str) and instructions:
+    if instructions:
         messages.append({"role": "system", "content": instructions})
-    messages += _messages(payload.get("input"))
+    messages += _messages(payload["input"])
     chat["messages"] = messages
     if payload.get("max_output_tokens") is not None:
-        chat["max_tokens"] = payload["max_output_tokens"]
+        chat["max_tokens"] = int(payload["max_output_tokens"])  # checked: whole, maybe 64.0
     for name in ("temperature", "top_p", "seed", "user", "parallel_tool_calls", "prompt_cache_key"):
         if payload.get(name) is not None:
             chat[name] = payload[name]
     if payload.get("tools"):
-        chat["tools"] = _tools(payload["tools"])
+        chat["tools"] = [_tool(tool) for tool in payload["tools"]]
     if payload.get("tool_choice") is not None:
         chat["tool_choice"] = _tool_choice(payload["tool_choice"])
-    response_format = _format(payload.get("text"))
+    response_format = _format(payload.get("text", {}).get("format"))
     if response_format is not None:
         chat["response_format"] = response_format
     if payload.get("stream"):
@@ -70,82 +63,50 @@ def to_chat(payload: Any) -> dict[str, Any]:
     return chat
 
 
-def _messages(value: Any) -> list[dict[str, Any]]:
+def _messages(value: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
     if isinstance(value, str):
         return [{"role": "user", "content": value}]
-    if not isinstance(value, list) or not value:
-        raise InvalidRequest(
-            "'input' must be a string or a non-empty array of input items", param="input"
-        )
     messages: list[dict[str, Any]] = []
-    for i, item in enumerate(value):
-        kind = item.get("type", "message") if isinstance(item, dict) else None
-        if kind == "message" and isinstance(item.get("role"), str):
-            messages.append({"role": item["role"], "content": _content(item.get("content"), i)})
+    for item in value:
+        kind = item.get("type", "message")
+        if kind == "message":
+            messages.append({"role": item["role"], "content": _content(item["content"])})
         elif kind == "function_call":
             call = {
-                "id": str(item.get("call_id", "")),
+                "id": item.get("call_id", ""),
                 "type": "function",
-                "function": {"name": item.get("name"), "arguments": item.get("arguments", "")},
+                "function": {"name": item["name"], "arguments": item.get("arguments", "")},
             }
             if messages and messages[-1]["role"] == "assistant" and "tool_calls" in messages[-1]:
                 messages[-1]["tool_calls"].append(call)
             else:
                 messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
-        elif kind == "function_call_output":
-            output = item.get("output")
+        else:  # function_call_output
+            output = item["output"]
             messages.append(
                 {
                     "role": "tool",
-                    "tool_call_id": str(item.get("call_id", "")),
+                    "tool_call_id": item.get("call_id", ""),
                     "content": output if isinstance(output, str) else orjson.dumps(output).decode(),
                 }
-            )
-        else:
-            raise InvalidRequest(
-                f"input[{i}] is not a message, function_call or function_call_output item",
-                param=f"input[{i}]",
             )
     return messages
 
 
-def _content(content: Any, i: int) -> Any:
+def _content(content: str | list[dict[str, Any]]) -> Any:
     if isinstance(content, str):
         return content
-    if not isinstance(content, list):
-        raise InvalidRequest(
-            f"input[{i}].content must be a string or an array of parts", param=f"input[{i}]"
-        )
-    parts: list[dict[str, Any]] = []
-    for part in content:
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind in ("input_text", "output_text") and isinstance(part.get("text"), str):
-            parts.append({"type": "text", "text": part["text"]})
-        elif kind == "input_image" and isinstance(part.get("image_url"), str):
-            parts.append({"type": "image_url", "image_url": {"url": part["image_url"]}})
-        else:
-            raise InvalidRequest(
-                f"input[{i}].content has a part of type {kind!r}; the gateway translates"
-                " input_text, output_text and input_image (by URL)",
-                param=f"input[{i}]",
-            )
-    return parts
+    return [
+        {"type": "text", "text": part["text"]}
+        if part["type"] != "input_image"
+        else {"type": "image_url", "image_url": {"url": part["image_url"]}}
+        for part in content
+    ]
 
 
-def _tools(tools: Any) -> list[dict[str, Any]]:
-    if not isinstance(tools, list):
-        raise InvalidRequest("'tools' must be an array", param="tools")
-    out = []
-    for i, tool in enumerate(tools):
-        if not isinstance(tool, dict) or tool.get("type") != "function" or not tool.get("name"):
-            raise InvalidRequest(
-                f"tools[{i}] is not a function tool; built-in tools (web search, file search,"
-                " computer use) need OpenAI's servers",
-                param=f"tools[{i}]",
-            )
-        keys = ("name", "description", "parameters", "strict")
-        out.append({"type": "function", "function": {k: tool[k] for k in keys if k in tool}})
-    return out
+def _tool(tool: dict[str, Any]) -> dict[str, Any]:
+    keys = ("name", "description", "parameters", "strict")
+    return {"type": "function", "function": {k: tool[k] for k in keys if k in tool}}
 
 
 def _tool_choice(choice: Any) -> Any:
@@ -154,19 +115,13 @@ def _tool_choice(choice: Any) -> Any:
     return choice
 
 
-def _format(text: Any) -> dict[str, Any] | None:
-    if not isinstance(text, dict) or not isinstance(text.get("format"), dict):
+def _format(form: dict[str, Any] | None) -> dict[str, Any] | None:
+    if form is None or form["type"] == "text":
         return None
-    form = text["format"]
-    kind = form.get("type")
-    if kind not in _FORMATS:
-        raise InvalidRequest(
-            f"text.format.type {kind!r} is not one of {sorted(_FORMATS)}", param="text"
-        )
-    if kind == "json_schema":
+    if form["type"] == "json_schema":
         schema = {key: form[key] for key in ("name", "schema", "strict") if key in form}
         return {"type": "json_schema", "json_schema": schema}
-    return None if kind == "text" else {"type": "json_object"}
+    return {"type": "json_object"}
 
 
 class ResponsesRelay:

@@ -31,6 +31,7 @@ from gateway.errors import (
 from gateway.ops import views
 from gateway.ops.errors import problem
 from gateway.ops.openapi import ADMIN_ERRORS, ErrorBody
+from gateway.ops.parts import OpsParts
 from gateway.periodic import helper_process
 from gateway.policy import validation, versions
 from gateway.policy.apply import apply, rollback
@@ -40,16 +41,18 @@ from gateway.promotion import evidence, rollout
 from gateway.replay.whatif import recorded_requests, simulate
 from gateway.report.period import ISO_WEEK, SINCE, parse_since
 from gateway.report.schedule import FILES, listing
+from gateway.routing.bodies import INTEGRAL
 from gateway.routing.explain import explain
-from gateway.runtime import Gateway
 from gateway.shadow.summary import summarize
 
 MAX_LISTED = 1000  # policy versions one listing returns; a bigger limit is a 400, not a crash
-MAX_VERSION = 2**63 - 1  # the widest integer the databases store
+# The widest integer a JSON reader holds exactly (the description's bounds are doubles), which
+# every database stores.
+MAX_VERSION = 2**53 - 1
 MAX_PAIRS = 200  # shadow pairs one listing returns
 
 
-def admin_router(gateway: Gateway) -> APIRouter:
+def admin_router(gateway: OpsParts) -> APIRouter:
     """Build the /admin routes for a gateway."""
 
     # The token is checked before the app reads anything (gateway/ops/guard.py).
@@ -93,30 +96,27 @@ def admin_router(gateway: Gateway) -> APIRouter:
     async def fleet_energy(window: Literal["hour", "day"] = "day") -> dict[str, Any]:
         """The fleet's energy (idle included), cost (device-hours and energy) and carbon over
         the last hour or day, per pool, against the window before."""
-        return await asyncio.to_thread(
-            views.fleet_energy, gateway.db, gateway.policy, time.time(), views.WINDOWS[window]
-        )
+        policy, span = gateway.serving.policy, views.WINDOWS[window]
+        return await asyncio.to_thread(views.fleet_energy, gateway.db, policy, time.time(), span)
 
     @router.get("/parking")
     async def parking(window: Literal["hour", "day"] = "day") -> dict[str, Any]:
         """Parking over the last hour or day: per pool, backends on and parked over time,
         parks, wake-ups, hook failures and energy saved; and each wake-up, with why."""
-        return await asyncio.to_thread(
-            views.parking_history, gateway.db, gateway.policy, time.time(), views.WINDOWS[window]
-        )
+        policy, span = gateway.serving.policy, views.WINDOWS[window]
+        return await asyncio.to_thread(views.parking_history, gateway.db, policy, time.time(), span)
 
     @router.get("/traffic")
     async def traffic(window: Literal["hour", "day"] = "hour") -> list[dict[str, Any]]:
         """Per route over the last hour or day: pool shares, SLO attainment, TTFT, energy, cost."""
-        return await asyncio.to_thread(
-            views.traffic, gateway.db, gateway.policy, time.time(), views.WINDOWS[window]
-        )
+        policy, span = gateway.serving.policy, views.WINDOWS[window]
+        return await asyncio.to_thread(views.traffic, gateway.db, policy, time.time(), span)
 
     @router.get("/promotions")
     async def promotions(evaluate: bool = False) -> list[dict[str, Any]]:
         """Return the newest verdict per route and candidate; judge afresh with ?evaluate=1."""
         if evaluate:
-            await asyncio.to_thread(evidence.evaluate, gateway.db, gateway.policy)
+            await asyncio.to_thread(evidence.evaluate, gateway.db, gateway.serving.policy)
         return await asyncio.to_thread(evidence.latest, gateway.db)
 
     @router.get("/reports")
@@ -145,7 +145,7 @@ def admin_router(gateway: Gateway) -> APIRouter:
         started = await asyncio.to_thread(
             rollout.start,
             gateway.db,
-            gateway.policy,
+            gateway.serving.policy,
             request.route,
             request.candidate,
             author="admin-api",
@@ -160,7 +160,7 @@ def admin_router(gateway: Gateway) -> APIRouter:
         """Check every running rollout now: step, finish or roll back those whose step is due
         and whose guards say so (as the rollout driver does each round); return what moved."""
         moved = await asyncio.to_thread(
-            rollout.advance, gateway.db, gateway.policy, author="admin-api"
+            rollout.advance, gateway.db, gateway.serving.policy, author="admin-api"
         )
         await gateway.policy_watcher.sync()
         return moved
@@ -179,12 +179,13 @@ def admin_router(gateway: Gateway) -> APIRouter:
     @router.post("/explain")
     async def explain_request(request: ExplainRequest) -> dict[str, Any]:
         """Route a request as the gateway would now, without sending it; return the reasons."""
+        serving = gateway.serving  # the policy and the fleet it configured: one version
         return explain(
             request.endpoint,
             request.body,
             request.headers,
-            gateway.policy,
-            gateway.fleet,
+            serving.policy,
+            serving.fleet,
             gateway.ranker,
             gateway.estimator,
         )
@@ -192,8 +193,8 @@ def admin_router(gateway: Gateway) -> APIRouter:
     @router.get("/policy")
     async def active_policy() -> dict[str, Any]:
         """Return the policy serving on this replica: its version, hash and YAML."""
-        text = gateway.policy_text
-        return {"version": gateway.policy_version, "hash": content_hash(text), "yaml": text}
+        version, text = gateway.serving.version, gateway.serving.text
+        return {"version": version, "hash": content_hash(text), "yaml": text}
 
     @router.put("/policy", responses={422: {"model": PolicyErrors}, **STORE_ERRORS})
     async def apply_policy(change: PolicyChange) -> Response:
@@ -252,7 +253,7 @@ def admin_router(gateway: Gateway) -> APIRouter:
         replay = helper_process()
         try:
             return await asyncio.get_running_loop().run_in_executor(
-                replay, simulate, gateway.policy, proposed, requests
+                replay, simulate, gateway.serving.policy, proposed, requests
             )
         finally:
             await asyncio.to_thread(replay.shutdown)
@@ -310,7 +311,8 @@ def conflict(description: str) -> dict[int | str, dict[str, Any]]:
 
 
 class AdminRequest(BaseModel):
-    """A JSON body of the admin API, typed strictly: `"yes"` is no boolean, `"1"` no integer."""
+    """A JSON body of the admin API, typed strictly: `"yes"` is no boolean, `"1"` no integer
+    (and `1.0` is one, as JSON Schema says: `INTEGRAL`)."""
 
     model_config = ConfigDict(strict=True)
 
@@ -355,15 +357,15 @@ class SimulateRequest(PolicyCandidate):
     """A proposed policy to replay the recorded traffic under."""
 
     days: float = Field(default=7, gt=0, le=90, description="How far back the traffic goes.")
-    limit: int = Field(
-        default=5000, ge=1, le=100_000, description="Replay at most this many requests."
+    limit: Annotated[int, Field(ge=1, le=100_000), INTEGRAL] = Field(
+        default=5000, description="Replay at most this many requests."
     )
 
 
 class RollbackRequest(AdminRequest):
     """Which version to serve again (default: the one before the active version), and why."""
 
-    version: int | None = Field(default=None, ge=1, le=MAX_VERSION)
+    version: Annotated[int, Field(ge=1, le=MAX_VERSION), INTEGRAL] | None = None
     message: str = ""
     author: str = "admin-api"
     override_precision_gate: bool = Field(
@@ -400,6 +402,6 @@ class ExplainRequest(AdminRequest):
     headers: dict[str, str] = {}
 
 
-def install(app: FastAPI, gateway: Gateway) -> None:
+def install(app: FastAPI, gateway: OpsParts) -> None:
     """Mount the admin API on the ops app."""
     app.include_router(admin_router(gateway))

@@ -14,7 +14,7 @@ from fastapi import FastAPI, Response
 from fastapi.responses import RedirectResponse
 
 from gateway.errors import AdminDisabled, NotFound
-from gateway.runtime import Gateway
+from gateway.ops.parts import OpsParts
 
 ASSETS = Path(__file__).resolve().parent / "console"
 TYPES = {
@@ -35,7 +35,7 @@ HEADERS = {
 }
 
 
-def install(app: FastAPI, gateway: Gateway) -> None:
+def install(app: FastAPI, gateway: OpsParts) -> None:
     """Serve the console's files, read once, while the admin API is enabled."""
     files = {
         p.name: (p.read_bytes(), TYPES[p.suffix]) for p in ASSETS.iterdir() if p.suffix in TYPES

@@ -14,10 +14,10 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from gateway.ops import admin, console, errors, openapi
-from gateway.runtime import Gateway
+from gateway.ops.parts import OpsParts
 
 
-def ops_app(gateway: Gateway) -> FastAPI:
+def ops_app(gateway: OpsParts) -> FastAPI:
     """Build the FastAPI app for health, readiness and metrics, running the gateway's lifespan."""
 
     @asynccontextmanager
@@ -55,5 +55,5 @@ def ops_app(gateway: Gateway) -> FastAPI:
     console.install(app, gateway)
     errors.install(app)
     generate = app.openapi  # FastAPI's generator, which keeps what it generated
-    app.openapi = lambda: openapi.document(generate(), gateway.policy)  # type: ignore[method-assign]
+    app.openapi = lambda: openapi.document(generate(), gateway.serving.policy)  # type: ignore[method-assign]
     return app

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 import sqlalchemy as sa
@@ -17,6 +17,7 @@ import sqlalchemy as sa
 from gateway.compare.measures import MEASURES, WORD
 from gateway.db.schema import request_records, shadow_records
 from gateway.energy.draw import MINUTE_S
+from gateway.ops.parts import OpsParts
 from gateway.policy.model import Policy
 from gateway.policy.tariffs import DAY_S
 from gateway.records.slo import judged_on, record_meets_slo
@@ -26,21 +27,19 @@ from gateway.report.records import read_draw, read_parking
 from gateway.routing.explain import hardware, parking
 from gateway.stats import percentile
 
-if TYPE_CHECKING:
-    from gateway.runtime import Gateway
-
 WINDOWS = {"hour": 3600.0, "day": DAY_S}
 BUCKETS = 12  # points of each traffic chart
 COST_MODEL_TARGETS = ("e2e", "energy", "ttft", "tpot")
 
 
-def fleet(gateway: Gateway, now: float) -> list[dict[str, Any]]:
+def fleet(gateway: OpsParts, now: float) -> list[dict[str, Any]]:
     """Every pool of the policy and its backends now: health, slots, queue, power, energy
     attributed today (UTC), and the serving cost model's held-out error."""
     today = _energy_since(gateway.db, math.floor(now / DAY_S) * DAY_S)
     pools = []
-    for name, spec in gateway.policy.pools.items():
-        state = gateway.fleet.pools.get(name)
+    serving = gateway.serving  # the policy and the fleet it configured: one version
+    for name, spec in serving.policy.pools.items():
+        state = serving.fleet.pools.get(name)
         backends: list[dict[str, Any]] = []
         for b in state.backends if state is not None else []:
             backends.append(

@@ -117,12 +117,22 @@ UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 # What `since` may be, as parse_since below reads it: Unix seconds, an age (DURATION: 90m, 24h,
 # 7d) or an ISO 8601 date or time; empty is no bound. The admin API's description and check
-# carry it; parse_since still refuses a date matching it that is none, such as 2026-13-45.
+# carry it, so it admits only what parse_since reads: days that exist (February 29 in leap
+# years alone), hours to 23, minutes and seconds to 59, offsets within a day.
+_YEAR = r"(?:[0-9]{3}[1-9]|[0-9]{2}[1-9]0|[0-9][1-9]00|[1-9]000)"  # 0001 to 9999
+_MONTH_DAY = (
+    r"(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])"  # months of 31 days
+    r"|(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)"  # of 30
+    r"|02-(?:0[1-9]|1[0-9]|2[0-8]))"  # February
+)
+_LEAP = r"(?:0[48]|[2468][048]|[13579][26])"  # years divisible by 4: their last two digits
+_LEAP_DAY = rf"(?:[0-9]{{2}}{_LEAP}|{_LEAP}00)-02-29"  # and of centuries, the first two
+_TIME = r"[T ](?:[01][0-9]|2[0-3])(?::[0-5][0-9](?::[0-5][0-9](?:\.[0-9]{1,6})?)?)?"
+_OFFSET = r"(?:Z|[+-](?:[01][0-9]|2[0-3]):?[0-5][0-9])"
 SINCE = (
     r"^(?:[0-9]{1,12}(?:\.[0-9]{1,6})?[smhd]?"  # seconds, or an age
-    r"|[0-9]{4}-[0-9]{2}-[0-9]{2}"  # a date
-    r"(?:[T ][0-9]{2}(?::[0-9]{2}(?::[0-9]{2}(?:\.[0-9]{1,6})?)?)?"  # and a time
-    r"(?:Z|[+-][0-9]{2}:?[0-9]{2})?)?"  # with its offset
+    rf"|(?:{_YEAR}-{_MONTH_DAY}|{_LEAP_DAY})"  # a date
+    rf"(?:{_TIME}{_OFFSET}?)?"  # and a time, with its offset
     r")?$"
 )
 

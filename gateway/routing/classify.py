@@ -1,4 +1,8 @@
-"""Classify a request: turn its body and headers into the profile that routing decides on."""
+"""Classify a request: turn its body and headers into the profile that routing decides on.
+
+A body is checked by its endpoint's description first (gateway/routing/bodies.py); what is read
+here is then of the type described, and what a description cannot say is checked here.
+"""
 
 from __future__ import annotations
 
@@ -12,13 +16,15 @@ import orjson
 from gateway.errors import InvalidRequest, SloNotAllowed, Unauthorized, shown
 from gateway.fleet.sessions import MAX_KEY_CHARS, SESSION_HEADERS
 from gateway.policy.model import Policy, Tenant
-from gateway.routing import prefix
+from gateway.routing import bodies, prefix
 
 ENDPOINTS = {
     "/v1/chat/completions": "chat",
     "/v1/completions": "completions",
     "/v1/embeddings": "embeddings",
 }
+# The Responses API, served through chat completions (gateway/ingress/responses.py).
+RESPONSES_PATH = "/v1/responses"
 
 # Characters per token of Llama 3's tokenizer by script (docs/operations.md): English 3.94
 # (arXiv:2407.21783), Chinese 1.26 (measured on 429k characters of modern Chinese). Other
@@ -38,8 +44,6 @@ MESSAGE_OVERHEAD_TOKENS = 4
 # What one answer's usage may move a model's ratio: its observed ratio is first bounded to
 # between half and twice the current one, so one odd request cannot swing every tenant's.
 MAX_RATIO_STEP = 2.0
-MAX_MODEL_CHARS = 128  # the width of the records' model column
-MAX_SEQUENCES = 128  # answers one request may ask for (n, best_of)
 # A per-request target in milliseconds (x-slo-ttft-ms, x-slo-tpot-ms): a positive decimal under
 # a billion (11 days), without sign, exponent or spaces. The OpenAPI description states this
 # pattern for both headers (gateway/ops/openapi.py), so what it says and what is checked agree.
@@ -135,16 +139,13 @@ class TokenEstimator:
 
 
 def _content_tokens(content: Any) -> float:
-    """Estimate a message content: a string, or a list of text and other parts."""
+    """Estimate a message content: a string, a list of text and other parts, or none."""
     if isinstance(content, str):
         return text_tokens(content)
     total = 0.0
-    if isinstance(content, list):
-        for part in content:
-            if not isinstance(part, dict):
-                continue
-            text = part.get("text")
-            total += text_tokens(text) if isinstance(text, str) else NON_TEXT_PART_TOKENS
+    for part in content or ():
+        text = part.get("text")
+        total += text_tokens(text) if isinstance(text, str) else NON_TEXT_PART_TOKENS
     return total
 
 
@@ -167,65 +168,31 @@ def _message_tokens(message: dict[str, Any]) -> float:
 
 
 def _prompt_tokens(endpoint: str, payload: dict[str, Any]) -> float:
-    """Validate the prompt of a body; return its tokens as estimated by script, every part the
-    backend will tokenize counted (messages, names, tool calls, tool definitions)."""
+    """Return a checked body's prompt tokens as estimated by script, every part the backend
+    will tokenize counted (messages, names, tool calls, tool definitions)."""
     if endpoint == "chat":
-        messages = payload.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise InvalidRequest(
-                "'messages' must be a non-empty array of messages", param="messages"
-            )
-        tokens = 0.0
-        for i, message in enumerate(messages):
-            if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-                raise InvalidRequest(
-                    f"messages[{i}] must be an object with a string 'role'", param=f"messages[{i}]"
-                )
-            tokens += _message_tokens(message)
+        tokens = sum(_message_tokens(message) for message in payload["messages"])
         for field in ("tools", "functions"):
             # Chat templates render tool definitions into the prompt, as JSON or close to it.
             if isinstance(payload.get(field), list) and payload[field]:
                 tokens += text_tokens(orjson.dumps(payload[field]).decode())
         return tokens
-    field = "prompt" if endpoint == "completions" else "input"
-    value = payload.get(field)
+    value = payload["prompt" if endpoint == "completions" else "input"]
     if isinstance(value, str):
         return text_tokens(value)
-    if isinstance(value, list) and value:
-        if all(isinstance(v, str) for v in value):
-            return sum(text_tokens(v) for v in value)
-        if all(isinstance(v, int) for v in value):
-            return float(len(value))
-        if all(isinstance(v, list) for v in value):
-            return float(sum(len(v) for v in value))
-    raise InvalidRequest(
-        f"'{field}' must be a string or a non-empty array of strings or token ids", param=field
-    )
+    if isinstance(value[0], str):
+        return sum(text_tokens(v) for v in value)
+    if isinstance(value[0], list):
+        return float(sum(len(v) for v in value))
+    return float(len(value))  # token ids
 
 
 def _max_tokens(payload: dict[str, Any]) -> int | None:
     for field in ("max_completion_tokens", "max_tokens"):
         value = payload.get(field)
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise InvalidRequest(
-                f"'{field}' must be a positive integer, got {shown(value)}", param=field
-            )
-        return value
+        if value is not None:
+            return int(value)  # checked: a whole number, maybe written 64.0
     return None
-
-
-def _count(payload: dict[str, Any], field: str, least: int, most: int) -> int | None:
-    """Read an optional integer field within [least, most], or raise naming it."""
-    value = payload.get(field)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= most:
-        raise InvalidRequest(
-            f"'{field}' must be an integer from {least} to {most}, got {shown(value)}", param=field
-        )
-    return value
 
 
 def _sequences(payload: dict[str, Any], max_tokens: int | None) -> int:
@@ -233,22 +200,17 @@ def _sequences(payload: dict[str, Any], max_tokens: int | None) -> int:
 
     `n` answers, or `best_of` generated to return the best: each is charged and reserved.
     """
-    n = _count(payload, "n", 1, MAX_SEQUENCES) or 1
-    best_of = _count(payload, "best_of", 1, MAX_SEQUENCES)
+    n = int(payload.get("n") or 1)
+    best_of = payload.get("best_of")
     if best_of is not None and best_of < n:
         raise InvalidRequest(f"'best_of' ({best_of}) must be at least 'n' ({n})", param="best_of")
-    min_tokens = _count(payload, "min_tokens", 0, 2**31)
+    min_tokens = payload.get("min_tokens")
     if min_tokens is not None and max_tokens is not None and min_tokens > max_tokens:
         raise InvalidRequest(
             f"'min_tokens' ({min_tokens}) is more than 'max_tokens' ({max_tokens})",
             param="min_tokens",
         )
-    ignore_eos = payload.get("ignore_eos")
-    if ignore_eos is not None and not isinstance(ignore_eos, bool):
-        raise InvalidRequest(
-            f"'ignore_eos' must be true or false, got {shown(ignore_eos)}", param="ignore_eos"
-        )
-    return max(n, best_of or 1)
+    return max(n, int(best_of or 1))
 
 
 def _header_ms(headers: dict[str, str], name: str) -> float | None:
@@ -282,22 +244,11 @@ def classify(
     policy: Policy,
     estimator: TokenEstimator,
 ) -> RequestProfile:
-    """Validate a parsed request body and headers, from a tenant (`tenant_of`), into a profile."""
-    if not isinstance(payload, dict):
-        raise InvalidRequest("the request body must be a JSON object")
-    model = payload.get("model")
-    if not isinstance(model, str) or not model:
-        raise InvalidRequest("'model' must be a non-empty string", param="model")
-    if len(model) > MAX_MODEL_CHARS:
-        raise InvalidRequest(
-            f"'model' is {len(model)} characters long; model names have at most {MAX_MODEL_CHARS}",
-            param="model",
-        )
-    stream = payload.get("stream", False)
-    if not isinstance(stream, bool):
-        raise InvalidRequest(f"'stream' must be true or false, got {shown(stream)}", param="stream")
-    if stream and endpoint == "embeddings":
-        raise InvalidRequest("embeddings cannot be streamed", param="stream")
+    """Check a parsed request body and its headers, from a tenant (`tenant_of`), and return
+    its profile."""
+    bodies.check(endpoint, payload)
+    model = payload["model"]
+    stream = bool(payload.get("stream", False))
     raw_tokens = _prompt_tokens(endpoint, payload)
     default_class = (tenant and tenant.default_slo_class) or policy.default_slo_class
     slo_name = headers.get("x-slo-class", default_class)
@@ -348,10 +299,6 @@ def _session(payload: dict[str, Any], headers: dict[str, str], tenant: str) -> s
     """Return the session a request names (its `prompt_cache_key`, else a session header),
     within its tenant: two tenants' sessions of one name are two sessions."""
     key = payload.get("prompt_cache_key")
-    if key is not None and not isinstance(key, str):
-        raise InvalidRequest(
-            f"'prompt_cache_key' must be a string, got {shown(key)}", param="prompt_cache_key"
-        )
     if not key:
         key = next((headers[h] for h in SESSION_HEADERS if headers.get(h)), None)
     return f"{tenant}/{key[:MAX_KEY_CHARS]}" if key else None

@@ -14,7 +14,9 @@ from gateway.costmodel.model import (
     Prediction,
     Residual,
     Span,
+    batch_terms,
     features,
+    request_terms,
 )
 from gateway.policy.load import load_policy
 from gateway.policy.tariffs import Rate
@@ -64,12 +66,18 @@ def by_definition(
     r = {t: fit.residuals.get(t, Residual()) for t in TARGETS}
     own = prompt + output
     context = own if context is None else context
-    phi = features(prompt, output, concurrent, phys.slots, context, fit.span)
+    phi = features(
+        request_terms(prompt, output, context, fit.span),
+        batch_terms(concurrent, phys.slots, fit.span),
+    )
     prefill = phys.ttft_s(prompt) * r["ttft"].factor(phi)
     tpot = phys.tpot_s(concurrent) * r["tpot"].factor(phi)
     others, slowed = concurrent - 1, 0.0
     if others > 0 and output > 1:
-        before = features(prompt, output, others, phys.slots, max(context - own, 0), fit.span)
+        before = features(
+            request_terms(prompt, output, max(context - own, 0), fit.span),
+            batch_terms(others, phys.slots, fit.span),
+        )
         step_before = phys.tpot_s(others) * r["tpot"].factor(before)
         slowed = others * (output - 1) * max(tpot - step_before, 0.0)
     service_prior = phys.ttft_s(prompt) + max(output - 1, 0) * phys.tpot_s(concurrent)

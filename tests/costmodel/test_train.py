@@ -6,11 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from gateway.costmodel.model import CostModel
+from gateway.costmodel.model import TARGETS, CostModel
 from gateway.costmodel.train import (
     MIN_OBSERVATIONS,
     Observation,
     RetrainSchedule,
+    _columns,
+    design,
     observations_from_rows,
     train,
 )
@@ -163,7 +165,7 @@ def test_the_closed_form_ridge_is_scikit_learns_ridge() -> None:
 
 
 def test_retraining_computes_the_priors_and_features_the_request_path_predicts_with() -> None:
-    from gateway.costmodel.model import Span, features
+    from gateway.costmodel.model import Span, batch_terms, features, request_terms
     from gateway.costmodel.train import _columns, design
 
     slots = POLICY.pools["gpu"].slots_per_backend
@@ -190,9 +192,38 @@ def test_retraining_computes_the_priors_and_features_the_request_path_predicts_w
         assert columns["prior_e2e"][i] == pytest.approx(service)
         assert columns["prior_energy"][i] == pytest.approx(energy)
         context = o.context_tokens or o.prompt_tokens + o.completion_tokens
-        want = features(o.prompt_tokens, o.completion_tokens, o.concurrent, slots, context, span)
+        want = features(
+            request_terms(o.prompt_tokens, o.completion_tokens, context, span),
+            batch_terms(o.concurrent, slots, span),
+        )
         assert list(phi[i]) == pytest.approx(list(want))
     assert columns["ttft"][0] == 0.1 and all(v != v for v in columns["tpot"])  # NaN: not measured
+
+
+def test_prediction_evaluates_the_features_training_fitted_the_weights_on() -> None:
+    # Requests past both context knees, below and past the span of prompts training saw.
+    rng = random.Random(4)
+    seen = [
+        o._replace(context_tokens=o.prompt_tokens + o.completion_tokens + rng.randint(0, 40_000))
+        for o in observations("gpu", 400)
+    ]
+    model, _ = train(POLICY, seen)
+    learned = model.trained[("gpu", MODEL)]
+    assert set(learned.residuals) == set(TARGETS)
+    physics = model.pool_model("gpu", MODEL).physics
+    slots = POLICY.pools["gpu"].slots_per_backend
+    asked = [*seen[:40], *(o._replace(prompt_tokens=p) for o in seen[:5] for p in (0, 90_000))]
+    phi = design(_columns(asked, slots, physics), learned.span)
+    prior = CostModel(POLICY)
+    for row, o in zip(phi, asked, strict=True):
+        shape = (o.prompt_tokens, o.completion_tokens, o.concurrent, 0.0, None, o.context_tokens)
+        got = model.predict("gpu", MODEL, *shape)
+        base = prior.predict("gpu", MODEL, *shape)
+        for target, field in (("ttft", "ttft_s"), ("tpot", "tpot_s"), ("e2e", "e2e_s"),
+                              ("energy", "energy_j")):  # fmt: skip
+            weights = learned.residuals[target].weights
+            factor = getattr(got, field) / getattr(base, field)
+            assert math.log(factor) == pytest.approx(float(row @ weights), abs=1e-9), target
 
 
 def test_observations_of_one_model_share_one_name() -> None:

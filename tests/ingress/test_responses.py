@@ -139,7 +139,7 @@ def test_a_json_schema_text_format(gw: GatewayServer) -> None:
     ("fields", "param"),
     [
         ({"previous_response_id": "resp_1"}, "previous_response_id"),
-        ({"tools": [{"type": "web_search"}]}, "tools[0]"),
+        ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
         ({"input": [{"type": "reasoning"}]}, "input[0]"),
         ({"prompt_cache_key": 7}, "prompt_cache_key"),
     ],

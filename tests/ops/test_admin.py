@@ -77,15 +77,14 @@ def test_a_malformed_since_is_a_400_naming_it(tmp_path: Path) -> None:
         def since(value: str) -> httpx.Response:
             return http.get("/admin/shadow/summary", params={"since": value}, headers=AUTH)
 
-        # Refused by the pattern the description states, before it is read; then a date of
-        # that form that is none, by the reading.
-        unlike = [since(value) for value in ("last week", "1e5", "-5", " 24h", "24 h")]
-        impossible = since("2026-13-45")
+        # Refused by the pattern the description states, before it is read: dates that are
+        # none too.
+        unlike = ("last week", "1e5", "-5", " 24h", "24 h", "2026-13-45", "2026-02-29T10:00")
+        refused = [since(value) for value in unlike]
         accepted = [since(value) for value in ("", "12.5", "24h", "2026-11-23T10:00:00Z")]
-    for response in unlike:
+    for response in refused:
         assert response.status_code == 400
         assert response.json()["error"]["param"] == "query.since"
-    assert impossible.status_code == 400 and impossible.json()["error"]["param"] == "since"
     assert [r.status_code for r in accepted] == [200] * 4
 
 

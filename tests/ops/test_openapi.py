@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 import random
 import re
@@ -10,14 +11,19 @@ import sys
 from pathlib import Path
 
 import httpx
+import pytest
 
 from gateway.ops.admin import MAX_VERSION
 from gateway.report.period import SINCE
+from gateway.routing import bodies
 from gateway.routing.classify import ENDPOINTS, MS_PATTERN
 from harness.gateways import run_gateway
-from policies import MODEL, fleet_policy
+from policies import EMBED, MODEL, fleet_policy
 
+HERE = Path(__file__).resolve().parent
 TOKEN = "fuzz-admin-token"
+# The embedding model served as one, so that each endpoint's description lists what it serves.
+KINDS = {EMBED: {"params_b": 0.335, "kind": "embedding"}}
 AUTH = {"authorization": f"Bearer {TOKEN}"}
 # Examples per operation in the fuzzing phase, beside the coverage phase's boundary values and
 # wrong methods: about 20 s for the whole API on the two-core machine. Fuzz deeper on demand with
@@ -30,18 +36,16 @@ SEED = (
     if os.environ.get("FUZZ_SEED") == "random"
     else int(os.environ.get("FUZZ_SEED", "20261201"))
 )
-# Every check schemathesis has, but two. Valid data is not always accepted, by design: a prompt
-# past every context is a 400, a policy that does not validate a 422, a body to explain names
-# no model. And /v1 bodies are OpenAI's API, parts of which only the backend checks (a token
-# id's sign, top_p's range), so data the description calls invalid may be served there; what
-# the ingress checks itself is held by tests/ingress/test_api.py and tests/routing/.
+# Every check schemathesis has, on every operation. What the description admits but the
+# gateway's state may refuse is a status of its own: a policy text that does not validate is
+# a 422 (its rules are the policy's, not the schema's); what the gateway or the simulators
+# refuse by a rule no schema states is not sent as valid data (fuzz_rules.py).
 CONFIG = """
-[checks]
-positive_data_acceptance.enabled = false
-
 [[operations]]
-include-path-regex = "^/v1/"
-checks.negative_data_rejection.enabled = false
+include-path-regex = "^/admin/policy(/simulate|/rollback)?$"
+checks.positive_data_acceptance.expected-statuses = [
+    "2xx", "3xx", "401", "403", "404", "409", "422", "429", "5xx",
+]
 """
 METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
 # A value for each path parameter, to probe its path's methods with.
@@ -64,8 +68,17 @@ def test_the_description_covers_v1_ops_and_admin_with_the_served_models(tmp_path
         assert http.get("/docs").status_code == 200
     v1 = {*ENDPOINTS, "/v1/responses", "/v1/models"}
     assert v1 | {"/healthz", "/readyz", "/metrics", "/admin/policy"} <= set(doc["paths"])
-    model = doc["components"]["schemas"]["ChatCompletionRequest"]["properties"]["model"]
+    schemas = doc["components"]["schemas"]
+    model = schemas["ChatCompletionRequest"]["properties"]["model"]
     assert model["enum"] == fleet_policy().served_models()
+    # Each /v1 body is described by what checks it, and only the served models are added.
+    names, checked = bodies.json_schemas("#/components/schemas/{model}")
+    for endpoint, name in names.items():
+        described = copy.deepcopy(schemas[name])
+        described["properties"]["model"].pop("enum", None)
+        assert described == checked[name], endpoint
+    for name in {*checked} - {*names.values()}:
+        assert schemas[name] == checked[name], name
     admin = doc["paths"]["/admin/policy"]["put"]
     assert admin["security"] == [{"adminToken": []}]
     assert {"400", "401", "403", "422", "503"} <= set(admin["responses"])
@@ -120,12 +133,19 @@ def test_every_path_answers_the_methods_it_does_not_take_with_405_and_allow(
     assert not wrong, "\n".join(wrong)
 
 
+@pytest.mark.timeout(900)  # schemathesis has 600 s; `make fuzz` may ask for deeper runs
 def test_every_endpoint_fuzzed_from_the_description_answers_as_it_says(
     sims, tmp_path: Path
 ) -> None:
-    policy = fleet_policy(sims.urls("gpu"), sims.urls("asic"), sims.urls("cim"))
+    policy = fleet_policy(sims.urls("gpu"), sims.urls("asic"), sims.urls("cim"), models=KINDS)
     config = tmp_path / "schemathesis.toml"
     config.write_text(CONFIG)
+    longest = max(pool.max_context for pool in policy.pools.values() if pool.live) // 2
+    rules = {
+        "SCHEMATHESIS_HOOKS": "fuzz_rules",
+        "FUZZ_LONGEST_ANSWER": str(longest),
+        "PYTHONPATH": os.pathsep.join((str(HERE), os.environ.get("PYTHONPATH", ""))),
+    }
     with (
         run_gateway(policy, tmp_path, admin_token=TOKEN, max_body_bytes=256 * 1024) as gw,
         gw.http() as http,
@@ -134,7 +154,7 @@ def test_every_endpoint_fuzzed_from_the_description_answers_as_it_says(
         run = subprocess.run(
             [
                 *(sys.executable, "-m", "schemathesis.cli", "--config-file", str(config)),
-                *("run", gw.url + "/openapi.json", "--seed", str(SEED)),
+                *("run", gw.url + "/openapi.json", "--seed", str(SEED), "--checks", "all"),
                 *("--max-examples", str(EXAMPLES), "--workers", "1"),
                 *("--phases", "examples,coverage,fuzzing", "--continue-on-failure"),
                 *("--header", f"Authorization: Bearer {TOKEN}", "--request-timeout", "30"),
@@ -144,6 +164,7 @@ def test_every_endpoint_fuzzed_from_the_description_answers_as_it_says(
             text=True,
             timeout=600,
             cwd=tmp_path,
+            env={**os.environ, **rules},
         )
         assert_still_serving(http)
         operations = sum(

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from gateway.report.period import date_range, last_complete_week, week
+from gateway.report.period import SINCE, date_range, last_complete_week, parse_since, week
 
 
 def ts(text: str) -> float:
@@ -44,3 +47,18 @@ def test_a_malformed_week_is_refused_with_the_expected_form(text: str) -> None:
 def test_a_range_that_ends_before_it_starts_is_refused() -> None:
     with pytest.raises(ValueError, match="must be after"):
         date_range("2026-11-25", "2026-11-20")
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.from_regex(SINCE, fullmatch=True))
+def test_every_since_the_admin_api_describes_is_read(since: str) -> None:
+    parse_since(since, 1e9)  # the description admits it, so reading it must not refuse it
+
+
+@pytest.mark.parametrize(
+    "since",
+    ["2026-02-29", "1900-02-29", "2026-04-31", "2026-13-01", "0000-01-01", "2026-01-01T24:00",
+     "2026-01-01T10:60", "2026-01-01T10:00+24:00", "2026-01-01Z", "soon"],
+)  # fmt: skip
+def test_the_since_the_admin_api_describes_is_no_day_that_does_not_exist(since: str) -> None:
+    assert re.fullmatch(SINCE, since) is None
