@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from gateway.costmodel import store
 from gateway.costmodel.learner import Learner
 from gateway.costmodel.model import CostModel, OutputLengths
-from gateway.costmodel.train import RetrainSchedule
+from gateway.costmodel.train import Observation, RetrainSchedule
 from gateway.db.connection import connect
 from gateway.db.retention import Pruner, Windows
 from gateway.db.schema import BackendEnergy, RequestRecord, backend_energy, request_records
@@ -325,10 +325,13 @@ class Gateway:
         """Keep a finished request's record."""
         self.records.add(record)
 
-    def energy_settled(self, record: RequestRecord, energy: RequestEnergy) -> None:
+    def energy_settled(
+        self, energy: RequestEnergy, seen: Observation | None, predicted_energy_j: float | None
+    ) -> None:
         """Keep a request's energy, now known, and learn from the request."""
         self.records.energy.add(energy)
-        self.learner.observe(record)
+        if seen is not None:
+            self.learner.observe(seen, predicted_energy_j)
 
     def _use_model(self, model: CostModel) -> None:
         # A model trained while the policy changed is rebased on the policy serving now.

@@ -28,10 +28,8 @@ from gateway.costmodel.train import (
     Observation,
     RetrainSchedule,
     Score,
-    observation,
     train,
 )
-from gateway.db.schema import RequestRecord
 from gateway.metrics import GatewayMetrics
 from gateway.periodic import Periodic, helper_process
 from gateway.policy.model import Policy
@@ -67,19 +65,13 @@ class Learner:
         self._trainer: ProcessPoolExecutor | None = None  # started with the first retraining
         self.trainer_pid: int | None = None  # the process that fitted the newest version
 
-    def observe(self, record: RequestRecord) -> None:
-        """Learn from a finished request's record."""
-        seen = observation(record)
-        if seen is None:
-            return
+    def observe(self, seen: Observation, predicted_energy_j: float | None = None) -> None:
+        """Learn from a measured request (its energy, once settled, in `seen`)."""
         self._observations.append(tuple(seen))
         self._new += 1
-        m = self._metrics
-        if record.predicted_e2e_ms and record.e2e_ms:
-            ratio = record.e2e_ms / record.predicted_e2e_ms
-            m.child(m.prediction_ratio, seen.pool, "e2e").observe(ratio)
-        if record.predicted_energy_j and seen.energy_j:
-            ratio = seen.energy_j / record.predicted_energy_j
+        if predicted_energy_j and seen.energy_j:
+            m = self._metrics
+            ratio = seen.energy_j / predicted_energy_j
             m.child(m.prediction_ratio, seen.pool, "energy").observe(ratio)
 
     def due(self) -> bool:

@@ -29,6 +29,7 @@ import math
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 # Energy of one prefilled prompt token relative to one decoded token. Prefill is compute-bound
 # and batched over the whole prompt, decode is bandwidth-bound one token per step: on an H100
@@ -53,6 +54,7 @@ class Span:
     energy_j: float = 0.0
     device_s: float = 0.0
     forgotten: bool = False
+    tag: Any = None  # what the caller attaches to the request, for when it is final
 
     def work(self, t0: float, t1: float) -> float:
         """Return the work units this span did within [t0, t1]."""
@@ -168,13 +170,15 @@ class BackendLedger:
         prompt_tokens: int,
         completion_tokens: int,
         first_token: float | None = None,
+        tag: Any = None,
     ) -> None:
-        """Record how a request ended and the work it did."""
+        """Record how a request ended and the work it did, and what to attach to it."""
         span = self._spans[key]
         span.end = max(end, span.start)
         span.prompt_tokens = prompt_tokens
         span.completion_tokens = completion_tokens
         span.first_token = first_token
+        span.tag = tag
         self._open.pop(key, None)
         self._touched = True
 

@@ -23,7 +23,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 from gateway.db.schema import BackendEnergy
 from gateway.energy.draw import FleetDraw, Seen
@@ -56,13 +56,21 @@ def nominal_energy(pool: Pool, seconds: float, concurrent: int) -> tuple[float, 
     return watts * seconds / k, seconds / k
 
 
-# Called with (energy_j, cost_usd, estimated) once a request's energy is known.
-Deliver = Callable[[float | None, float | None, bool], None]
+# Called with (subject, energy_j, cost_usd, estimated) once a request's energy is known: one
+# function for every request, told which by its subject.
+Deliver = Callable[[Any, float | None, float | None, bool], None]
 
 
-@dataclass(slots=True, eq=False)
-class _Pending:
+class _Pending(NamedTuple):
+    """Whom to tell of a request's energy, and what an estimate of it needs.
+
+    Held for every request until its energy is final: a tuple, and no closure, so that a
+    request waiting for its energy is two objects for the collector to walk (this and its
+    span), not seven.
+    """
+
     deliver: Deliver
+    subject: Any
     backend: BackendState
     concurrent: int
     end_at: float
@@ -94,7 +102,6 @@ class EnergyMeter:
         self._clock = clock
         self._ledgers: dict[str, BackendLedger] = {}
         self._failures: dict[str, int] = {}
-        self._pending: dict[str, _Pending] = {}
         self._due = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -148,22 +155,23 @@ class EnergyMeter:
         prompt_tokens: int,
         completion_tokens: int,
         deliver: Deliver,
+        subject: Any,
     ) -> None:
-        """Close a request's span (instants on the meter's clock); call `deliver` once its
-        energy is known (or estimated)."""
-        concurrent = backend.load + 1
+        """Close a request's span (instants on the meter's clock); call `deliver` with
+        `subject` once its energy is known (or estimated)."""
+        pending = _Pending(deliver, subject, backend, backend.load + 1, end_at)
         ledger = self._ledgers.get(backend.url)
-        pending = _Pending(deliver, backend, concurrent, end_at)
-        if ledger is not None and key in ledger and self._metered(backend):
-            ledger.close(key, end_at, prompt_tokens, completion_tokens, first_token_at)
-            self._pending[key] = pending
-            return
+        if ledger is not None and key in ledger:
+            if self._metered(backend):
+                ledger.close(key, end_at, prompt_tokens, completion_tokens, first_token_at, pending)
+                return
+            ledger.forget(key)  # its meter failed meanwhile: estimated, below
         self._estimate(pending, end_at - start_at)
 
     def _estimate(self, pending: _Pending, seconds: float) -> None:
         pool = self._pool(pending.backend)
         if pool is None:
-            pending.deliver(None, None, True)
+            pending.deliver(pending.subject, None, None, True)
             return
         energy_j, device_s = nominal_energy(pool, seconds, pending.concurrent)
         if not self._metered(pending.backend):
@@ -173,12 +181,14 @@ class EnergyMeter:
                 pending.backend.pool, pending.backend.name, self._wall(), above_idle
             )
         rate = self._rate(pending.backend.pool, pool)
-        pending.deliver(energy_j, cost_usd(pool, energy_j, device_s, rate), True)
+        cost = cost_usd(pool, energy_j, device_s, rate)
+        pending.deliver(pending.subject, energy_j, cost, True)
 
     def _release(self, span: Span) -> None:
-        pending = self._pending.pop(span.key, None)
-        if pending is None:
+        pending: _Pending | None = span.tag
+        if pending is None:  # estimated meanwhile: its meter failed
             return
+        span.tag = None
         pool = self._pool(pending.backend)
         cost = (
             cost_usd(pool, span.energy_j, span.device_s, self._rate(pending.backend.pool, pool))
@@ -190,7 +200,7 @@ class EnergyMeter:
         if cost is not None:
             m.child(m.cost, pool_name).inc(cost)
         m.attribution_delay.observe(max(0.0, self._clock() - pending.end_at))
-        pending.deliver(span.energy_j, cost, False)
+        pending.deliver(pending.subject, span.energy_j, cost, False)
 
     def wanted(self) -> Mapping[str, Mapping[str, str]]:
         """Return the energy endpoints to read: every metered backend not given back."""
@@ -310,7 +320,7 @@ class EnergyMeter:
         if ledger is None:
             return
         for span in ledger.pending():
-            pending = self._pending.pop(span.key, None)
+            pending, span.tag = span.tag, None
             if pending is not None and span.end is not None:
                 self._estimate(pending, span.end - span.start)
 
@@ -328,8 +338,6 @@ class EnergyMeter:
         self.settle_now()
         for url in list(self._ledgers):
             self._estimate_all(url)
-        for key in list(self._pending):
-            self._estimate(self._pending.pop(key), 0.0)
         self._hand_over()
 
 

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 import orjson
 
 from gateway.costmodel.model import OutputLengths
+from gateway.costmodel.train import Observation
 from gateway.db.schema import RequestRecord
 from gateway.energy.meter import EnergyMeter
 from gateway.errors import (
@@ -132,7 +133,9 @@ class Parts(Protocol):
 
     def record_finished(self, record: RequestRecord) -> None: ...
 
-    def energy_settled(self, record: RequestRecord, energy: RequestEnergy) -> None: ...
+    def energy_settled(
+        self, energy: RequestEnergy, seen: Observation | None, predicted_energy_j: float | None
+    ) -> None: ...
 
 
 class Ingress:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.costmodel.model import OutputLengths
+from gateway.costmodel.train import Observation, observation
 from gateway.db.schema import RequestRecord
 from gateway.energy.meter import EnergyMeter
 from gateway.exchange import Exchange
@@ -38,11 +39,13 @@ class Telemetry:
         meter: EnergyMeter,
         estimator: TokenEstimator,
         outputs: OutputLengths,
-        settled: Callable[[RequestRecord, RequestEnergy], None],
+        settled: Callable[[RequestEnergy, Observation | None, float | None], None],
     ):
         self.metrics = metrics
         self.sink = sink
         self.settled = settled
+        # Bound once: a bound method made per request would be one more object held for each.
+        self._on_energy = self._settled
         self.meter = meter
         self.estimator = estimator
         self.outputs = outputs
@@ -153,13 +156,13 @@ class Telemetry:
         self.sink(record)
         if ex.backend is None or not ex.attempt_started_at:
             return
-        settled = self.settled
-
-        def deliver(energy_j: float | None, cost: float | None, estimated: bool) -> None:
-            energy = None if energy_j is None else round(energy_j, 6)
-            record.energy_j, record.cost_usd, record.energy_estimated = energy, cost, estimated
-            settled(record, RequestEnergy(record.decision_id, energy, cost, estimated))
-
+        seen = observation(record)  # what the learner takes, less the energy not known yet
+        if seen is not None and record.predicted_e2e_ms and record.e2e_ms:
+            m = self.metrics
+            ratio = record.e2e_ms / record.predicted_e2e_ms
+            m.child(m.prediction_ratio, seen.pool, "e2e").observe(ratio)
+        # Plain values alone, which the collector stops walking while the energy is waited for.
+        subject = (record.decision_id, seen and tuple(seen), record.predicted_energy_j)
         self.meter.settle(
             ex.backend,
             ex.decision_id,
@@ -168,7 +171,25 @@ class Telemetry:
             first_token_at=None if ex.ttft_s is None else ex.started_at + ex.ttft_s,
             prompt_tokens=ex.prompt_tokens or 0,
             completion_tokens=ex.completion_tokens or 0,
-            deliver=deliver,
+            deliver=self._on_energy,
+            subject=subject,
+        )
+
+    def _settled(
+        self,
+        subject: tuple[str, tuple[Any, ...] | None, float | None],
+        energy_j: float | None,
+        cost: float | None,
+        estimated: bool,
+    ) -> None:
+        """Hand on a request's energy, and the learner's observation of it, once settled."""
+        decision_id, seen, predicted_energy_j = subject
+        energy = None if energy_j is None else round(energy_j, 6)
+        measured = None
+        if seen is not None:  # an estimate teaches the cost model nothing it did not assume
+            measured = Observation(*seen)._replace(energy_j=None if estimated else energy)
+        self.settled(
+            RequestEnergy(decision_id, energy, cost, estimated), measured, predicted_energy_j
         )
 
 

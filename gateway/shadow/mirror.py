@@ -199,6 +199,8 @@ class Mirror:
         self.writer = writer
         self._fleet = fleet
         self.meter = meter
+        # Bound once: a bound method made per copy would be one more object held for each.
+        self._on_energy = self._settled
         self.buckets = buckets if buckets is not None else TokenBuckets()
         self._workers = workers
         self._max_pending_bytes = max_pending_bytes
@@ -386,13 +388,6 @@ class Mirror:
             record.diff.semantic_similarity = await self.embedder.similarity(semantic, *texts)
 
         self.writer.add(record)
-        writer = self.writer.energy
-        copy = (record.decision_id, record.kind, backend.name)
-
-        def deliver(energy_j: float | None, cost: float | None, estimated: bool) -> None:
-            record.candidate_energy_j, record.candidate_cost_usd = energy_j, cost
-            writer.add(CopyEnergy(*copy, energy_j, cost))
-
         self.meter.settle(
             backend,
             span,
@@ -401,8 +396,15 @@ class Mirror:
             first_token_at=None if outcome.ttft_s is None else started_at + outcome.ttft_s,
             prompt_tokens=record.candidate_prompt_tokens or 0,
             completion_tokens=record.candidate_completion_tokens or 0,
-            deliver=deliver,
+            deliver=self._on_energy,
+            subject=(record.decision_id, record.kind, backend.name),
         )
+
+    def _settled(
+        self, copy: tuple[str, str, str], energy_j: float | None, cost: float | None, _: bool
+    ) -> None:
+        """Write a copy's energy on its candidate, once settled, onto its record."""
+        self.writer.energy.add(CopyEnergy(*copy, energy_j, cost))
 
     async def _send(
         self, job: ShadowJob, plan: ShadowPlan, backend: BackendState

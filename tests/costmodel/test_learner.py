@@ -13,6 +13,7 @@ from rows import request_record
 from gateway.costmodel import store
 from gateway.costmodel.learner import Learner
 from gateway.costmodel.model import CostModel
+from gateway.costmodel.train import observation
 from gateway.db.connection import connect, upgrade
 from gateway.metrics import GatewayMetrics
 from policies import MODEL, fleet_policy
@@ -28,7 +29,7 @@ def test_a_retraining_is_fitted_outside_the_serving_process_and_stored(tmp_path:
     draw = random.Random(7)
     for n in range(200):  # measured GPU requests, each slower than the vendor sheet says
         prompt, output = draw.randint(50, 3000), draw.randint(20, 400)
-        learner.observe(
+        seen = observation(
             dataclasses.replace(
                 request_record(n),
                 model=MODEL,
@@ -43,6 +44,8 @@ def test_a_retraining_is_fitted_outside_the_serving_process_and_stored(tmp_path:
                 context_tokens=draw.randint(1000, 30_000),
             )
         )
+        assert seen is not None
+        learner.observe(seen)
 
     async def retrain() -> CostModel | None:
         try:
