@@ -27,6 +27,7 @@ FIGURE_FLAGS = {
     "host_transfer_per_token_us": "timing.host_transfer_per_token_us",
     "decode_fixed_ms": "timing.decode_fixed_ms",
     "decode_per_seq_ms": "timing.decode_per_seq_ms",
+    "max_batched_tokens": "timing.max_batched_tokens",
     "idle_w": "power.idle_w",
     "batch1_w": "power.batch1_w",
     "max_w": "power.max_w",
@@ -86,6 +87,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     figures.add_argument(
         "--host-cache-tokens", type=int, help="prefixes its host memory keeps past that, tokens"
+    )
+    figures.add_argument(
+        "--max-batched-tokens",
+        type=int,
+        help="tokens a step computes: one per sequence decoding, the rest in prompt chunks",
     )
     figures.add_argument(
         "--no-prefix-cache",
