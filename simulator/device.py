@@ -71,7 +71,8 @@ class Job:
     """One request's occupancy of a device: queue, prefill, decode, done.
 
     `output_tokens` is 0 for an embedding, which is one prefill-like pass. `blocks` are the
-    chained ids of the prompt's blocks, in the device's prefix cache's block size.
+    chained ids of the prompt's blocks, in the device's prefix cache's block size; `token_ids`,
+    where given, its tokens, which the cache's events name.
     """
 
     def __init__(
@@ -81,12 +82,14 @@ class Job:
         output_tokens: int,
         *,
         blocks: Sequence[int] = (),
+        token_ids: Sequence[int] = (),
         on_progress: Callable[[], None] | None = None,
     ):
         self.model = model
         self.prompt_tokens = prompt_tokens
         self.output_tokens = output_tokens
         self.blocks = blocks
+        self.token_ids = token_ids
         self.cached_tokens = 0  # of the prompt, found in the prefix cache at admission
         self._prefilled = 0  # prompt tokens computed or found cached so far
         self._host_tokens = 0  # cached tokens to load back from host memory with the first chunk
@@ -491,7 +494,7 @@ class Device:
     def _end_prefill(self, batch: _Batch, job: Job, at: float) -> None:
         job.first_token_at = at
         if job.blocks:
-            self.prefix_cache.insert(self._cacheable(job.prompt_tokens, job.blocks))
+            self.prefix_cache.insert(self._cacheable(job.prompt_tokens, job.blocks), job.token_ids)
         if job.output_tokens <= 1:
             self._finish(job, at)
             return
