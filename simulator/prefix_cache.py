@@ -140,7 +140,8 @@ class PrefixCache:
         self, blocks: Sequence[int], new: list[bool], token_ids: Sequence[int]
     ) -> list[CacheEvent]:
         """Return a BlockStored for each run of blocks new to device memory."""
-        size, found = self.block_tokens, []
+        size = self.block_tokens
+        found: list[CacheEvent] = []
         i = 0
         while i < len(blocks):
             if not new[i]:

@@ -415,3 +415,27 @@ def _tool_choice(choice: Any, tools: Sequence[Mapping[str, Any]] | None) -> Any:
             param="tool_choice",
         )
     return choice
+
+
+class EngineTokenizer:
+    """The simulator's rendering and tokenizer as a plug-in of the gateway's (entry point group
+    `shadow_gateway.tokenizers`, name `simulator`): a prompt's token ids as a device caches and
+    publishes them, so the gateway keys the prompt's prefix blocks as the events name them."""
+
+    def prompt_ids(self, endpoint: str, payload: dict[str, Any]) -> tuple[int, ...] | None:
+        """Return the prompt's token ids, or None where the simulator would cache none."""
+        try:
+            if endpoint == "chat":
+                messages = payload["messages"]
+                return prompt_ids(chat_tokens(messages, _tools(payload.get("tools"))))
+            if endpoint == "completions":
+                prompt = payload["prompt"]
+                if isinstance(prompt, list) and len(prompt) == 1:
+                    prompt = prompt[0]
+                if isinstance(prompt, str) or (
+                    isinstance(prompt, list) and all(type(t) is int for t in prompt)
+                ):
+                    return prompt_ids(completion_tokens(prompt))
+        except (InvalidRequest, KeyError, TypeError, AttributeError):
+            pass  # a request the simulator would refuse caches nothing
+        return None

@@ -20,6 +20,11 @@ index did not see, a block another replica sent while Redis was out: each costs 
 mispredicted request, which the report then corrects. With Redis, replicas tell each other
 what they send (gateway/fleet/shared_prefixes.py).
 
+Where a backend's engine publishes its KV-cache events, the index holds exactly what the engine
+holds (`engines`, gateway/fleet/engine_blocks.py, kept by gateway/fleet/kv_events.py), and
+`cached` answers from it while it serves (events arriving, none lost); the estimate is still
+kept beside it, and answers whenever it does not.
+
 Memory: about 112 bytes per block held (an int key in an ordered dict, tracemalloc in
 `bench.decision_time`), so a backend that keeps 1M tokens costs 16k blocks, about 1.8 MB of
 index, at most.
@@ -31,10 +36,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-# Tokens of a block of the live gateway's prompts (gateway/routing/prefix.py). Engines use 16
-# (vLLM) to 512 (Mooncake's traces); 64 keeps a prompt of 128k tokens at 2,000 hashes while a
-# repeated system prompt of a few hundred tokens still spans several blocks.
-BLOCK_TOKENS = 64
+from gateway.fleet.engine_blocks import BLOCK_TOKENS, EngineBlocks
+
 MIN_SCALE = 0.05  # the index keeps at least this share of the declared capacity
 SHRINK, GROW = 0.8, 1.05  # per mispredicted answer, per answer that found what was expected
 SLACK_BLOCKS = 1  # an answer this many blocks short of what was expected found it all
@@ -59,6 +62,8 @@ class PrefixIndex:
 
     def __init__(self) -> None:
         self._backends: dict[str, BackendBlocks] = {}
+        # What the engines that publish their KV-cache events hold, by backend.
+        self.engines: dict[str, EngineBlocks] = {}
         # Told of every prompt this replica sends, so that other replicas hear of it.
         self.on_sent: Callable[[str, Sequence[int]], None] | None = None
 
@@ -79,8 +84,12 @@ class PrefixIndex:
         """Return how many of a prompt's leading blocks the backend holds.
 
         What a backend holds of one prompt is always a prefix of it (`sent`), so the count is
-        found by bisection: a few lookups for a prompt of thousands of blocks.
+        found by bisection: a few lookups for a prompt of thousands of blocks. The engine's own
+        word where it serves (`exact`), else the estimate.
         """
+        engine = self.engines.get(backend)
+        if engine is not None and engine.serving:
+            return engine.cached(blocks)
         known = self._backends.get(backend)
         if known is None or not blocks or blocks[0] not in known.held:
             return 0
@@ -95,6 +104,9 @@ class PrefixIndex:
 
     def sent(self, backend: str, blocks: Sequence[int]) -> None:
         """Record that this replica sent the backend a prompt's blocks: it now holds them."""
+        engine = self.engines.get(backend)
+        if engine is not None and blocks and engine.cached(blocks) < len(blocks):
+            engine.unconfirmed += 1  # its engine should publish the blocks it stores
         self.heard(backend, blocks)
         if self.on_sent is not None and blocks:
             self.on_sent(backend, blocks)
@@ -131,6 +143,11 @@ class PrefixIndex:
         known = self._backends.get(backend)
         if known is not None:
             known.held.clear()
+
+    def exact(self, backend: str) -> bool:
+        """Say whether `cached` answers for the backend from its engine's events."""
+        engine = self.engines.get(backend)
+        return engine is not None and engine.serving
 
     def held(self, backend: str) -> int:
         """Return how many blocks the index holds for the backend."""
