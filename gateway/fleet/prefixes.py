@@ -13,7 +13,9 @@ found cached; where the index expected more, by more than `SLACK_BLOCKS` (an eng
 counts a prompt's last token as cached, and counts in blocks of its own size), the engine holds
 less than the index thinks (other clients' prompts, a smaller cache than declared, a restart),
 so the backend's `scale` shrinks the capacity the index keeps; where the engine found about as
-much or more, it grows back towards the declared capacity. What the index expects is what it
+much or more, it grows back towards the declared capacity. An engine that says how much of past
+prompts it keeps now bounds it too (`bound`: llama.cpp's slots, one prompt each, read with the
+metering scrape). What the index expects is what it
 knew before the request was sent, so a request sent while another with its prefix was still
 in prefill expects nothing of it and corrects nothing. A restarted engine, an eviction the
 index did not see, a block another replica sent while Redis was out: each costs one
@@ -50,11 +52,15 @@ class BackendBlocks:
     capacity: int
     scale: float = 1.0
     held: OrderedDict[int, None] = field(default_factory=OrderedDict)
+    kept: int | None = None  # what the engine says it keeps now (llama.cpp's slots), if it says
 
     @property
     def limit(self) -> int:
         """The blocks the index keeps for this backend now."""
-        return max(1, int(self.capacity * self.scale)) if self.capacity > 0 else 0
+        if self.capacity <= 0:
+            return 0
+        trusted = max(1, int(self.capacity * self.scale))
+        return trusted if self.kept is None else min(trusted, self.kept)
 
 
 class PrefixIndex:
@@ -136,6 +142,14 @@ class PrefixIndex:
             self._evict(known)
         else:
             known.scale = min(1.0, known.scale * GROW)
+
+    def bound(self, backend: str, blocks: int | None) -> None:
+        """Keep at most `blocks` for the backend, what its engine says it keeps of past prompts
+        now (None: it says nothing, and the declared capacity bounds the index)."""
+        known = self._backends.get(backend)
+        if known is not None:
+            known.kept = blocks
+            self._evict(known)
 
     def forget(self, backend: str) -> None:
         """Record that the backend holds no block any more (its engine was put to sleep or

@@ -25,6 +25,11 @@ Request counts are summed over their series (one per model or engine); the KV-ca
 a ratio, is the largest of its series. An engine that queues, or whose KV cache is nearly
 full, takes no more requests: `full_reason` says so.
 
+llama.cpp keeps one prompt per slot for the next request that starts like it, and says per slot
+how long it is (`GET /slots`: `n_prompt_tokens`, once the slot has served): `slot_tokens` adds
+them up, what the backend keeps of past prompts now, which bounds the gateway's estimate of it
+(gateway/fleet/prefixes.py `bound`).
+
 The cached share is of every prompt token since the engine started, a ratio of two counters:
 llama.cpp prints its counters with six significant digits, so the difference of two scrapes is
 lost in rounding once they pass a million, while their ratio keeps its precision.
@@ -34,6 +39,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+import orjson
 
 from gateway.upstream import exposition
 
@@ -160,3 +167,16 @@ def _first(
         if value is not None:
             return value
     return None
+
+
+def slot_tokens(text: str) -> int | None:
+    """Return the prompt tokens llama.cpp's slots keep (its `GET /slots`), or None where the
+    answer is not a list of slots."""
+    try:
+        slots = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(slots, list) or not all(isinstance(s, dict) for s in slots):
+        return None
+    held = (s.get("n_prompt_tokens", 0) for s in slots)
+    return sum(n for n in held if type(n) is int and n > 0)

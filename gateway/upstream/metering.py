@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from gateway.db.schema import BackendEnergy
+from gateway.fleet.engine_blocks import BLOCK_TOKENS
 from gateway.fleet.parking import PARKED
 from gateway.fleet.state import BackendState, Fleet
 from gateway.metrics import GatewayMetrics
@@ -42,6 +43,7 @@ log = logging.getLogger(__name__)
 
 FAILED_SCRAPES_BEFORE_ESTIMATING = 3
 SCRAPE_TIMEOUT_S = 1.0
+SLOTS_PATH = "/slots"  # llama.cpp's slots, on the server's own port
 BASELINE_S = 0.1
 
 
@@ -223,6 +225,9 @@ class EnergyMeter:
         ]
         wanted = {b.metrics_url: b.metrics_auth for b, _ in power}
         wanted |= {b.engine_url: b.engine_auth for b, _ in engine}
+        # llama.cpp says what its slots keep of past prompts: it bounds the prefix estimate.
+        slotted = [b for b, name in engine if name == "llamacpp"]
+        wanted |= {b.url + SLOTS_PATH: b.auth for b in slotted}
         ours = {b.url: b.gateway_load for b, _ in engine}
         readings = dict(
             zip(
@@ -293,6 +298,10 @@ class EnergyMeter:
                 roomier.add(backend.pool)
         for pool_name in roomier:
             self._on_room(pool_name)
+        for backend in slotted:
+            _, text = readings[backend.url + SLOTS_PATH]
+            tokens = None if text is None else engines.slot_tokens(text)
+            fleet.prefixes.bound(backend.name, None if tokens is None else tokens // BLOCK_TOKENS)
 
     def _count_draw(self, fleet: Fleet, offset: float) -> None:
         """Count every backend's time up to now, and hand over the minutes that have ended."""
