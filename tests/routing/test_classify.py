@@ -209,6 +209,9 @@ def test_a_session_is_named_within_its_tenant() -> None:
     keyed = chat(prompt_cache_key="k")  # the body's key wins over a header
     assert classify("chat", keyed, named, None, policy, est).session == "anonymous/k"
     assert classify("chat", chat(), {}, None, policy, est).session is None
+    # The affinity keys aiperf sends, each alone: any of them names the session.
+    for header in ("x-session-affinity", "x-dynamo-session-id", "x-smg-routing-key"):
+        assert classify("chat", chat(), {header: "c9"}, None, policy, est).session == "anonymous/c9"
 
 
 def test_tenant_defaults_and_limits_its_slo_headers() -> None:
