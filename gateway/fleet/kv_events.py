@@ -30,7 +30,6 @@ tagged by `type` (vLLM now) or arrays led by the tag (`array_like`, vLLM before 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -132,9 +131,16 @@ class KvEventSubscriber:
 
     index: PrefixIndex
     stale_s: float = STALE_S
-    context: zmq.asyncio.Context = field(default_factory=zmq.asyncio.Context)
+    _context: zmq.asyncio.Context | None = None  # made with the first subscription
     _feeds: dict[str, _Feed] = field(default_factory=dict)
     _watchdog: asyncio.Task[None] | None = None
+    _stopping: list[asyncio.Task[None]] = field(default_factory=list)
+
+    @property
+    def context(self) -> zmq.asyncio.Context:
+        if self._context is None:
+            self._context = zmq.asyncio.Context()
+        return self._context
 
     def configure(self, endpoints: Mapping[str, tuple[str, str | None]]) -> None:
         """Follow these backends' publishers (backend -> endpoint, replay endpoint); stop
@@ -158,17 +164,22 @@ class KvEventSubscriber:
             self._stop(name)
         if self._watchdog is not None:
             self._watchdog.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._watchdog
+            self._stopping.append(self._watchdog)
             self._watchdog = None
-        await asyncio.sleep(0)  # let the cancelled tasks close their sockets
-        self.context.destroy(linger=0)
+        # Each task closes its socket as it ends, before the context goes.
+        await asyncio.gather(*self._stopping, return_exceptions=True)
+        self._stopping.clear()
+        if self._context is not None:
+            self._context.destroy(linger=0)
+            self._context = None
 
     def _stop(self, name: str) -> None:
         feed = self._feeds.pop(name)
         self.index.engines.pop(name, None)
         if feed.task is not None:
             feed.task.cancel()
+            self._stopping = [task for task in self._stopping if not task.done()]
+            self._stopping.append(feed.task)
 
     async def _follow(self, name: str, feed: _Feed) -> None:
         sub = self.context.socket(zmq.SUB)
