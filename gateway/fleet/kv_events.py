@@ -17,8 +17,10 @@ The sequence numbers say what was missed:
   answer within `REPLAY_TIMEOUT_S`) a removal may be missing, so the index is not trusted, and
   the router uses the estimate, until the engine clears its cache (`AllBlocksCleared`) or
   restarts;
-- a number below the one expected: the publisher started again, so its engine did, with an
-  empty cache: the index is cleared and rebuilt from the new engine's batches, replay included.
+- a number below the one expected, or any number heard after the subscription (re)connected:
+  the publisher may have started again, so its engine did, with an empty cache (and a new
+  subscription misses a publisher's first messages, so a new engine's numbers may already be
+  past the old one's): the index is cleared and rebuilt from the replay buffer and what follows.
 
 Events stop without a word when an engine hangs or its link breaks: every `STALE_S` a watchdog
 checks each backend, and one that was sent prompts that should have stored blocks
@@ -112,6 +114,14 @@ def _event(raw: Any) -> Event:
     raise MalformedBatch(f"unknown event type {tag!r}")
 
 
+async def _poll(*sockets: zmq.asyncio.Socket) -> list[tuple[Any, int]]:
+    """Wait until one of the sockets has a message."""
+    poller = zmq.asyncio.Poller()
+    for socket in sockets:
+        poller.register(socket, zmq.POLLIN)
+    return await poller.poll()
+
+
 @dataclass(slots=True)
 class _Feed:
     """One backend's subscription."""
@@ -184,9 +194,18 @@ class KvEventSubscriber:
     async def _follow(self, name: str, feed: _Feed) -> None:
         sub = self.context.socket(zmq.SUB)
         sub.setsockopt(zmq.SUBSCRIBE, b"")
+        # Each (re)connection may be to an engine started again, whose first batches a new
+        # subscription can miss: the batch heard next is taken as a first one (`_heard`).
+        monitor = sub.get_monitor_socket(zmq.EVENT_CONNECTED)
         sub.connect(feed.endpoint)
         try:
             while True:
+                ready = dict(await _poll(sub, monitor))
+                if monitor in ready:
+                    await monitor.recv_multipart()
+                    feed.expected = None
+                if sub not in ready:
+                    continue
                 frames = await sub.recv_multipart()
                 if len(frames) != 3 or len(frames[1]) != 8:
                     log.warning("backend %s published a message of %d frames", name, len(frames))
@@ -198,17 +217,20 @@ class KvEventSubscriber:
             log.exception("following the KV events of backend %s failed", name)
             feed.engine.live = False
         finally:
+            sub.disable_monitor()
+            monitor.close(linger=0)
             sub.close(linger=0)
 
     async def _heard(self, name: str, feed: _Feed, seq: int, payload: bytes) -> None:
         engine, expected = feed.engine, feed.expected
         if expected is None or seq < expected:
-            if expected is not None:
-                log.warning(
-                    "backend %s's publisher started again (seq %d): its cache is new", name, seq
-                )
-                engine.clear()
-            # What the engine published before this batch: the buffer's, as far as it goes.
+            # A first batch, since the subscription (re)connected or since the publisher's
+            # numbers started again: the engine may be new, with an empty cache. The index is
+            # built afresh from what the engine published before this batch, as far as its
+            # replay buffer goes (a link that only blipped gives the same blocks back).
+            if seq < (expected or 0):
+                log.warning("backend %s's publisher started again (seq %d)", name, seq)
+            engine.clear()
             await self._replay(name, feed, 0, seq)
         elif seq > expected and not await self._replay(name, feed, expected, seq):
             log.warning(

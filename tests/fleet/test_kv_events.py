@@ -242,3 +242,35 @@ def test_both_of_vllms_encodings_decode_and_anything_else_is_refused() -> None:
     for bad in (b"\xc1", msgpack.packb(3), msgpack.packb({"events": [{"type": "Other"}]})):
         with pytest.raises(MalformedBatch):
             decode(bad)
+
+
+def test_a_new_engine_whose_first_batches_were_missed_is_not_taken_for_the_old_one() -> None:
+    pub, replay = free_port(), free_port()
+
+    async def scenario() -> None:
+        index = PrefixIndex()
+        subscriber = await _following(index, pub, replay)
+        try:
+            old = _keys(_prompt("old"))
+            with _publishing(pub, replay) as sim:
+                await _until_live(index, sim)
+                await _answer(sim, _prompt("old"))
+                await until(lambda: index.cached(BACKEND, old) == len(old))
+            heard = subscriber._feeds[BACKEND].expected or 0
+            with _publishing(pub, replay) as sim:
+                # The new engine's numbers run past the old one's before a batch is heard.
+                sim.lose_kv_events(heard + 2)
+                topics = [f"new{i}" for i in range(heard + 3)]
+                for topic in topics:
+                    await _answer(sim, _prompt(topic))
+                first = _keys(_prompt(topics[0]))
+                await until(
+                    lambda: index.cached(BACKEND, first) == len(first),
+                    message="the new engine's first blocks, from its replay buffer",
+                )
+                assert index.cached(BACKEND, old) == 0
+                assert index.exact(BACKEND)
+        finally:
+            await subscriber.close()
+
+    _run(scenario)
