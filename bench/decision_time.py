@@ -1,10 +1,8 @@
 """Time one routing decision with a learned cost model over the default policy's pools.
 
-    python -m bench.decision_time [--decisions 50000] [--clock wall|thread] [--out FILE.json]
+    python -m bench.decision_time [--decisions 50000] [--out docs/results/decision-time-run1.json]
 
-Reports p50 / p99 / p99.9 of `decide()` in microseconds (of the wall clock, or with `--clock
-thread` of this thread's CPU time, which a machine shared with other work does not stretch),
-for a short interactive chat request (three candidate pools ranked by the cost model) under a
+Reports p50 / p99 / p99.9 of `decide()` in microseconds, for a short interactive chat request (three candidate pools ranked by the cost model) under a
 partly loaded fleet, and the garbage collections that ran while it measured. The collector
 runs as in the serving gateway: enabled, with what exists once started frozen
 (gateway/ops/routes.py).
@@ -128,13 +126,6 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--decisions", type=int, default=50_000)
     parser.add_argument("--out", type=Path, help="also write the result to this JSON file")
-    parser.add_argument(
-        "--clock",
-        choices=["wall", "thread"],
-        default="wall",
-        help="time on the wall clock (default), or the CPU time of this thread alone, which "
-        "other processes on a shared machine do not stretch",
-    )
     args = parser.parse_args()
     policy = three_pool_policy()
     fleet = Fleet(policy)
@@ -189,7 +180,7 @@ def main() -> None:
             collections[0] += 1
 
     samples: dict[str, list[int]] = {name: [] for name in requests}
-    clock = time.perf_counter_ns if args.clock == "wall" else time.thread_time_ns
+    clock = time.perf_counter_ns
     gc.callbacks.append(count)
     for name in itertools.islice(itertools.cycle(requests), 3 * args.decisions):
         request, taken, where = requests[name], samples[name], fleets[name]
@@ -200,7 +191,6 @@ def main() -> None:
     decision = decide(cached, policy, fleet, ranker)
     result = {
         "decisions": args.decisions,
-        "clock": args.clock,
         **quantiles(samples["plain"]),
         "prefix": quantiles(samples["prefix"]),
         "exact": quantiles(samples["exact"]),
