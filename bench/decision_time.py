@@ -2,10 +2,10 @@
 
     python -m bench.decision_time [--decisions 50000] [--out docs/results/decision-time-run1.json]
 
-Reports p50 / p99 / p99.9 of `decide()` in microseconds, for a short interactive chat request (three candidate pools ranked by the cost model) under a
-partly loaded fleet, and the garbage collections that ran while it measured. The collector
-runs as in the serving gateway: enabled, with what exists once started frozen
-(gateway/ops/routes.py).
+Reports p50 / p99 / p99.9 of `decide()` in microseconds, for a short interactive chat request
+(three candidate pools ranked by the cost model) under a partly loaded fleet, and the garbage
+collections that ran while it measured. The collector runs as in the serving gateway: enabled,
+with what exists once started frozen (gateway/ops/routes.py).
 
 Three requests alternate, so all are timed side by side: the same prompt without prefix blocks
 (too short for one, or an embedding); with them, every backend's prefix index full to its
