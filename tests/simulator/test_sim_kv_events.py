@@ -109,14 +109,30 @@ def _until_subscribed(sim: SimulatorProcess, sub: zmq.Socket) -> tuple[int, KVEv
     raise AssertionError("the subscription never heard a batch")
 
 
+def _heard(sub: zmq.Socket, wanted: Any) -> tuple[int, KVEventBatch]:
+    """Receive batches until one `wanted(batch)` holds (earlier prompts' may still come)."""
+    while True:
+        seq, batch = _receive(sub)
+        if wanted(batch):
+            return seq, batch
+
+
+def _storing(prompt: str) -> Any:
+    """Return a test of whether a batch stores the prompt's first block."""
+    first = list(prompt_ids(completion_tokens(prompt))[:16])
+
+    def wanted(batch: KVEventBatch) -> bool:
+        return any(isinstance(e, BlockStored) and e.token_ids[:16] == first for e in batch.events)
+
+    return wanted
+
+
 def test_a_prefill_publishes_its_blocks_with_their_tokens_in_vllms_layout(publishing):
     sim, sub, _ = publishing
     _until_subscribed(sim, sub)
-    while sub.poll(300):
-        _receive(sub)
     prompt = "The tide came in over the flats while the gulls circled. " * 20
     _answer(sim, prompt)
-    _, batch = _receive(sub)
+    _, batch = _heard(sub, _storing(prompt))
     assert batch.data_parallel_rank == 0 and batch.ts > 0
     (stored,) = batch.events
     assert isinstance(stored, BlockStored)
@@ -130,14 +146,15 @@ def test_a_prefill_publishes_its_blocks_with_their_tokens_in_vllms_layout(publis
 
 def test_sequence_numbers_count_up_and_lost_batches_come_back_by_replay(publishing):
     sim, sub, dealer = publishing
-    first, _ = _until_subscribed(sim, sub)
-    while sub.poll(300):
-        first, _ = _receive(sub)
+    _until_subscribed(sim, sub)
+    prompts = [f"prompt number {i} about the lighthouse keeper " + "word " * 40 for i in range(4)]
+    _answer(sim, prompts[0])
+    first, _ = _heard(sub, _storing(prompts[0]))
     sim.lose_kv_events(2)
-    for i in range(3):
-        _answer(sim, f"prompt number {i} about the lighthouse keeper " + "word " * 40)
-    seq, heard = _receive(sub)
-    assert seq == first + 3  # the two before it never reached the subscriber
+    for prompt in prompts[1:]:
+        _answer(sim, prompt)
+    seq, heard = _receive(sub)  # the two before it never reached the subscriber
+    assert seq == first + 3
     dealer.send_multipart((b"", (first + 1).to_bytes(8, "big")))
     replayed = []
     while True:
@@ -147,18 +164,15 @@ def test_sequence_numbers_count_up_and_lost_batches_come_back_by_replay(publishi
             break
         replayed.append((int.from_bytes(number, "big"), DECODER.decode(payload)))
     assert [n for n, _ in replayed] == [first + 1, first + 2, first + 3]
+    assert all(_storing(p)(b) for p, (_, b) in zip(prompts[1:], replayed, strict=True))
     assert replayed[-1][1] == heard
-    assert all(isinstance(b.events[0], BlockStored) for _, b in replayed)
 
 
 def test_resetting_the_prefix_cache_publishes_all_blocks_cleared(publishing):
     sim, sub, _ = publishing
     _until_subscribed(sim, sub)
-    while sub.poll(300):
-        _receive(sub)
     sim.reset_prefix_cache()
-    _, batch = _receive(sub)
-    assert batch.events == [AllBlocksCleared()]
+    _heard(sub, lambda batch: batch.events == [AllBlocksCleared()])
 
 
 def test_evictions_publish_removals_and_the_host_copies_they_leave():
