@@ -7,10 +7,12 @@ Reports p50 / p99 / p99.9 of `decide()` in microseconds, for a short interactive
 collections that ran while it measured. The collector runs as in the serving gateway: enabled,
 with what exists once started frozen (gateway/ops/routes.py).
 
-Two requests alternate, so both are timed side by side: the same prompt without prefix blocks
-(too short for one, or an embedding) and with them, every backend's prefix index full to its
-capacity and the prompt's prefix held by one backend. The index's memory is measured as it
-fills (tracemalloc) and reported per backend.
+Three requests alternate, so all are timed side by side: the same prompt without prefix blocks
+(too short for one, or an embedding); with them, every backend's prefix index full to its
+capacity and the prompt's prefix held by one backend; and keyed by token on a fleet whose
+engines publish their KV-cache events, every backend's exact index (gateway/fleet/
+engine_blocks.py) holding as many blocks as it keeps and the prompt's prefix held by one. The
+indexes' memory is measured as they fill (tracemalloc) and reported per block.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from gateway.costmodel.model import (
     OutputLengths,
     Residual,
 )
+from gateway.fleet.engine_blocks import BLOCK_TOKENS, UNIT_TOKENS, EngineBlocks, Stored
 from gateway.fleet.state import Fleet
 from gateway.policy.load import parse_policy
 from gateway.policy.model import Policy
@@ -41,6 +44,7 @@ from gateway.routing import prefix
 from gateway.routing.classify import RequestProfile
 from gateway.routing.ranking import CostRanker
 from gateway.routing.router import decide
+from gateway.routing.tokens import token_blocks
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -92,6 +96,25 @@ def fill_index(fleet: Fleet) -> int:
     return taken
 
 
+def fill_engines(fleet: Fleet) -> tuple[int, int]:
+    """Give every backend an exact index as full as its engine keeps (prompts of 32 blocks of 16
+    tokens); return the bytes it took, as tracemalloc counts them, and the blocks."""
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    token, blocks = itertools.count(1 << 20), 0
+    for backend in fleet.backends():
+        engine = fleet.prefixes.engines[backend.name] = EngineBlocks(live=True)
+        keep = fleet.prefixes.capacity(backend.name) * BLOCK_TOKENS // UNIT_TOKENS
+        hashes = itertools.count()
+        while len(engine.blocks) < keep:
+            ids = [next(token) for _ in range(32 * UNIT_TOKENS)]
+            engine.apply([Stored([next(hashes) for _ in range(32)], None, ids, UNIT_TOKENS, "GPU")])
+        blocks += len(engine.blocks)
+    taken = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    return taken, blocks
+
+
 def quantiles(samples: list[int]) -> dict[str, float]:
     """Return the p50, p99 and p99.9 of samples in nanoseconds, in microseconds."""
     ordered = sorted(samples)
@@ -131,10 +154,23 @@ def main() -> None:
     chosen = decide(cached, policy, fleet, ranker).backend
     assert chosen is not None
     fleet.prefixes.sent(chosen.name, blocks)  # the prompt's prefix is where it goes
-    requests = {"plain": profile, "prefix": cached}
-    for request in requests.values():
+    published = Fleet(policy)
+    for mine, theirs in zip(fleet.backends(), published.backends(), strict=True):
+        theirs.in_flight = mine.in_flight
+    engine_bytes, engine_blocks = fill_engines(published)
+    ids = list(range(7, 7 + profile.prompt_tokens))
+    keyed = dataclasses.replace(profile, blocks=token_blocks(ids), block_tokens=float(BLOCK_TOKENS))
+    holder = decide(keyed, policy, published, ranker).backend
+    assert holder is not None
+    hashes = [("prompt", i) for i in range(len(ids) // UNIT_TOKENS)]
+    published.prefixes.engines[holder.name].apply(
+        [Stored(hashes, None, ids[: len(hashes) * UNIT_TOKENS], UNIT_TOKENS, "GPU")]
+    )
+    fleets = {"plain": fleet, "prefix": fleet, "exact": published}
+    requests = {"plain": profile, "prefix": cached, "exact": keyed}
+    for name, request in requests.items():
         for _ in range(2000):
-            decide(request, policy, fleet, ranker)
+            decide(request, policy, fleets[name], ranker)
     gc.collect()
     gc.freeze()
     collections = [0]
@@ -146,10 +182,10 @@ def main() -> None:
     samples: dict[str, list[int]] = {name: [] for name in requests}
     clock = time.perf_counter_ns
     gc.callbacks.append(count)
-    for name in itertools.islice(itertools.cycle(requests), 2 * args.decisions):
-        request, taken = requests[name], samples[name]
+    for name in itertools.islice(itertools.cycle(requests), 3 * args.decisions):
+        request, taken, where = requests[name], samples[name], fleets[name]
         t0 = clock()
-        decide(request, policy, fleet, ranker)
+        decide(request, policy, where, ranker)
         taken.append(clock() - t0)
     gc.callbacks.remove(count)
     decision = decide(cached, policy, fleet, ranker)
@@ -157,6 +193,14 @@ def main() -> None:
         "decisions": args.decisions,
         **quantiles(samples["plain"]),
         "prefix": quantiles(samples["prefix"]),
+        "exact": quantiles(samples["exact"]),
+        "exact_trace": [
+            said
+            for _, said in decide(keyed, policy, published, ranker).trace
+            if "prefix blocks" in said
+        ],
+        "engine_blocks_per_backend": engine_blocks // len(published.backends()),
+        "engine_bytes_per_block": round(engine_bytes / engine_blocks, 1),
         "gc_collections": collections[0],
         "pools_ranked": list(decision.predictions),
         "prefix_trace": [said for _, said in decision.trace if "prefix blocks" in said],

@@ -35,7 +35,8 @@ def bound(trace: Path, kind: str = "gpu") -> dict[str, object]:
     device.device.prefix_cache = PrefixCache(UNBOUNDED, cache.block_tokens)
     cold, warm = [], []
     prompt = cached = 0
-    for i, request in enumerate(requests):
+    now = 0.0
+    for request in requests:
         blocks, size = request.blocks, request.block_tokens
         context = request.prompt_tokens + request.output_tokens // 2
         cold.append(device.marginal(MODEL, request.prompt_tokens, context).prefill_s)
@@ -44,8 +45,10 @@ def bound(trace: Path, kind: str = "gpu") -> dict[str, object]:
         prompt += request.prompt_tokens
         cached += figures.cached_tokens
         # One token: its prefill keeps its blocks and it ends; the device is idle again.
-        device.submit(MODEL, request.prompt_tokens, 1, float(i), lambda: None, blocks, size)
-        device.advance(i + 0.999)
+        device.submit(MODEL, request.prompt_tokens, 1, now, lambda: None, blocks, size)
+        while (at := device.next_event_at()) is not None:
+            device.advance(at)
+        now = device.time
     return {
         "trace": str(trace),
         "kind": kind,

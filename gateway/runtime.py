@@ -28,6 +28,7 @@ from gateway.energy.meter import EnergyMeter
 from gateway.errors import PolicyStoreUnavailable
 from gateway.fleet.admission import Admission
 from gateway.fleet.collector import FleetCollector
+from gateway.fleet.kv_events import KvEventSubscriber, publishers
 from gateway.fleet.leases import Leases
 from gateway.fleet.ratelimit import TokenBuckets
 from gateway.fleet.shared_prefixes import SharedPrefixes
@@ -50,6 +51,7 @@ from gateway.records.writer import WriterProcess
 from gateway.report.schedule import ReportScheduler, parse_schedule
 from gateway.routing.classify import TokenEstimator
 from gateway.routing.ranking import CostRanker
+from gateway.routing.tokenizers import tokenizer_or_none
 from gateway.settings import Settings, variables
 from gateway.shadow.mirror import Mirror
 from gateway.shadow.records import ShadowWriter
@@ -91,7 +93,10 @@ class Gateway:
         # The rates of the pools without a tariff, for the policy they were read from.
         self._fixed_rates = (policy, fixed_rates(policy))
         self.metrics.registry.register(FleetCollector(lambda: self.fleet))
-        self.estimator = TokenEstimator()
+        self.estimator = TokenEstimator(tokenizers=tokenizer_or_none)
+        # What the engines that publish KV-cache events hold (each replica subscribes itself).
+        self.kv_events = KvEventSubscriber(self.fleet.prefixes)
+        self._kv_events_started = False
         self.shared = (
             SharedState(
                 settings.redis_url,
@@ -269,6 +274,8 @@ class Gateway:
         # One step on the event loop, no await: a request sees all of the old or all of the new.
         self.serving = Serving(policy, fleet, stored.version, stored.content)
         self.admission.fleet = fleet
+        if self._kv_events_started:
+            self.kv_events.configure(publishers(policy))
         self.costmodel = costmodel
         self.outputs.default = policy.assumed_max_tokens
         self.metrics.policy_version.set(stored.version)
@@ -365,6 +372,8 @@ class Gateway:
         if self.shared is not None:
             await self.shared.start()
         self.admission.start()
+        self.kv_events.configure(publishers(self.policy))
+        self._kv_events_started = True
         await self.upstream.start()
         self.records.start()
         self.shadow_records.start()
@@ -435,6 +444,7 @@ class Gateway:
         if self.writer is not None:
             await asyncio.to_thread(self.writer.close)
         await self.admission.stop()
+        await self.kv_events.close()
         if self.shared is not None:
             await self.shared.stop()
         await self.upstream.close()

@@ -43,6 +43,14 @@ class SimulatorProcess:
         result: dict[str, Any] = response.json()
         return result
 
+    def lose_kv_events(self, batches: int) -> None:
+        """Keep the next `batches` KV-event batches off the PUB socket (kept for replay)."""
+        self._http.post("/admin/kv-events", json={"lose": batches}).raise_for_status()
+
+    def reset_prefix_cache(self) -> None:
+        """Make every device forget its cached prefixes (vLLM's /reset_prefix_cache)."""
+        self._http.post("/reset_prefix_cache").raise_for_status()
+
     def reset_faults(self) -> dict[str, Any]:
         """Clear every injected fault."""
         return self.set_faults(reset=True)

@@ -13,6 +13,11 @@
     POST /sleep?level=1           vLLM's sleep mode: park the devices (their parked draw)
     POST /wake_up                 wake them; answers once they serve (the profile's wake_s)
     GET  /is_sleeping             {"is_sleeping": bool}, true until awake
+    POST /reset_prefix_cache      vLLM's: every device forgets its cached prefixes
+    POST /admin/kv-events         {"lose": N}: the next N event batches miss the PUB socket
+
+With `--kv-events-config`, each device's prefix cache publishes its changes on vLLM's wire
+(simulator/kv_events.py).
 
 Asleep, the devices answer generation and embedding requests 503 (code `sleeping`); /health
 answers 200, as vLLM's does, and /is_sleeping says whether they serve.
@@ -28,6 +33,7 @@ import asyncio
 import hmac
 import time
 from collections.abc import Awaitable, Callable
+from functools import partial
 from random import Random
 
 from simulator.answers import Answer, compose
@@ -47,6 +53,7 @@ from simulator.exchange import Exchange, Receive, Scope, Send
 from simulator.external import ExternalLoad, apply_external_load, update_external_load
 from simulator.faults import Faults, update_faults
 from simulator.fleet import Fleet
+from simulator.kv_events import Publisher
 from simulator.metrics import CONTENT_TYPE, SimulatorMetrics
 from simulator.profile import Profile
 from simulator.responses import (
@@ -75,8 +82,13 @@ class SimulatorApp:
         instance: str = "0",
         api_key: str | None = None,
         engine: str | None = None,
+        kv_events: Publisher | None = None,
     ):
         self.profile = profile
+        self.kv_events = kv_events
+        if kv_events is not None:
+            for device in fleet.devices:
+                device.prefix_cache.events = partial(kv_events.publish, rank=device.index)
         self._expected = None if not api_key else f"Bearer {api_key}".encode()
         self.fleet = fleet
         self.metrics = SimulatorMetrics(profile, fleet, instance=instance, engine=engine)
@@ -100,6 +112,8 @@ class SimulatorApp:
             "/sleep": ({"POST": self._sleep}, False),
             "/wake_up": ({"POST": self._wake_up}, False),
             "/is_sleeping": ({"GET": self._is_sleeping}, False),
+            "/reset_prefix_cache": ({"POST": self._reset_prefix_cache}, False),
+            "/admin/kv-events": ({"POST": self._post_kv_events}, False),
             "/v1/models": ({"GET": self._models}, True),
             "/v1/chat/completions": ({"POST": self._chat}, True),
             "/v1/completions": ({"POST": self._completions}, True),
@@ -230,6 +244,21 @@ class SimulatorApp:
     async def _is_sleeping(self, exchange: Exchange) -> None:
         await exchange.respond_json(200, {"is_sleeping": self.fleet.sleeping})
 
+    async def _reset_prefix_cache(self, exchange: Exchange) -> None:
+        for device in self.fleet.devices:
+            device.prefix_cache.clear()
+        await exchange.respond(200, b"", b"text/plain")
+
+    async def _post_kv_events(self, exchange: Exchange) -> None:
+        if self.kv_events is None:
+            raise InvalidRequest("this simulator publishes no KV events (--kv-events-config)")
+        body = await exchange.json()
+        lose = body.get("lose") if isinstance(body, dict) else None
+        if type(lose) is not int or lose < 0:
+            raise InvalidRequest(f"'lose' must be a whole number of batches, got {lose!r}")
+        self.kv_events.lose(lose)
+        await exchange.respond_json(200, {"lose": lose})
+
     async def _chat(self, exchange: Exchange) -> None:
         await self._generate(exchange, parse_chat(await exchange.json(), self.profile))
 
@@ -249,7 +278,11 @@ class SimulatorApp:
         )
         drop_after = self.faults.drop_after_tokens
         job = Job(
-            request.model, request.prompt_tokens, answer.completion_tokens, blocks=request.blocks
+            request.model,
+            request.prompt_tokens,
+            answer.completion_tokens,
+            blocks=request.blocks,
+            token_ids=request.token_ids,
         )
         run = _Run(self.fleet, exchange, job)
         try:

@@ -12,6 +12,7 @@ from simulator.engines import ENGINES
 from simulator.errors import ProfileError
 from simulator.external import ExternalLoad
 from simulator.faults import Faults
+from simulator.kv_events import parse_config
 from simulator.profile import apply_overrides, bundled_profiles, load_profile
 from simulator.server import bind, run
 
@@ -27,6 +28,7 @@ FIGURE_FLAGS = {
     "host_transfer_per_token_us": "timing.host_transfer_per_token_us",
     "decode_fixed_ms": "timing.decode_fixed_ms",
     "decode_per_seq_ms": "timing.decode_per_seq_ms",
+    "max_batched_tokens": "timing.max_batched_tokens",
     "idle_w": "power.idle_w",
     "batch1_w": "power.batch1_w",
     "max_w": "power.max_w",
@@ -67,6 +69,12 @@ def build_parser() -> argparse.ArgumentParser:
         choices=ENGINES,
         help="publish this serving engine's load series on /metrics, with its real names",
     )
+    parser.add_argument(
+        "--kv-events-config",
+        help="publish the prefix caches' changes as vLLM does, e.g. "
+        '\'{"enable_kv_cache_events": true, "endpoint": "tcp://*:5557", '
+        '"replay_endpoint": "tcp://*:5558"}\'',
+    )
     shared = parser.add_argument_group(
         "load of other clients (also settable at run time: POST /admin/external-load)"
     )
@@ -86,6 +94,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     figures.add_argument(
         "--host-cache-tokens", type=int, help="prefixes its host memory keeps past that, tokens"
+    )
+    figures.add_argument(
+        "--max-batched-tokens",
+        type=int,
+        help="tokens a step computes: one per sequence decoding, the rest in prompt chunks",
     )
     figures.add_argument(
         "--no-prefix-cache",
@@ -130,6 +143,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         }
         if args.no_prefix_cache:
             overrides |= {"prefix_cache.capacity_tokens": 0, "prefix_cache.host_tokens": 0}
+        kv_events = parse_config(args.kv_events_config) if args.kv_events_config else None
         models = [name.strip() for name in args.models.split(",")] if args.models else None
         profile = apply_overrides(profile, overrides, models)
         faults = Faults(
@@ -181,6 +195,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         api_key=args.api_key,
         engine=args.engine,
         external_load=external,
+        kv_events=kv_events,
     )
     return 0
 

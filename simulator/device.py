@@ -1,30 +1,36 @@
 """One simulated device: a discrete-event engine on simulated time.
 
-The device runs at most `slots` requests at once; the others wait in arrival order. An
-admitted request prefills, and its first token appears when the prefill ends:
+The device runs at most `slots` requests at once; the others wait in arrival order. Each
+model's requests run in steps, as vLLM's scheduler runs them with chunked prefill: every step
+decodes one token for each sequence decoding, then spends what is left of the step's token
+budget (`max_batched_tokens`, decodes counting one token each) on the prompts being prefilled,
+oldest admitted first, a prompt that does not fit taking what is left and the rest in later
+steps. A step lasts
 
-    prefill = scale · (prefill_fixed + (prefill_per_token + host_transfer_per_token) · (prompt − c)
+    step = scale · (fixed + decode_per_seq · (N - 1) + kv_read · max(0, C - kv_fast_tokens)
+                    + Σ chunks (prefill_per_token · k + prefill_attention · ((s + k)² - s²)))
+
+with `fixed` the prefill's fixed cost where the step carries a chunk and the decode step's
+otherwise, N the sequences decoding on the whole device when it starts (no decode terms in a
+step of chunks alone), C their context tokens (prompt and tokens so far), and a chunk of k
+tokens starting at token s of its prompt (host_transfer_per_token counts in prefill_per_token).
+So a prompt's prefill holds up every sequence decoding beside it and every prompt admitted
+after it: compute a prefix cache spares is compute the device's other requests get.
+
+A prompt starts at `c`, the leading tokens the device's prefix cache holds (in whole blocks, at
+most all but the last token, which is computed to give the first token;
+simulator/prefix_cache.py); `h` of them in host memory are loaded back at `host_load` a token in
+its first chunk. A prompt alone, in one chunk, so takes
+
+    prefill = scale · (prefill_fixed + prefill_per_token · (prompt − c)
                        + prefill_attention · (prompt² − c²) + host_load · h)
 
-where `c` counts the prompt's leading tokens the device's prefix cache holds (in whole blocks, at
-most all but the last token, which is computed to give the first token; simulator/prefix_cache.py),
-`h` those of them in host memory, loaded back at `host_load` a token: the cached tokens' queries
-are not computed again, and the others still attend to them. The prompt's blocks are cached when
-its prefill ends.
-
-It then joins its model's decode batch, which steps in lockstep: each step emits one token
-for every member and lasts
-
-    step = scale · (decode_fixed + decode_per_seq · (N - 1)
-                    + kv_read · max(0, C - kv_fast_tokens))
-
-where N counts the sequences decoding on the whole device when the step starts, C their
-context tokens (prompt and tokens so far) that the step reads from the KV cache, and `scale`
-is the model's cost relative to the 8B reference. A request holds its slot from
-admission until its last token; nothing is preempted. Power follows the number of slots in
-use and is integrated into an energy counter over simulated time. The KV cache a running
-request reserves (its prompt and output tokens) is counted against `kv_cache_tokens`, which
-the engines' series report (simulator/engines.py); it does not hold requests back.
+and each further chunk adds a step's fixed cost. The step that computes a prompt's last chunk
+gives its first token and caches its blocks; it decodes from the next step on. A request holds
+its slot from admission until its last token; nothing is preempted. Power follows the number
+of slots in use and is integrated into an energy counter over simulated time. The KV cache a
+running request reserves (its prompt and output tokens) is counted against `kv_cache_tokens`,
+which the engines' series report (simulator/engines.py); it does not hold requests back.
 
 Requests of other clients (`set_external`, simulator/external.py) never end: each takes a
 slot, decodes in the batch (N counts it), draws power and reserves its KV cache; past the
@@ -65,7 +71,8 @@ class Job:
     """One request's occupancy of a device: queue, prefill, decode, done.
 
     `output_tokens` is 0 for an embedding, which is one prefill-like pass. `blocks` are the
-    chained ids of the prompt's blocks, in the device's prefix cache's block size.
+    chained ids of the prompt's blocks, in the device's prefix cache's block size; `token_ids`,
+    where given, its tokens, which the cache's events name.
     """
 
     def __init__(
@@ -75,13 +82,17 @@ class Job:
         output_tokens: int,
         *,
         blocks: Sequence[int] = (),
+        token_ids: Sequence[int] = (),
         on_progress: Callable[[], None] | None = None,
     ):
         self.model = model
         self.prompt_tokens = prompt_tokens
         self.output_tokens = output_tokens
         self.blocks = blocks
+        self.token_ids = token_ids
         self.cached_tokens = 0  # of the prompt, found in the prefix cache at admission
+        self._prefilled = 0  # prompt tokens computed or found cached so far
+        self._host_tokens = 0  # cached tokens to load back from host memory with the first chunk
         self.on_progress = on_progress
         self.state = JobState.QUEUED
         self.device_index: int | None = None
@@ -89,7 +100,7 @@ class Job:
         self.admitted_at: float | None = None
         self.first_token_at: float | None = None
         self.finished_at: float | None = None
-        self._batch: _DecodeBatch | None = None
+        self._batch: _Batch | None = None
         self._join_step: int | None = None
         self._emitted_when_cancelled = 0
 
@@ -121,13 +132,16 @@ class Job:
             self.on_progress()
 
 
-class _DecodeBatch:
-    """The sequences of one model decoding together in lockstep on one device."""
+class _Batch:
+    """The requests of one model on one device, stepping together: the sequences decoding in
+    lockstep and the prompts being prefilled in chunks beside them."""
 
     def __init__(self, model: ModelSpec):
         self.scale = model.cost_scale
         self.members: set[Job] = set()
         self.joining: list[Job] = []
+        self.prefilling: deque[Job] = deque()  # admitted, prompt not yet computed, oldest first
+        self.chunks: list[tuple[Job, int]] = []  # the prompt tokens the running step computes
         self.steps = 0
         self.step_end: float | None = None
         # (step at which the job emits its last token, tie-breaker, job)
@@ -150,6 +164,17 @@ class _DecodeBatch:
         """Return the KV-cache tokens a step reads: each member's prompt and tokens so far."""
         # A member that joined at step j has emitted 1 + steps - j tokens.
         return self._prompts + len(self.members) * (1 + self.steps) - self._joined
+
+    def backlog(self) -> tuple[int, float]:
+        """Return the prompt tokens still to compute after the running step, and the sum of
+        their prompts' squares still to compute (their attention)."""
+        running = {id(job): tokens for job, tokens in self.chunks}
+        tokens, squares = 0, 0.0
+        for job in self.prefilling:
+            done = job._prefilled + running.get(id(job), 0)
+            tokens += job.prompt_tokens - done
+            squares += job.prompt_tokens * job.prompt_tokens - done * done
+        return tokens, squares
 
 
 class Device:
@@ -197,9 +222,9 @@ class Device:
         self._decode_per_seq_s = timing.decode_per_seq_ms / 1e3
         self._kv_read_s = timing.kv_read_ns / 1e9
         self._kv_fast_tokens = timing.kv_fast_tokens
+        self.max_batched_tokens = timing.max_batched_tokens
         self._queue: deque[Job] = deque()
-        self._prefills: list[tuple[float, int, Job]] = []
-        self._batches: dict[str, _DecodeBatch] = {}
+        self._batches: dict[str, _Batch] = {}
         self._holding: set[Job] = set()  # the jobs holding a slot
         self._kv_tokens = 0
         self.external = 0  # requests of other clients on this device
@@ -316,7 +341,9 @@ class Device:
         else:
             self._release(job)
             batch = job._batch
-            if batch is not None and job in batch.members:
+            if batch is not None and job in batch.prefilling:
+                batch.prefilling.remove(job)  # a chunk the running step computes is spent
+            elif batch is not None and job in batch.members:
                 batch.remove(job)
                 self._decoding -= 1
             elif batch is not None and job in batch.joining:
@@ -333,29 +360,23 @@ class Device:
 
     def advance(self, now: float) -> None:
         """Process every event due by simulated instant `now`, in order."""
-        stepped: set[_DecodeBatch] = set()
+        stepped: set[_Batch] = set()
         while True:
             at, batch = self._next_event()
-            if at is None or at > now:
+            if at is None or batch is None or at > now:
                 break
             self._integrate(at)
-            if batch is None:
-                self._end_prefill(at)
-            else:
-                self._end_step(batch, at)
-                stepped.add(batch)
+            self._end_step(batch, at)
+            stepped.add(batch)
         if now > self.time:
             self._integrate(now)
         for batch in stepped:
             for job in batch.members:
                 job._notify()
 
-    def _next_event(self) -> tuple[float | None, _DecodeBatch | None]:
-        prefills = self._prefills
-        while prefills and prefills[0][2].state is not JobState.PREFILL:
-            heapq.heappop(prefills)
-        at: float | None = prefills[0][0] if prefills else None
-        due: _DecodeBatch | None = None
+    def _next_event(self) -> tuple[float | None, _Batch | None]:
+        at: float | None = None
+        due: _Batch | None = None
         for batch in self._batches.values():
             if batch.step_end is not None and (at is None or batch.step_end < at):
                 at, due = batch.step_end, batch
@@ -373,6 +394,12 @@ class Device:
             self.idle_energy_j += self.power.idle_w * self.power_factor * elapsed
         self.time = until
 
+    def _batch(self, model: ModelSpec) -> _Batch:
+        batch = self._batches.get(model.name)
+        if batch is None:
+            batch = self._batches[model.name] = _Batch(model)
+        return batch
+
     def _admit(self, at: float) -> None:
         while self._queue and self.active < self.slots and not self.external_waiting:
             job = self._queue.popleft()
@@ -380,53 +407,66 @@ class Device:
             job.admitted_at = at
             self._holding.add(job)
             self._kv_tokens += job.prompt_tokens + job.output_tokens
-            duration, job.cached_tokens = self.prefill(job.model, job.prompt_tokens, job.blocks)
-            heapq.heappush(self._prefills, (at + duration, next(self._order), job))
+            on_device, on_host = self.prefix_cache.lookup(
+                self._cacheable(job.prompt_tokens, job.blocks)
+            )
+            size = self.prefix_cache.block_tokens
+            job.cached_tokens = job._prefilled = (on_device + on_host) * size
+            job._host_tokens = on_host * size
+            batch = job._batch = self._batch(job.model)
+            batch.prefilling.append(job)
+            if batch.step_end is None:
+                self._start_step(batch, at)
 
     def prefill(
         self, model: ModelSpec, prompt_tokens: int, blocks: Sequence[int] = ()
     ) -> tuple[float, int]:
-        """Return how long a prompt's prefill would take now, and how many of its tokens the
-        prefix cache holds (module docstring)."""
+        """Return how long a prompt admitted now would wait for its first token, and how many of
+        its tokens the prefix cache holds.
+
+        Its model's running step ends first; then its chunks follow those of the prompts
+        admitted before it, beside the sequences decoding now (module docstring), as if nothing
+        else arrived meanwhile.
+        """
         on_device, on_host = self.prefix_cache.lookup(self._cacheable(prompt_tokens, blocks))
         size = self.prefix_cache.block_tokens
         cached = (on_device + on_host) * size
+        batch = self._batches.get(model.name)
+        wait, ahead, ahead_squares, members = 0.0, 0, 0.0, 0
+        if batch is not None:
+            if batch.step_end is not None:
+                wait = max(0.0, batch.step_end - self.time)
+            ahead, ahead_squares = batch.backlog()
+            members = len(batch.members) + len(batch.joining)
+        tokens = ahead + prompt_tokens - cached
+        per_step = max(1, self.max_batched_tokens - members)
+        steps = max(1, -(-tokens // per_step))
+        overhead = self._prefill_fixed_s
+        if members:
+            overhead += self._decode_per_seq_s * max(0, self.decoding - 1)
+            overhead += self._kv_read_s * max(0, self.context_tokens() - self._kv_fast_tokens)
         work = (
-            self._prefill_fixed_s
-            + self._prefill_per_token_s * (prompt_tokens - cached)
-            + self._prefill_attention_s * prompt_tokens * prompt_tokens
+            steps * overhead
+            + self._prefill_per_token_s * tokens
+            + self._prefill_attention_s * (ahead_squares + prompt_tokens * prompt_tokens)
             - self._prefill_attention_s * cached * cached
             + self._host_load_s * on_host * size
         )
-        return self.slow_factor * model.cost_scale * work, cached
+        return wait + self.slow_factor * model.cost_scale * work, cached
+
+    def prefill_work(self, model: ModelSpec, prompt_tokens: int, cached_tokens: int) -> float:
+        """Return the compute a prompt's chunks add to the steps that carry them, which every
+        sequence decoding beside it waits through."""
+        work = self._prefill_per_token_s * (
+            prompt_tokens - cached_tokens
+        ) + self._prefill_attention_s * (prompt_tokens**2 - cached_tokens**2)
+        return self.slow_factor * model.cost_scale * work
 
     def _cacheable(self, prompt_tokens: int, blocks: Sequence[int]) -> Sequence[int]:
         """Return the blocks a prompt may find cached: whole ones before its last token."""
         return blocks[: max(prompt_tokens - 1, 0) // self.prefix_cache.block_tokens]
 
-    def _end_prefill(self, at: float) -> None:
-        _, _, job = heapq.heappop(self._prefills)
-        job.first_token_at = at
-        if job.blocks:
-            self.prefix_cache.insert(self._cacheable(job.prompt_tokens, job.blocks))
-        if job.output_tokens <= 1:
-            self._finish(job, at)
-            self._admit(at)
-            return
-        batch = self._batches.get(job.model.name)
-        if batch is None:
-            batch = self._batches[job.model.name] = _DecodeBatch(job.model)
-        job.state = JobState.DECODE
-        job._batch = batch
-        if batch.step_end is None:
-            self._join(batch, job)
-            self._start_step(batch, at)
-        else:
-            # A running step cannot take a new member; it joins at the next step boundary.
-            batch.joining.append(job)
-        job._notify()
-
-    def _end_step(self, batch: _DecodeBatch, at: float) -> None:
+    def _end_step(self, batch: _Batch, at: float) -> None:
         batch.steps += 1
         finishes = batch.finishes
         while finishes and finishes[0][0] <= batch.steps:
@@ -436,26 +476,61 @@ class Device:
             batch.remove(job)
             self._decoding -= 1
             self._finish(job, at)
+        for job, tokens in batch.chunks:
+            if job.state is not JobState.PREFILL:
+                continue  # cancelled while its chunk ran
+            job._prefilled += tokens
+            job._host_tokens = 0
+            if job._prefilled >= job.prompt_tokens:
+                batch.prefilling.remove(job)
+                self._end_prefill(batch, job, at)
+        batch.chunks = []
         for job in batch.joining:
             self._join(batch, job)
         batch.joining.clear()
         self._admit(at)
         self._start_step(batch, at)
 
-    def _join(self, batch: _DecodeBatch, job: Job) -> None:
+    def _end_prefill(self, batch: _Batch, job: Job, at: float) -> None:
+        job.first_token_at = at
+        if job.blocks:
+            self.prefix_cache.insert(self._cacheable(job.prompt_tokens, job.blocks), job.token_ids)
+        if job.output_tokens <= 1:
+            self._finish(job, at)
+            return
+        job.state = JobState.DECODE
+        batch.joining.append(job)
+        job._notify()
+
+    def _join(self, batch: _Batch, job: Job) -> None:
         batch.add(job)
         self._decoding += 1
         last_step = batch.steps + job.output_tokens - 1
         heapq.heappush(batch.finishes, (last_step, next(self._order), job))
 
-    def _start_step(self, batch: _DecodeBatch, at: float) -> None:
-        if not batch.members:
+    def _start_step(self, batch: _Batch, at: float) -> None:
+        if not batch.members and not batch.prefilling:
             batch.step_end = None
             batch.finishes.clear()  # only cancelled jobs can be left in it
             return
-        work = self._decode_fixed_s + self._decode_per_seq_s * (self.decoding - 1)
-        if self._kv_read_s:
-            work += self._kv_read_s * max(0, self.context_tokens() - self._kv_fast_tokens)
+        work = 0.0
+        if batch.members:
+            work += self._decode_per_seq_s * (self.decoding - 1)
+            if self._kv_read_s:
+                work += self._kv_read_s * max(0, self.context_tokens() - self._kv_fast_tokens)
+        budget = self.max_batched_tokens - len(batch.members)
+        for job in batch.prefilling:
+            if budget <= 0:
+                break
+            start = job._prefilled
+            tokens = min(job.prompt_tokens - start, budget)
+            budget -= tokens
+            batch.chunks.append((job, tokens))
+            end = start + tokens
+            work += self._prefill_per_token_s * tokens
+            work += self._prefill_attention_s * (end * end - start * start)
+            work += self._host_load_s * job._host_tokens
+        work += self._prefill_fixed_s if batch.chunks else self._decode_fixed_s
         batch.step_end = at + self.slow_factor * batch.scale * work
 
     def context_tokens(self) -> int:

@@ -25,6 +25,7 @@ class Marginal:
 
     prefill_s: float
     cached_tokens: int
+    prefill_work_s: float
     decoding: int
     step_s: float
     joined_step_s: float
@@ -158,6 +159,7 @@ class SimulatedDevice:
         return Marginal(
             prefill_s=prefill,
             cached_tokens=cached,
+            prefill_work_s=device.prefill_work(self.models[model], prompt_tokens, cached),
             decoding=decoding,
             step_s=step(decoding, context),
             joined_step_s=step(decoding + 1, context + context_tokens),

@@ -12,14 +12,49 @@ cost instead of computing it again; past that it is gone. A prompt's blocks are 
 first, so its first block is its most recent and eviction takes a prefix's tail before its head,
 as vLLM frees a request's blocks in reverse order: what stays cached is still a prefix.
 
-Pure: ids in, counts out. The device turns them into time (simulator/device.py).
+With `events` set, the cache says what it stores and drops, as vLLM's KV-cache events do
+(`BlockStored` with each new block's tokens and its parent, `BlockRemoved`, `AllBlocksCleared`;
+the medium is `GPU` for device memory and `CPU` for host memory): simulator/kv_events.py
+publishes them.
+
+Pure: ids in, counts and events out. The device turns counts into time (simulator/device.py).
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+DEVICE_MEDIUM, HOST_MEDIUM = "GPU", "CPU"  # vLLM's names for device and CPU-offloaded blocks
+
+
+@dataclass(frozen=True, slots=True)
+class BlockStored:
+    """Consecutive blocks kept in a medium: each block's tokens, and the block before the first."""
+
+    block_hashes: tuple[int, ...]
+    parent_block_hash: int | None
+    token_ids: tuple[int, ...]
+    block_size: int
+    medium: str
+
+
+@dataclass(frozen=True, slots=True)
+class BlockRemoved:
+    """Blocks dropped from a medium."""
+
+    block_hashes: tuple[int, ...]
+    medium: str
+
+
+@dataclass(frozen=True, slots=True)
+class AllBlocksCleared:
+    """Every block dropped at once (the engine slept or restarted)."""
+
+
+CacheEvent = BlockStored | BlockRemoved | AllBlocksCleared
 
 
 class PrefixCache:
@@ -34,6 +69,9 @@ class PrefixCache:
         # Least recently used first.
         self._device: OrderedDict[int, None] = OrderedDict()
         self._host: OrderedDict[int, None] = OrderedDict()
+        # Told what the cache stores and drops, once per insert or clear; None: nobody listens.
+        self.events: Callable[[list[CacheEvent]], None] | None = None
+        self._origin: dict[int, tuple[int | None, tuple[int, ...]]] = {}  # parent, tokens
 
     def lookup(self, blocks: Sequence[int]) -> tuple[int, int]:
         """Return how many of a prompt's leading blocks are in device memory and how many in host
@@ -52,20 +90,83 @@ class PrefixCache:
         """Forget every block: the engine was put to sleep or restarted, and its cache with it."""
         self._device.clear()
         self._host.clear()
+        self._origin.clear()
+        if self.events is not None:
+            self.events([AllBlocksCleared()])
 
-    def insert(self, blocks: Sequence[int]) -> None:
-        """Keep a computed prompt's blocks in device memory as the most recently used."""
+    def insert(self, blocks: Sequence[int], token_ids: Sequence[int] = ()) -> None:
+        """Keep a computed prompt's blocks in device memory as the most recently used;
+        `token_ids`, the prompt's, say what its new blocks hold to whoever listens."""
         device, host = self._device, self._host
+        listening = self.events is not None
+        found: list[CacheEvent] = []
+        new = [block not in device for block in blocks] if listening else []
+        if listening:
+            loaded = [block for block in blocks if block in host]
+            if loaded:
+                found.append(BlockRemoved(tuple(loaded), HOST_MEDIUM))
         for block in reversed(blocks):
             host.pop(block, None)
             device[block] = None
             device.move_to_end(block)
+        if listening:
+            found += self._stored(blocks, new, token_ids)
+        evicted, dropped = [], []
         while len(device) > self.capacity_blocks:
             block, _ = device.popitem(last=False)
+            evicted.append(block)
             if self.host_blocks:
                 host[block] = None
         while len(host) > self.host_blocks:
-            host.popitem(last=False)
+            dropped.append(host.popitem(last=False)[0])
+        if not listening:
+            return
+        if evicted:
+            found.append(BlockRemoved(tuple(evicted), DEVICE_MEDIUM))
+            offloaded = [block for block in evicted if block in host]
+            found += [self._restored(block, HOST_MEDIUM) for block in offloaded]
+        if dropped:
+            found.append(BlockRemoved(tuple(dropped), HOST_MEDIUM))
+        for block in dropped:
+            self._origin.pop(block, None)
+        for block in evicted:
+            if block not in host:
+                self._origin.pop(block, None)
+        assert self.events is not None
+        if found:
+            self.events(found)
+
+    def _stored(
+        self, blocks: Sequence[int], new: list[bool], token_ids: Sequence[int]
+    ) -> list[CacheEvent]:
+        """Return a BlockStored for each run of blocks new to device memory."""
+        size = self.block_tokens
+        found: list[CacheEvent] = []
+        i = 0
+        while i < len(blocks):
+            if not new[i]:
+                i += 1
+                continue
+            start = i
+            while i < len(blocks) and new[i]:
+                parent = blocks[i - 1] if i else None
+                self._origin[blocks[i]] = (parent, tuple(token_ids[i * size : (i + 1) * size]))
+                i += 1
+            run = tuple(blocks[start:i])
+            found.append(
+                BlockStored(
+                    run,
+                    blocks[start - 1] if start else None,
+                    tuple(token_ids[start * size : i * size]),
+                    size,
+                    DEVICE_MEDIUM,
+                )
+            )
+        return found
+
+    def _restored(self, block: int, medium: str) -> BlockStored:
+        parent, tokens = self._origin.get(block, (None, ()))
+        return BlockStored((block,), parent, tokens, self.block_tokens, medium)
 
 
 def prompt_blocks(tokens: Sequence[str], block_tokens: int) -> tuple[int, ...]:

@@ -44,7 +44,9 @@ class Timing(_Figures):
     Beside the fixed and per-token costs: attention's prefill work grows with the square of the
     prompt (`prefill_attention_ns` per token²), and every decode step reads the KV cache of
     every sequence in the batch, `kv_read_ns` per context token past the first
-    `kv_fast_tokens` (what on-chip memory holds at no extra cost).
+    `kv_fast_tokens` (what on-chip memory holds at no extra cost). A step computes at most
+    `max_batched_tokens` tokens, one for each sequence decoding and the rest in prompt chunks
+    (vLLM's `--max-num-batched-tokens`; simulator/device.py).
     """
 
     prefill_fixed_ms: float = Field(ge=0)
@@ -55,6 +57,7 @@ class Timing(_Figures):
     decode_per_seq_ms: float = Field(ge=0)
     kv_read_ns: float = Field(default=0.0, ge=0)
     kv_fast_tokens: int = Field(default=0, ge=0)
+    max_batched_tokens: int = Field(default=8192, gt=0)
 
 
 class PrefixCacheFigures(_Figures):

@@ -17,7 +17,7 @@ from simulator.answers import Question
 from simulator.errors import InvalidRequest, ModelNotFound
 from simulator.prefix_cache import prompt_blocks
 from simulator.profile import ModelSpec, PrefixCacheFigures, Profile
-from simulator.tokenizer import count_tokens, split_tokens
+from simulator.tokenizer import count_tokens, split_tokens, token_id
 
 # Chat templates wrap every message in a few tokens and prime the reply with a few more
 # (OpenAI documents 3 and 3 for its chat models; Llama 3's header is 3 tokens around the role).
@@ -39,8 +39,10 @@ class GenerationRequest:
     question: Question
     stream: bool
     include_usage: bool
-    # The prompt's prefix blocks in the device's prefix cache (none when it has no cache).
+    # The prompt's prefix blocks in the device's prefix cache (none when it has no cache), and
+    # its token ids, which the cache's events name (simulator/kv_events.py).
     blocks: tuple[int, ...] = ()
+    token_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -89,7 +91,7 @@ def parse_chat(body: Any, profile: Profile) -> GenerationRequest:
         ),
         stream=_stream(body),
         include_usage=_include_usage(body),
-        blocks=_chat_blocks(messages, tools, profile.prefix_cache),
+        **_cached(chat_tokens(messages, tools), profile.prefix_cache),
     )
 
 
@@ -119,7 +121,7 @@ def parse_completion(body: Any, profile: Profile) -> GenerationRequest:
         question=_question(body, model, prompt_key, limit, top_logprobs=_completion_logprobs(body)),
         stream=_stream(body),
         include_usage=_include_usage(body),
-        blocks=_completion_blocks(prompt, profile.prefix_cache),
+        **_cached(completion_tokens(prompt), profile.prefix_cache),
     )
 
 
@@ -341,27 +343,32 @@ def _message_texts(message: Mapping[str, Any], index: int) -> list[str]:
     return texts
 
 
-def _chat_blocks(
-    messages: list[Any], tools: list[Mapping[str, Any]] | None, cache: PrefixCacheFigures
-) -> tuple[int, ...]:
-    """Return a chat prompt's prefix blocks, its tokens in the order a chat template renders
-    them: the tools in the system turn, then each message after its header."""
-    if not cache.enabled:
-        return ()
+def chat_tokens(messages: list[Any], tools: list[Mapping[str, Any]] | None) -> list[str]:
+    """Return a chat prompt's tokens in the order a chat template renders them: the tools in
+    the system turn, then each message after its header."""
     tokens = split_tokens(orjson.dumps(tools).decode()) if tools else []
     for index, message in enumerate(messages):
         tokens += ("<|start_header_id|>", message["role"], "<|end_header_id|>")
         for text in _message_texts(message, index):
             tokens += split_tokens(text)
-    return prompt_blocks(tokens, cache.block_tokens)
+    return tokens
 
 
-def _completion_blocks(prompt: str | list[int], cache: PrefixCacheFigures) -> tuple[int, ...]:
-    """Return a text or token-id prompt's prefix blocks."""
+def completion_tokens(prompt: str | list[int]) -> list[str]:
+    """Return a text or token-id prompt's tokens."""
+    return split_tokens(prompt) if isinstance(prompt, str) else [str(t) for t in prompt]
+
+
+def prompt_ids(tokens: list[str]) -> tuple[int, ...]:
+    """Return the ids of a prompt's tokens (a token-id prompt's own ids)."""
+    return tuple(int(t) if t.isdigit() else token_id(t) for t in tokens)
+
+
+def _cached(tokens: list[str], cache: PrefixCacheFigures) -> dict[str, tuple[int, ...]]:
+    """Return a prompt's prefix blocks and token ids, or nothing where the device caches none."""
     if not cache.enabled:
-        return ()
-    tokens = split_tokens(prompt) if isinstance(prompt, str) else [str(t) for t in prompt]
-    return prompt_blocks(tokens, cache.block_tokens)
+        return {}
+    return {"blocks": prompt_blocks(tokens, cache.block_tokens), "token_ids": prompt_ids(tokens)}
 
 
 def _content_text(content: Any, index: int) -> str:
@@ -408,3 +415,27 @@ def _tool_choice(choice: Any, tools: Sequence[Mapping[str, Any]] | None) -> Any:
             param="tool_choice",
         )
     return choice
+
+
+class EngineTokenizer:
+    """The simulator's rendering and tokenizer as a plug-in of the gateway's (entry point group
+    `shadow_gateway.tokenizers`, name `simulator`): a prompt's token ids as a device caches and
+    publishes them, so the gateway keys the prompt's prefix blocks as the events name them."""
+
+    def prompt_ids(self, endpoint: str, payload: dict[str, Any]) -> tuple[int, ...] | None:
+        """Return the prompt's token ids, or None where the simulator would cache none."""
+        try:
+            if endpoint == "chat":
+                messages = payload["messages"]
+                return prompt_ids(chat_tokens(messages, _tools(payload.get("tools"))))
+            if endpoint == "completions":
+                prompt = payload["prompt"]
+                if isinstance(prompt, list) and len(prompt) == 1:
+                    prompt = prompt[0]
+                if isinstance(prompt, str) or (
+                    isinstance(prompt, list) and all(type(t) is int for t in prompt)
+                ):
+                    return prompt_ids(completion_tokens(prompt))
+        except (InvalidRequest, KeyError, TypeError, AttributeError):
+            pass  # a request the simulator would refuse caches nothing
+        return None

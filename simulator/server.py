@@ -17,6 +17,7 @@ from simulator.exchange import TRANSPORT_EXTENSION
 from simulator.external import ExternalLoad
 from simulator.faults import Faults
 from simulator.fleet import Fleet
+from simulator.kv_events import KvEventsConfig, Publisher
 from simulator.profile import Profile
 
 # Long enough for a stream to finish, short enough that hung requests do not block exit.
@@ -85,10 +86,12 @@ async def serve(
     api_key: str | None = None,
     engine: str | None = None,
     external_load: ExternalLoad | None = None,
+    kv_events: KvEventsConfig | None = None,
 ) -> None:
     """Run a simulator on the bound socket `sock` until SIGINT or SIGTERM."""
     fleet = Fleet(profile, devices, ScaledClock(speed))
     port = sock.getsockname()[1]
+    publisher = Publisher(kv_events) if kv_events is not None and kv_events.enabled else None
     app = SimulatorApp(
         profile,
         fleet,
@@ -97,6 +100,7 @@ async def serve(
         instance=str(port),
         api_key=api_key,
         engine=engine,
+        kv_events=publisher,
     )
     if external_load is not None:
         app.set_external_load(external_load)
@@ -116,7 +120,11 @@ async def serve(
             return
         await asyncio.sleep(0.005)
     on_ready(url_of(sock))
-    await serving
+    try:
+        await serving
+    finally:
+        if publisher is not None:
+            publisher.close()
 
 
 def run(profile: Profile, sock: socket.socket, **options: object) -> None:

@@ -10,10 +10,15 @@ or of two where the first character's code is a multiple of four, which gives 1.
 per token, as Llama 3 measures 1.26 on modern Chinese. Prompt counts and generated text use the
 same rule, so `usage` is exact for this tokenizer. Other alphabets (Cyrillic, Greek, Arabic...)
 are runs of letters like Latin; no checked figure says what Llama 3 makes of them.
+
+A token's id (`token_id`) is a stable 31-bit hash of its text: the vocabulary is every piece
+the rule makes, and what an engine publishes of its KV cache (simulator/kv_events.py) names
+tokens by id.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 
 # Kana, CJK ideographs (and extension A, compatibility), Hangul syllables, fullwidth forms: the
@@ -66,3 +71,8 @@ def _split_cjk(piece: str) -> list[str]:
     parts = _cjk_pieces(bare)
     parts[0] = piece[: len(piece) - len(bare)] + parts[0]
     return parts
+
+
+def token_id(token: str) -> int:
+    """Return a token's id: a stable 31-bit hash of its text."""
+    return int.from_bytes(hashlib.blake2b(token.encode(), digest_size=4).digest(), "big") >> 1

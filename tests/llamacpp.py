@@ -93,6 +93,8 @@ class LlamaServerReplay(BaseHTTPRequestHandler):
             kind = "text/plain; version=0.0.4"
         elif self.path == "/health":
             content, kind = b'{"status":"ok"}', "application/json; charset=utf-8"
+        elif self.path == "/slots":
+            content, kind = self.server.slots.encode(), "application/json; charset=utf-8"
         else:
             self.send_response(404)
             self.send_header("Content-Length", "0")
@@ -118,6 +120,7 @@ class ReplayServer(ThreadingHTTPServer):
         super().__init__(("127.0.0.1", 0), LlamaServerReplay)
         self.context = context
         self.metrics = metrics
+        self.slots = captured("slots.json").decode()
         self.seen: list[dict[str, Any]] = []
 
     @property

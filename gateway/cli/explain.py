@@ -34,6 +34,7 @@ def _explain(args: argparse.Namespace, settings: Settings) -> int:
     from gateway.routing.classify import TokenEstimator
     from gateway.routing.explain import explain
     from gateway.routing.ranking import CostRanker
+    from gateway.routing.tokenizers import tokenizer_or_none
 
     policy = load_policy(settings.policy_path)
     try:
@@ -48,7 +49,7 @@ def _explain(args: argparse.Namespace, settings: Settings) -> int:
         policy,
         Fleet(policy),
         ranker,
-        TokenEstimator(),
+        TokenEstimator(tokenizers=tokenizer_or_none),
     )
     print(json.dumps(result, indent=2))
     return 0 if result["status"] == 200 else 1

@@ -13,12 +13,19 @@ found cached; where the index expected more, by more than `SLACK_BLOCKS` (an eng
 counts a prompt's last token as cached, and counts in blocks of its own size), the engine holds
 less than the index thinks (other clients' prompts, a smaller cache than declared, a restart),
 so the backend's `scale` shrinks the capacity the index keeps; where the engine found about as
-much or more, it grows back towards the declared capacity. What the index expects is what it
+much or more, it grows back towards the declared capacity. An engine that says how much of past
+prompts it keeps now bounds it too (`bound`: llama.cpp's slots, one prompt each, read with the
+metering scrape). What the index expects is what it
 knew before the request was sent, so a request sent while another with its prefix was still
 in prefill expects nothing of it and corrects nothing. A restarted engine, an eviction the
 index did not see, a block another replica sent while Redis was out: each costs one
 mispredicted request, which the report then corrects. With Redis, replicas tell each other
 what they send (gateway/fleet/shared_prefixes.py).
+
+Where a backend's engine publishes its KV-cache events, the index holds exactly what the engine
+holds (`engines`, gateway/fleet/engine_blocks.py, kept by gateway/fleet/kv_events.py), and
+`cached` answers from it while it serves (events arriving, none lost); the estimate is still
+kept beside it, and answers whenever it does not.
 
 Memory: about 112 bytes per block held (an int key in an ordered dict, tracemalloc in
 `bench.decision_time`), so a backend that keeps 1M tokens costs 16k blocks, about 1.8 MB of
@@ -31,10 +38,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-# Tokens of a block of the live gateway's prompts (gateway/routing/prefix.py). Engines use 16
-# (vLLM) to 512 (Mooncake's traces); 64 keeps a prompt of 128k tokens at 2,000 hashes while a
-# repeated system prompt of a few hundred tokens still spans several blocks.
-BLOCK_TOKENS = 64
+from gateway.fleet.engine_blocks import BLOCK_TOKENS, EngineBlocks
+
 MIN_SCALE = 0.05  # the index keeps at least this share of the declared capacity
 SHRINK, GROW = 0.8, 1.05  # per mispredicted answer, per answer that found what was expected
 SLACK_BLOCKS = 1  # an answer this many blocks short of what was expected found it all
@@ -47,11 +52,15 @@ class BackendBlocks:
     capacity: int
     scale: float = 1.0
     held: OrderedDict[int, None] = field(default_factory=OrderedDict)
+    kept: int | None = None  # what the engine says it keeps now (llama.cpp's slots), if it says
 
     @property
     def limit(self) -> int:
         """The blocks the index keeps for this backend now."""
-        return max(1, int(self.capacity * self.scale)) if self.capacity > 0 else 0
+        if self.capacity <= 0:
+            return 0
+        trusted = max(1, int(self.capacity * self.scale))
+        return trusted if self.kept is None else min(trusted, self.kept)
 
 
 class PrefixIndex:
@@ -59,6 +68,8 @@ class PrefixIndex:
 
     def __init__(self) -> None:
         self._backends: dict[str, BackendBlocks] = {}
+        # What the engines that publish their KV-cache events hold, by backend.
+        self.engines: dict[str, EngineBlocks] = {}
         # Told of every prompt this replica sends, so that other replicas hear of it.
         self.on_sent: Callable[[str, Sequence[int]], None] | None = None
 
@@ -79,8 +90,12 @@ class PrefixIndex:
         """Return how many of a prompt's leading blocks the backend holds.
 
         What a backend holds of one prompt is always a prefix of it (`sent`), so the count is
-        found by bisection: a few lookups for a prompt of thousands of blocks.
+        found by bisection: a few lookups for a prompt of thousands of blocks. The engine's own
+        word where it serves (`exact`), else the estimate.
         """
+        engine = self.engines.get(backend)
+        if engine is not None and engine.serving:
+            return engine.cached(blocks)
         known = self._backends.get(backend)
         if known is None or not blocks or blocks[0] not in known.held:
             return 0
@@ -95,6 +110,9 @@ class PrefixIndex:
 
     def sent(self, backend: str, blocks: Sequence[int]) -> None:
         """Record that this replica sent the backend a prompt's blocks: it now holds them."""
+        engine = self.engines.get(backend)
+        if engine is not None and blocks and engine.cached(blocks) < len(blocks):
+            engine.unconfirmed += 1  # its engine should publish the blocks it stores
         self.heard(backend, blocks)
         if self.on_sent is not None and blocks:
             self.on_sent(backend, blocks)
@@ -125,12 +143,25 @@ class PrefixIndex:
         else:
             known.scale = min(1.0, known.scale * GROW)
 
+    def bound(self, backend: str, blocks: int | None) -> None:
+        """Keep at most `blocks` for the backend, what its engine says it keeps of past prompts
+        now (None: it says nothing, and the declared capacity bounds the index)."""
+        known = self._backends.get(backend)
+        if known is not None:
+            known.kept = blocks
+            self._evict(known)
+
     def forget(self, backend: str) -> None:
         """Record that the backend holds no block any more (its engine was put to sleep or
         restarted, which drops its KV cache)."""
         known = self._backends.get(backend)
         if known is not None:
             known.held.clear()
+
+    def exact(self, backend: str) -> bool:
+        """Say whether `cached` answers for the backend from its engine's events."""
+        engine = self.engines.get(backend)
+        return engine is not None and engine.serving
 
     def held(self, backend: str) -> int:
         """Return how many blocks the index holds for the backend."""

@@ -17,7 +17,16 @@ from collections import OrderedDict
 # Headers agent and chat clients send to name a session: vLLM's router and production stack
 # (`x-session-id`), LiteLLM (`x-litellm-session-id`), xAI's API (`x-grok-conv-id`). A body's
 # `prompt_cache_key` (OpenAI's Chat Completions and Responses APIs) names one too.
-SESSION_HEADERS = ("x-session-id", "x-litellm-session-id", "x-grok-conv-id")
+# vLLM's router and production stack, LiteLLM, xAI; then the affinity keys NVIDIA's aiperf sends
+# beside X-Session-ID (Dynamo's, SGLang's model gateway's, its own).
+SESSION_HEADERS = (
+    "x-session-id",
+    "x-litellm-session-id",
+    "x-grok-conv-id",
+    "x-dynamo-session-id",
+    "x-smg-routing-key",
+    "x-session-affinity",
+)
 MAX_SESSIONS = 100_000
 MAX_KEY_CHARS = 256  # a longer key is cut: sessions are told apart well before that
 

@@ -58,6 +58,9 @@ class BackendState:
     engine_auth: dict[str, str] = field(default_factory=dict, repr=False)
     in_flight: int = 0
     kv_reserved: float = 0.0
+    # Prompt tokens this replica sent it that it has still to compute: each request's prompt less
+    # what the index expected cached, until its first token (a whole answer: until it arrives).
+    prefilling: int = 0
     elsewhere: int = 0
     kv_elsewhere: float = 0.0
     external: int = 0
@@ -209,32 +212,39 @@ class PoolState:
         kv_bytes: float = 0.0,
         blocks: tuple[int, ...] = (),
         session: str | None = None,
+        block_tokens: float = 0.0,
     ) -> BackendState | None:
         """Return the healthy backend with room for kv_bytes that serves the request soonest,
         or None.
 
         Without prefix blocks, the one with the most free slots. With them, the one whose
-        prefill is least delayed: the blocks it must compute (those it does not hold, plus one
-        for the request itself) times the requests it runs (LMetric's uncached prefill tokens
-        times batch size, arXiv 2603.15202), then the most free slots. The backend that served
-        the request's named session last counts as holding the whole prompt: the session is
-        a hint priced as a cache hit, so it never outweighs a much lighter load.
+        prefill costs least: the tokens it must compute (the blocks it does not hold, plus one
+        for the request itself, of `block_tokens` each) times the requests it runs, which its
+        chunks hold up (LMetric's uncached prefill tokens times batch size, arXiv 2603.15202),
+        plus the prompt tokens it has still to compute ahead of them (`prefilling`), which the
+        request waits for as engines schedule prefill in chunks; then the most free slots. The
+        backend that served the request's named session last counts as holding the whole
+        prompt: the session is a hint priced as a cache hit, so it never outweighs a much
+        lighter load.
         """
         if len(self.backends) == 1:  # none to weigh it against
             (backend,) = self.backends
             return backend if backend.name not in exclude and backend.takes(kv_bytes) else None
         holder = self.sessions.backend(session) if session is not None and blocks else None
-        best, best_key = None, (0, 0)
+        best, best_key = None, (0.0, 0)
         for backend in self.backends:
             if backend.name in exclude or not backend.takes(kv_bytes):
                 continue
             load = backend.load  # its free slots are slots - load, as it takes a request
+            key: tuple[float, int]
             if not blocks:
-                key = (0, load - backend.slots)
+                key = (0.0, load - backend.slots)
             else:
                 name = backend.name
                 held = len(blocks) if name == holder else self.prefixes.cached(name, blocks)
-                key = ((len(blocks) - held + 1) * (load + 1), load - backend.slots)
+                own = (len(blocks) - held + 1) * (block_tokens or 1.0)
+                ahead = backend.prefilling if block_tokens else 0
+                key = (own * (load + 1) + ahead, load - backend.slots)
             if best is None or key < best_key:
                 best, best_key = backend, key
         return best

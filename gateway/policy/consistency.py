@@ -39,6 +39,19 @@ def reference_errors(policy: Policy) -> list[Finding]:
         names = [b.name for b in pool.backends]
         if len(set(names)) != len(names):
             errors.append((("pools", name, "backends"), f"backend names repeat: {names}"))
+        if any(b.kv_events for b in pool.backends):
+            blind = [
+                m for m in pool.models if m not in policy.models or not policy.models[m].tokenizer
+            ]
+            if blind:
+                errors.append(
+                    (
+                        ("pools", name, "models"),
+                        f"pool {name!r} has backends publishing KV events, but models "
+                        f"{', '.join(map(repr, blind))} give no `tokenizer`: the gateway could "
+                        "not key their prompts as the events do",
+                    )
+                )
         if pool.tariff is not None and pool.tariff not in policy.tariffs:
             known = ", ".join(policy.tariffs) or "none"
             errors.append(

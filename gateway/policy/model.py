@@ -55,6 +55,33 @@ class Backend(Strict):
         description="Environment variable holding the key sent upstream as Authorization: "
         f"Bearer, named {KEY_PREFIX}...; the policy names the variable, never the key.",
     )
+    kv_events: str | None = Field(
+        default=None,
+        description="Where the backend's engine publishes its KV-cache events (vLLM's "
+        "--kv-events-config `endpoint`, e.g. tcp://10.0.0.5:5557): the gateway subscribes and "
+        "routes on what the engine holds. null: the gateway's own estimate.",
+    )
+    kv_events_replay: str | None = Field(
+        default=None,
+        description="The engine's replay socket (`replay_endpoint`, e.g. tcp://10.0.0.5:5558), "
+        "which resends the events a subscriber missed. null: a gap is not recovered.",
+    )
+
+    @field_validator("kv_events", "kv_events_replay")
+    @classmethod
+    def _zmq_endpoint(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"(tcp://[^\s*]+:\d+|ipc://\S+)", value):
+            raise ValueError(
+                "a KV-event endpoint is tcp://HOST:PORT or ipc://PATH, where the gateway "
+                f"connects (no '*'), got {value!r}"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _replay_of_a_publisher(self) -> Backend:
+        if self.kv_events_replay is not None and self.kv_events is None:
+            raise ValueError("kv_events_replay needs kv_events: it replays what that publishes")
+        return self
 
     @field_validator("url")
     @classmethod
@@ -493,6 +520,23 @@ class ModelSpec(Strict):
     kv_bytes_per_token: PositiveFloat | None = Field(
         default=None, description="KV-cache bytes one token holds; default from params_b."
     )
+    tokenizer: str | None = Field(
+        default=None,
+        description="Import path (module:Class) of the model's tokenizer as its engines render "
+        "and tokenize prompts: the gateway keys prompts' prefix blocks by token, as engines' "
+        "KV-cache events name them. Required for a model served by backends with `kv_events`. "
+        "null: blocks of the prompt's text.",
+    )
+
+    @field_validator("tokenizer")
+    @classmethod
+    def _import_path(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", value):
+            raise ValueError(
+                f"tokenizer is an import path module:Class, e.g. "
+                f"simulator.schema:EngineTokenizer, got {value!r}"
+            )
+        return value
 
 
 Objective = Literal["preference", "min_cost", "min_energy", "min_carbon", "min_latency"]

@@ -52,7 +52,14 @@ class Marginal(Protocol):
 
     @property
     def prefill_s(self) -> float:
-        """The request's prefill, which ends with its first token."""
+        """The wait for the request's first token: the running step, the prompts admitted
+        before it, then its own prefill, in chunks beside the sequences decoding now."""
+        ...
+
+    @property
+    def prefill_work_s(self) -> float:
+        """The compute its prefill adds to the steps that carry it, which every sequence
+        decoding beside it waits through."""
         ...
 
     @property

@@ -9,13 +9,16 @@ batch it creates included, under the accounting the replay charges every strateg
 (`gateway.replay.summary`):
 
     own     = prefill(p) + o · step(n + 1)                the request's slot time
-    others  = n · o · (step(n + 1) − step(n))              the slot time it adds to the n others
+    others  = n · (o · (step(n + 1) − step(n)) + work(p))  the slot time it adds to the n others
     energy  = prefill(p) · (P(n + 1) − P(n)) + o · (step(n + 1) · (P(n + 1) − P(0))
                                                   − step(n) · (P(n) − P(0)))
     cost    = energy · rate  +  (own + others) · usd_per_hour / 3600 / slots
 
-with prefill(p) the prefill of the p prompt tokens less what the device's prefix cache holds of
-them (a cached token costs nothing, or its transfer from host memory), step(n) the device's
+with prefill(p) the wait for its first token: the prompts the device still has to compute ahead
+of it, then its p prompt tokens less what the device's prefix cache holds of them (a cached
+token costs nothing, or its transfer from host memory), in chunks that share each step with the
+sequences decoding (chunked prefill); work(p) the compute those chunks add to the steps every
+decoding sequence waits through; step(n) the device's
 decode step for n sequences reading their contexts (the request's own, half way through its
 answer, added when it joins), P(n) the board power with n requests,
 both under the scenario's factors, and o its output tokens. Backends whose true prefill or step
@@ -72,7 +75,9 @@ def marginal(
     energy = prefill * (joined - power) + decode * (
         after * joined - (before * power if decoding else 0.0)
     )
-    slot_s = prefill + decode * after + decoding * decode * (after - before)
+    slot_s = (
+        prefill + decode * after + decoding * (decode * (after - before) + figures.prefill_work_s)
+    )
     meets = (ttft_ms is None or prefill * 1e3 <= ttft_ms) and (
         tpot_ms is None or not decode or after * 1e3 <= tpot_ms
     )

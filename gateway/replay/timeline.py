@@ -126,6 +126,7 @@ class Passage:
     concurrent: int = 0
     context_tokens: int = 0  # KV-cache tokens its backend held at admission, its own in
     expected_blocks: int = 0  # of its prefix blocks, those the index said its backend held
+    prefill_tokens: int = 0  # of its prompt, those its backend was expected to compute
     fell_back: bool = False
     refused: str | None = None
 
@@ -235,7 +236,7 @@ class Replay:
         self._order = itertools.count()
         self._finished: list[Passage] = []
         self._unsettled: dict[str, Passage] = {}
-        self._prefilling: list[Passage] = []  # admitted with prefix blocks, no first token yet
+        self._prefilling: list[Passage] = []  # admitted, no first token yet
         self._in_service = 0
         self.parking = strategy.parking
         self._next_plan = START_S if self.parking is not None else math.inf
@@ -355,7 +356,9 @@ class Replay:
             job, sim = passage.job, passage.backend
             assert job is not None and sim is not None
             if job.first_token_at is not None:
-                self.fleet.prefixes.sent(sim.state.name, passage.profile.blocks)
+                sim.state.prefilling -= passage.prefill_tokens
+                if passage.profile.blocks:
+                    self.fleet.prefixes.sent(sim.state.name, passage.profile.blocks)
             elif not job.done:
                 still.append(passage)
         self._prefilling = still
@@ -416,7 +419,11 @@ class Replay:
             # As the forwarder does: what the index expects as the request is sent; the blocks
             # are recorded once its first token says its prefill is done (`_advance`).
             passage.expected_blocks = self.fleet.prefixes.cached(sim.state.name, blocks)
-            self._prefilling.append(passage)
+        # The tokens it has to compute before its first token, as the forwarder counts them.
+        cached = passage.profile.cached_tokens(passage.expected_blocks) if blocks else 0
+        passage.prefill_tokens = max(0, passage.profile.prompt_tokens - cached)
+        sim.state.prefilling += passage.prefill_tokens
+        self._prefilling.append(passage)
         if self.metered:
             sim.ledger.open(passage.key, now)
         passage.job = sim.device.submit(

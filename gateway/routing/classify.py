@@ -8,15 +8,18 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
 from gateway.errors import InvalidRequest, SloNotAllowed, Unauthorized, shown
+from gateway.fleet.prefixes import BLOCK_TOKENS
 from gateway.fleet.sessions import MAX_KEY_CHARS, SESSION_HEADERS
 from gateway.policy.model import Policy, Tenant
 from gateway.routing import bodies, prefix
+from gateway.routing.tokens import Tokenizer, token_blocks
 
 ENDPOINTS = {
     "/v1/chat/completions": "chat",
@@ -110,9 +113,16 @@ class TokenEstimator:
     learned from the `usage` that backends report corrects it for each model's real tokenizer.
     """
 
-    def __init__(self, smoothing: float = 0.05):
+    def __init__(
+        self,
+        smoothing: float = 0.05,
+        tokenizers: Callable[[str], Tokenizer | None] = lambda path: None,
+    ):
         self._smoothing = smoothing
         self._ratio: dict[str, float] = {}
+        # A model's tokenizer by its import path (gateway/routing/tokenizers.py loads them);
+        # by default none: every prompt is keyed by its text.
+        self.tokenizer = tokenizers
 
     def estimate(self, model: str, raw: float) -> int:
         """Return the prompt tokens of a request whose parts count `raw` tokens by script."""
@@ -275,7 +285,15 @@ def classify(
         )
     max_tokens = None if endpoint == "embeddings" else _max_tokens(payload)
     prompt_tokens = estimator.estimate(model, raw_tokens)
-    text = prefix.rendered(endpoint, payload)
+    spec = policy.models.get(model)
+    tokenizer = estimator.tokenizer(spec.tokenizer) if spec and spec.tokenizer else None
+    ids = tokenizer.prompt_ids(endpoint, payload) if tokenizer is not None else None
+    if ids is not None:
+        # The engine's own count and keys: exact, and as its KV-cache events name blocks.
+        prompt_tokens, blocks, per_block = len(ids), token_blocks(ids), float(BLOCK_TOKENS)
+    else:
+        text = prefix.rendered(endpoint, payload)
+        blocks, per_block = prefix.blocks(text), prefix.block_tokens(prompt_tokens, text)
     return RequestProfile(
         endpoint=endpoint,
         model=model,
@@ -289,8 +307,8 @@ def classify(
         e2e_ms=slo.e2e_ms,
         tenant=tenant.name if tenant is not None else "anonymous",
         stream=stream,
-        blocks=prefix.blocks(text),
-        block_tokens=prefix.block_tokens(prompt_tokens, text),
+        blocks=blocks,
+        block_tokens=per_block,
         session=_session(payload, headers, tenant.name if tenant is not None else "anonymous"),
     )
 

@@ -112,6 +112,7 @@ def load(fleet: Fleet, pool: str, profile: RequestProfile) -> list[dict[str, Any
             "external": b.external,
             "free_slots": max(b.free_slots, 0),
             "prefix_blocks_held": held[b.name],
+            "prefix_index": "engine events" if fleet.prefixes.exact(b.name) else "estimate",
             "cached_tokens_expected": profile.cached_tokens(held[b.name]),
             "engine_full": b.engine_full or None,
             "engine_cached_share": b.engine_cached_share,

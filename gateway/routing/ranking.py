@@ -94,7 +94,10 @@ class CostRanker:
         output, model = self._output(profile, route), self._model()
         per_token, own = _kv_share(profile, output, model)
         backend = pool.most_free(
-            kv_bytes=own * per_token, blocks=profile.blocks, session=profile.session
+            kv_bytes=own * per_token,
+            blocks=profile.blocks,
+            session=profile.session,
+            block_tokens=profile.block_tokens,
         )
         return self._predict(profile, pool, output, model, per_token, own, backend)
 
@@ -163,12 +166,15 @@ class CostRanker:
         output, model = self._output(profile, route.name), self._model()
         per_token, own = _kv_share(profile, output, model)
         kv_bytes, blocks, session = own * per_token, profile.blocks, profile.session
+        block_tokens = profile.block_tokens
         predictions: dict[str, Prediction] = {}
         # The backend each pool's prediction was made on is the one the router takes there:
         # kept, so the router does not search the pool again.
         chosen: dict[str, list[BackendState]] = {}
         for pool in pools:
-            backend = pool.most_free(kv_bytes=kv_bytes, blocks=blocks, session=session)
+            backend = pool.most_free(
+                kv_bytes=kv_bytes, blocks=blocks, session=session, block_tokens=block_tokens
+            )
             predictions[pool.name] = self._predict(
                 profile, pool, output, model, per_token, own, backend
             )

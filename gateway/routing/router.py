@@ -251,7 +251,9 @@ def decide(
         pool = fleet.pools[route.fallback]
         unfit = _unfit(pool, profile, need, kv)
         if unfit is None:
-            backend = pool.most_free(kv_bytes=kv, blocks=profile.blocks)
+            backend = pool.most_free(
+                kv_bytes=kv, blocks=profile.blocks, block_tokens=profile.block_tokens
+            )
             if backend is not None:
                 trace.append((pool.name, f"fallback: {_chosen(pool, backend, profile)}"))
                 return decision(backend)
@@ -289,7 +291,12 @@ def _backend(
     there (for this request's KV share), or else the pool's `most_free`."""
     chosen = ranking.backends.get(pool.name)
     if chosen is None or (ranking.kv_bytes is not None and ranking.kv_bytes != kv):
-        return pool.most_free(kv_bytes=kv, blocks=profile.blocks, session=profile.session)
+        return pool.most_free(
+            kv_bytes=kv,
+            blocks=profile.blocks,
+            session=profile.session,
+            block_tokens=profile.block_tokens,
+        )
     for backend in chosen:
         if backend.takes(kv):
             return backend
@@ -312,7 +319,9 @@ def pick_backend(
     kv = tokens_at_most(profile, policy) * policy.kv_bytes_per_token(profile.model)
     for pool in _candidates(route, fleet, with_fallback=True):
         if _unfit(pool, profile, need, kv) is None:
-            backend = pool.most_free(exclude, kv, profile.blocks, profile.session)
+            backend = pool.most_free(
+                exclude, kv, profile.blocks, profile.session, profile.block_tokens
+            )
             if backend is not None:
                 return backend
     return None

@@ -25,6 +25,11 @@ Request counts are summed over their series (one per model or engine); the KV-ca
 a ratio, is the largest of its series. An engine that queues, or whose KV cache is nearly
 full, takes no more requests: `full_reason` says so.
 
+llama.cpp keeps one prompt per slot for the next request that starts like it, and says per slot
+how long it is (`GET /slots`: `n_prompt_tokens`, once the slot has served): `slot_tokens` adds
+them up, what the backend keeps of past prompts now, which bounds the gateway's estimate of it
+(gateway/fleet/prefixes.py `bound`).
+
 The cached share is of every prompt token since the engine started, a ratio of two counters:
 llama.cpp prints its counters with six significant digits, so the difference of two scrapes is
 lost in rounding once they pass a million, while their ratio keeps its precision.
@@ -35,11 +40,15 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+import orjson
+
+from gateway.fleet.engine_blocks import BLOCK_TOKENS
 from gateway.fleet.state import BackendState, Fleet
 from gateway.upstream import exposition
 
 # Scrapes an engine may miss before its figures are dropped and the gateway's own count rules.
 MISSES_BEFORE_FORGETTING = 3
+SLOTS_PATH = "/slots"  # llama.cpp's slots, on the server's own port
 
 # Past this share of its KV cache an engine preempts or queues what it is sent next.
 KV_FULL = 0.95
@@ -166,6 +175,19 @@ def _first(
     return None
 
 
+def slot_tokens(text: str) -> int | None:
+    """Return the prompt tokens llama.cpp's slots keep (its `GET /slots`), or None where the
+    answer is not a list of slots."""
+    try:
+        slots = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(slots, list) or not all(isinstance(s, dict) for s in slots):
+        return None
+    held = (s.get("n_prompt_tokens", 0) for s in slots)
+    return sum(n for n in held if type(n) is int and n > 0)
+
+
 class EngineLoads:
     """Read the load series of the pools that name their serving `engine`, into their backends.
 
@@ -187,20 +209,17 @@ class EngineLoads:
         self._ours: dict[str, int] = {}
 
     def wanted(self) -> Mapping[str, Mapping[str, str]]:
-        """Return the engine endpoints to read: every backend of a pool naming its engine."""
-        fleet = self._fleet()
-        self._ours = {
-            b.url: b.gateway_load
-            for pool in fleet.pools.values()
+        """Return the engine endpoints to read: every backend of a pool naming its engine, and
+        llama.cpp's slots, which say what they keep of past prompts."""
+        engined = [
+            (b, pool.spec.engine)
+            for pool in self._fleet().pools.values()
             if pool.spec.engine is not None
             for b in pool.backends
-        }
-        return {
-            b.engine_url: b.engine_auth
-            for pool in fleet.pools.values()
-            if pool.spec.engine is not None
-            for b in pool.backends
-        }
+        ]
+        self._ours = {b.url: b.gateway_load for b, _ in engined}
+        wanted = {b.engine_url: b.engine_auth for b, _ in engined}
+        return wanted | {b.url + SLOTS_PATH: b.auth for b, name in engined if name == "llamacpp"}
 
     def read(self, readings: Mapping[str, tuple[float, str | None]]) -> None:
         """Take a round's texts: each backend's load, and which pools have room again."""
@@ -223,6 +242,11 @@ class EngineLoads:
                 self._take(backend, load)
                 if backend.free_slots > before:
                     roomier.add(backend.pool)
+                if name == "llamacpp":  # what its slots keep bounds the prefix estimate
+                    _, text = readings.get(backend.url + SLOTS_PATH, (0.0, None))
+                    tokens = None if text is None else slot_tokens(text)
+                    blocks = None if tokens is None else tokens // BLOCK_TOKENS
+                    fleet.prefixes.bound(backend.name, blocks)
         for pool in roomier:
             self._on_room(pool)
 

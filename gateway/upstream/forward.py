@@ -202,6 +202,9 @@ class Forwarder:
             # blocks recorded later (another request's, arriving meanwhile) may still be in
             # prefill when this one's is.
             ex.expected_blocks = fleet.prefixes.cached(backend.name, profile.blocks)
+            # What it has to compute before its first token, which later requests wait behind.
+            prefill = max(0, profile.prompt_tokens - profile.cached_tokens(ex.expected_blocks))
+            backend.prefilling += prefill
             # The span opens before the first reading that may include this request's prefill.
             self.meter.open(backend, ex.decision_id, ex.attempt_started_at)
             response: Response | None = None
@@ -262,6 +265,9 @@ class Forwarder:
                 self.admission.release(slot)
                 ex.backend = None
                 raise
+            finally:
+                # Its first byte is in (or it failed): its prefill holds up nothing more.
+                backend.prefilling -= prefill
 
     async def _larger(
         self, ex: Exchange, policy: Policy, fleet: Fleet, refused: BackendState

@@ -76,3 +76,20 @@ def test_the_prefix_index_keeps_what_a_pool_declares_its_engines_cache_else_its_
     assert declared.prefixes.capacity("asic-0") == int(70.5e9 / (131_072 * 512)) == 1050
     sram = Fleet(fleet_policy(asic_extra={"prefix_cache_tokens": 8192}), block_tokens=512)
     assert sram.prefixes.capacity("asic-0") == 16
+
+
+def test_a_prompt_goes_past_a_backend_still_computing_long_prompts_to_one_holding_less() -> None:
+    fleet = Fleet(fleet_policy(gpu=["http://127.0.0.1:1", "http://127.0.0.1:2"]))
+    pool = fleet.pools["gpu"]
+    first, second = pool.backends
+    blocks = (1, 2, 3, 4)
+    fleet.prefixes.sent(first.name, blocks)  # gpu-0 holds the whole prefix
+    chosen = pool.most_free(blocks=blocks, block_tokens=64.0)
+    assert chosen is first
+    # gpu-0 has 30,000 prompt tokens to compute before anything sent now: holding the prefix
+    # spares 256 tokens, waiting behind them costs far more.
+    first.prefilling = 30_000
+    assert pool.most_free(blocks=blocks, block_tokens=64.0) is second
+    # A load the prefix is worth: the cold backend runs 10 requests its 320 tokens would hold up.
+    first.prefilling, second.in_flight = 0, 10
+    assert pool.most_free(blocks=blocks, block_tokens=64.0) is first

@@ -174,6 +174,26 @@ ERRORS: dict[str, tuple[Edit, str]] = {
         lambda d: d["pools"]["gpu"].update(firmware=1.10),
         "pools.gpu.firmware: Value error, write a version as a quoted string, e.g. '1.1'",
     ),
+    "a KV-event endpoint the gateway cannot connect to": (
+        lambda d: d["pools"]["gpu"]["backends"][0].update(kv_events="tcp://*:5557"),
+        "pools.gpu.backends.0.kv_events: Value error, a KV-event endpoint is tcp://HOST:PORT or "
+        "ipc://PATH, where the gateway connects (no '*'), got 'tcp://*:5557'",
+    ),
+    "a replay socket without a publisher": (
+        lambda d: d["pools"]["gpu"]["backends"][0].update(kv_events_replay="tcp://h:5558"),
+        "kv_events_replay needs kv_events",
+    ),
+    "a tokenizer that is not an import path": (
+        lambda d: d.setdefault("models", {}).update(
+            {MODEL: {"params_b": 8, "tokenizer": "llama3"}}
+        ),
+        f"models.{MODEL}.tokenizer: Value error, tokenizer is an import path module:Class",
+    ),
+    "events from engines whose prompts the gateway cannot key by token": (
+        lambda d: d["pools"]["gpu"]["backends"][0].update(kv_events="tcp://10.0.0.5:5557"),
+        "pools.gpu.models: pool 'gpu' has backends publishing KV events, but models "
+        f"'{MODEL}', '{BIG}'",
+    ),
     "the former share margin of the quality check": (
         lambda d: d.setdefault("promotion", {}).update(quality_margin=0.01),
         "promotion: promotion.quality_margin (a share of departing answers) is no longer read: "

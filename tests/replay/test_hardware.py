@@ -33,6 +33,7 @@ class ConstantJob:
 class ConstantMarginal:
     prefill_s: float
     cached_tokens: int
+    prefill_work_s: float
     decoding: int
     step_s: float
     joined_step_s: float
@@ -99,6 +100,7 @@ class ConstantDevice:
         return ConstantMarginal(
             PREFILL_S * self.slow,
             0,
+            0.0,  # its prefill holds up nothing else
             n,
             STEP_S * self.slow,
             STEP_S * self.slow,

@@ -8,8 +8,12 @@ from dataclasses import replace
 import pytest
 
 from gateway.errors import InvalidRequest, SloNotAllowed, Unauthorized
+from gateway.policy.load import parse_policy, to_yaml
 from gateway.routing.classify import TokenEstimator, classify, tenant_of, text_tokens
+from gateway.routing.tokenizers import load_tokenizer
+from gateway.routing.tokens import token_blocks
 from policies import MODEL, fleet_policy
+from simulator.schema import EngineTokenizer
 
 
 def chat(**kw: object) -> dict:
@@ -205,6 +209,9 @@ def test_a_session_is_named_within_its_tenant() -> None:
     keyed = chat(prompt_cache_key="k")  # the body's key wins over a header
     assert classify("chat", keyed, named, None, policy, est).session == "anonymous/k"
     assert classify("chat", chat(), {}, None, policy, est).session is None
+    # The affinity keys aiperf sends, each alone: any of them names the session.
+    for header in ("x-session-affinity", "x-dynamo-session-id", "x-smg-routing-key"):
+        assert classify("chat", chat(), {header: "c9"}, None, policy, est).session == "anonymous/c9"
 
 
 def test_tenant_defaults_and_limits_its_slo_headers() -> None:
@@ -247,3 +254,19 @@ def test_an_engines_cached_tokens_are_read_in_the_estimates_blocks() -> None:
     assert p.blocks_found(990, 1100) == 18
     assert p.blocks_found(990) == 19  # in the estimate's own count
     assert replace(p, block_tokens=0.0).blocks_found(990, 1100) == 0
+
+
+def test_a_model_with_a_tokenizer_is_keyed_by_token_and_counted_exactly() -> None:
+    doc = fleet_policy().model_dump(mode="json", exclude_defaults=True)
+    doc["models"] = {MODEL: {"params_b": 8, "tokenizer": "simulator.schema:EngineTokenizer"}}
+    policy = parse_policy(to_yaml(doc), "tokenized.yaml")
+    estimator = TokenEstimator(tokenizers=load_tokenizer)
+    body = chat(max_tokens=8)
+    body["messages"] = [{"role": "user", "content": "The harbour at dawn. " * 60}]
+    profile = classify("chat", body, {}, None, policy, estimator)
+    ids = EngineTokenizer().prompt_ids("chat", body)
+    assert ids is not None and profile.prompt_tokens == len(ids)
+    assert profile.blocks == token_blocks(ids) and profile.block_tokens == 64.0
+    # Without the tokenizer the same prompt is keyed by its text: other keys.
+    plain = classify("chat", body, {}, None, fleet_policy(), TokenEstimator())
+    assert plain.blocks and not set(plain.blocks) & set(profile.blocks)

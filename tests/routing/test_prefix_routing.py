@@ -3,12 +3,18 @@ that holds its prefix, and explain says how much of it each choice holds."""
 
 from __future__ import annotations
 
+import json
 import re
+from contextlib import ExitStack
 from pathlib import Path
 
+from openai import OpenAI
 from waiting import wait_for
 
-from harness.gateways import run_gateway
+from gateway.policy.load import parse_policy, to_yaml
+from gateway.policy.model import Policy
+from harness.gateways import free_port, run_gateway
+from harness.simulators import start_simulator
 from policies import MODEL, fleet_policy
 
 TOKEN = "prefix-token"
@@ -124,3 +130,74 @@ def test_a_named_session_goes_back_to_its_backend_until_it_answers_outside_the_s
         )
         sims.asic[0].reset_faults()
         assert ask(extra_body={"prompt_cache_key": "thread-9"}) == "gpu-0"
+
+
+def test_a_prefix_another_client_cached_is_found_from_the_engines_events(tmp_path: Path) -> None:
+    # Two GPU engines publishing their KV caches' changes; the prompt's prefix is cached on
+    # gpu-1 by a client the gateway never saw, so only the engine's events can say so.
+    ports = [(free_port(), free_port()) for _ in range(2)]
+    with ExitStack() as stack:
+        sims = [
+            stack.enter_context(
+                start_simulator("gpu", speed=100, extra_args=_publishing(pub, replay))
+            )
+            for pub, replay in ports
+        ]
+        policy = _with_events(fleet_policy([s.url for s in sims], routes=ROUTES), ports)
+        with run_gateway(policy, tmp_path, admin_token=TOKEN) as gw, gw.http() as http:
+            client = gw.client()
+            prefixes = gw.gateway.serving.fleet.prefixes
+            # Until each subscription has heard a batch, the estimate answers: warm both.
+            for i, sim in enumerate(sims):
+                direct = OpenAI(base_url=sim.base_url, api_key="none")
+                for attempt in range(50):
+                    direct.chat.completions.create(
+                        model=MODEL, messages=turns(f"Warm-up {i}.{attempt}. " * 40), max_tokens=2
+                    )
+                    try:  # a PUB socket drops what it sends before the subscription is up
+                        wait_for(lambda i=i: prefixes.exact(f"gpu-{i}"), timeout=0.3)
+                        break
+                    except AssertionError:
+                        continue
+            messages = turns(SYSTEM, "What is a slot?")
+            OpenAI(base_url=sims[1].base_url, api_key="none").chat.completions.create(
+                model=MODEL, messages=messages, max_tokens=2
+            )
+            explained = wait_for(
+                lambda: _explained_holding(http, messages), message="gpu-1 seen holding the prefix"
+            )
+            served = client.chat.completions.with_raw_response.create(
+                model=MODEL, messages=messages, max_tokens=8
+            )
+    backends = {b["backend"]: b for b in explained["pools"]["gpu"]["backends"]}
+    assert backends["gpu-1"]["prefix_index"] == "engine events"
+    assert backends["gpu-0"]["prefix_blocks_held"] == 0
+    assert served.headers["x-gateway-backend"] == "gpu-1"
+    assert served.parse().usage.prompt_tokens_details.cached_tokens > 500
+
+
+def _publishing(pub: int, replay: int) -> list[str]:
+    config = {
+        "enable_kv_cache_events": True,
+        "endpoint": f"tcp://127.0.0.1:{pub}",
+        "replay_endpoint": f"tcp://127.0.0.1:{replay}",
+    }
+    return ["--kv-events-config", json.dumps(config)]
+
+
+def _with_events(policy: Policy, ports: list[tuple[int, int]]) -> Policy:
+    doc = policy.model_dump(mode="json", exclude_defaults=True)
+    for entry, (pub, replay) in zip(doc["pools"]["gpu"]["backends"], ports, strict=True):
+        entry["kv_events"] = f"tcp://127.0.0.1:{pub}"
+        entry["kv_events_replay"] = f"tcp://127.0.0.1:{replay}"
+    doc["pools"]["gpu"]["models"] = [MODEL]
+    doc["routes"] = ROUTES
+    doc["models"] = {MODEL: {"params_b": 8, "tokenizer": "simulator.schema:EngineTokenizer"}}
+    return parse_policy(to_yaml(doc), "events.yaml")
+
+
+def _explained_holding(http, messages: list[dict]) -> dict | None:  # type: ignore[no-untyped-def]
+    body = {"body": {"model": MODEL, "messages": messages}}
+    explained = http.post("/admin/explain", json=body, headers=AUTH).json()
+    held = {b["backend"]: b["prefix_blocks_held"] for b in explained["pools"]["gpu"]["backends"]}
+    return explained if held["gpu-1"] > 0 else None

@@ -10,7 +10,7 @@ import pytest
 
 from simulator.device import Device, Job, JobState
 from simulator.power import PowerCurve
-from simulator.profile import ModelSpec, PowerFigures, Timing
+from simulator.profile import ModelSpec, PowerFigures, PrefixCacheFigures, Timing
 
 TIMING = Timing(
     prefill_fixed_ms=10.0,
@@ -364,3 +364,100 @@ def test_a_parked_device_forgets_its_prefix_cache():
     assert device.prefix_cache.lookup([1, 2]) == (2, 0)
     device.park(0.0)
     assert device.prefix_cache.lookup([1, 2]) == (0, 0)
+
+
+# Chunked prefill: a step's token budget shared by decodes and prompt chunks, as vLLM schedules
+
+
+def _budget(tokens: int) -> Timing:
+    return TIMING.model_copy(update={"max_batched_tokens": tokens})
+
+
+def test_a_prompt_longer_than_the_budget_takes_a_step_per_chunk():
+    device = _device(timing=_budget(1000))
+    job = Job(CHAT, prompt_tokens=3500, output_tokens=2)
+    device.submit(job, 0.0)
+    _run(device)
+    # Four chunks (1000, 1000, 1000, 500): each step pays the fixed cost once.
+    assert _ttft(job) == pytest.approx(4 * 0.010 + 3500 * 30e-6)
+
+
+def test_a_prefill_slows_the_steps_of_the_sequences_decoding_beside_it():
+    device = _device(timing=_budget(1000))
+    decoding = Job(CHAT, prompt_tokens=10, output_tokens=200)
+    device.submit(decoding, 0.0)
+    _run_until_decoding(device, decoding)
+    before = device.next_event_at()
+    prompt = Job(CHAT, prompt_tokens=1998, output_tokens=2)
+    device.submit(prompt, device.time)
+    device.advance(before)
+    # The one decode takes a token of each step's budget: two chunks of 999 ride beside it.
+    first = device.next_event_at() - device.time
+    assert first == pytest.approx(0.010 + 999 * 30e-6)
+    device.advance(device.next_event_at())
+    assert prompt.first_token_at is None
+    device.advance(device.next_event_at())
+    assert prompt.first_token_at == pytest.approx(device.time)
+    # Decodes first: the decoding sequence got a token in every step.
+    assert decoding.tokens_emitted == 1 + 3
+
+
+def test_a_smaller_budget_smooths_decoding_and_delays_the_long_prompt():
+    """vLLM's documented trade-off: a smaller `max_num_batched_tokens` gives a better
+    inter-token latency and a worse time to first token for long prompts."""
+    worst_step, long_ttft = {}, {}
+    for budget in (512, 4096):
+        device = _device(slots=8, timing=_budget(budget))
+        decoding = [Job(CHAT, 100, 400) for _ in range(4)]
+        for job in decoding:
+            device.submit(job, 0.0)
+        _run_until_decoding(device, decoding[-1])
+        long = Job(CHAT, prompt_tokens=8000, output_tokens=2)
+        device.submit(long, device.time)
+        steps = []
+        while (at := device.next_event_at()) is not None and long.first_token_at is None:
+            steps.append(at - device.time)
+            device.advance(at)
+        worst_step[budget], long_ttft[budget] = max(steps), _ttft(long)
+    assert worst_step[512] < worst_step[4096] / 4
+    assert long_ttft[512] > long_ttft[4096]
+
+
+def test_a_cached_prefix_shortens_the_wait_of_the_prompt_admitted_after_it():
+    figures = PrefixCacheFigures(block_tokens=16, capacity_tokens=100_000)
+    waits = {}
+    for cached in (False, True):
+        device = Device(0, _budget(2048), 4, PowerCurve(POWER), prefix_cache=figures)
+        shared = list(range(1, 376))  # 6,000 tokens in 375 blocks
+        if cached:
+            warm = Job(CHAT, 6000, 1, blocks=shared)
+            device.submit(warm, 0.0)
+            _run(device)
+        start = device.time
+        first = Job(CHAT, 6000, 2, blocks=shared)
+        other = Job(CHAT, 2000, 2, blocks=list(range(1000, 1125)))
+        device.submit(first, start)
+        device.submit(other, start)
+        _run(device)
+        waits[cached] = _ttft(other)
+    # The other prompt waits behind the first's chunks: less when the first is cached.
+    assert waits[True] < waits[False] / 3
+
+
+def test_the_predicted_wait_for_a_first_token_counts_the_prompts_ahead():
+    device = _device(timing=_budget(2048))
+    ahead = Job(CHAT, prompt_tokens=5000, output_tokens=2)
+    device.submit(ahead, 0.0)
+    alone, _ = _device(timing=_budget(2048)).prefill(CHAT, 1000)
+    predicted, cached = device.prefill(CHAT, 1000)
+    behind = Job(CHAT, prompt_tokens=1000, output_tokens=2)
+    device.submit(behind, 0.0)
+    _run(device)
+    assert cached == 0
+    assert predicted > alone + 5000 * 30e-6
+    assert predicted == pytest.approx(_ttft(behind), rel=0.05)
+
+
+def _run_until_decoding(device: Device, job: Job) -> None:
+    while job.state is not JobState.DECODE or job._join_step is None:
+        device.advance(device.next_event_at())

@@ -14,10 +14,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+import orjson
 import pytest
 from llamacpp import captured, llama_policy, llama_server
 from waiting import wait_for
 
+from gateway.fleet.engine_blocks import BLOCK_TOKENS
+from gateway.fleet.state import prefix_capacity
 from gateway.policy.load import parse_policy, to_yaml
 from gateway.policy.model import Policy
 from harness.gateways import GatewayServer, run_gateway
@@ -242,3 +245,23 @@ def test_a_vllm_backend_reports_its_prefix_caches_share_of_prompt_tokens(tmp_pat
                 message=lambda: str(gw.gateway.fleet.pools["gpu"].backends[0]),
             )
     assert cached > prompt / 2
+
+
+def test_a_llamacpp_backend_is_expected_to_keep_no_more_than_its_slots_say(
+    tmp_path: Path,
+) -> None:
+    settings = {"power_scrape_interval_s": SCRAPE_S}
+    with (
+        llama_server() as server,
+        run_gateway(llama_policy(server.url), tmp_path, **settings) as gw,
+    ):
+        prefixes, policy = gw.gateway.fleet.prefixes, gw.gateway.policy
+        declared = prefix_capacity(policy, policy.pools["llama"], BLOCK_TOKENS)
+        # Its slots keep 34 prompt tokens (slots.json): not one whole block of 64.
+        wait_for(lambda: prefixes.capacity("llama-0") == 0, message="the slots never bounded it")
+        assert declared > 1000
+        # Four slots holding 2,000 tokens each: 125 blocks.
+        server.slots = orjson.dumps([{"id": i, "n_prompt_tokens": 2000} for i in range(4)]).decode()
+        wait_for(lambda: prefixes.capacity("llama-0") == 125, message="never read again")
+        server.slots = "<html>no slots here</html>"  # a build without the endpoint says nothing
+        wait_for(lambda: prefixes.capacity("llama-0") == declared, message="never unbounded")

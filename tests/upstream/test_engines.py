@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from llamacpp import captured
 
-from gateway.upstream.engines import KV_FULL, EngineLoad, full_reason, read_engine
+from gateway.upstream.engines import KV_FULL, EngineLoad, full_reason, read_engine, slot_tokens
 
 
 def test_vllm_is_read_by_its_current_kv_name_and_by_the_name_before_0_9() -> None:
@@ -112,3 +112,10 @@ def test_vllm_reports_its_prefix_caches_share_by_the_names_before_and_since_0_10
     assert older is not None and older.cached_share == pytest.approx(0.75)
     none_yet = read_engine(current.replace("4000.0", "0.0").replace("3000.0", "0.0"), "vllm")
     assert none_yet is not None and none_yet.cached_share is None
+
+
+def test_llamacpps_slots_say_how_many_prompt_tokens_they_keep() -> None:
+    assert slot_tokens(captured("slots.json").decode()) == 34  # one slot served, one did not
+    assert slot_tokens("[]") == 0
+    for unreadable in ("<html>", '{"error": "slots disabled"}', "[1, 2]"):
+        assert slot_tokens(unreadable) is None

@@ -11,6 +11,7 @@ import openai
 import orjson
 import pytest
 from llamacpp import captured, llama_policy, llama_server
+from waiting import wait_for
 
 from gateway.app import GatewayApp
 from gateway.db.connection import upgrade
@@ -20,6 +21,7 @@ from gateway.settings import Settings
 from gateway.upstream.forward import error_detail, too_long
 from harness.gateways import run_gateway
 from harness.metrics import metric_value
+from harness.simulators import start_simulator
 from policies import BIG, MODEL, fleet_policy
 
 PROMPT = [{"role": "user", "content": "Tell me about analog noise in memory arrays."}]
@@ -354,3 +356,26 @@ def test_the_openai_client_reads_llamacpps_cached_tokens_and_timings(tmp_path: P
     assert answer.usage.prompt_tokens_details.cached_tokens == 31
     assert (answer.model_extra or {})["timings"]["predicted_n"] == 12
     assert "\ufffd" in (answer.choices[0].message.content or "")
+
+
+def test_a_backend_counts_the_prompt_it_has_to_compute_until_the_first_byte(tmp_path: Path) -> None:
+    # A slow simulated GPU: a 20,000-token prompt takes it seconds of wall time to prefill.
+    with start_simulator("gpu", speed=1, extra_args=["--no-prefix-cache"]) as sim:
+        policy = fleet_policy([sim.url])
+        with run_gateway(policy, tmp_path) as gw:
+            backend = gw.gateway.fleet.pools["gpu"].backends[0]
+            prompt = [{"role": "user", "content": "word " * 20_000}]
+            with ThreadPoolExecutor(1) as pool:
+                answer = pool.submit(
+                    lambda: (
+                        gw.client()
+                        .chat.completions.create(
+                            model=MODEL, messages=prompt, max_tokens=4, stream=True
+                        )
+                        .response.read()
+                    )
+                )
+                computing = wait_for(lambda: backend.prefilling, message="never counted")
+                answer.result()
+            assert backend.prefilling == 0
+    assert computing >= 20_000
