@@ -5,7 +5,18 @@ from __future__ import annotations
 import pytest
 from llamacpp import captured
 
-from gateway.upstream.engines import KV_FULL, EngineLoad, full_reason, read_engine, slot_tokens
+from gateway.fleet.state import Fleet
+from gateway.policy.load import parse_policy
+from gateway.upstream.engines import (
+    KV_FULL,
+    SLOTS_PATH,
+    EngineLoad,
+    EngineLoads,
+    full_reason,
+    read_engine,
+    slot_tokens,
+)
+from policies import MODEL, pool, to_yaml
 
 
 def test_vllm_is_read_by_its_current_kv_name_and_by_the_name_before_0_9() -> None:
@@ -119,3 +130,39 @@ def test_llamacpps_slots_say_how_many_prompt_tokens_they_keep() -> None:
     assert slot_tokens("[]") == 0
     for unreadable in ("<html>", '{"error": "slots disabled"}', "[1, 2]"):
         assert slot_tokens(unreadable) is None
+
+
+def llamacpp_fleet() -> Fleet:
+    doc = {
+        "default_slo_class": "interactive",
+        "slo_classes": {"interactive": {"ttft_ms": 1000}},
+        "pools": {
+            "gpu": pool(
+                "gpu", ["http://127.0.0.1:7"], [MODEL], slots_per_backend=4, engine="llamacpp"
+            )
+        },
+        "routes": [{"name": "chat", "match": {"models": [MODEL]}, "pools": ["gpu"]}],
+    }
+    return Fleet(parse_policy(to_yaml(doc), "llamacpp.yaml"))
+
+
+def test_the_load_reader_asks_for_the_engine_and_its_slots_and_takes_both() -> None:
+    fleet = llamacpp_fleet()
+    woken: list[str] = []
+    loads = EngineLoads(lambda: fleet, on_room=woken.append)
+    (backend,) = fleet.pools["gpu"].backends
+    wanted = loads.wanted()
+    assert set(wanted) == {backend.engine_url, backend.url + SLOTS_PATH}
+    blocks = list(range(1, 40))
+    fleet.prefixes.sent(backend.name, blocks)
+    busy = captured("metrics-busy.txt").decode()
+    loads.read({backend.engine_url: (0.0, busy), backend.url + SLOTS_PATH: (0.0, "[]")})
+    # Two more requests than the gateway sent fill the backend; its slots keep no prompt now.
+    assert backend.external == read_engine(busy, "llamacpp").requests  # type: ignore[union-attr]
+    assert fleet.prefixes.held(backend.name) == 0
+    # Idle again: the others' requests are taken as gone once two scrapes agree, and the
+    # pool's queue is woken; a slots answer missing leaves the bound as it was.
+    idle = captured("metrics-after.txt").decode()
+    for _ in range(2):
+        loads.read({backend.engine_url: (0.0, idle), backend.url + SLOTS_PATH: (0.0, None)})
+    assert backend.external == 0 and woken == ["gpu"]
