@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import datetime
 import json
-import random
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -13,16 +12,14 @@ from typing import Any
 
 from gateway.policy.load import load_policy
 from gateway.policy.model import Policy
+from gateway.replay.conditions import ReplayRates
 from gateway.replay.hardware import Hardware, load_hardware
 from gateway.replay.learner import WARM_OBSERVATIONS
-from gateway.replay.scenario import PLAIN, Scenario, ScenarioRates, load_scenario
+from gateway.replay.scenario import PLAIN, Scenario, load_scenario
 from gateway.replay.strategies import STRATEGIES, describe_order, orders, strategy_for
-from gateway.replay.summary import summarize
-from gateway.replay.timeline import MODEL, START_S, Replay
+from gateway.replay.summary import measure
+from gateway.replay.timeline import MODEL
 from gateway.replay.trace import TraceRequest, read_trace
-
-# Every replay's fleet is measured over the same window: the trace, then this long to drain.
-DRAIN_S = 60.0
 
 
 def benchmark(
@@ -42,27 +39,16 @@ def benchmark(
     if unknown:
         raise ValueError(f"unknown strategies {unknown} (strategies: {', '.join(STRATEGIES)})")
     scenario.check(policy)
-    # The seed sets what the live gateway leaves to chance: where the meter's readings fall
-    # relative to requests, and which pool round-robin starts with.
-    phase = random.Random(seed).random()
-    window_s = START_S + max((r.arrival_s for r in requests), default=0.0) + DRAIN_S
     models = sorted({r.model or MODEL for r in requests} or {MODEL})
     hardware = hardware or load_hardware()
 
     def replay(name: str, serving: Policy) -> dict[str, Any]:
-        rates = ScenarioRates(serving, scenario)
+        rates = ReplayRates(serving, scenario)
+        # The seed also sets which pool round-robin starts with.
         strategy = strategy_for(name, serving, seed=seed, retrain_every=retrain_every, rates=rates)
-        run = Replay(
-            strategy,
-            requests,
-            meter_phase_s=phase,
-            scenario=scenario,
-            rates=rates,
-            draw=random.Random(seed).random,
-            hardware=hardware,
+        return measure(
+            strategy, requests, seed=seed, conditions=scenario, rates=rates, hardware=hardware
         )
-        run.run().finish(window_s)
-        return summarize(run)
 
     results: dict[str, dict[str, Any]] = {}
     for name in strategies:

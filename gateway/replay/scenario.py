@@ -71,7 +71,8 @@ class Tariff(Span):
 
 
 class Scenario(_Strict):
-    """The events and tariffs of one benchmark run."""
+    """The events and tariffs of one benchmark run: the conditions its replays run under
+    (`gateway.replay.conditions`)."""
 
     events: list[Event] = []
     tariffs: list[Tariff] = []
@@ -122,18 +123,6 @@ class Scenario(_Strict):
 
 
 PLAIN = Scenario()
-
-
-class ScenarioRates:
-    """The rates a replay's router reads: the scenario's at the replay's trace time `now`."""
-
-    def __init__(self, policy: Policy, scenario: Scenario):
-        self.policy = policy
-        self.scenario = scenario
-        self.now = 0.0  # seconds from the trace's start; the replay moves it on
-
-    def __call__(self, pool: str) -> Rate:
-        return self.scenario.rate(self.policy, pool, self.now)
 
 
 def load_scenario(path: str | Path) -> Scenario:

@@ -2,7 +2,8 @@
 
 Every strategy routes through the real `decide()`; they differ only in how the eligible pools
 are ranked (the `rank_pools` seam), for `gpu-only` in a policy cut down to the GPU pool, and in
-what their router reads of a request; `learned-parked` is `learned` that also parks the backends
+what their router reads of a request. `learned` is the what-if's (`gateway.replay.strategy`);
+`learned-parked` is `learned` that also parks the backends
 its forecast does not need (`gateway.parking.plan`). The gateway's own (`learned`,
 `learned-parked`, `static`, `best-static`, `gpu-only`) read its prompt's prefix blocks and the
 fleet's prefix index, as the live gateway does. The baselines rank backends themselves, as the
@@ -20,20 +21,17 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import replace
 
-from gateway.costmodel.model import OutputLengths
-from gateway.costmodel.train import RetrainSchedule
 from gateway.parking.plan import Parking
 from gateway.policy.model import Policy, Route
 from gateway.policy.tariffs import Rates, own_rate
 from gateway.replay.approximate_prefix import ApproximatePrefix
 from gateway.replay.balancing import RoundRobin, least_loaded
-from gateway.replay.learner import OnlineLearner
 from gateway.replay.oracle import OracleRanker
 from gateway.replay.session_hash import SessionHash
-from gateway.routing.ranking import CostRanker, preference_order
-from gateway.routing.router import RankPools
+from gateway.replay.strategy import Strategy, learned
+from gateway.routing.ranking import preference_order
 
 MAX_ORDERS = 120  # fixed orders best-static replays at most
 
@@ -97,27 +95,6 @@ def describe_order(policy: Policy, models: Collection[str]) -> dict[str, list[st
     return {r.name: list(r.pools) for r in policy.routes if serves(r, models)}
 
 
-@dataclass(slots=True)
-class Strategy:
-    """How one strategy routes: its policy, its ranking and, if it learns, its learner.
-
-    The oracle's ranker reads the replay's world, which the replay gives it (`oracle`).
-    `prefixes` says whether its router reads a prompt's prefix blocks, `sessions` whether it is
-    told the conversation a request continues (`gateway.replay.trace.conversation`), `parking`
-    how it switches backends off and on (`learned-parked`; the others keep every one on).
-    """
-
-    name: str
-    policy: Policy
-    rank: RankPools
-    learner: OnlineLearner | None = None
-    outputs: OutputLengths | None = None
-    oracle: OracleRanker | None = None
-    prefixes: bool = True
-    sessions: bool = False
-    parking: Parking | None = None
-
-
 def strategy_for(
     name: str,
     policy: Policy,
@@ -127,12 +104,11 @@ def strategy_for(
     rates: Rates | None = None,
 ) -> Strategy:
     """Build the router of a named strategy over a policy; `rates` are the prices it reads."""
-    if name in ("learned", "learned-parked"):
-        learner = OnlineLearner(policy, schedule=RetrainSchedule(every=retrain_every))
-        outputs = OutputLengths(default=policy.assumed_max_tokens)
-        ranker = CostRanker(lambda: learner.model, outputs, rates)
-        parking = Parking.of(policy) if name == "learned-parked" else None
-        return Strategy(name, policy, ranker, learner, outputs, parking=parking)
+    if name == "learned":
+        return learned(policy, retrain_every=retrain_every, rates=rates)
+    if name == "learned-parked":
+        parked = learned(policy, retrain_every=retrain_every, rates=rates)
+        return replace(parked, name=name, parking=Parking.of(policy))
     if name == "oracle":
         oracle = OracleRanker(policy, rates or (lambda pool: own_rate(policy.pools[pool])))
         return Strategy(name, policy, oracle, oracle=oracle)

@@ -1,4 +1,4 @@
-"""Sum up a replay: energy, cost, SLO attainment, latency and where requests went.
+"""Measure a replay: energy, cost, SLO attainment, latency and where requests went.
 
 Cost charges what routing controls: each pool's energy above idle at its electricity's price
 when it was drawn (the scenario's tariffs, else the policy's price), and the slot time its
@@ -16,13 +16,48 @@ Mooncake measure serving by, the same for every policy a replay runs.
 
 from __future__ import annotations
 
+import random
 from collections import Counter
+from collections.abc import Sequence
 
-from gateway.replay.timeline import Passage, Replay
+from gateway.replay.conditions import STEADY, Conditions, ReplayRates
+from gateway.replay.hardware import Hardware
+from gateway.replay.strategy import Strategy
+from gateway.replay.timeline import START_S, Passage, Replay
+from gateway.replay.trace import TraceRequest
 from gateway.stats import percentile
 
 GOODPUT_TTFT_S = 2.0
 GOODPUT_TPOT_S = 0.050
+# Every replay's fleet is measured over the same window: the trace, then this long to drain.
+DRAIN_S = 60.0
+
+
+def measure(
+    strategy: Strategy,
+    requests: Sequence[TraceRequest],
+    *,
+    seed: int = 0,
+    conditions: Conditions = STEADY,
+    rates: ReplayRates | None = None,
+    hardware: Hardware | None = None,
+) -> dict[str, object]:
+    """Replay the requests through a strategy, over the window every replay of them shares, on
+    devices of `hardware` (the simulator's by default); return its figures. `rates` are the
+    ones its router reads, if it reads any."""
+    # The seed sets what the live gateway leaves to chance: where the meter's readings fall
+    # relative to requests, and the draw per request (a canary's share, exploring).
+    run = Replay(
+        strategy,
+        requests,
+        meter_phase_s=random.Random(seed).random(),
+        conditions=conditions,
+        rates=rates,
+        draw=random.Random(seed).random,
+        hardware=hardware,
+    )
+    run.run().finish(START_S + max((r.arrival_s for r in requests), default=0.0) + DRAIN_S)
+    return summarize(run)
 
 
 def latency_percentile(values: list[float], q: float) -> float | None:

@@ -17,10 +17,10 @@ The prefix cache is reached as the live gateway reaches it (`gateway/upstream/fo
 request's profile carries its prompt's whole prefix blocks in the trace's block size, the fleet's
 index is told what each backend was sent, and corrected by the tokens the device found cached,
 once its answer is in. The cache-blind baselines' profiles carry no blocks, and a session is
-named only to the strategy that keys on it (`gateway.replay.strategies`); the replay's clients
+named only to the strategy that keys on it (`Strategy.sessions`); the replay's clients
 name none to the gateway's session table.
 
-A strategy that parks (`learned-parked`) plans every `PLAN_INTERVAL_S` with its
+A strategy that parks (the benchmark's `learned-parked`) plans every `PLAN_INTERVAL_S` with its
 `gateway.parking.plan.Parking`: a backend to park stops taking requests and is switched off
 once its last one is done (asleep, or released where its pool's parking says `mode: release`);
 one to wake takes requests again at once if it was draining, else once its device's wake-up
@@ -52,9 +52,9 @@ from gateway.parking.plan import Move
 from gateway.policy.model import Policy, Route
 from gateway.records.requests import ms
 from gateway.records.slo import meets_slo, tpot_s
+from gateway.replay.conditions import STEADY, Conditions, ReplayRates
 from gateway.replay.hardware import Hardware, Job, load_hardware
-from gateway.replay.scenario import PLAIN, Scenario, ScenarioRates
-from gateway.replay.strategies import Strategy
+from gateway.replay.strategy import Strategy
 from gateway.replay.trace import TraceRequest, conversation
 from gateway.replay.world import SimulatedBackend, build_world
 from gateway.routing.classify import RequestProfile
@@ -186,8 +186,8 @@ class Replay:
         meter_interval_s: float = 1.0,
         meter_phase_s: float = 0.0,
         model: str = MODEL,
-        scenario: Scenario = PLAIN,
-        rates: ScenarioRates | None = None,
+        conditions: Conditions = STEADY,
+        rates: ReplayRates | None = None,
         draw: Callable[[], float] | None = None,
         hardware: Hardware | None = None,
     ):
@@ -195,11 +195,11 @@ class Replay:
         # What the live gateway draws per request (a canary's share, exploring), seeded here.
         self._draw = draw or random.Random(0).random
         self.policy = strategy.policy
-        self.scenario = scenario
+        self.conditions = conditions
         # The rates the router reads, moved to each instant; the replay's own when it has none.
-        self.rates = rates or ScenarioRates(self.policy, scenario)
-        # Where the scenario changes a device or a price, on the virtual clock.
-        self._boundaries = deque(START_S + t for t in scenario.boundaries())
+        self.rates = rates or ReplayRates(self.policy, conditions)
+        # Where the conditions change a device or a price, on the virtual clock.
+        self._boundaries = deque(START_S + t for t in conditions.boundaries())
         self._charged_at = 0.0
         self.model = model
         self.models = sorted({r.model or model for r in requests} or {model})
@@ -270,14 +270,14 @@ class Replay:
                     ready = math.inf
             pending = min(arrival, deadline, self._next_reading, self._next_plan, ready)
             if pending == math.inf and self._next_device_event() == math.inf:
-                break  # all served: the scenario's later boundaries are finish()'s
+                break  # all served: the conditions' later boundaries are finish()'s
             boundary = self._boundaries[0] if self._boundaries else math.inf
             external = min(pending, boundary)
             if pending == math.inf or any(self._waiting.values()):
                 # Someone waits for a slot (or only the devices are left): step device events
                 # one at a time, so a freed slot goes to the oldest waiter at its true instant,
                 # and the last request's end is not carried past it to a boundary of the
-                # scenario's that only finish() may reach: every strategy's fleet is measured
+                # conditions' that only finish() may reach: every strategy's fleet is measured
                 # over the same window.
                 step = self._next_device_event()
                 if step < external:
@@ -316,19 +316,19 @@ class Replay:
         self._charge()
 
     def _condition(self, now: float) -> None:
-        """Price the energy drawn so far, then apply the scenario's events in force from `now`."""
+        """Price the energy drawn so far, then apply the conditions in force from `now`."""
         self._charge()
         self._charged_at = now
         trace_s = max(now - START_S, 0.0)
         for sim in self.world.values():
-            slow, power = self.scenario.factors(sim.state.pool, sim.state.name, trace_s)
+            slow, power = self.conditions.factors(sim.state.pool, sim.state.name, trace_s)
             sim.device.set_condition(slow, power, now)
 
     def _charge(self) -> None:
         """Price every device's energy since the last boundary at the rate in force over it."""
         trace_s = max(self._charged_at - START_S, 0.0)
         for sim in self.world.values():
-            sim.charge(self.scenario.rate(self.policy, sim.state.pool, trace_s))
+            sim.charge(self.conditions.rate(self.policy, sim.state.pool, trace_s))
 
     def _busy(self, arrivals_left: bool) -> bool:
         return arrivals_left or self._in_service > 0 or bool(self._unsettled)

@@ -18,7 +18,9 @@ import sqlalchemy as sa
 
 from gateway.db.schema import request_records
 from gateway.policy.model import Policy
-from gateway.replay.bench import benchmark
+from gateway.replay.conditions import ReplayRates
+from gateway.replay.strategy import learned
+from gateway.replay.summary import measure
 from gateway.replay.trace import TraceRequest
 
 COMPARED = ("energy_j_per_request", "cost_usd_per_1k_tokens", "slo_attainment", "ttft_p99_ms")
@@ -71,10 +73,16 @@ def recorded_requests(
     ]
 
 
+def replay(policy: Policy, requests: list[TraceRequest]) -> dict[str, Any]:
+    """Return the figures of the requests replayed through the learned router under a policy."""
+    rates = ReplayRates(policy)
+    return measure(learned(policy, rates=rates), requests, rates=rates)
+
+
 def simulate(active: Policy, proposed: Policy, requests: list[TraceRequest]) -> dict[str, Any]:
     """Replay the requests under both policies; return each one's figures and the change."""
     runs = {
-        name: benchmark(policy, requests, strategies=["learned"])["learned"]
+        name: replay(policy, requests)
         for name, policy in (("active", active), ("proposed", proposed))
     }
     change: dict[str, Any] = {}
