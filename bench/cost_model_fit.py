@@ -55,12 +55,12 @@ from gateway.costmodel.train import (
 from gateway.energy.ledger import PREFILL_TOKEN_WEIGHT, BackendLedger
 from gateway.policy.load import load_policy
 from gateway.policy.model import Policy
-from gateway.replay.conditions import ReplayRates
-from gateway.replay.learner import WARM_OBSERVATIONS, OnlineLearner
-from gateway.replay.scenario import PLAIN, Scenario, load_scenario
-from gateway.replay.strategy import learned
-from gateway.replay.timeline import START_S, Replay, observation
-from gateway.replay.trace import read_trace
+from gateway.whatif.conditions import ReplayRates
+from gateway.whatif.learner import WARM_OBSERVATIONS, OnlineLearner
+from gateway.whatif.strategy import learned
+from gateway.whatif.timeline import START_S, Replay, observation
+from gateway.whatif.trace import read_trace
+from lab.scenario import PLAIN, Scenario, load_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
 METER_INTERVAL_S = 1.0

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from gateway.cli import main
-from gateway.replay.strategies import STRATEGIES
+from lab.strategies import STRATEGIES
 
 ROOT = Path(__file__).resolve().parents[2]
 TRACE = ROOT / "traces" / "azure_llm_2023_conv.csv"  # traces/README.md
