@@ -62,7 +62,9 @@ def failure(error: str | None, answer: Answer, reference: Answer) -> str | None:
     kind = _without_text(answer)
     if kind is not None:
         return None if _without_text(reference) == kind else kind
-    if _without_text(reference) is not None or reference.finish_reason != "stop":
+    if answer.tool_calls or reference.tool_calls or reference.finish_reason != "stop":
+        return None  # a call is no text to cut; a reference that did not finish sets no length
+    if _without_text(reference) is not None:
         return None
     if answer.finish_reason == "length":
         return CUT_SHORT
