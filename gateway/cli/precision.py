@@ -52,6 +52,7 @@ def _check(args: argparse.Namespace, settings: Settings) -> int:
     from gateway.db.connection import connect
     from gateway.errors import InvalidRequest
     from gateway.policy.credentials import Access
+    from gateway.policy.suites import refused
     from gateway.promotion.precision.check import read_suite, run
     from gateway.promotion.precision.figures import PASS
     from gateway.promotion.precision.limits import Limits
@@ -65,6 +66,10 @@ def _check(args: argparse.Namespace, settings: Settings) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request is noise here
     suite = read_suite(args.suite)
     policy, source = _policy(args, settings)
+    spec = policy.pools.get(args.pool)
+    changed = None if spec is None else refused(suite.file, suite.sha256, spec.go_live)
+    if changed is not None:
+        raise InvalidRequest(f"the suite {args.suite} is refused: {changed}", param="suite")
     access = Access(os.environ, settings.upstream_key_hosts, settings.upstream_hosts)
     limits = Limits(args.max_departure_rate, args.max_turned_wrong, args.max_error_share)
     result = asyncio.run(

@@ -183,6 +183,13 @@ class GoLive(Strict):
         default=None,
         description="The pool the passing check compared against; null: any live gpu pool.",
     )
+    unlabelled: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Why the pool's models have no labelled suite: a check then counts on a"
+        " suite without labelled questions, which judges meaning alone. null: the suite needs"
+        " a labelled part (questions with their right answers, `expected`).",
+    )
 
 
 # What a parking command may name of the backend it switches: `{name}`, `{url}`, `{pool}`.

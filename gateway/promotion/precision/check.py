@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 
 from gateway.compare.answers import Answer, read_body
+from gateway.compare.failures import failure
 from gateway.compare.meaning import similarity, windows
 from gateway.compare.measures import DEFAULT_COMPARATORS, MEASURES, compare
 from gateway.errors import InvalidRequest
@@ -136,7 +137,7 @@ async def ask(
     if response.status_code != 200:
         return Reply(None, f"HTTP {response.status_code}")
     answer = read_body(response.content)
-    if answer.text is None and not answer.tool_calls and not answer.embeddings:
+    if not answer.readable:
         return Reply(None, "no answer in the response")
     return Reply(answer)
 
@@ -169,6 +170,10 @@ async def measure_pair(
     """Measure one answer against the reference's; return its row and whether embedding failed."""
     if other.answer is None:
         return {**dict.fromkeys(MEASURES), "candidate_error": other.error}, False
+    # An answer the client could not use (null, empty, cut short) fails as an error would.
+    kind = failure(None, other.answer, reference)
+    if kind is not None:
+        return {**dict.fromkeys(MEASURES), "candidate_error": f"{kind} answer"}, False
     diff = compare(reference, other.answer, DEFAULT_COMPARATORS)
     failed = False
     if not diff.exact_match:
