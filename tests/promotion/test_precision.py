@@ -29,6 +29,7 @@ from gateway.promotion.precision.limits import ALPHA, MAX_DEPARTURE_RATE, Limits
 from gateway.promotion.precision.plan import Plan, Suite
 from gateway.promotion.precision.rates import words_needed
 from gateway.promotion.precision.results import newest, store
+from gateway.promotion.precision.retries import kept, outcomes_of, pooled
 from harness.databases import scratch_database
 from harness.gateways import run_gateway
 from harness.simulators import SimulatorProcess, start_simulator
@@ -242,6 +243,51 @@ def test_a_changed_shipped_suite_is_refused_before_anything_is_asked(
     assert "is refused: its chat.jsonl (sha256 " in ran.stderr
     assert f"is not the one the project ships ({SHIPPED['chat.jsonl'][:12]}…)" in ran.stderr
     assert not (tmp_path / "o.json").exists()
+
+
+def test_a_retry_after_a_fail_is_pooled_with_it_and_cannot_pass_by_chance(
+    fleet: Fleet, asic_check: Ran, tmp_path: Path
+) -> None:
+    # The int8 ASIC passes the chat suite on its own (asic_check). Stored before it: a failed
+    # check of it on the same suite and reference, whose run departed on 40 prompts.
+    earlier = asic_check.result["outcomes"]
+    departed = {"exact_match": False, "similarity": 0.2, "first_divergence": 0}
+    failing = [
+        {**o, "candidate": {**o["candidate"], **departed, "semantic_similarity": 0.2}}
+        if i < 40
+        else o
+        for i, o in enumerate(earlier)
+    ]
+    with scratch_database(None, tmp_path) as url:
+        db = connect(url)
+        store(db, {**asic_check.result, "verdict": "fail", "outcomes": failing, "ts": 1.0})
+        db.dispose()
+        policy = write(tmp_path / "policy.yaml", fleet.policy())
+        args = ("--pool", "asic", "--suite", "suites/chat.jsonl", "--policy", policy)
+        retried = check(url, tmp_path / "retry.json", *args)
+        # Each retry is pooled with every failed run since the last pass.
+        again = check(url, tmp_path / "again.json", *args)
+    assert retried.returncode == 1, retried.stdout
+    assert retried.result["runs"] == 2 and retried.result["verdict"] == "fail"
+    assert len(retried.result["departures"]) >= 40
+    assert "pooled with 1 earlier failed run(s)" in retried.stdout
+    # The run's own outcomes are kept, the pooled verdict is stored.
+    assert retried.result["outcomes"] != failing
+    assert again.result["runs"] == 3 and again.returncode == 1
+
+
+def test_pooled_runs_keep_each_prompts_worst_answer_and_labels_right_only_every_time() -> None:
+    clean = labelled_outcomes(240, 0)
+    bad = departing(240, 30, 0)
+    for o in bad:
+        o.reference_right, o.candidate_right, o.noise_right = True, o.line > 12, True
+    pooled_ = pooled([bad, clean])
+    assert judge_check(PLAN, suite_of(240), clean)["verdict"] == "pass"
+    result = judge_check(PLAN, suite_of(240), pooled_)
+    assert len(result["departures"]) == 30 and result["labelled"]["turned_wrong"] == 12
+    assert result["verdict"] == "fail"
+    # Kept and read back, a run is the same outcomes.
+    assert outcomes_of({"outcomes": kept(bad)}) == bad
 
 
 def test_a_check_that_cannot_start_exits_2_and_says_why(fleet: Fleet, tmp_path: Path) -> None:

@@ -30,6 +30,7 @@ from gateway.promotion.precision.figures import Outcome, Row, judge_check
 from gateway.promotion.precision.labels import LABELS, states
 from gateway.promotion.precision.limits import DEFAULT_LIMITS, Limits
 from gateway.promotion.precision.plan import DEFAULT_MAX_TOKENS, Suite, plan
+from gateway.promotion.precision.retries import kept, pooled
 
 TOP_LOGPROBS = 5
 
@@ -255,8 +256,13 @@ async def run(
     concurrency: int = 8,
     timeout_s: float = 60.0,
     now: float | None = None,
+    earlier: Sequence[Sequence[Outcome]] = (),
 ) -> dict[str, Any]:
-    """Check `pool` against its reference on `suite`; return the result (not stored)."""
+    """Check `pool` against its reference on `suite`; return the result (not stored).
+
+    `earlier` are the outcomes of the failed checks of the pool on this suite and reference
+    since its last pass: the verdict is the pooled runs' (gateway/promotion/precision/retries.py).
+    """
     chosen = plan(policy, suite, pool, reference, embedding_model)
     used = [
         chosen.pool,
@@ -279,7 +285,10 @@ async def run(
             client=client,
             concurrency=concurrency,
         )
-    result = judge_check(chosen, suite, outcomes, limits)
+    judged = pooled([*earlier, outcomes]) if earlier else outcomes
+    result = judge_check(chosen, suite, judged, limits)
+    result["runs"] = len(earlier) + 1
+    result["outcomes"] = kept(outcomes)
     result["ts"] = started
     result["checked_at"] = _iso(started)
     result["backends"] = {
