@@ -28,9 +28,9 @@ from gateway.db.schema import (
     table,
 )
 from gateway.promotion import evidence, rollout
-from gateway.replay.whatif import recorded_requests
 from gateway.report import records as report_records
 from gateway.shadow.summary import summarize
+from gateway.whatif.simulate import recorded_requests
 from policies import fleet_policy
 
 
