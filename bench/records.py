@@ -2,9 +2,10 @@
 
     python -m bench.records --requests 10000000 --shadows 2000000 --database URL [--week 2026-W48]
 
-Writes into the database at URL (migrated first) a week of request records, shadow records with
-their measures, shadow drops and each backend's per-minute draw (backend_energy), in the tables
-and columns the gateway's writers fill, derived from a policy (`--policy`, default
+Writes into the database at URL (migrated first) a week of request records with their minutes
+(request_minutes, folded as the record writer folds them), shadow records with their measures,
+shadow drops and each backend's per-minute draw (backend_energy), in the tables and columns the
+gateway's writers fill, derived from a policy (`--policy`, default
 policies/default.yaml): its routes, pools, backends, models, SLO classes and shadow targets.
 
 The traffic has the shapes a fleet's week has: a daily cycle (a peak in the UTC afternoon, a
@@ -35,10 +36,17 @@ import numpy as np
 import sqlalchemy as sa
 
 from gateway.db.connection import connect, upgrade
-from gateway.db.schema import backend_energy, request_records, shadow_drops, shadow_records
+from gateway.db.schema import (
+    backend_energy,
+    request_minutes,
+    request_records,
+    shadow_drops,
+    shadow_records,
+)
 from gateway.policy.load import load_policy
 from gateway.policy.model import Policy, Route
 from gateway.records.batching import Statement
+from gateway.records.minutes import RECORD_COLUMNS, summarize, targets_of
 from gateway.report.period import Period, last_complete_week, week
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -498,9 +506,21 @@ def generate(
     week_ = Week(traffic(policy), period, requests, shadows, seed)
     started = time.perf_counter()
     written = {"request_records": 0, "shadow_records": 0}
+    written["request_minutes"] = 0
+    targets = targets_of(policy)
     for requests_cols, shadow_cols in week_.hours():
         written["request_records"] += write(request_records, requests_cols)
         written["shadow_records"] += write(shadow_records, shadow_cols)
+        # The minutes the record writer folds as requests end, written beside them (an hour's
+        # minutes are whole: every request of the hour is in it).
+        records = (
+            dict(zip(RECORD_COLUMNS, values, strict=True))
+            for values in zip(*(requests_cols[c] for c in RECORD_COLUMNS), strict=True)
+        )
+        minutes = [m.row() for m in summarize(records, targets)]
+        written["request_minutes"] += write(
+            request_minutes, {c: [m[c] for m in minutes] for c in _columns(request_minutes)}
+        )
     written["shadow_drops"] = write(shadow_drops, week_.drops())
     written["backend_energy"] = write(backend_energy, week_.backend_minutes())
     db.dispose()
