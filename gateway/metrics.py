@@ -191,6 +191,16 @@ class GatewayMetrics:
         "Request records lost past the documented limit: the writer queue was full, or "
         "the database was unreachable and memory and the spill file were full.",
     )
+    request_minutes_written = counter(
+        "request_minutes_written",
+        "Rows of the traffic's summary (a minute's requests of one route, pool, model, endpoint, "
+        "SLO class and streaming) written to the database.",
+    )
+    request_minutes_dropped = counter(
+        "request_minutes_dropped",
+        "Rows of the traffic's summary lost past the documented limit (queue, memory and spill "
+        "file full).",
+    )
     # Records the database could not take, per table (request_records, shadow_records, ...).
     records_buffered = gauge(
         "records_buffered",

@@ -40,7 +40,7 @@ from gateway.periodic import LoopLag, time_collections
 from gateway.policy import versions
 from gateway.policy.credentials import Access
 from gateway.policy.load import content_hash, render_policy
-from gateway.policy.model import Policy
+from gateway.policy.model import Policy, SloClass
 from gateway.policy.sync import FileWatcher, PolicyWatcher
 from gateway.policy.tariffs import DAY_S, Rate, fixed_rates, rate_at
 from gateway.policy.versions import PolicyVersion
@@ -133,7 +133,7 @@ class Gateway:
             "max_spill_bytes": settings.spill_max_bytes,
             "inserter": self.writer,
         }
-        self.records = RecordWriter(self.db, self.metrics, **spill)
+        self.records = RecordWriter(self.db, self.metrics, targets=self._slo_targets, **spill)
         # Each backend's draw and time on and parked, a row a minute (gateway/energy/draw.py).
         self.draw_records: BatchWriter[BackendEnergy] = BatchWriter(
             self.db,
@@ -317,6 +317,11 @@ class Gateway:
         rate = fixed.get(pool)
         return rate if rate is not None else rate_at(policy, pool, time.time() % DAY_S)
 
+    def _slo_targets(self, name: str | None) -> SloClass | None:
+        """Return an SLO class's targets in the policy serving now (None: its default class)."""
+        policy = self.policy
+        return policy.slo_classes.get(name or policy.default_slo_class)
+
     def _load_share(self, url: str) -> float:
         """Return the part of a backend's load that is this replica's requests (1 alone)."""
         for backend in self.fleet.backends():
@@ -336,7 +341,7 @@ class Gateway:
         self, energy: RequestEnergy, seen: Observation | None, predicted_energy_j: float | None
     ) -> None:
         """Keep a request's energy, now known, and learn from the request."""
-        self.records.energy.add(energy)
+        self.records.add_energy(energy)
         if seen is not None:
             self.learner.observe(seen, predicted_energy_j)
 

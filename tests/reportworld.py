@@ -8,9 +8,16 @@ from pathlib import Path
 import sqlalchemy as sa
 from rows import shadow_record
 
-from gateway.db.schema import backend_energy, request_records, shadow_drops, shadow_records
+from gateway.db.schema import (
+    backend_energy,
+    request_minutes,
+    request_records,
+    shadow_drops,
+    shadow_records,
+)
 from gateway.policy.load import load_policy
 from gateway.policy.model import Policy
+from gateway.records.minutes import summarize, targets_of
 from gateway.report.period import Period, week
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -173,6 +180,10 @@ def build(db: sa.Engine) -> World:
         conn.execute(shadow_records.insert(), shadows)
         conn.execute(shadow_drops.insert(), drops)
         conn.execute(backend_energy.insert(), draw := draw_rows(period))
+        # The minutes the writer would have written beside the records.
+        conn.execute(
+            request_minutes.insert(), [m.row() for m in summarize(requests, targets_of(policy))]
+        )
     return World(policy, period, requests, shadows, drops, draw)
 
 

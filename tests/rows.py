@@ -10,8 +10,15 @@ import sqlalchemy as sa
 
 from gateway.compare.measures import MEASURES, Diff
 from gateway.db.connection import connect
-from gateway.db.schema import RequestRecord, ShadowRecord, request_records, shadow_records
+from gateway.db.schema import (
+    RequestRecord,
+    ShadowRecord,
+    request_minutes,
+    request_records,
+    shadow_records,
+)
 from gateway.metrics import GatewayMetrics
+from gateway.records.minutes import summarize
 
 DAY = 86400.0
 NOW = 1_790_000_000.0
@@ -84,6 +91,10 @@ def store_rows(db: sa.Engine, table: sa.Table, ages_days: list[float], now: floa
         ts, route = now - age * DAY, f"age-{age:g}"
         if table is request_records:
             rows.append(dataclasses.replace(request_record(n), ts=ts, route=route).row())
+        elif table is request_minutes:
+            record = dataclasses.replace(request_record(n), ts=ts, route=route).row()
+            (minute,) = summarize([record], lambda _: None)
+            rows.append(minute.row() | {"ts": ts})  # at the age itself, not its minute's start
         elif table is shadow_records:
             rows.append(shadow_record(n, ts=ts, route=route).row())
         else:

@@ -388,3 +388,54 @@ class BackendEnergy:
 
 
 backend_energy = table("backend_energy", BackendEnergy)
+
+
+@dataclass(slots=True)
+class RequestMinute:
+    """The requests of one minute and key: their count, errors and SLO met, sums of tokens,
+    energy and cost, the cost model's errors and latency sketches (gateway/records/minutes.py).
+    The traffic's figures over any period are sums of these rows."""
+
+    ts: float = field(metadata=column(index=True, comment="Start of the minute, Unix seconds."))
+    route: str | None = field(metadata=column(width=64))
+    pool: str | None = field(metadata=column(width=64))
+    model: str = field(metadata=column(width=128))
+    endpoint: str = field(metadata=column(width=16))
+    slo_class: str | None = field(metadata=column(width=32))
+    stream: bool
+    requests: int
+    errors: int = field(metadata=column(comment="Requests whose status was not 200."))
+    slo_met: int
+    prompt_tokens: int
+    completion_tokens: int
+    energy_n: int = field(metadata=column(comment="Requests whose energy is known."))
+    energy_j: float
+    energy_j_tokened: float = field(
+        metadata=column(comment="Energy of the requests with known energy and tokens.")
+    )
+    energy_tokens: int = field(metadata=column(comment="Tokens of those requests."))
+    cost_n: int = field(metadata=column(comment="Requests whose cost is known."))
+    cost_usd: float
+    cost_usd_tokened: float = field(
+        metadata=column(comment="Cost of the requests with known cost and tokens.")
+    )
+    cost_tokens: int = field(metadata=column(comment="Tokens of those requests."))
+    e2e_ape: float = field(
+        metadata=column(comment="Sum of |e2e - predicted| / e2e over successful requests.")
+    )
+    e2e_ape_n: int
+    energy_ape: float = field(
+        metadata=column(comment="Sum of |energy - predicted| / energy over successful requests.")
+    )
+    energy_ape_n: int
+    ttft_ms: str | None = field(metadata=column(width=TEXT, comment="JSON sketch: bucket → n."))
+    tpot_ms: str | None = field(metadata=column(width=TEXT, comment="JSON sketch: bucket → n."))
+    e2e_ms: str | None = field(
+        metadata=column(width=TEXT, comment="JSON sketch of successful requests: bucket → n.")
+    )
+
+    def row(self) -> dict[str, Any]:
+        return row_of(self)
+
+
+request_minutes = table("request_minutes", RequestMinute)

@@ -15,17 +15,17 @@ import orjson
 import sqlalchemy as sa
 
 from gateway.compare.measures import MEASURES, WORD
-from gateway.db.schema import request_records, shadow_records
+from gateway.db.schema import shadow_records
 from gateway.energy.draw import MINUTE_S
 from gateway.ops.parts import OpsParts
 from gateway.policy.model import Policy
 from gateway.policy.tariffs import DAY_S
-from gateway.records.slo import judged_on, record_meets_slo
+from gateway.records.slo import judged_on
 from gateway.report.numbers import fleet_headline, parking_numbers
 from gateway.report.period import Period
-from gateway.report.records import read_draw, read_parking
+from gateway.report.records import read_draw, read_minutes, read_parking, read_traffic
 from gateway.routing.explain import hardware, parking
-from gateway.stats import percentile
+from gateway.stats import sketch_percentile
 
 WINDOWS = {"hour": 3600.0, "day": DAY_S}
 BUCKETS = 12  # points of each traffic chart
@@ -35,9 +35,9 @@ COST_MODEL_TARGETS = ("e2e", "energy", "ttft", "tpot")
 def fleet(gateway: OpsParts, now: float) -> list[dict[str, Any]]:
     """Every pool of the policy and its backends now: health, slots, queue, power, energy
     attributed today (UTC), and the serving cost model's held-out error."""
-    today = _energy_since(gateway.db, math.floor(now / DAY_S) * DAY_S)
-    pools = []
     serving = gateway.serving  # the policy and the fleet it configured: one version
+    today = _energy_since(gateway.db, serving.policy, math.floor(now / DAY_S) * DAY_S, now)
+    pools = []
     for name, spec in serving.policy.pools.items():
         state = serving.fleet.pools.get(name)
         backends: list[dict[str, Any]] = []
@@ -93,13 +93,10 @@ def fleet_energy(db: sa.Engine, policy: Policy, now: float, window_s: float) -> 
     until = math.floor(now / MINUTE_S) * MINUTE_S  # a minute's draw is written once it ends
     period = Period(until - window_s, until, f"the last {window_s / 3600:g} h")
     previous = period.previous()
-    r = request_records.c
-    count = sa.select(sa.func.count()).select_from(request_records)
-    with db.connect() as conn:
-        requests, before = (
-            int(conn.execute(count.where(r.ts >= p.since, r.ts < p.until)).scalar_one())
-            for p in (period, previous)
-        )
+    requests, before = (
+        sum(r["requests"] for r in read_traffic(db, policy, p.since, p.until, now=now))
+        for p in (period, previous)
+    )
     draw = read_draw(db, previous.since, period.until)
     return {
         "since": period.since,
@@ -116,44 +113,40 @@ def parking_history(db: sa.Engine, policy: Policy, now: float, window_s: float) 
     return parking_numbers(read_parking(db, now), policy, period, window_s / BUCKETS)
 
 
-def _energy_since(db: sa.Engine, since: float) -> dict[str, float]:
-    r = request_records.c
-    query = (
-        sa.select(r.pool, sa.func.sum(r.energy_j))
-        .where(r.ts >= since, r.pool.is_not(None))
-        .group_by(r.pool)
-    )
-    with db.connect() as conn:
-        return {pool: float(j) for pool, j in conn.execute(query) if j is not None}
+def _energy_since(db: sa.Engine, policy: Policy, since: float, now: float) -> dict[str, float]:
+    """Return the energy attributed to each pool's requests since `since`."""
+    energy: dict[str, float] = {}
+    for r in read_traffic(db, policy, since, now + MINUTE_S, now=now):
+        if r["pool"] is not None and r["energy_n"]:
+            energy[r["pool"]] = energy.get(r["pool"], 0.0) + r["energy_j"]
+    return energy
 
 
 def traffic(db: sa.Engine, policy: Policy, now: float, window_s: float) -> list[dict[str, Any]]:
-    """Per route over the last `window_s`: the share each pool served, SLO attainment (the live
-    rule), p50/p95 of what it is judged on (time to first token of streamed requests, end to end
-    of successful ones that were not streamed, embeddings included), energy and cost per
-    request, and the same per bucket of the window for charts."""
-    r = request_records.c
-    query = sa.select(
-        r.ts, r.route, r.pool, r.status, r.slo_class, r.endpoint, r.stream, r.completion_tokens,
-        r.ttft_ms, r.tpot_ms, r.e2e_ms, r.energy_j, r.cost_usd,
-    ).where(r.ts >= now - window_s, r.route.is_not(None))  # fmt: skip
-    with db.connect() as conn:
-        rows = conn.execute(query).all()
-    by_route: dict[str, list[Any]] = defaultdict(list)
-    for row in rows:
-        by_route[row.route].append(row)
+    """Per route over the last `window_s` (its whole minutes): the share each pool served, SLO
+    attainment (the live rule), p50/p95 of what it is judged on (time to first token of
+    streamed requests, end to end of successful ones that were not streamed, embeddings
+    included), energy and cost per request, and the same per bucket of the window for charts.
+
+    Read from the request minutes; percentiles from their sketches, within
+    SKETCH_RELATIVE_ERROR (gateway/stats.py)."""
+    since = now - window_s
+    by_route: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for row in read_minutes(db, policy, since, now, now=now):
+        if row["route"] is not None:
+            by_route[row["route"]].append(row)
     width = window_s / BUCKETS
     out = []
     for route, served in sorted(by_route.items()):
-        buckets: list[list[Any]] = [[] for _ in range(BUCKETS)]
+        buckets: list[list[dict[str, Any]]] = [[] for _ in range(BUCKETS)]
         for row in served:
-            buckets[min(BUCKETS - 1, max(0, int((row.ts - (now - window_s)) / width)))].append(row)
+            buckets[min(BUCKETS - 1, max(0, int((row["ts"] - since) / width)))].append(row)
         out.append(
             {
                 "route": route,
-                **_figures(served, policy),
+                **_figures(served),
                 "series": [
-                    {"start": now - window_s + i * width, **_figures(bucket, policy)}
+                    {"start": since + i * width, **_figures(bucket)}
                     for i, bucket in enumerate(buckets)
                 ],
             }
@@ -161,32 +154,40 @@ def traffic(db: sa.Engine, policy: Policy, now: float, window_s: float) -> list[
     return out
 
 
-def _figures(rows: Sequence[Any], policy: Policy) -> dict[str, Any]:
+def _figures(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     pools: dict[str, int] = defaultdict(int)
     for row in rows:
-        pools[row.pool or "none"] += 1
-    met = 0
-    whole: list[float] = []  # end to end of the answers judged on it
+        pools[row["pool"] or "none"] += row["requests"]
+    requests = sum(pools.values())
+    ttft: dict[int, int] = {}
+    whole: dict[int, int] = {}  # end to end of the answers judged on it
     for row in rows:
-        spec = policy.slo_classes.get(row.slo_class or policy.default_slo_class)
-        met += record_meets_slo(spec, row._mapping)
-        on = judged_on(row.endpoint, bool(row.stream))
-        if on == "e2e" and row.status == 200 and row.e2e_ms is not None:
-            whole.append(row.e2e_ms)
-    ttft = [row.ttft_ms for row in rows if row.ttft_ms is not None]
-    energy = [row.energy_j for row in rows if row.energy_j is not None]
-    cost = [row.cost_usd for row in rows if row.cost_usd is not None]
+        _merge(ttft, row["ttft_ms"])
+        if judged_on(row["endpoint"], bool(row["stream"])) == "e2e":
+            _merge(whole, row["e2e_ms"])
+    energy_n = sum(row["energy_n"] for row in rows)
+    cost_n = sum(row["cost_n"] for row in rows)
     return {
-        "requests": len(rows),
-        "pool_shares": {p: n / len(rows) for p, n in sorted(pools.items())},
-        "slo_attainment": met / len(rows) if rows else None,
-        "ttft_p50_ms": percentile(ttft, 50),
-        "ttft_p95_ms": percentile(ttft, 95),
-        "e2e_p50_ms": percentile(whole, 50),
-        "e2e_p95_ms": percentile(whole, 95),
-        "energy_j_per_request": sum(energy) / len(energy) if energy else None,
-        "cost_usd_per_request": sum(cost) / len(cost) if cost else None,
+        "requests": requests,
+        "pool_shares": {p: n / requests for p, n in sorted(pools.items())} if requests else {},
+        "slo_attainment": sum(row["slo_met"] for row in rows) / requests if requests else None,
+        "ttft_p50_ms": sketch_percentile(ttft, 50),
+        "ttft_p95_ms": sketch_percentile(ttft, 95),
+        "e2e_p50_ms": sketch_percentile(whole, 50),
+        "e2e_p95_ms": sketch_percentile(whole, 95),
+        "energy_j_per_request": sum(row["energy_j"] for row in rows) / energy_n
+        if energy_n
+        else None,
+        "cost_usd_per_request": sum(row["cost_usd"] for row in rows) / cost_n if cost_n else None,
     }
+
+
+def _merge(counts: dict[int, int], sketch: str | None) -> None:
+    """Add a stored sketch (JSON: bucket → count) into counts."""
+    if sketch is not None:
+        for bucket, n in orjson.loads(sketch).items():
+            key = int(bucket)
+            counts[key] = counts.get(key, 0) + n
 
 
 def shadow_pairs(db: sa.Engine, route: str, candidate: str, limit: int) -> list[dict[str, Any]]:

@@ -1,10 +1,10 @@
 """The report's numbers: pure folds of a period's rows into plain values.
 
-Rows are dictionaries with the columns of request_records, shadow_records, shadow_drops,
-parking_events and backend_energy (as gateway/report/records.py reads them) and the stored
-precision checks' results, so the numbers
-can be checked against rows built by hand. Values that could not be measured are None, never
-zero.
+Rows are dictionaries with the columns of request_minutes (summed over a period, per key),
+shadow_records, shadow_drops, parking_events and backend_energy (as gateway/report/records.py
+reads them) and the stored precision checks' results, so the numbers can be checked against
+rows built by hand. The projected savings alone read request records: a bounded sample of them.
+Values that could not be measured are None, never zero.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -21,7 +22,6 @@ from gateway.energy.draw import MINUTE_S
 from gateway.policy.model import Policy
 from gateway.policy.tariffs import DAY_S, rate_at
 from gateway.promotion.judge import Criteria
-from gateway.records.slo import record_meets_slo
 from gateway.report.period import Period
 from gateway.shadow.sample import CANDIDATE, NOISE
 from gateway.stats import mean, percentile, share, total
@@ -45,7 +45,9 @@ def build(
     policy: Policy,
     period: Period,
     *,
-    requests: Sequence[Row],
+    traffic: Sequence[Row],
+    traffic_before: Sequence[Row],
+    samples: Mapping[str, Sample],
     shadows: Sequence[Row],
     drops: Sequence[Row],
     cost_model: Mapping[str, Any] | None,
@@ -61,6 +63,8 @@ def build(
 ) -> dict[str, Any]:
     """Fold the rows of the period (and the history before it) into the report's numbers.
 
+    `traffic` and `traffic_before` are the request minutes of the period and of the one
+    before; `samples` each route's requests the projected savings are predicted from.
     `parking` is every parking event up to the period's end (a backend parked before it began
     is parked at its start); `draw` the backends' energy and time (backend_energy) of the
     period and the one before.
@@ -69,8 +73,6 @@ def build(
     of the one before; `checks` are each pool's newest precision check by the end of the period.
     """
     previous = period.previous()
-    this_requests = _within(requests, period)
-    before_requests = _within(requests, previous)
     this_shadows = _within(shadows, period)
     before_shadows = _within(shadows, previous)
     stored = {(v["route"], v["candidate"]): v for v in stored_verdicts}
@@ -87,32 +89,31 @@ def build(
     candidates = []
     for route, pool in keys:
         current = candidate_numbers(
-            route, pool, this_shadows, _within(drops, period), this_requests, period
+            route, pool, this_shadows, _within(drops, period), traffic, period
         )
         before = candidate_numbers(
-            route, pool, before_shadows, _within(drops, previous), before_requests, previous
+            route, pool, before_shadows, _within(drops, previous), traffic_before, previous
         )
         current["projected_savings"] = projected_savings(
-            [r for r in this_requests if r["route"] == route], pool, policy, predict
+            samples.get(route, Sample()), pool, policy, predict
         )
         current["verdict"] = verdicts.get((route, pool))
         current["stored_verdict"] = stored.get((route, pool))
         current["change"] = change(current, before, verdicts_before.get((route, pool)))
         candidates.append(current)
 
-    fleet = fleet_numbers(this_requests)
+    fleet = fleet_numbers(traffic)
+    requests, requests_before = _count(traffic), _count(traffic_before)
     return {
         "period": period.as_dict(),
         "previous_period": previous.as_dict(),
         "generated_at": datetime.fromtimestamp(now, UTC).isoformat().replace("+00:00", "Z"),
         "fleet": {
-            "headline": fleet_headline(
-                draw, len(this_requests), len(before_requests), policy, period
-            ),
+            "headline": fleet_headline(draw, requests, requests_before, policy, period),
             **fleet,
-            "slo": slo_attainment(this_requests, policy),
-            "cost_model": cost_model_error(this_requests, cost_model),
-            "change": _fleet_change(fleet, fleet_numbers(before_requests)),
+            "slo": slo_attainment(traffic, policy),
+            "cost_model": cost_model_error(traffic, cost_model),
+            "change": _fleet_change(fleet, fleet_numbers(traffic_before)),
             "hardware": hardware(policy),
         },
         "criteria": {
@@ -336,12 +337,6 @@ def fleet_draw(
     }
 
 
-def _tokens(r: Row) -> int | None:
-    if r["prompt_tokens"] is None and r["completion_tokens"] is None:
-        return None
-    return (r["prompt_tokens"] or 0) + (r["completion_tokens"] or 0)
-
-
 def _per_1k(rows: Iterable[Row], value: str, tokens: Callable[[Row], int | None]) -> float | None:
     """Return Σvalue / Σtokens × 1000 over the rows where both are known."""
     total, count = 0.0, 0
@@ -353,32 +348,56 @@ def _per_1k(rows: Iterable[Row], value: str, tokens: Callable[[Row], int | None]
     return None if not count else total / count * 1000
 
 
-def fleet_numbers(requests: Sequence[Row]) -> dict[str, Any]:
-    """Return traffic, errors, tokens, energy and cost per pool and in total."""
+def _count(traffic: Iterable[Row], column: str = "requests") -> int:
+    return sum(r[column] for r in traffic)
+
+
+def _sum(traffic: Iterable[Row], column: str, known: str) -> float | None:
+    """Return the sum of a column over minutes, None when no request had it measured."""
+    rows = [r for r in traffic if r[known]]
+    return math.fsum(r[column] for r in rows) if rows else None
+
+
+def _ratio(numerator: float, denominator: float, scale: float = 1.0) -> float | None:
+    return None if not denominator else numerator / denominator * scale
+
+
+def fleet_numbers(traffic: Sequence[Row]) -> dict[str, Any]:
+    """Return traffic, errors, tokens, energy and cost per pool and in total, from the period's
+    request minutes; per request and per 1k tokens over the requests whose figure is known."""
     pools = []
-    for pool in sorted({r["pool"] or "(none)" for r in requests}):
-        rows = [r for r in requests if (r["pool"] or "(none)") == pool]
-        energy = total(rows, "energy_j")
-        measured = [r for r in rows if r["energy_j"] is not None]
+    for pool in sorted({r["pool"] or "(none)" for r in traffic}):
+        rows = [r for r in traffic if (r["pool"] or "(none)") == pool]
+        energy = _sum(rows, "energy_j", "energy_n")
         pools.append(
             {
                 "pool": pool,
-                "requests": len(rows),
-                "errors": sum(r["status"] != 200 for r in rows),
-                "prompt_tokens": sum(r["prompt_tokens"] or 0 for r in rows),
-                "completion_tokens": sum(r["completion_tokens"] or 0 for r in rows),
+                "requests": _count(rows),
+                "errors": _count(rows, "errors"),
+                "prompt_tokens": _count(rows, "prompt_tokens"),
+                "completion_tokens": _count(rows, "completion_tokens"),
                 "energy_j": energy,
-                "cost_usd": total(rows, "cost_usd"),
-                "energy_j_per_request": None if energy is None else energy / len(measured),
-                "energy_j_per_1k_tokens": _per_1k(rows, "energy_j", _tokens),
-                "cost_usd_per_1k_tokens": _per_1k(rows, "cost_usd", _tokens),
+                "cost_usd": _sum(rows, "cost_usd", "cost_n"),
+                "energy_j_per_request": None
+                if energy is None
+                else energy / _count(rows, "energy_n"),
+                "energy_j_per_1k_tokens": _ratio(
+                    math.fsum(r["energy_j_tokened"] for r in rows),
+                    _count(rows, "energy_tokens"),
+                    1000,
+                ),
+                "cost_usd_per_1k_tokens": _ratio(
+                    math.fsum(r["cost_usd_tokened"] for r in rows),
+                    _count(rows, "cost_tokens"),
+                    1000,
+                ),
             }
         )
     return {
-        "requests": len(requests),
-        "errors": sum(r["status"] != 200 for r in requests),
-        "energy_j": total(requests, "energy_j"),
-        "cost_usd": total(requests, "cost_usd"),
+        "requests": _count(traffic),
+        "errors": _count(traffic, "errors"),
+        "energy_j": _sum(traffic, "energy_j", "energy_n"),
+        "cost_usd": _sum(traffic, "cost_usd", "cost_n"),
         "pools": pools,
     }
 
@@ -399,47 +418,38 @@ def hardware(policy: Policy) -> list[dict[str, Any]]:
     ]
 
 
-def slo_attainment(requests: Sequence[Row], policy: Policy) -> list[dict[str, Any]]:
-    """Return, per SLO class, the share of requests that met its targets."""
+def slo_attainment(traffic: Sequence[Row], policy: Policy) -> list[dict[str, Any]]:
+    """Return, per SLO class, the share of requests that met its targets (counted as each
+    ended, gateway/records/slo.py)."""
     out = []
-    for name in sorted({r["slo_class"] or policy.default_slo_class for r in requests}):
-        rows = [r for r in requests if (r["slo_class"] or policy.default_slo_class) == name]
+    for name in sorted({r["slo_class"] or policy.default_slo_class for r in traffic}):
+        rows = [r for r in traffic if (r["slo_class"] or policy.default_slo_class) == name]
         spec = policy.slo_classes.get(name)
         targets = (
             (spec.ttft_ms, spec.tpot_ms, spec.e2e_ms) if spec is not None else (None, None, None)
         )
-        met = sum(record_meets_slo(spec, r) for r in rows)
+        requests, met = _count(rows), _count(rows, "slo_met")
         out.append(
             {
                 "slo_class": name,
                 "targets_ms": dict(zip(LATENCIES, targets, strict=True)),
-                "requests": len(rows),
+                "requests": requests,
                 "met": met,
-                "attainment": met / len(rows) if rows else None,
+                "attainment": met / requests if requests else None,
             }
         )
     return out
 
 
-def _mape(rows: Iterable[Row], observed: str, predicted: str) -> tuple[float | None, int]:
-    errors = [
-        abs(r[observed] - r[predicted]) / r[observed]
-        for r in rows
-        if r[observed] and r[predicted] is not None and r["status"] == 200
-    ]
-    return (None if not errors else math.fsum(errors) / len(errors), len(errors))
-
-
-def cost_model_error(requests: Sequence[Row], stored: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Return the cost model's error on the period's requests and held out at training."""
+def cost_model_error(traffic: Sequence[Row], stored: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Return the cost model's error on the period's successful requests (their mean absolute
+    percentage error, summed as they were recorded) and held out at training."""
     observed = []
-    for pool in sorted({r["pool"] for r in requests if r["pool"]}):
-        rows = [r for r in requests if r["pool"] == pool]
-        for target, columns in (
-            ("e2e", ("e2e_ms", "predicted_e2e_ms")),
-            ("energy", ("energy_j", "predicted_energy_j")),
-        ):
-            mape, n = _mape(rows, *columns)
+    for pool in sorted({r["pool"] for r in traffic if r["pool"]}):
+        rows = [r for r in traffic if r["pool"] == pool]
+        for target in ("e2e", "energy"):
+            n = _count(rows, f"{target}_ape_n")
+            mape = _ratio(math.fsum(r[f"{target}_ape"] for r in rows), n)
             observed.append({"pool": pool, "target": target, "requests": n, "mape": mape})
     held_out = []
     if stored is not None:
@@ -513,7 +523,7 @@ def candidate_numbers(
     pool: str,
     shadows: Sequence[Row],
     drops: Sequence[Row],
-    requests: Sequence[Row],
+    traffic: Sequence[Row],
     period: Period,
 ) -> dict[str, Any]:
     """Return volume, latency, accuracy, errors, energy and cost of one route's candidate."""
@@ -535,7 +545,7 @@ def candidate_numbers(
         "candidate": pool,
         "primary_pools": sorted({r["primary_pool"] for r in sent}),
         "volume": {
-            "requests": sum(r["route"] == route for r in requests),
+            "requests": sum(r["requests"] for r in traffic if r["route"] == route),
             "shadow_samples": len(sent),
             "answered": len(answered),
             "dropped": sum(dropped.values()),
@@ -693,18 +703,29 @@ def worst_disagreements(answered: Sequence[Row], shown: int = WORST_SHOWN) -> li
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """A route's requests the projected savings are predicted from (request_records' columns),
+    and what their sums are multiplied by to stand for the whole period's: 1 when they are all
+    of its requests."""
+
+    rows: Sequence[Row] = ()
+    scale: float = 1.0
+
+
 def projected_savings(
-    requests: Sequence[Row], candidate: str, policy: Policy, predict: Predict
+    sample: Sample, candidate: str, policy: Policy, predict: Predict
 ) -> dict[str, Any]:
     """Predict what the route's answered requests would have cost on the candidate instead.
 
     Both sides come from the cost model (the same model on both sides keeps its bias out of the
     difference), at the concurrency each request saw, capped at the candidate's slots. Requests
     the candidate cannot serve (model not listed, context too long) are left out and counted.
+    Predicted for the sample's requests, scaled to the period's (`sampled` says how many).
     """
     spec = policy.pools.get(candidate)
     eligible, skipped = [], 0
-    for r in requests:
+    for r in sample.rows:
         tokens = (r["prompt_tokens"], r["completion_tokens"])
         if r["status"] != 200 or r["pool"] not in policy.pools or None in tokens:
             continue
@@ -731,15 +752,21 @@ def projected_savings(
         primary_energy += on_primary.energy_j
         candidate_cost += on_candidate.cost_usd
         candidate_energy += on_candidate.energy_j
+    k = sample.scale
+
+    def scaled(value: float) -> float | None:
+        return value * k if eligible else None
+
     return {
-        "requests": len(eligible),
-        "not_servable": skipped,
-        "primary_cost_usd": primary_cost if eligible else None,
-        "candidate_cost_usd": candidate_cost if eligible else None,
-        "cost_usd_saved": primary_cost - candidate_cost if eligible else None,
-        "primary_energy_j": primary_energy if eligible else None,
-        "candidate_energy_j": candidate_energy if eligible else None,
-        "energy_j_saved": primary_energy - candidate_energy if eligible else None,
+        "requests": round(len(eligible) * k),
+        "not_servable": round(skipped * k),
+        "sampled": len(sample.rows),
+        "primary_cost_usd": scaled(primary_cost),
+        "candidate_cost_usd": scaled(candidate_cost),
+        "cost_usd_saved": scaled(primary_cost - candidate_cost),
+        "primary_energy_j": scaled(primary_energy),
+        "candidate_energy_j": scaled(candidate_energy),
+        "energy_j_saved": scaled(primary_energy - candidate_energy),
     }
 
 

@@ -22,6 +22,7 @@ from gateway.db.schema import (
     backend_energy,
     cost_models,
     parking_events,
+    request_minutes,
     request_records,
     shadow_drops,
     shadow_records,
@@ -60,7 +61,7 @@ def deletes(db: sa.Engine) -> list[int]:
 
 def test_deletes_exactly_the_rows_past_each_tables_window(db: sa.Engine) -> None:
     ages = [45, 30.5, 30, 29.9, 10.5, 9.5, 1, 0]
-    for table in (request_records, shadow_records, shadow_drops):
+    for table in (request_records, request_minutes, shadow_records, shadow_drops):
         store_rows(db, table, ages)
 
     with db.begin() as conn:
@@ -77,6 +78,7 @@ def test_deletes_exactly_the_rows_past_each_tables_window(db: sa.Engine) -> None
 
     # A row exactly at the window's edge is kept: it is not older than the window.
     assert kept(db, request_records) == routes(30, 29.9, 10.5, 9.5, 1, 0)
+    assert kept(db, request_minutes) == routes(30, 29.9, 10.5, 9.5, 1, 0)  # as their records
     with db.connect() as conn:
         parked = sorted(conn.execute(sa.select(parking_events.c.backend)).scalars())
     assert parked == routes(30, 29.9, 10.5, 9.5, 1, 0)  # kept as long as request records
@@ -87,6 +89,7 @@ def test_deletes_exactly_the_rows_past_each_tables_window(db: sa.Engine) -> None
         assert kept(db, table) == routes(9.5, 1, 0)
     assert deleted == {
         "request_records": 2,
+        "request_minutes": 2,
         "parking_events": 2,
         "backend_energy": 2,
         "shadow_records": 5,
@@ -101,10 +104,11 @@ def test_deletes_in_batches_of_at_most_batch_rows(db: sa.Engine) -> None:
 
     deleted = prune(db, Windows(request_days=30, shadow_days=0), NOW, batch_rows=10)
 
-    # Then parking events and backend energy, none stored (nor cost models).
-    assert batches == [10, 10, 5, 0, 0, 0]
+    # Then request minutes, parking events and backend energy, none stored (nor cost models).
+    assert batches == [10, 10, 5, 0, 0, 0, 0]
     assert deleted == {
         "request_records": 25,
+        "request_minutes": 0,
         "parking_events": 0,
         "backend_energy": 0,
         "cost_models": 0,
@@ -173,9 +177,10 @@ def test_a_stopped_round_ends_after_the_batch_it_is_on(db: sa.Engine) -> None:
 
     deleted = prune(db, Windows(30, 0), NOW, batch_rows=10, stopping=stopping)
 
-    # Neither parking events, backend energy nor cost models begun.
+    # Neither request minutes, parking events, backend energy nor cost models begun.
     assert deleted == {
         "request_records": 10,
+        "request_minutes": 0,
         "parking_events": 0,
         "backend_energy": 0,
         "cost_models": 0,

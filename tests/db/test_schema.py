@@ -7,6 +7,7 @@ import dataclasses
 import json
 import re
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,6 +15,7 @@ import sqlalchemy as sa
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from rows import request_record, shadow_record
 
 from gateway.compare.measures import MEASURES
@@ -22,13 +24,18 @@ from gateway.db.schema import (
     TEXT,
     column,
     metadata,
+    request_minutes,
     request_records,
     shadow_drops,
     shadow_records,
     table,
 )
+from gateway.policy.load import load_policy
 from gateway.promotion import evidence, rollout
+from gateway.records.minutes import summarize as minutes
+from gateway.records.minutes import targets_of
 from gateway.report import records as report_records
+from gateway.report.period import Period
 from gateway.shadow.summary import summarize
 from gateway.whatif.simulate import recorded_requests
 from policies import fleet_policy
@@ -111,6 +118,7 @@ def fill(db: sa.Engine) -> None:
         conn.execute(request_records.insert(), requests)
         conn.execute(shadow_records.insert(), shadows)
         conn.execute(shadow_drops.insert(), drops)
+        conn.execute(request_minutes.insert(), [m.row() for m in minutes(requests, no_targets)])
     with db.begin() as conn:
         conn.exec_driver_sql("ANALYZE")
 
@@ -186,13 +194,20 @@ def test_shadow_summary_of_one_route_reads_records_and_drops_by_index(filled: sa
     assert "ix_shadow_drops_route_ts" in drops
 
 
+def no_targets(_: str | None) -> None:
+    return None
+
+
 def test_weekly_report_and_what_if_read_their_period_by_index(filled: sa.Engine) -> None:
     since, until = NOW - 8 * DAY, NOW - DAY
-    (requests,) = plans(filled, lambda: report_records._read_requests(filled, since, until))
+    policy = fleet_policy()
+    (requests,) = plans(
+        filled, lambda: report_records.read_traffic(filled, policy, since, until, now=NOW)
+    )
     (copies,) = plans(filled, lambda: evidence.shadow_rows(filled, since, until))
     (drops,) = plans(filled, lambda: report_records._read_drops(filled, since, until))
     (replayed,) = plans(filled, lambda: recorded_requests(filled, since, limit=100))
-    assert "ix_request_records_ts" in requests
+    assert "ix_request_minutes_ts" in requests
     assert "ix_shadow_records_ts" in copies
     assert "ix_shadow_drops_ts" in drops
     assert "ix_request_records_ts" in replayed
@@ -262,3 +277,74 @@ def test_every_measure_of_a_pair_is_a_column_of_the_shadow_records() -> None:
         "bleu": 0.5
     }
     assert shadow_record(0).row()["measures"] is None
+
+
+def test_projected_savings_read_a_routes_sample_by_index(
+    filled: sa.Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    period = Period(NOW - 8 * DAY, NOW - DAY, "a week")
+    (whole,) = plans(filled, lambda: report_records.read_sample(filled, SMALL, period, 30))
+    # A route past the sample's size: its minutes, then whole minutes of its records.
+    monkeypatch.setattr(report_records, "SAMPLE_REQUESTS", 10)
+    served, *sampled = plans(filled, lambda: report_records.read_sample(filled, SMALL, period, 30))
+    records_by_time = {"ix_request_records_ts", "ix_request_records_route_first_pool_ts"}
+    assert whole & records_by_time
+    assert "ix_request_minutes_ts" in served
+    assert sampled and all(minute & records_by_time for minute in sampled)
+
+
+def test_console_traffic_reads_its_window_of_minutes_by_index(filled: sa.Engine) -> None:
+    (minutes,) = plans(
+        filled,
+        lambda: report_records.read_minutes(filled, fleet_policy(), NOW - DAY, NOW, now=NOW + DAY),
+    )
+    assert "ix_request_minutes_ts" in minutes
+
+
+def test_upgrade_summarizes_the_request_records_stored_before_it(
+    database: str, repo_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = alembic_config(database)
+    (adds,) = (
+        r
+        for r in ScriptDirectory.from_config(config).walk_revisions()
+        if r.path.endswith("_request_minutes.py")
+    )
+    command.downgrade(config, adds.down_revision)
+    records = []
+    for n in range(300):  # two days and a half of an older version's records
+        r = dataclasses.replace(
+            request_record(n),
+            ts=NOW - 2.5 * DAY * n / 300,
+            route=route_of(n),
+            pool=POOLS[n % 3],
+            slo_class=("interactive", "batch", None)[n % 3],
+            stream=n % 2 == 0,
+            ttft_ms=None if n % 2 else 100.0 + 7 * n,
+            e2e_ms=200.0 + 11 * n,
+            status=200 if n % 9 else 503,
+            energy_j=None if n % 5 == 0 else 0.25 * n,
+        )
+        records.append(r.row())
+    db = connect(database)
+    with db.begin() as conn:
+        conn.execute(request_records.insert(), records)
+    policy_file = repo_root / "policies" / "default.yaml"
+    monkeypatch.setenv("GATEWAY_POLICY", str(policy_file))
+
+    upgrade(database)
+
+    with db.connect() as conn:
+        stored = [dict(r._mapping) for r in conn.execute(sa.select(request_minutes))]
+    db.dispose()
+    expected = [m.row() for m in minutes(records, targets_of(load_policy(policy_file)))]
+    assert sorted(map(_comparable, stored)) == sorted(map(_comparable, expected))
+    assert sum(m["slo_met"] for m in stored) < sum(r["status"] == 200 for r in records)
+
+
+def _comparable(row: dict[str, Any]) -> tuple[Any, ...]:
+    return tuple(
+        round(v, 9) if isinstance(v, float) else ("" if v is None else v)
+        for k, v in sorted(row.items())
+        if k != "id"
+    )

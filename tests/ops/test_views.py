@@ -13,8 +13,15 @@ from rows import request_record, shadow_record
 from shadowworld import serve, shadow_policy
 
 from gateway.compare.measures import MEASURES
-from gateway.db.schema import BackendEnergy, backend_energy, request_records, shadow_records
+from gateway.db.schema import (
+    BackendEnergy,
+    backend_energy,
+    request_minutes,
+    request_records,
+    shadow_records,
+)
 from gateway.policy.load import to_yaml
+from gateway.records.minutes import summarize, targets_of
 from harness.gateways import run_gateway
 from harness.metrics import metric_value
 from policies import EMBED, MODEL, fleet_policy
@@ -206,6 +213,9 @@ def test_fleet_energy_is_the_reports_headline_over_the_last_hour(tmp_path: Path)
         with gw.gateway.db.begin() as conn:
             conn.execute(backend_energy.insert(), draw_minutes(until))
             conn.execute(request_records.insert(), [r.row() for r in requests])
+            # Their minutes, as the writer writes them beside the records.
+            rows = summarize([r.row() for r in requests], targets_of(far))
+            conn.execute(request_minutes.insert(), [m.row() for m in rows])
         with gw.http() as http:
             hour = http.get("/admin/fleet/energy", params={"window": "hour"}, headers=AUTH).json()
             week = http.get("/admin/fleet/energy", params={"window": "week"}, headers=AUTH)
