@@ -163,7 +163,7 @@ def test_min_energy_draws_no_more_fleet_energy_than_the_least_energy_fixed_order
     """The conversation trace's first 6,000 requests (through the ASIC's throttling, which
     starts at 900 s), seed 0: a route minimising energy draws less fleet energy, idle
     included, than either fixed order of its pools; minimising cost it drew 1.8 % more than
-    [asic, gpu] (docs/routing.md, "Measured")."""
+    [asic, gpu] (docs/routing.md, "Measured on the Azure traces")."""
     policy = load_policy(ROOT / "bench" / "policies" / "default-min-energy.yaml")
     scenario = load_scenario(ROOT / "bench" / "scenarios" / "throttled-asic.yaml")
     requests = read_trace(trace, limit=6000)
