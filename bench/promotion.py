@@ -119,6 +119,10 @@ def run(
         ok = n - errors
         e.sent += n
         e.errors += errors
+        # A copy that errs fails where the primary's answer did not (the primary's failed).
+        e.failures.pairs += n
+        e.failures.candidate += errors
+        e.failures.only_candidate += errors
         sampled = int(rng.binomial(ok, scenario.sampled_share))
         noise = int(rng.binomial(ok, NOISE_SHARE))
         noise_sampled = int(rng.binomial(noise, scenario.sampled_share))

@@ -17,7 +17,7 @@ from rows import request_record, shadow_record
 from gateway.db.connection import connect
 from gateway.db.schema import promotion_evaluations, request_records, shadow_records
 from gateway.policy.load import load_policy
-from gateway.promotion.evidence import evaluate, gather, latest
+from gateway.promotion.evidence import evaluate, gather, latest, slo_targets
 from gateway.promotion.judge import HOLD, PROMOTE, REJECT, Criteria, judge
 from harness.gateways import run_gateway
 from policies import fleet_policy
@@ -119,6 +119,65 @@ def test_departures_are_counted_per_word_at_risk_and_records_without_the_length_
     assert "2 pairs stored before the primary's length in words was measured are left out" in (
         quality.detail
     )
+
+
+def row(n: int, kind: str = "candidate", **fields: object) -> dict:
+    pool = "gpu" if kind == "noise" else "cim"
+    record = shadow_record(n, kind=kind, candidate_pool=pool, **{"similarity": None, **fields})
+    return {**record.row(), "slo_class": None}
+
+
+def test_an_answer_without_usage_is_held_to_its_slo_by_its_time() -> None:
+    # Interactive: 500 ms to the first token and 50 ms a token. A 25 s whole answer whose engine
+    # sent no usage is held to the budget of the primary's answer to the same request.
+    policy = fleet_policy()
+    rows = [
+        row(1, exact_match=True, reference_words=30, primary_e2e_ms=900.0, candidate_e2e_ms=25e3,
+            primary_completion_tokens=20, candidate_completion_tokens=None),
+    ]  # fmt: skip
+    (e,) = gather(rows, slo_targets(policy)).values()
+    assert (e.slo.primary_met, e.slo.candidate_met, e.slo.only_primary) == (1, 0, 1)
+
+
+def test_a_failed_copy_counts_against_the_candidate_and_a_failed_primary_for_it() -> None:
+    rows = [
+        row(1, exact_match=False, first_divergence=0, reference_words=30, failure="empty"),
+        row(
+            2,
+            exact_match=None,
+            candidate_error="upstream_timeout",
+            candidate_status=None,
+            failure="timeout",
+        ),
+        row(3, exact_match=False, first_divergence=0, reference_words=30, primary_failure="null"),
+        row(4, exact_match=True, reference_words=30),
+        row(5, "noise", exact_match=True, reference_words=30),
+    ]
+    (e,) = gather(rows, lambda _: None).values()
+    f = e.failures
+    assert (f.pairs, f.only_candidate, f.only_primary) == (4, 2, 1)
+    assert f.kinds == {"empty": 1, "timeout": 1}
+    # Both failed copies depart at their first word; the primary's failure is left out.
+    assert (e.greedy.compared, e.greedy.departed, e.greedy.words) == (3, 2, 1 + 1 + 30)
+    assert (e.slo.only_primary, e.slo.only_candidate) == (2, 1)
+
+
+def test_one_odd_noise_floor_pair_cannot_turn_a_reject_into_a_promote() -> None:
+    # An analog part: one answer in 25 reads 0.6 alike to the primary's (a changed fact), the
+    # rest match; 2,500 A/A pairs match. The embedding model's paraphrases score 0.83 and up.
+    candidate = [
+        row(i, exact_match=i % 25 != 0, first_divergence=3, reference_words=12,
+            semantic_similarity=None if i % 25 else 0.6, ts=i * 300.0)
+        for i in range(3000)
+    ]  # fmt: skip
+    floor = [row(10_000 + i, "noise", exact_match=True, reference_words=12) for i in range(2500)]
+    odd = row(20_000, "noise", exact_match=False, first_divergence=1, reference_words=12,
+              semantic_similarity=0.45)  # fmt: skip
+    criteria = Criteria()
+    for noise in (floor, [*floor[:-1], odd]):
+        (e,) = gather([*candidate, *noise], lambda _: None, lambda route: 0.83).values()
+        assert e.greedy.tolerance.startswith("semantic similarity below 0.830")
+        assert judge(e, criteria, now=NOW).outcome == REJECT
 
 
 def test_evaluations_are_judged_stored_and_listed(database: str) -> None:

@@ -110,4 +110,5 @@ def test_a_part_failing_a_tenth_of_its_answers_is_rejected_within_300_copies(
         assert verdict.outcome == REJECT
     else:
         assert evidence.failures.only_candidate == 0
-        assert checks["failures"].result != FAIL and verdict.outcome != REJECT
+        # (The replica may still lose on cost: these test pools share one price.)
+        assert checks["failures"].result != FAIL
