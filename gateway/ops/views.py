@@ -23,7 +23,13 @@ from gateway.policy.tariffs import DAY_S
 from gateway.records.slo import judged_on
 from gateway.report.numbers import fleet_headline, parking_numbers
 from gateway.report.period import Period
-from gateway.report.records import read_draw, read_minutes, read_parking, read_traffic
+from gateway.report.records import (
+    count_requests,
+    read_draw,
+    read_minutes,
+    read_parking,
+    read_traffic,
+)
 from gateway.routing.explain import hardware, parking
 from gateway.stats import sketch_percentile
 
@@ -93,10 +99,7 @@ def fleet_energy(db: sa.Engine, policy: Policy, now: float, window_s: float) -> 
     until = math.floor(now / MINUTE_S) * MINUTE_S  # a minute's draw is written once it ends
     period = Period(until - window_s, until, f"the last {window_s / 3600:g} h")
     previous = period.previous()
-    requests, before = (
-        sum(r["requests"] for r in read_traffic(db, policy, p.since, p.until, now=now))
-        for p in (period, previous)
-    )
+    requests, before = (count_requests(db, p.since, p.until, now=now) for p in (period, previous))
     draw = read_draw(db, previous.since, period.until)
     return {
         "since": period.since,

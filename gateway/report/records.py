@@ -134,6 +134,21 @@ def read_traffic(
     return traffic
 
 
+def count_requests(db: sa.Engine, since: float, until: float, *, now: float) -> int:
+    """Count the requests from `since` to `until`: the settled minutes' sum and, after them,
+    the request records."""
+    horizon = min(until, max(since, settled(now)))
+    m, r = request_minutes.c, request_records.c
+    with db.connect() as conn:
+        summed = conn.execute(
+            sa.select(sa.func.sum(m.requests)).where(m.ts >= since, m.ts < horizon)
+        ).scalar()
+        recent = conn.execute(
+            sa.select(sa.func.count()).where(r.ts >= horizon, r.ts < until)
+        ).scalar()
+    return int(summed or 0) + int(recent or 0)
+
+
 def read_minutes(
     db: sa.Engine,
     policy: Policy,
