@@ -55,11 +55,12 @@ from gateway.costmodel.train import (
 from gateway.energy.ledger import PREFILL_TOKEN_WEIGHT, BackendLedger
 from gateway.policy.load import load_policy
 from gateway.policy.model import Policy
-from gateway.replay.learner import WARM_OBSERVATIONS, OnlineLearner
-from gateway.replay.scenario import PLAIN, Scenario, ScenarioRates, load_scenario
-from gateway.replay.strategies import strategy_for
-from gateway.replay.timeline import START_S, Replay, observation
-from gateway.replay.trace import read_trace
+from gateway.whatif.conditions import ReplayRates
+from gateway.whatif.learner import WARM_OBSERVATIONS, OnlineLearner
+from gateway.whatif.strategy import learned
+from gateway.whatif.timeline import START_S, Replay, observation
+from gateway.whatif.trace import read_trace
+from lab.scenario import PLAIN, Scenario, load_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
 METER_INTERVAL_S = 1.0
@@ -102,9 +103,9 @@ def replay(
     every `meter_interval_s`; return the replay, its learner's observations and the meter's
     phase."""
     requests = read_trace(trace, limit=limit)
-    rates = ScenarioRates(policy, scenario)
+    rates = ReplayRates(policy, scenario)
     phase = random.Random(seed).random()
-    strategy = strategy_for("learned", policy, seed=seed, rates=rates)
+    strategy = learned(policy, rates=rates)
     assert strategy.learner is not None
     learner = RecordingLearner(policy, schedule=strategy.learner.schedule)
     strategy = dataclasses.replace(strategy, learner=learner)
@@ -113,7 +114,7 @@ def replay(
         requests,
         meter_phase_s=phase,
         meter_interval_s=meter_interval_s,
-        scenario=scenario,
+        conditions=scenario,
         rates=rates,
         draw=random.Random(seed).random,
     )
@@ -446,7 +447,7 @@ def _draw(run: Replay, pool: str, backend: str, curve: Any) -> Callable[[int, fl
     curve times the scenario's power factor on it then."""
 
     def watts(n: int, t: float) -> float:
-        _, factor = run.scenario.factors(pool, backend, max(t - START_S, 0.0))
+        _, factor = run.conditions.factors(pool, backend, max(t - START_S, 0.0))
         return float(curve.watts(n)) * factor
 
     return watts

@@ -17,13 +17,13 @@ import argparse
 import json
 from pathlib import Path
 
-from gateway.replay.timeline import MODEL
-from gateway.replay.trace import read_trace
 from gateway.stats import percentile
+from gateway.whatif.timeline import MODEL
+from gateway.whatif.trace import read_trace
 from simulator.hardware import SimulatorHardware
 from simulator.prefix_cache import PrefixCache
 
-GOODPUT_TTFT_S = 2.0  # gateway/replay/summary.py
+GOODPUT_TTFT_S = 2.0  # gateway/whatif/summary.py
 UNBOUNDED = 10**12
 
 

@@ -1,4 +1,4 @@
-"""The simulator as the routing replay's hardware model (`gateway/replay/hardware.py`).
+"""The simulator as the routing replay's hardware model (`gateway/whatif/hardware.py`).
 
 Each backend of a replayed pool is a `Device` built from the bundled profile of the pool's kind,
 so its timing, power and prefix cache are the simulator's, not the policy's nominal ones. A

@@ -361,7 +361,7 @@ def completion_tokens(prompt: str | list[int]) -> list[str]:
 
 def prompt_ids(tokens: list[str]) -> tuple[int, ...]:
     """Return the ids of a prompt's tokens (a token-id prompt's own ids)."""
-    return tuple(int(t) if t.isdigit() else token_id(t) for t in tokens)
+    return tuple(int(t) if t.isascii() and t.isdigit() else token_id(t) for t in tokens)
 
 
 def _cached(tokens: list[str], cache: PrefixCacheFigures) -> dict[str, tuple[int, ...]]:

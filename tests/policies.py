@@ -57,6 +57,7 @@ def fleet_policy(
     *,
     gpu_extra: dict | None = None,
     asic_extra: dict | None = None,
+    cim_extra: dict | None = None,
     interactive: dict | None = None,
     routes: list[dict] | None = None,
     **top: object,
@@ -72,7 +73,7 @@ def fleet_policy(
         "pools": {
             "gpu": pool("gpu", gpu, [MODEL, BIG, EMBED], **(gpu_extra or {})),
             "asic": pool("asic", asic, [MODEL, EMBED], **(asic_extra or {})),
-            "cim": pool("cim", cim, [MODEL], live=False),
+            "cim": pool("cim", cim, [MODEL], **({"live": False} | (cim_extra or {}))),
         },
         "routes": routes
         or [

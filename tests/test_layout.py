@@ -62,7 +62,7 @@ def test_benchmarks_and_the_harness_import_nothing_from_the_tests() -> None:
     suite = {"tests", "conftest"} | {p.stem for p in (ROOT / "tests").glob("*.py")}
     leaning = {
         str(path.relative_to(ROOT)): sorted(imported_names(path) & suite)
-        for folder in ("bench", "harness", "gateway", "simulator")
+        for folder in ("bench", "harness", "gateway", "simulator", "lab")
         for path in (ROOT / folder).rglob("*.py")
     }
     assert {path: found for path, found in leaning.items() if found} == {}

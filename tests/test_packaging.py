@@ -1,5 +1,5 @@
-"""The package as users install it: `pip install .` without the dev extras, run from anywhere;
-and what each make target installs."""
+"""The package as users install it: `pip install .` without the dev extras, run from anywhere,
+the routing benchmark included; and what each make target installs."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
     source = tmp_path_factory.mktemp("source")
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, source / name)
-    for package in ("gateway", "simulator"):
+    for package in ("gateway", "simulator", "lab"):
         shutil.copytree(
             ROOT / package, source / package, ignore=shutil.ignore_patterns("__pycache__")
         )
@@ -118,6 +118,12 @@ def test_the_installed_commands_migrate_validate_and_serve_from_an_empty_directo
             server.terminate()
             server.wait(timeout=60)
     assert server.returncode == 0
+    # The routing benchmark, which the gateway finds by its entry point, ships beside it.
+    trace = ROOT / "traces" / "azure_llm_2023_conv.csv"
+    bench = ("bench", "routing", "--trace", str(trace), "--policy", "policy.yaml", "--limit", "40")
+    benched = run(installed, work, env, *bench, "--strategies", "learned,oracle", "--out", "r.json")
+    assert benched.returncode == 0, benched.stderr
+    assert set(json.loads((work / "r.json").read_text())["strategies"]) == {"learned", "oracle"}
 
 
 def _name(requirement: str) -> str:

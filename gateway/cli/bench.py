@@ -1,84 +1,50 @@
-"""`gateway bench`: the routing benchmark on a trace."""
+"""`gateway bench`: the benchmarks installed beside the gateway, one command each.
+
+The gateway never imports a benchmark: each registers the function that adds its command to this
+group under the entry point group `shadow_gateway.bench`, as the routing benchmark does
+(`lab/command.py`, registered in pyproject.toml). A benchmark registered but not shipped (the
+container image carries the gateway and the simulator alone) keeps its name and says so when it
+is run; every other command works as before.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
+from functools import partial
+from importlib.metadata import EntryPoint, entry_points
 
 from gateway.settings import Settings
 
+GROUP = "shadow_gateway.bench"
 
-def _routing(args: argparse.Namespace, settings: Settings) -> int:
-    import json
 
-    from gateway.replay.bench import format_table, run_live_comparison, run_routing_benchmark
-    from gateway.replay.trace import TraceError
-
-    policy = args.policy or settings.policy_path
-    try:
-        if args.live:
-            result = run_live_comparison(
-                args.live,
-                args.trace,
-                args.out,
-                policy,
-                speed=args.live_speed,
-                rate_scale=args.rate_scale,
-                limit=args.limit,
-                seed=args.seed,
-            )
-            print(json.dumps(result["comparison"], indent=2))
-        else:
-            result = run_routing_benchmark(
-                args.trace,
-                args.out,
-                policy,
-                rate_scale=args.rate_scale,
-                limit=args.limit,
-                seed=args.seed,
-                strategies=args.strategies.split(",") if args.strategies else None,
-                scenario=args.scenario,
-            )
-            print(format_table(result["strategies"]))
-    except (TraceError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(f"written to {args.out}")
-    return 0
+def _not_installed(
+    entry: EntryPoint, error: ImportError, args: argparse.Namespace, settings: Settings
+) -> int:
+    print(
+        f"error: the {entry.name} benchmark is registered ({entry.value}) but cannot be "
+        f"imported: {error}; install the project from its source tree (pip install .)",
+        file=sys.stderr,
+    )
+    return 2
 
 
 def add(commands: argparse._SubParsersAction) -> None:
     """Add this group's commands to the `gateway` command."""
-    bench = commands.add_parser("bench", help="benchmarks").add_subparsers(
-        dest="bench_command", required=True
-    )
-    routing = bench.add_parser(
-        "routing", help="replay a trace through every routing strategy on a virtual clock"
-    )
-    routing.add_argument(
-        "--trace",
-        type=Path,
-        required=True,
-        help="the Azure LLM traces' CSV or Mooncake's JSONL (traces/README.md)",
-    )
-    routing.add_argument("--out", type=Path, required=True, help="where to write the JSON result")
-    routing.add_argument(
-        "--rate-scale", type=float, default=1.0, help="arrivals this many times faster"
-    )
-    routing.add_argument("--limit", type=int, help="replay only the first N requests")
-    routing.add_argument("--seed", type=int, default=0, help="meter phase and round-robin start")
-    routing.add_argument("--policy", type=Path, help="policy file (default GATEWAY_POLICY)")
-    routing.add_argument("--strategies", help="comma-separated subset (default: all)")
-    routing.add_argument(
-        "--scenario",
-        type=Path,
-        help="events (hidden from the router) and tariffs (known to it) on the trace's clock",
-    )
-    routing.add_argument(
-        "--live", metavar="URL", help="also send the slice through the gateway running at URL"
-    )
-    routing.add_argument(
-        "--live-speed", type=float, default=1.0, help="the simulators' --speed, for --live"
-    )
-    routing.set_defaults(run=_routing)
+    found = sorted(entry_points(group=GROUP), key=lambda entry: entry.name)
+    bench = commands.add_parser(
+        "bench", help=f"benchmarks ({', '.join(e.name for e in found) or 'none installed'})"
+    ).add_subparsers(dest="bench_command", required=True)
+    for entry in found:
+        try:
+            add_command = entry.load()
+        except ImportError as exc:
+            # Every argument is taken as given, so that running it reaches the explanation.
+            missing = bench.add_parser(
+                entry.name, help="not installed", add_help=False, prefix_chars="\0"
+            )
+            missing.add_argument("given", nargs=argparse.REMAINDER)
+            missing.set_defaults(run=partial(_not_installed, entry, exc))
+            continue
+        add_command(bench)

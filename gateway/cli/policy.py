@@ -58,8 +58,8 @@ def _simulate(args: argparse.Namespace, settings: Settings) -> int:
     from gateway.db.connection import connect
     from gateway.policy import versions
     from gateway.policy.load import parse_policy
-    from gateway.replay.whatif import recorded_requests, simulate
     from gateway.report.period import parse_since
+    from gateway.whatif.simulate import recorded_requests, simulate
 
     db = connect(settings.database_url)
     stored = versions.active(db)

@@ -52,9 +52,11 @@ def _check(args: argparse.Namespace, settings: Settings) -> int:
     from gateway.db.connection import connect
     from gateway.errors import InvalidRequest
     from gateway.policy.credentials import Access
+    from gateway.policy.suites import refused
     from gateway.promotion.precision.check import read_suite, run
     from gateway.promotion.precision.figures import PASS
     from gateway.promotion.precision.limits import Limits
+    from gateway.promotion.precision.plan import plan
     from gateway.promotion.precision.results import store
 
     for name in ("max_departure_rate", "max_turned_wrong", "max_error_share"):
@@ -65,8 +67,14 @@ def _check(args: argparse.Namespace, settings: Settings) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request is noise here
     suite = read_suite(args.suite)
     policy, source = _policy(args, settings)
+    spec = policy.pools.get(args.pool)
+    changed = None if spec is None else refused(suite.file, suite.sha256, spec.go_live)
+    if changed is not None:
+        raise InvalidRequest(f"the suite {args.suite} is refused: {changed}", param="suite")
     access = Access(os.environ, settings.upstream_key_hosts, settings.upstream_hosts)
     limits = Limits(args.max_departure_rate, args.max_turned_wrong, args.max_error_share)
+    reference = plan(policy, suite, args.pool, args.reference, args.embedding_model).reference
+    earlier = _earlier(settings, args.pool, suite.sha256, reference)
     result = asyncio.run(
         run(
             policy,
@@ -78,6 +86,7 @@ def _check(args: argparse.Namespace, settings: Settings) -> int:
             limits=limits,
             concurrency=args.concurrency,
             timeout_s=args.timeout,
+            earlier=earlier,
         )
     )
     result["policy"] = source
@@ -98,6 +107,24 @@ def _check(args: argparse.Namespace, settings: Settings) -> int:
     return 0 if result["verdict"] == PASS else 1
 
 
+def _earlier(settings: Settings, pool: str, sha256: str, reference: str) -> list:
+    """Return the outcomes of the pool's failed checks on this suite and reference since its
+    last pass, which this run is pooled with (none where the database has no checks table)."""
+    import sqlalchemy as sa
+
+    from gateway.db.connection import connect
+    from gateway.promotion.precision.results import failed_since_pass
+    from gateway.promotion.precision.retries import outcomes_of
+
+    db = connect(settings.database_url)
+    try:
+        return [outcomes_of(r) for r in failed_since_pass(db, pool, sha256, reference)]
+    except sa.exc.SQLAlchemyError:
+        return []
+    finally:
+        db.dispose()
+
+
 def _summary(result: dict) -> str:
     """Say a check's verdict, figures and reasons for a terminal."""
 
@@ -105,9 +132,11 @@ def _summary(result: dict) -> str:
         return "–" if value is None else f"{value:.1%}"
 
     kl = "–" if result["mean_kl"] is None else f"{result['mean_kl']:.4f}"
+    runs = result.get("runs", 1)
+    pooled = f", pooled with {runs - 1} earlier failed run(s)" if runs > 1 else ""
     lines = [
         f"{result['pool']} against {result['reference']} on {result['suite']} "
-        f"({result['prompts']} prompts): {result['verdict'].upper()}",
+        f"({result['prompts']} prompts{pooled}): {result['verdict'].upper()}",
         f"  top-1 agreement {share(result['top1_agreement'])} (reference with itself "
         f"{share(result['noise_top1_agreement'])}), mean KL {kl}, near ties "
         f"{share(result['near_tie_share'])} of differences, harmful "

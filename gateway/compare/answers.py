@@ -3,8 +3,9 @@
 An answer is its text (or, for tool calls, the calls written out as text), its tool calls, its
 embedding vectors, its usage and, when the request asked for logprobs, the tokens the model chose
 with their logprobs and top alternatives: what comparing two answers needs. Reading is lenient: a
-body that is not an OpenAI response reads as an empty answer rather than an error, and a logprob
-entry without a token string and a finite logprob is skipped.
+body that is not an OpenAI response reads as an empty answer marked unreadable (`readable`)
+rather than an error, and a logprob entry without a token string and a finite logprob is
+skipped.
 
 Logprobs are read from chat responses (`choices[0].logprobs.content[*]`: `token`, `logprob`,
 `top_logprobs[*].token/.logprob`; in a stream each chunk's list follows the last, the choice of
@@ -71,6 +72,7 @@ class Answer:
     completion_tokens: int | None = None
     finish_reason: str | None = None
     tokens: tuple[TokenChoice, ...] = ()
+    readable: bool = True  # False: the body or stream is not an OpenAI response
 
 
 def _int(value: Any) -> int | None:
@@ -173,9 +175,9 @@ def read_body(body: bytes) -> Answer:
     try:
         doc = orjson.loads(body)
     except orjson.JSONDecodeError:
-        return Answer()
+        return Answer(readable=False)
     if not isinstance(doc, dict):
-        return Answer()
+        return Answer(readable=False)
     answer = Answer()
     usage = doc.get("usage")
     if isinstance(usage, dict):
@@ -188,6 +190,7 @@ def read_body(body: bytes) -> Answer:
         return answer
     choices = doc.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        answer.readable = False
         return answer
     choice = choices[0]
     answer.finish_reason = choice.get("finish_reason")
@@ -217,6 +220,7 @@ def read_stream(data: bytes) -> Answer:
     pieces: list[str] = []
     calls: dict[int, list[str]] = {}
     chosen: list[TokenChoice] = []
+    answer.readable = False  # until a chunk holds a choice of the first answer
     for event in events(data):
         payload = event.strip()
         if not payload or payload == b"[DONE]":
@@ -234,6 +238,7 @@ def read_stream(data: bytes) -> Answer:
         choice = _first_choice(doc.get("choices"))
         if choice is None:
             continue
+        answer.readable = True
         if choice.get("finish_reason"):
             answer.finish_reason = choice["finish_reason"]
         chosen += _token_choices(choice.get("logprobs"))

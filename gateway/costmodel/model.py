@@ -212,12 +212,14 @@ class Prediction:
 class PoolModel:
     """The prior and the learned residuals of one model on one pool, ready to evaluate fast.
 
-    What does not depend on the request is computed once, when the cost model is built: for
-    every concurrency a backend takes, the prior's decode step and draw and, per target, the
-    weight of each of the request's terms of φ, the batch's terms folded in (`features`:
-    every feature is a request term times a batch term). A prediction computes the request's
-    terms (`request_terms`, as training does) and, per target, their sum with those weights,
-    written out: it runs for every pool a decision ranks (docs/routing.md, "Decision time").
+    What does not depend on the request is computed once per concurrency, at its first use
+    (a pool of a thousand slots would take tens of milliseconds to tabulate at once, on the
+    loop, whenever a retrained model arrives): the prior's decode step and draw and, per
+    target, the weight of each of the request's terms of φ, the batch's terms folded in
+    (`features`: every feature is a request term times a batch term). A prediction computes
+    the request's terms (`request_terms`, as training does) and, per target, their sum with
+    those weights, written out: it runs for every pool a decision ranks (docs/routing.md,
+    "Decision time").
     """
 
     __slots__ = (
@@ -252,8 +254,24 @@ class PoolModel:
         self._own_usd_per_j = self._own.usd_per_j
         self._own_g_co2_per_j = self._own.g_co2_per_j
         self._per_hour = pool.price.usd_per_hour / 3600
-        self._by_concurrent = [self._at_concurrency(n) for n in range(physics.slots + 1)]
-        self._steps_by_concurrent = [_step(batch) for batch in self._by_concurrent]
+        self._by_concurrent: list[_Batch | None] = [None] * (physics.slots + 1)
+        self._steps_by_concurrent: list[tuple[float, ...] | None] = [None] * (physics.slots + 1)
+
+    def _entry(self, concurrent: int) -> _Batch:
+        """Return a concurrency's table entry, kept once computed where the table reaches."""
+        entry = self._at_concurrency(concurrent)
+        if 0 <= concurrent < len(self._by_concurrent):
+            self._by_concurrent[concurrent] = entry
+        return entry
+
+    def _step_entry(self, others: int) -> tuple[float, ...]:
+        """Return the step of a batch of `others`, kept once computed where the table reaches."""
+        table = self._by_concurrent
+        entry = table[others] if others < len(table) else None
+        step = _step(entry if entry is not None else self._entry(others))
+        if others < len(self._steps_by_concurrent):
+            self._steps_by_concurrent[others] = step
+        return step
 
     def _at_concurrency(self, concurrent: int) -> _Batch:
         """Return what depends on the batch alone: the prior's decode step and draw, and per
@@ -286,6 +304,7 @@ class PoolModel:
         own = prompt + output
         context = own if context is None else context
         by_concurrent = self._by_concurrent
+        entry = by_concurrent[concurrent] if 0 <= concurrent < len(by_concurrent) else None
         # The prior's step and draw, and per target the weights of the request's terms.
         (
             step_prior, watts,
@@ -293,11 +312,7 @@ class PoolModel:
             b0, b1, b2, b3, b4, b5, b6, b7, b8,  # tpot
             c0, c1, c2, c3, c4, c5, c6, c7, c8,  # e2e
             d0, d1, d2, d3, d4, d5, d6, d7, d8,  # energy
-        ) = (
-            by_concurrent[concurrent]
-            if 0 <= concurrent < len(by_concurrent)
-            else self._at_concurrency(concurrent)
-        )  # fmt: skip
+        ) = entry if entry is not None else self._entry(concurrent)  # fmt: skip
         # The request's terms, in REQUEST_TERMS' order (the first is one).
         _, log_prompt, log_output, log_context, past_low, past_high, pp, oo, po = request_terms(
             prompt, output, context, self._span
@@ -332,8 +347,9 @@ class PoolModel:
         if others > 0 and output > 1:
             rest = context - own if context > own else 0  # the others' KV cache alone
             steps = self._steps_by_concurrent
+            known = steps[others] if others < len(steps) else None
             step_prior_before, e0, e1, e2, e3, e4, e5, e6, e7, e8 = (
-                steps[others] if others < len(steps) else _step(self._at_concurrency(others))
+                known if known is not None else self._step_entry(others)
             )
             rest_context, rest_low, rest_high = context_terms(rest)
             step_before = step_prior_before * exp(
@@ -457,7 +473,7 @@ class CostModel:
 
     def __post_init__(self) -> None:
         # Built with the model (loaded, trained, or rebased on a new policy) rather than by the
-        # first decision to need each: a pool model's tables take 30-40 µs for 32 slots.
+        # first decision to need each; their tables fill as decisions need them.
         for pool, spec in self.policy.pools.items():
             for model in spec.models:
                 self.pool_model(pool, model)

@@ -238,6 +238,13 @@ class ShadowRecord:
         default=None,
         metadata=column(index=True, comment="When the stored texts are erased, Unix seconds."),
     )
+    # gateway/compare/failures.py: each answer judged against the other's (migration 0015).
+    failure: str | None = field(
+        default=None, metadata=column(width=16, comment="How the copy's answer failed.")
+    )
+    primary_failure: str | None = field(
+        default=None, metadata=column(width=16, comment="How the primary's answer failed.")
+    )
 
     def row(self) -> dict[str, Any]:
         row = row_of(self)

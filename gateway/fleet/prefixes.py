@@ -14,9 +14,10 @@ counts a prompt's last token as cached, and counts in blocks of its own size), t
 less than the index thinks (other clients' prompts, a smaller cache than declared, a restart),
 so the backend's `scale` shrinks the capacity the index keeps; where the engine found about as
 much or more, it grows back towards the declared capacity. An engine that says how much of past
-prompts it keeps now bounds it too (`bound`: llama.cpp's slots, one prompt each, read with the
-metering scrape). What the index expects is what it
-knew before the request was sent, so a request sent while another with its prefix was still
+prompts it keeps bounds it too (`bound`: llama.cpp's slots, one prompt each, read with the
+metering scrape), together with the blocks sent to it since it said so, which a scrape taken
+before they arrived cannot count. What the index expects is what it knew before the request was
+sent, so a request sent while another with its prefix was still
 in prefill expects nothing of it and corrects nothing. A restarted engine, an eviction the
 index did not see, a block another replica sent while Redis was out: each costs one
 mispredicted request, which the report then corrects. With Redis, replicas tell each other
@@ -52,7 +53,9 @@ class BackendBlocks:
     capacity: int
     scale: float = 1.0
     held: OrderedDict[int, None] = field(default_factory=OrderedDict)
-    kept: int | None = None  # what the engine says it keeps now (llama.cpp's slots), if it says
+    kept: int | None = None  # what the engine said it kept at its last scrape, if it says
+    # Blocks sent since that scrape: the engine keeps them too, whatever it said before them.
+    since: int = 0
 
     @property
     def limit(self) -> int:
@@ -60,7 +63,7 @@ class BackendBlocks:
         if self.capacity <= 0:
             return 0
         trusted = max(1, int(self.capacity * self.scale))
-        return trusted if self.kept is None else min(trusted, self.kept)
+        return trusted if self.kept is None else min(trusted, self.kept + self.since)
 
 
 class PrefixIndex:
@@ -127,8 +130,11 @@ class PrefixIndex:
         # goes first, as engines free a request's blocks (vLLM frees them in reverse): a block
         # is never more recent than the one before it, so what is held of a prompt is a prefix.
         for block in reversed(blocks):
-            held[block] = None
-            held.move_to_end(block)
+            if block in held:
+                held.move_to_end(block)
+            else:
+                held[block] = None
+                known.since += 1
         self._evict(known)
 
     def reported(self, backend: str, expected: int, found: int) -> None:
@@ -145,10 +151,11 @@ class PrefixIndex:
 
     def bound(self, backend: str, blocks: int | None) -> None:
         """Keep at most `blocks` for the backend, what its engine says it keeps of past prompts
-        now (None: it says nothing, and the declared capacity bounds the index)."""
+        now, and what is sent to it from now on (None: it says nothing, and the declared
+        capacity bounds the index)."""
         known = self._backends.get(backend)
         if known is not None:
-            known.kept = blocks
+            known.kept, known.since = blocks, 0
             self._evict(known)
 
     def forget(self, backend: str) -> None:

@@ -38,12 +38,12 @@ from gateway.policy.apply import apply, rollback
 from gateway.policy.load import content_hash
 from gateway.policy.tariffs import DAY_S
 from gateway.promotion import evidence, rollout
-from gateway.replay.whatif import recorded_requests, simulate
 from gateway.report.period import ISO_WEEK, SINCE, parse_since
 from gateway.report.schedule import FILES, listing
 from gateway.routing.bodies import INTEGRAL
 from gateway.routing.explain import explain
 from gateway.shadow.summary import summarize
+from gateway.whatif.simulate import recorded_requests, simulate
 
 MAX_LISTED = 1000  # policy versions one listing returns; a bigger limit is a 400, not a crash
 # The widest integer a JSON reader holds exactly (the description's bounds are doubles), which

@@ -72,7 +72,7 @@ class Guard:
                 check_admin_token(self._admin_token(), _header(scope, b"authorization"))
             declared = _header(scope, b"content-length")
             if declared:
-                if not declared.isdigit():
+                if not (declared.isascii() and declared.isdigit()):
                     raise InvalidRequest("the Content-Length header is not a number")
                 if int(declared) > self._limit:
                     raise BodyTooLarge(

@@ -30,7 +30,7 @@ import yaml
 
 from gateway.db.schema import precision_checks
 from gateway.errors import PolicyError, PolicyStoreUnavailable, Problem
-from gateway.policy import versions
+from gateway.policy import suites, versions
 from gateway.policy.credentials import Access
 from gateway.policy.load import PolicyLoader, content_hash, locator, parse_policy
 from gateway.policy.model import GoLive, Policy
@@ -195,11 +195,9 @@ def why_not_counted(check: dict[str, Any], rule: GoLive, policy: Policy) -> str 
     ran = result.get("suite_file", PurePath(check["suite"]).name)
     if ran != rule.suite:
         return f"it replayed {ran}, and the pool's go_live names {rule.suite}"
-    if rule.suite_sha256 is not None and result.get("suite_sha256") != rule.suite_sha256:
-        return (
-            f"its {ran} (sha256 {str(result.get('suite_sha256'))[:12]}…) is not the one "
-            f"go_live pins ({rule.suite_sha256[:12]}…)"
-        )
+    changed = suites.unpinned(ran, str(result.get("suite_sha256")), rule)
+    if changed is not None:
+        return changed
     reference = check["reference"]
     if rule.reference is not None and reference != rule.reference:
         return f"it compared against {reference!r}, and go_live names {rule.reference!r}"
@@ -210,6 +208,14 @@ def why_not_counted(check: dict[str, Any], rule: GoLive, policy: Policy) -> str 
         return "it ran before suites were held to the gate's minimums; run it again"
     if not result["gate"]["opens"]:
         return f"its suite falls short: {'; '.join(result['gate']['lacks'])}"
+    if "labelled" not in result["gate"]:
+        return "it ran before go-live suites needed a labelled part; run it again"
+    labelled, needed = result["gate"]["labelled"], result["gate"]["labelled_needed"]
+    if labelled < needed and rule.unlabelled is None:
+        return (
+            f"its suite holds {labelled} labelled questions, and a go-live suite needs"
+            f" {needed} (or go_live.unlabelled saying why the pool's models have none)"
+        )
     return None
 
 

@@ -183,6 +183,13 @@ class GoLive(Strict):
         default=None,
         description="The pool the passing check compared against; null: any live gpu pool.",
     )
+    unlabelled: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Why the pool's models have no labelled suite: a check then counts on a"
+        " suite without labelled questions, which judges meaning alone. null: the suite needs"
+        " a labelled part (questions with their right answers, `expected`).",
+    )
 
 
 # What a parking command may name of the backend it switches: `{name}`, `{url}`, `{pool}`.
@@ -517,6 +524,14 @@ class ModelSpec(Strict):
 
     params_b: PositiveFloat = Field(description="Parameters, in billions.")
     kind: Literal["chat", "embedding"] = "chat"
+    paraphrase_similarity: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="An embedding model's: the similarity it gives an answer and a paraphrase "
+        "of it (windowed, as shadow pairs are compared), measured on paraphrases of the fleet's "
+        "answers. Where the judge's meaning tolerance starts (docs/promotion.md); null: 0.98.",
+    )
     kv_bytes_per_token: PositiveFloat | None = Field(
         default=None, description="KV-cache bytes one token holds; default from params_b."
     )
@@ -630,7 +645,21 @@ class Promotion(Strict):
         description="Share of the candidate's copies meeting their SLO class's targets may be"
         " this much below the share of the primary's answers that do.",
     )
-    max_error_rate: float = Field(default=0.01, ge=0, le=1)
+    failure_margin: float = Field(
+        default=0.01,
+        ge=0,
+        le=1,
+        description="Share of requests whose copy failed (an error, a timeout, a broken stream,"
+        " a null, empty or cut-short answer) may be this much above the share whose primary's"
+        " answer did.",
+    )
+    max_error_rate: float = Field(
+        default=0.01,
+        ge=0,
+        le=1,
+        description="Share of a canary's requests that may fail in a rollout step (errors, and"
+        " failed answers in its reverse shadow sample).",
+    )
     alpha: float = Field(default=0.05, gt=0, lt=1, description="Chance of a false promotion.")
     min_samples: int = Field(default=500, ge=1)
     min_window_days: float = Field(default=7.0, ge=0)

@@ -2,21 +2,32 @@
 
 Exact match cannot judge low-precision hardware: an int8 part flips near-tie tokens on most long
 answers and means the same thing, and two runs of a bf16 GPU differ too. A pair *departs* when
-its answers differ by more than the route's own noise floor lets two answers of one pool differ:
+its answers differ by more than a paraphrase does, or than the route's own noise floor lets two
+answers of one pool differ:
 
+- a copy that failed (gateway/compare/failures.py: an error, a timeout, a broken stream, a
+  null, empty or cut-short answer) departs: it is an answer the client would have seen; a pair
+  whose primary's answer failed is the primary's failure, and is left out of quality;
 - pairs that match exactly never depart;
 - a structured answer (JSON, tool calls) departs when a field differs;
 - where the answers' semantic similarity was measured (the fleet's embedding route), a pair
-  departs when it falls below the tolerance: the 1st percentile of the similarity of the noise
-  floor's differing pairs, at most `SAME_MEANING`; the same for embedding answers' cosine;
+  departs when it falls below the meaning tolerance. It starts at the similarity the embedding
+  model gives paraphrases of an answer (`paraphrase_similarity`, declared with the model in the
+  policy; `SAME_MEANING` for a model that declares none) and the noise floor may only tighten
+  it: to the 1st percentile of the floor's differing pairs where that is higher, up to
+  `SAME_MEANING`. A floor pair far below cannot loosen it, so one odd A/A pair cannot turn a
+  reject into a promote;
+- embedding answers are one vector each: the same rule on their cosine, from `SAME_VECTOR`;
 - otherwise the words decide: a pair whose first differing token was a near tie (the
   candidate's token among the primary's top logprobs) does not depart, else one whose word
-  similarity (ROUGE-L) falls below the word tolerance (at most `SAME_WORDS`) does.
+  similarity (ROUGE-L) falls below the word tolerance (the floor's 1st percentile, at most
+  `SAME_WORDS`) does.
 
 A pair departs at most once, and its words at risk say how often it could have: the reference's
 words up to and including the first that differs, all of them when none does. Departures per word
 at risk are what a precision check (gateway/promotion/precision/rates.py) and the judge's quality
-check count. An embedding answer is one vector, so one at risk.
+check count. An embedding answer is one vector, so one at risk; so is a copy that failed with
+no answer to compare.
 
 Pure: rows in, counts out. Rows carry a shadow record's measures (gateway/shadow/records.py).
 """
@@ -29,13 +40,17 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-# Ceilings of the tolerance: an embedding model rates a paraphrase at or above 0.98 and a
-# changed fact below; ROUGE-L keeps 0.95 through a few changed words in a hundred.
+# Where the tolerances start and how far a floor may tighten them. SAME_MEANING is the start for
+# an embedding model that declares no paraphrase similarity (strict: its benign rewordings may
+# count as departures) and the most a floor tightens any to: an answer and its near-tie flip
+# embed at 0.98 or above. Two embeddings of one input by two parts keep a cosine of 0.98;
+# ROUGE-L keeps 0.95 through a few changed words in a hundred.
 SAME_MEANING = 0.98
+SAME_VECTOR = 0.98
 SAME_WORDS = 0.95
 PERCENTILE = 0.01
 # A percentile of the noise floor is trusted from this many differing pairs (or this many
-# pairs in all, when a pool almost never differs from itself); before, the ceilings apply.
+# pairs in all, when a pool almost never differs from itself); before, the starts apply.
 MIN_DIFFERING = 100
 MIN_PAIRS = 2000
 
@@ -44,11 +59,12 @@ Row = Mapping[str, Any]
 
 @dataclass(frozen=True, slots=True)
 class Tolerance:
-    """The similarities below which a pair departs, from the noise floor's pairs."""
+    """The similarities below which a pair departs, from where they start and the noise floor."""
 
     meaning: float = SAME_MEANING
     words: float = SAME_WORDS
     noise_pairs: int = 0
+    vectors: float = SAME_VECTOR
 
     def describe(self) -> str:
         """Say what the tolerance is in words, for a verdict's detail."""
@@ -63,34 +79,45 @@ class Tolerance:
         )
 
 
-def tolerance(noise: Iterable[Row]) -> Tolerance:
-    """Return the tolerance the noise floor's compared pairs allow."""
-    rows = list(noise)
-    meaning = [
-        value for r in rows if not r.get("exact_match") and (value := _meaning(r)) is not None
+def tolerance(noise: Iterable[Row], paraphrase: float | None = None) -> Tolerance:
+    """Return the tolerance the noise floor's compared pairs allow, the meaning tolerance
+    starting at the embedding model's `paraphrase` similarity (None: `SAME_MEANING`)."""
+    rows = [r for r in noise if not r.get("failure") and not r.get("primary_failure")]
+    differing = [r for r in rows if not r.get("exact_match")]
+    meaning = [v for r in differing if (v := r.get("semantic_similarity")) is not None]
+    vectors = [
+        v
+        for r in differing
+        if r.get("semantic_similarity") is None and (v := r.get("embedding_cosine")) is not None
     ]
-    words = [
-        r["similarity"]
-        for r in rows
-        if not r.get("exact_match") and r.get("similarity") is not None
-    ]
+    words = [r["similarity"] for r in differing if r.get("similarity") is not None]
     trusted = len(rows) >= MIN_PAIRS
+    start = SAME_MEANING if paraphrase is None else paraphrase
     return Tolerance(
-        meaning=_floor(meaning, SAME_MEANING, trusted),
+        meaning=_tightened(meaning, start, max(start, SAME_MEANING), trusted),
         words=_floor(words, SAME_WORDS, trusted),
-        noise_pairs=len(rows) if trusted or len(meaning) >= MIN_DIFFERING else 0,
+        noise_pairs=(
+            len(rows) if trusted or max(len(meaning), len(vectors)) >= MIN_DIFFERING else 0
+        ),
+        vectors=_tightened(vectors, SAME_VECTOR, SAME_VECTOR, trusted),
     )
 
 
 def departs(row: Row, tol: Tolerance) -> bool:
-    """Say whether one compared pair disagrees in meaning beyond what the noise floor allows."""
+    """Say whether one pair disagrees in meaning beyond what the noise floor allows (a copy
+    that failed always does)."""
+    if row.get("failure"):
+        return True
     if row.get("exact_match"):
         return False
     if _fields_differ(row.get("json_diff")):
         return True
-    meaning = _meaning(row)
+    meaning = row.get("semantic_similarity")
     if meaning is not None:
-        return meaning < tol.meaning
+        return bool(meaning < tol.meaning)
+    cosine = row.get("embedding_cosine")
+    if cosine is not None:
+        return bool(cosine < tol.vectors)
     if row.get("near_tie"):
         return False
     similarity = row.get("similarity")
@@ -102,6 +129,14 @@ def compared(row: Row) -> bool:
     return row.get("candidate_error") is None and (
         row.get("exact_match") is not None or row.get("embedding_cosine") is not None
     )
+
+
+def judged(row: Row) -> bool:
+    """Say whether a pair counts toward quality: its answers were compared or the copy failed,
+    and the primary's answer did not fail."""
+    if row.get("primary_failure"):
+        return False
+    return bool(row.get("failure")) or compared(row)
 
 
 def words_at_risk(exact_match: bool | None, first_divergence: int | None, words: int) -> int:
@@ -116,16 +151,11 @@ def at_risk(row: Row) -> int | None:
     """Return the words a compared pair put at risk of departing; None for a text pair stored
     before the primary's length in words was measured, whose matching answers cannot say."""
     if row.get("exact_match") is None:
-        return 1  # an embedding answer: one vector to depart on
+        return 1  # an embedding answer, or a failed copy with no text: one to depart on
     words = row.get("reference_words")
     if words is None:
         return None
     return words_at_risk(row["exact_match"], row.get("first_divergence"), words)
-
-
-def _meaning(row: Row) -> float | None:
-    value = row.get("semantic_similarity")
-    return value if value is not None else row.get("embedding_cosine")
 
 
 def _fields_differ(json_diff: Any) -> bool:
@@ -138,6 +168,17 @@ def _fields_differ(json_diff: Any) -> bool:
 def _floor(values: list[float], ceiling: float, trusted: bool) -> float:
     if not values or (len(values) < MIN_DIFFERING and not trusted):
         return ceiling
+    return min(_percentile(values), ceiling)
+
+
+def _percentile(values: list[float]) -> float:
     values.sort()
-    at = values[min(len(values) - 1, math.floor(PERCENTILE * len(values)))]
-    return min(at, ceiling)
+    return values[min(len(values) - 1, math.floor(PERCENTILE * len(values)))]
+
+
+def _tightened(values: list[float], start: float, ceiling: float, trusted: bool) -> float:
+    """Return the floor's percentile between the start and the ceiling: a floor may tighten a
+    tolerance, never loosen it, and never past what two answers of like meaning keep."""
+    if not values or (len(values) < MIN_DIFFERING and not trusted):
+        return start
+    return min(max(start, _percentile(values)), ceiling)

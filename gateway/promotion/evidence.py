@@ -16,9 +16,11 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from gateway.compare.failures import ERROR, UPSTREAM
 from gateway.db.schema import promotion_evaluations, request_records, shadow_records
 from gateway.policy.model import Policy
-from gateway.promotion.departures import Tolerance, at_risk, compared, departs, tolerance
+from gateway.promotion import departures
+from gateway.promotion.departures import at_risk, departs, judged, tolerance
 from gateway.promotion.judge import Agreement, Criteria, Evidence, Verdict, judge
 from gateway.records.slo import Targets, meets_slo
 from gateway.shadow.sample import CANDIDATE, NOISE
@@ -26,6 +28,9 @@ from gateway.shadow.sample import CANDIDATE, NOISE
 EvidenceByKey = dict[tuple[str, str], Evidence]
 # The targets of a request's SLO class, by the class its request record names (None: none kept).
 TargetsOf = Callable[[str | None], Targets | None]
+# The paraphrase similarity of the embedding model a route's pairs are compared with (None: none
+# declared), where the meaning tolerance starts (gateway/promotion/departures.py).
+ParaphraseOf = Callable[[str], float | None]
 # A shadow record is read whole but for these: answer texts are never read to judge or report.
 LEFT_OUT = ("id", "primary_text", "candidate_text", "text_expires_at")
 
@@ -37,7 +42,7 @@ def criteria(policy: Policy) -> Criteria:
         departure_margin=p.departure_margin,
         sampled_departure_margin=p.sampled_departure_margin,
         slo_margin=p.slo_margin,
-        max_error_rate=p.max_error_rate,
+        failure_margin=p.failure_margin,
         alpha=p.alpha,
         min_samples=p.min_samples,
         min_window_s=p.min_window_days * 86400,
@@ -50,7 +55,15 @@ def slo_targets(policy: Policy) -> TargetsOf:
 
 
 def _met(r: dict[str, Any], side: str, targets: Targets | None) -> bool:
-    """Say whether one side of a pair met the targets, each side timed from its send."""
+    """Say whether one side of a pair met the targets, each side timed from its send.
+
+    A side whose answer failed missed them. A side without a token count is held to the
+    budget of the other side's answer to the same request.
+    """
+    if r.get("failure" if side == "candidate" else "primary_failure"):
+        return False
+    other = "primary" if side == "candidate" else "candidate"
+    tokens = r[f"{side}_completion_tokens"]
     return meets_slo(
         targets,
         r[f"{side}_status"] or 0,
@@ -59,27 +72,35 @@ def _met(r: dict[str, Any], side: str, targets: Targets | None) -> bool:
         r[f"{side}_e2e_ms"],
         endpoint=r["endpoint"],
         stream=bool(r["stream"]),
-        completion_tokens=r[f"{side}_completion_tokens"],
+        completion_tokens=tokens if tokens is not None else r[f"{other}_completion_tokens"],
     )
 
 
-def gather(rows: Iterable[dict[str, Any]], targets_of: TargetsOf) -> EvidenceByKey:
+def gather(
+    rows: Iterable[dict[str, Any]],
+    targets_of: TargetsOf,
+    paraphrase_of: ParaphraseOf = lambda route: None,
+) -> EvidenceByKey:
     """Fold shadow rows into evidence per (route, candidate pool).
 
-    Compared pairs are split into temperature-0 and sampled traffic; each kind's noise-floor
-    pairs set the tolerance its pairs are held to (gateway/promotion/departures.py), and are
-    the floor of every candidate of their route. Departures are counted over words at risk;
-    pairs stored before the primary's length in words was measured are left out of them (their
-    matching answers cannot say how many words they put at risk) and counted as unmeasured.
-    Each answered copy and the primary's answer are judged against the targets of the
-    request's SLO class (`targets_of`).
+    Every copy counts, as the answer the client would have seen. Pairs are split into
+    temperature-0 and sampled traffic; each kind's noise-floor pairs set the tolerance its
+    pairs are held to (gateway/promotion/departures.py, the meaning tolerance starting at the
+    route's embedding model's paraphrase similarity, `paraphrase_of`), and are the floor of every
+    candidate of their route. A copy that failed (gateway/compare/failures.py) departs, misses
+    its SLO, and counts against the candidate beside the primary's own failures on the same
+    requests; a pair whose primary's answer failed is the primary's failure. Departures are
+    counted over words at risk; pairs stored before the primary's length in words was measured
+    are left out of them (their matching answers cannot say how many words they put at risk)
+    and counted as unmeasured. Each copy and the primary's answer are judged against the
+    targets of the request's SLO class (`targets_of`).
     """
     evidence: dict[tuple[str, str], Evidence] = {}
     noise: dict[tuple[str, bool], list[dict[str, Any]]] = {}
     pairs: dict[tuple[str, str, bool], list[dict[str, Any]]] = {}
     for r in rows:
         if r["kind"] == NOISE:
-            if compared(r):
+            if judged(r):
                 noise.setdefault((r["route"], bool(r["sampled"])), []).append(r)
             continue
         e = evidence.setdefault(
@@ -89,13 +110,14 @@ def gather(rows: Iterable[dict[str, Any]], targets_of: TargetsOf) -> EvidenceByK
         ts = r["ts"]
         e.first_ts = ts if e.first_ts is None else min(e.first_ts, ts)
         e.last_ts = ts if e.last_ts is None else max(e.last_ts, ts)
-        if r["candidate_error"] is not None:
-            e.errors += 1
-            continue
-        if compared(r):
+        e.failures.add(r.get("primary_failure"), _failure(r))
+        if judged(r):
             pairs.setdefault((r["route"], r["candidate_pool"], bool(r["sampled"])), []).append(r)
         targets = targets_of(r.get("slo_class"))
         e.slo.add(_met(r, "primary", targets), _met(r, "candidate", targets))
+        if r["candidate_error"] is not None:
+            e.errors += 1
+            continue
         for name, value in (
             ("primary_ttft_ms", r["primary_ttft_ms"]),
             ("candidate_ttft_ms", r["candidate_ttft_ms"]),
@@ -108,21 +130,33 @@ def gather(rows: Iterable[dict[str, Any]], targets_of: TargetsOf) -> EvidenceByK
         if primary_cost is not None and candidate_cost is not None:
             e.priced += 1
             e.cheaper += candidate_cost < primary_cost
-    tolerances = {key: tolerance(floor) for key, floor in noise.items()}
+    tolerances = {
+        (route, sampled): tolerance(floor, paraphrase_of(route))
+        for (route, sampled), floor in noise.items()
+    }
     for e in evidence.values():
         for sampled, agreement in ((False, e.greedy), (True, e.sampled)):
             floor = noise.get((e.route, sampled), [])
-            held_to = tolerances.get((e.route, sampled), Tolerance())
+            held_to = tolerances.get((e.route, sampled), tolerance((), paraphrase_of(e.route)))
             own = pairs.get((e.route, e.candidate, sampled), [])
             _count(agreement, own, floor, held_to)
     return evidence
+
+
+def _failure(r: dict[str, Any]) -> str | None:
+    """Return how a copy failed; for a record stored before failures were classified, its
+    upstream error."""
+    if r.get("failure"):
+        return str(r["failure"])
+    error = r["candidate_error"]
+    return None if error is None else UPSTREAM.get(error, ERROR)
 
 
 def _count(
     agreement: Agreement,
     own: list[dict[str, Any]],
     floor: list[dict[str, Any]],
-    held_to: Tolerance,
+    held_to: departures.Tolerance,
 ) -> None:
     """Count each side's measured pairs, their departures and words at risk."""
     measured = [(r, words) for r in own if (words := at_risk(r)) is not None]
@@ -175,6 +209,22 @@ def _paired_means(rows: list[dict[str, Any]], measure: str) -> tuple[float | Non
     return math.fsum(p for p, _ in pairs) / len(pairs), math.fsum(c for _, c in pairs) / len(pairs)
 
 
+def paraphrases(policy: Policy) -> ParaphraseOf:
+    """Return, by route, the paraphrase similarity its shadow targets' embedding model declares
+    (the highest where they name several); None where none declares one."""
+    figures: dict[str, float | None] = {}
+    for route in policy.routes:
+        declared = [
+            figure
+            for target in route.shadow
+            if (semantic := target.compare.semantic_similarity) is not None
+            and (spec := policy.models.get(semantic.model)) is not None
+            and (figure := spec.paraphrase_similarity) is not None
+        ]
+        figures[route.name] = max(declared, default=None)
+    return lambda route: figures.get(route)
+
+
 def shadow_rows(
     db: sa.Engine, since: float, until: float | None = None, route: str | None = None
 ) -> list[dict[str, Any]]:
@@ -209,7 +259,7 @@ def load_evidence(
 ) -> EvidenceByKey:
     """Read the shadow records since `since` into evidence per route and candidate."""
     rows = shadow_rows(db, since, route=route)
-    evidence = gather(rows, slo_targets(policy))
+    evidence = gather(rows, slo_targets(policy), paraphrases(policy))
     add_paired_means(rows, evidence)
     return evidence
 

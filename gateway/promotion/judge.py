@@ -23,7 +23,14 @@ Criteria, each a non-inferiority test against a margin from the policy:
   that do, on the same requests: a cheaper chip may be slower, and one that meets every target
   is what promotion is for. The p95 ratios of time to first token and end to end are reported
   beside the verdict, as information;
-- errors: the candidate's error rate is at most `max_error_rate`.
+- failures: the share of requests whose copy failed where the primary's answer did not
+  (gateway/compare/failures.py: an error, a timeout, a broken stream, a null, empty or
+  cut-short answer) is at most `failure_margin` above the share where only the primary's answer
+  failed. Only the requests where one side failed count: the share of them where it was the
+  candidate, and how many there are, each get a confidence sequence at alpha / 2, and the
+  difference of the two sides' failure rates is bounded from both (one side failing 10% of
+  answers, the other none, is rejected after about 150 to 250 copies; two sides failing alike
+  never are). A failed copy also counts as a departure and as a missed SLO.
 
 - benefit: the candidate serves more than half of the same requests for less than the primary
   (a sign test on paired costs), so a candidate that is merely as good is never promoted.
@@ -52,7 +59,7 @@ NAMES = {
     "quality": "quality at temperature 0",
     "quality_sampled": "quality of sampled answers",
     "slo": "SLO attainment",
-    "errors": "error rate",
+    "failures": "failed answers",
     "benefit": "cost benefit",
 }
 FAILED = {
@@ -62,7 +69,8 @@ FAILED = {
     " word than two samples of the primary's own pool do, beyond the margin",
     "slo": "fewer of its copies meet the route's SLO than the primary's answers do, beyond"
     " the margin",
-    "errors": "it fails more requests than allowed",
+    "failures": "more of its answers fail (errors, timeouts, empty or cut-short answers) than"
+    " the primary's do, beyond the margin",
     "benefit": "it is not cheaper than the primary on most requests",
 }
 
@@ -74,7 +82,7 @@ class Criteria:
     departure_margin: float = DEPARTURE_MARGIN
     sampled_departure_margin: float = SAMPLED_DEPARTURE_MARGIN
     slo_margin: float = 0.01
-    max_error_rate: float = 0.01
+    failure_margin: float = 0.01
     alpha: float = 0.05
     min_samples: int = 500
     min_window_s: float = 7 * 86400.0
@@ -185,6 +193,38 @@ class Attainment:
 
 
 @dataclass(slots=True)
+class Failures:
+    """Copies beside the primary's answers to the same requests: how many failed on each side
+    (gateway/compare/failures.py), and where only one side did; the copy's failures by kind."""
+
+    pairs: int = 0
+    candidate: int = 0
+    primary: int = 0
+    only_candidate: int = 0
+    only_primary: int = 0
+    kinds: dict[str, int] = field(default_factory=dict)
+
+    def add(self, primary: str | None, candidate: str | None) -> None:
+        self.pairs += 1
+        self.candidate += candidate is not None
+        self.primary += primary is not None
+        self.only_candidate += candidate is not None and primary is None
+        self.only_primary += primary is not None and candidate is None
+        if candidate is not None:
+            self.kinds[candidate] = self.kinds.get(candidate, 0) + 1
+
+    def scaled(self, factor: int) -> Failures:
+        """Return the counts as they would read with factor times the pairs at the same rates."""
+        return Failures(
+            max(self.pairs, 1) * factor,
+            self.candidate * factor,
+            self.primary * factor,
+            self.only_candidate * factor,
+            self.only_primary * factor,
+        )
+
+
+@dataclass(slots=True)
 class Evidence:
     """What the shadow records of one route and candidate pool say."""
 
@@ -192,8 +232,9 @@ class Evidence:
     candidate: str
     greedy: Agreement = field(default_factory=Agreement)  # temperature 0
     sampled: Agreement = field(default_factory=Agreement)  # temperature > 0
-    errors: int = 0  # candidate copies that failed
+    errors: int = 0  # candidate copies that got no answer: HTTP errors, timeouts, broken
     sent: int = 0  # candidate copies sent
+    failures: Failures = field(default_factory=Failures)
     slo: Attainment = field(default_factory=Attainment)
     # Reported beside the verdict, not judged on: the SLO check decides latency.
     primary_ttft_ms: Histogram = field(default_factory=Histogram)
@@ -419,20 +460,30 @@ def _p95_ratios(e: Evidence) -> dict[str, float | None]:
     return shown
 
 
-def _errors(e: Evidence, c: Criteria, alpha: float) -> Check:
-    if e.sent == 0:
-        return Check("errors", UNDECIDED, None, None, c.max_error_rate, 0, "no copies sent")
-    rate = e.errors / e.sent
-    low, high = bernoulli_interval(e.errors, e.sent, alpha)
-    result = PASS if high <= c.max_error_rate else FAIL if low > c.max_error_rate else UNDECIDED
+def _failures(f: Failures, margin: float, alpha: float) -> Check:
+    """Bound the candidate's failure rate minus the primary's from the requests where exactly
+    one side failed (module docstring): the share of them that were the candidate's, q, and
+    their share of all requests, d, each within a confidence sequence at alpha / 2; the
+    difference is (2q - 1) d."""
+    if f.pairs == 0:
+        return Check("failures", UNDECIDED, None, None, margin, 0, "no copies sent")
+    either = f.only_candidate + f.only_primary
+    q_low, q_high = bernoulli_interval(f.only_candidate, either, alpha / 2)
+    d_low, d_high = bernoulli_interval(either, f.pairs, alpha / 2)
+    low = (2 * q_low - 1) * (d_low if q_low >= 0.5 else d_high)
+    high = (2 * q_high - 1) * (d_high if q_high >= 0.5 else d_low)
+    result = PASS if high <= margin else FAIL if low > margin else UNDECIDED
+    kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(f.kinds.items()))
     return Check(
-        "errors",
+        "failures",
         result,
-        rate,
-        (max(low, 0.0), min(high, 1.0)),
-        c.max_error_rate,
-        e.sent,
-        f"{e.errors} of {e.sent} copies failed",
+        (f.only_candidate - f.only_primary) / f.pairs,
+        (low, high),
+        margin,
+        f.pairs,
+        f"{f.candidate} of {f.pairs} copies failed{f' ({kinds})' if kinds else ''}, and"
+        f" {f.primary} of the primary's answers to the same requests; only the copy on"
+        f" {f.only_candidate}, only the primary on {f.only_primary}",
     )
 
 
@@ -473,6 +524,7 @@ def _scaled(e: Evidence, factor: int) -> Evidence:
         greedy=e.greedy.scaled(factor) if e.greedy.compared else e.greedy,
         sampled=e.sampled.scaled(factor) if e.sampled.compared else e.sampled,
         slo=e.slo.scaled(factor),
+        failures=e.failures.scaled(factor),
         errors=grow(e.errors),
         sent=grow(max(e.sent, 1)),
         cheaper=grow(e.cheaper),
@@ -488,13 +540,18 @@ def _pairs(e: Evidence) -> int:
 
 
 def _checks(e: Evidence, c: Criteria, each: float) -> list[Check]:
-    """Every check: quality (per kind of traffic), SLO attainment, errors and benefit."""
+    """Every check: quality (per kind of traffic), SLO attainment, failures and benefit."""
     checks = [_quality("quality", e.greedy, c.departure_margin, each, "temperature-0")]
     if e.sampled.compared:
         checks.append(
             _quality("quality_sampled", e.sampled, c.sampled_departure_margin, each, "sampled")
         )
-    return [*checks, _slo(e.slo, c.slo_margin, each), _errors(e, c, each), _benefit(e, c, each)]
+    return [
+        *checks,
+        _slo(e.slo, c.slo_margin, each),
+        _failures(e.failures, c.failure_margin, each),
+        _benefit(e, c, each),
+    ]
 
 
 def judge(e: Evidence, c: Criteria, now: float, alpha: float | None = None) -> Verdict:

@@ -2,9 +2,11 @@
 
 An operator starts a rollout (`gateway promote apply ROUTE CANDIDATE`); the candidate becomes the
 route's canary at the first weight of `promotion.rollout_steps`. After each `step_minutes` the
-guards are checked on what the canary served in that step: its error rate, its SLO attainment,
-and its agreement in meaning with the former primary on a reverse shadow sample (the former
-primary answers copies of the canary's requests; gateway/promotion/departures.py). Passing
+guards are checked on what the canary served in that step: its error rate (errors among its
+requests, plus its answers that failed in the reverse shadow sample: null, empty, cut short,
+gateway/compare/failures.py), its SLO attainment, and its agreement in meaning with the former
+primary on a reverse shadow sample (the former primary answers copies of the canary's requests;
+gateway/promotion/departures.py). Passing
 guards move to the next weight; at the last, the candidate becomes the route's first pool. A
 breach goes back to the previous weight at once, stops the rollout and records why. Every change
 is a new policy version, so the policy history is the audit trail; the `rollouts` table keeps
@@ -49,10 +51,15 @@ class Guards:
     slo_met: int
     compared: int
     agreed: int
+    copies: int = 0  # reverse shadow copies of the canary's requests
+    failed: int = 0  # of them, those whose canary answer failed where the former's did not
 
     @property
     def error_rate(self) -> float:
-        return self.errors / self.requests if self.requests else 0.0
+        """The share of the canary's requests that failed: errors among all it served, plus the
+        failed answers in its reverse shadow sample, over the requests they were drawn from."""
+        errors = self.errors / self.requests if self.requests else 0.0
+        return errors + (self.failed / self.copies if self.copies else 0.0)
 
     @property
     def slo_attainment(self) -> float:
@@ -243,12 +250,11 @@ def guards(db: sa.Engine, policy: Policy, route: str, candidate: str, since: flo
             ).where(r.route == route, r.first_pool == candidate, r.ts >= since)
         ).all()
         copies = conn.execute(
-            sa.select(*(s[name] for name in MEASURES)).where(
+            sa.select(*(s[name] for name in MEASURES), s.failure, s.primary_failure).where(
                 s.route == route,
                 s.primary_pool == candidate,
                 s.kind == CANDIDATE,
                 s.candidate_error.is_(None),
-                s.exact_match.is_not(None),
                 s.ts >= since,
             )
         ).all()
@@ -258,13 +264,23 @@ def guards(db: sa.Engine, policy: Policy, route: str, candidate: str, since: flo
         ok = row.status == 200 and not row.fallback
         errors += not ok
         met += ok and record_meets_slo(cls, row._mapping)
+    # The canary is the primary of its reverse copies: an answer of its that failed where the
+    # former primary's did not (gateway/compare/failures.py) is a request it failed.
+    failed = sum(bool(c.primary_failure) and not c.failure for c in copies)
+    pairs = [
+        dict(c._mapping)
+        for c in copies
+        if c.exact_match is not None and not c.failure and not c.primary_failure
+    ]
     return Guards(
         requests=len(served),
         errors=errors,
         slo_met=met,
-        compared=len(copies),
+        compared=len(pairs),
         # Held to the default tolerance: the step is too short to measure a noise floor of its own.
-        agreed=sum(not departs(dict(copy._mapping), Tolerance()) for copy in copies),
+        agreed=sum(not departs(pair, Tolerance()) for pair in pairs),
+        copies=len(copies),
+        failed=failed,
     )
 
 

@@ -120,7 +120,7 @@ def build(
             "departure_margin": rules.departure_margin,
             "sampled_departure_margin": rules.sampled_departure_margin,
             "slo_margin": rules.slo_margin,
-            "max_error_rate": rules.max_error_rate,
+            "failure_margin": rules.failure_margin,
             "alpha": rules.alpha,
             "min_samples": rules.min_samples,
             "min_window_days": rules.min_window_s / 86400,

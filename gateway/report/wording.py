@@ -59,10 +59,11 @@ def plain_check(check: Mapping[str, Any]) -> str:
             f"{estimate * 100:.2f} points less often than the primary (interval "
             f"{low * 100:+.2f} to {high * 100:+.2f}); at most {threshold * 100:.1f} allowed."
         )
-    if name == "errors":
+    if name == "failures":
         return (
-            f"Errors {result}: {check['detail']}, a rate of {estimate:.2%} (interval up to "
-            f"{high:.2%}); at most {threshold:.2%} allowed."
+            f"Failed answers {result}: {check['detail']}. The candidate fails {estimate:+.2%} of"
+            f" requests more than the primary (interval {low:+.2%} to {high:+.2%}); at most"
+            f" {threshold:.2%} allowed."
         )
     if name == "benefit":
         return (

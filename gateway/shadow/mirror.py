@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -32,6 +33,7 @@ from dataclasses import dataclass
 import orjson
 
 from gateway.compare.answers import Answer, read_body, read_stream
+from gateway.compare.failures import failure
 from gateway.compare.measures import Diff, compare
 from gateway.db.schema import ShadowRecord
 from gateway.energy.meter import EnergyMeter
@@ -45,7 +47,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.policy.model import Policy, Route
 from gateway.records.requests import ms
 from gateway.records.slo import tpot_s
-from gateway.routing.classify import RequestProfile
+from gateway.routing.classify import RequestProfile, text_tokens
 from gateway.routing.router import tokens_needed
 from gateway.shadow.records import CopyEnergy, ShadowWriter
 from gateway.shadow.sample import CANDIDATE, NOISE, Sampler, ShadowPlan, sample, stable_fraction
@@ -492,6 +494,11 @@ class Mirror:
             ).completion
         if completion is None and job.stream and outcome.error is None:
             completion = outcome.tokens
+        if completion is None and outcome.error is None:
+            completion = _counted(candidate, job.token_ratio)
+        primary_completion = job.primary_completion_tokens
+        if primary_completion is None:
+            primary_completion = _counted(primary, job.token_ratio)
         record = ShadowRecord(
             decision_id=job.decision_id,
             ts=job.ts,
@@ -519,10 +526,12 @@ class Mirror:
             candidate_tpot_ms=ms(tpot_s(outcome.ttft_s, outcome.last_token_s, completion)),
             candidate_e2e_ms=ms(outcome.e2e_s),
             primary_prompt_tokens=job.primary_prompt_tokens,
-            primary_completion_tokens=job.primary_completion_tokens,
+            primary_completion_tokens=primary_completion,
             candidate_prompt_tokens=candidate.prompt_tokens,
             candidate_completion_tokens=completion,
             diff=diff,
+            failure=failure(outcome.error, candidate, primary),
+            primary_failure=None if outcome.error else failure(None, primary, candidate),
         )
         if plan.compare.store_text and (primary.text is not None or candidate.text is not None):
             record.primary_text = _clip(primary.text)
@@ -547,6 +556,17 @@ class Mirror:
         m.child(m.shadow_normalized_matches, *labels).inc(1 if diff.normalized_match else 0)
         if diff.similarity is not None:
             m.child(m.shadow_similarity, *labels).observe(diff.similarity)
+
+
+def _counted(answer: Answer, ratio: float) -> int | None:
+    """Count an answer's completion tokens where its engine sent no usage, so that its time is
+    still held to the SLO its length allows: its logprob entries (which a copy asks for), else
+    the gateway's estimate of its text (gateway/routing/classify.py)."""
+    if answer.tokens:
+        return len(answer.tokens)
+    if answer.text is None:
+        return None
+    return math.ceil(text_tokens(answer.text) * ratio)
 
 
 def _clip(text: str | None) -> str | None:

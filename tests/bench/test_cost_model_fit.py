@@ -9,7 +9,7 @@ from pathlib import Path
 
 from bench.cost_model_fit import METER_INTERVAL_S, attribution, replay, split_again
 from gateway.policy.load import load_policy
-from gateway.replay.scenario import PLAIN
+from lab.scenario import PLAIN
 
 ROOT = Path(__file__).resolve().parents[2]
 

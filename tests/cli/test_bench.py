@@ -1,14 +1,15 @@
-"""`gateway bench`: the routing benchmark's result file, and its errors."""
+"""`gateway bench`: the routing benchmark's result file, its errors, and a benchmark missing."""
 
 from __future__ import annotations
 
 import json
+from importlib.metadata import EntryPoint, EntryPoints, entry_points
 from pathlib import Path
 
 import pytest
 
-from gateway.cli import main
-from gateway.replay.strategies import STRATEGIES
+from gateway.cli import bench, main
+from lab.strategies import STRATEGIES
 
 ROOT = Path(__file__).resolve().parents[2]
 TRACE = ROOT / "traces" / "azure_llm_2023_conv.csv"  # traces/README.md
@@ -46,3 +47,16 @@ def test_bench_routing_command_names_a_missing_trace(tmp_path: Path) -> None:
         ["bench", "routing", "--trace", str(tmp_path / "none.csv"), "--out", str(tmp_path / "o")]
     )
     assert status == 2
+
+
+def test_a_benchmark_registered_but_not_shipped_says_so_and_the_other_commands_run(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ghost = EntryPoint("ghost", "no_such_benchmark.command:add", bench.GROUP)
+    registered = entry_points(group=bench.GROUP)
+    monkeypatch.setattr(bench, "entry_points", lambda group: EntryPoints([*registered, ghost]))
+    assert main(["policy", "schema"]) == 0
+    capsys.readouterr()
+    assert main(["bench", "ghost", "--trace", "t.csv", "--out", "o.json"]) == 2
+    error = capsys.readouterr().err
+    assert "the ghost benchmark is registered" in error and "no_such_benchmark" in error

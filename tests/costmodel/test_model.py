@@ -11,6 +11,7 @@ from gateway.costmodel.model import (
     TARGETS,
     CostModel,
     Learned,
+    PoolModel,
     Prediction,
     Residual,
     Span,
@@ -172,3 +173,29 @@ def test_past_what_training_saw_the_curvature_holds_its_edge() -> None:
     for prompt, factor in [(1000, math.exp(0.02 * math.log1p(1000) ** 2)), (100_000, edge)]:
         learned = model.predict("gpu", MODEL, prompt, 10, 1).ttft_s
         assert learned == pytest.approx(prior.predict("gpu", MODEL, prompt, 10, 1).ttft_s * factor)
+
+
+def test_a_pool_of_many_slots_is_tabulated_as_decisions_need_it_not_when_a_model_arrives(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A retrained model is built on the serving loop: tabulating 100,000 slots per pool there
+    # would hold every request for as long.
+    doc = POLICY.model_dump()
+    for spec in doc["pools"].values():
+        spec["slots_per_backend"] = 100_000
+    policy = type(POLICY).model_validate(doc)
+    tabulated: list[int] = []
+    at_concurrency = PoolModel._at_concurrency
+
+    def counted(self: PoolModel, concurrent: int) -> tuple[float, ...]:
+        tabulated.append(concurrent)
+        return at_concurrency(self, concurrent)
+
+    monkeypatch.setattr(PoolModel, "_at_concurrency", counted)
+    model = CostModel(policy, version=1, trained=learned(0))
+    assert tabulated == []
+    first = model.predict("gpu", MODEL, 600, 100, 5000, context=9000)
+    again = model.predict("gpu", MODEL, 600, 100, 5000, context=9000)
+    assert sorted(tabulated) == [4999, 5000]  # its batch, and the batch without it
+    assert_same(again, first)
+    assert_same(first, by_definition(model, "gpu", 600, 100, 5000, 0.0, None, 9000))

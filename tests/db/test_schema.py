@@ -35,10 +35,10 @@ from gateway.policy.load import load_policy
 from gateway.promotion import evidence, rollout
 from gateway.records.minutes import summarize as minutes
 from gateway.records.minutes import targets_of
-from gateway.replay.whatif import recorded_requests
 from gateway.report import records as report_records
 from gateway.report.period import Period
 from gateway.shadow.summary import summarize
+from gateway.whatif.simulate import recorded_requests
 from policies import fleet_policy
 
 

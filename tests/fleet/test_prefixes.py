@@ -37,6 +37,23 @@ def test_the_least_recently_used_blocks_go_first_when_the_backend_is_full() -> N
     assert idx.cached("asic", [1, 2, 3]) == 1 and idx.cached("asic", [20, 21, 22]) == 3
 
 
+def test_what_an_engine_says_it_keeps_bounds_the_index_until_more_is_sent() -> None:
+    idx = index(gpu=100)
+    idx.sent("gpu", [1, 2, 3])
+    idx.sent("gpu", [10, 11, 12])
+    idx.bound("gpu", 2)  # its slots keep two blocks now: the least recent go
+    assert idx.held("gpu") == 2 and idx.cached("gpu", [10, 11]) == 2
+    # Sent after the engine spoke: kept, whatever it said before.
+    idx.sent("gpu", [20, 21, 22])
+    assert idx.cached("gpu", [20, 21, 22]) == 3 and idx.cached("gpu", [10, 11]) == 2
+    idx.bound("gpu", 0)  # an engine whose slots have served nothing keeps nothing
+    idx.sent("gpu", [30, 31])
+    assert idx.cached("gpu", [30, 31]) == 2 and idx.held("gpu") == 2
+    idx.bound("gpu", None)  # says nothing: the declared capacity alone bounds it
+    idx.sent("gpu", [40, 41])
+    assert idx.held("gpu") == 4
+
+
 def test_an_engine_that_found_less_than_expected_shrinks_what_the_index_trusts() -> None:
     idx = index(gpu=100)
     idx.sent("gpu", list(range(100)))

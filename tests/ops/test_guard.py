@@ -76,3 +76,13 @@ def test_an_admin_body_that_stops_arriving_is_cut_with_408(tmp_path: Path) -> No
         )
     assert status == b"HTTP/1.1 408 Request Timeout"
     assert error["code"] == "request_timeout"
+
+
+def test_a_content_length_of_digits_that_are_not_ascii_is_400(tmp_path: Path) -> None:
+    # "²" is a digit to Python's str.isdigit, but no number to int().
+    with run_gateway(fleet_policy(), tmp_path) as gw:
+        status, error = exchange(
+            gw, b"POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\ncontent-length: \xb2\r\n"
+        )
+    assert status == b"HTTP/1.1 400 Bad Request"
+    assert "Content-Length" in error["message"]

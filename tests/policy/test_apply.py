@@ -15,6 +15,7 @@ from gateway.policy import versions
 from gateway.policy.apply import apply, rollback
 from gateway.policy.credentials import Access
 from gateway.policy.load import render_policy
+from gateway.policy.suites import SHIPPED
 from policies import fleet_policy, loopback_access
 
 TEXT = render_policy(fleet_policy())
@@ -91,8 +92,9 @@ def test_a_key_unset_where_the_policy_is_served_refuses_it_and_elsewhere_warns(
 
 def cleared(db, pool: str, verdict: str = "pass") -> None:
     """Store a precision check of `pool` with `verdict`, as `gateway precision check` does,
-    on a suite that opens the gate (the figures themselves are not read)."""
-    result = {"suite_file": "chat.jsonl", "gate": {"opens": True, "lacks": []}}
+    on the shipped suite, as one that opens the gate (the figures themselves are not read)."""
+    gate = {"opens": True, "lacks": [], "labelled": 240, "labelled_needed": 125}
+    result = {"suite_file": "chat.jsonl", "suite_sha256": SHIPPED["chat.jsonl"], "gate": gate}
     with db.begin() as conn:
         conn.execute(
             precision_checks.insert().values(

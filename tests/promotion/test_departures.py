@@ -44,15 +44,47 @@ def test_a_changed_json_field_departs_even_if_the_texts_embed_alike() -> None:
     assert not departs(pair(json_diff=same, semantic_similarity=0.99), Tolerance())
 
 
-def test_the_tolerance_is_the_noise_floors_first_percentile_capped() -> None:
+def test_the_meaning_tolerance_starts_at_the_embedding_models_paraphrase_similarity() -> None:
+    tol = tolerance((), paraphrase=0.83)
+    assert tol.meaning == 0.83
+    # A right answer worded differently (all-MiniLM-L6-v2 rates such pairs 0.865 to 0.976) does
+    # not depart; a changed fact far below does.
+    assert not departs(pair(semantic_similarity=0.865, first_divergence=0), tol)
+    assert departs(pair(semantic_similarity=0.6, first_divergence=0), tol)
+    assert tolerance(()).meaning == SAME_MEANING  # a model that declares no figure
+
+
+def test_a_noise_floor_tightens_the_meaning_tolerance_and_never_loosens_it() -> None:
     # Sampled answers of one pool: their similarity spreads from 0.90 to 1.0.
     noisy = [pair(semantic_similarity=0.90 + 0.1 * i / 999, similarity=0.8) for i in range(1000)]
-    tol = tolerance(noisy)
+    tol = tolerance(noisy, paraphrase=0.83)
     assert 0.900 <= tol.meaning < 0.902 and tol.noise_pairs == 1000
     assert tol.words == 0.8
+    # A pool whose own answers wander far: the start holds.
+    wide = [pair(semantic_similarity=0.3 + 0.7 * i / 999) for i in range(1000)]
+    assert tolerance(wide, paraphrase=0.83).meaning == 0.83
     # Greedy answers of a bf16 pool that differ only by flips: fully similar, so the cap holds.
     flips = [pair(semantic_similarity=1.0, similarity=0.99) for _ in range(MIN_DIFFERING)]
-    assert tolerance(flips).meaning == SAME_MEANING and tolerance(flips).words == SAME_WORDS
+    assert tolerance(flips, paraphrase=0.83).meaning == SAME_MEANING
+    assert tolerance(flips).words == SAME_WORDS
+
+
+def test_one_odd_noise_floor_pair_cannot_loosen_the_meaning_tolerance() -> None:
+    floor = [pair(exact_match=True) for _ in range(2499)]
+    before = tolerance(floor, paraphrase=0.83)
+    after = tolerance([*floor, pair(semantic_similarity=0.45)], paraphrase=0.83)
+    assert before.meaning == after.meaning == 0.83
+
+
+def test_a_failed_copy_departs_at_its_first_word() -> None:
+    empty = pair(failure="empty", semantic_similarity=None, first_divergence=0, reference_words=40)
+    assert departs(empty, Tolerance()) and at_risk(empty) == 1
+    timeout = {"exact_match": None, "candidate_error": "upstream_timeout", "failure": "timeout"}
+    assert departs(timeout, Tolerance()) and at_risk(timeout) == 1
+    cut = pair(
+        failure="cut_short", semantic_similarity=0.99, first_divergence=30, reference_words=40
+    )
+    assert departs(cut, Tolerance()) and at_risk(cut) == 31
 
 
 def test_too_few_noise_pairs_give_the_default_tolerance() -> None:

@@ -133,7 +133,7 @@ def test_evaluations_are_judged_stored_and_listed(database: str) -> None:
     assert "temperature-0 answers depart in meaning" in verdicts["worse"].reason
     listed = {entry["route"]: entry for entry in latest(db)}
     assert listed["chat"]["outcome"] == PROMOTE
-    assert {c["name"] for c in listed["worse"]["checks"]} >= {"quality", "slo", "errors"}
+    assert {c["name"] for c in listed["worse"]["checks"]} >= {"quality", "slo", "failures"}
     with db.connect() as conn:
         stored = conn.execute(sa.select(sa.func.count()).select_from(promotion_evaluations))
         assert stored.scalar() == 2

@@ -19,6 +19,7 @@ from gateway.promotion.judge import (
     Attainment,
     Criteria,
     Evidence,
+    Failures,
     Histogram,
     bernoulli_interval,
     judge,
@@ -50,6 +51,7 @@ def evidence(
     # Counts at exactly their rates, so each test's truth is also its estimate.
     e.sent = n
     e.errors = round(n * error_rate)
+    e.failures = Failures(n, e.errors, 0, e.errors, 0)
     compared = n - e.errors
     sampled = round(compared * sampled_share)
     e.greedy = _agreement(compared - sampled, departing, floor, words)
@@ -104,7 +106,7 @@ def test_the_same_evidence_is_held_until_the_minimum_window_passes() -> None:
         ({"departing": 0.003}, "quality"),
         ({"sampled_share": 0.5, "sampled_departing": 0.004}, "quality_sampled"),
         ({"slo_loss": 0.03}, "slo"),
-        ({"error_rate": 0.05}, "errors"),
+        ({"error_rate": 0.05}, "failures"),
         ({"cheaper": 0.2}, "benefit"),
     ],
 )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import time
@@ -20,6 +21,7 @@ from gateway.policy import versions
 from gateway.policy.apply import apply
 from gateway.policy.load import render_policy, to_yaml
 from gateway.policy.model import Policy
+from gateway.policy.suites import SHIPPED
 from gateway.promotion import rollout
 from gateway.promotion.precision.check import TOP_LOGPROBS, greedy, read_suite
 from gateway.promotion.precision.figures import Outcome, gate, judge_check
@@ -27,6 +29,7 @@ from gateway.promotion.precision.limits import ALPHA, MAX_DEPARTURE_RATE, Limits
 from gateway.promotion.precision.plan import Plan, Suite
 from gateway.promotion.precision.rates import words_needed
 from gateway.promotion.precision.results import newest, store
+from gateway.promotion.precision.retries import kept, outcomes_of, pooled
 from harness.databases import scratch_database
 from harness.gateways import run_gateway
 from harness.simulators import SimulatorProcess, start_simulator
@@ -40,6 +43,8 @@ MODELS = {
     EMBED: {"params_b": 0.335, "kind": "embedding"},
 }
 CHAT_ONLY = [{"name": "chat", "match": {"models": [MODEL]}, "pools": ["gpu"]}]
+# The simulated 8B model has no labelled suite: its pools' go_live says so.
+UNLABELLED = {"unlabelled": "the simulated 8B model has no labelled suite"}
 KEYS = (
     "pool",
     "reference",
@@ -218,6 +223,73 @@ def test_the_json_and_tool_call_suites_run_and_compare_every_answer(
     assert "not stored" in ran.stderr
 
 
+def test_a_changed_shipped_suite_is_refused_before_anything_is_asked(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    policy = write(tmp_path / "policy.yaml", fleet.policy())
+    lines = (ROOT / "suites/chat.jsonl").read_text().splitlines(keepends=True)
+    (tmp_path / "chat.jsonl").write_text("".join(lines[:-1]))  # the last prompt left out
+    ran = check(
+        f"sqlite:///{tmp_path / 'g.db'}",
+        tmp_path / "o.json",
+        "--pool",
+        "cim",
+        "--suite",
+        str(tmp_path / "chat.jsonl"),
+        "--policy",
+        policy,
+    )
+    assert ran.returncode == 2
+    assert "is refused: its chat.jsonl (sha256 " in ran.stderr
+    assert f"is not the one the project ships ({SHIPPED['chat.jsonl'][:12]}…)" in ran.stderr
+    assert not (tmp_path / "o.json").exists()
+
+
+def test_a_retry_after_a_fail_is_pooled_with_it_and_cannot_pass_by_chance(
+    fleet: Fleet, asic_check: Ran, tmp_path: Path
+) -> None:
+    # The int8 ASIC passes the chat suite on its own (asic_check). Stored before it: a failed
+    # check of it on the same suite and reference, whose run departed on 40 prompts.
+    earlier = asic_check.result["outcomes"]
+    departed = {"exact_match": False, "similarity": 0.2, "first_divergence": 0}
+    failing = [
+        {**o, "candidate": {**o["candidate"], **departed, "semantic_similarity": 0.2}}
+        if i < 40
+        else o
+        for i, o in enumerate(earlier)
+    ]
+    with scratch_database(None, tmp_path) as url:
+        db = connect(url)
+        store(db, {**asic_check.result, "verdict": "fail", "outcomes": failing, "ts": 1.0})
+        db.dispose()
+        policy = write(tmp_path / "policy.yaml", fleet.policy())
+        args = ("--pool", "asic", "--suite", "suites/chat.jsonl", "--policy", policy)
+        retried = check(url, tmp_path / "retry.json", *args)
+        # Each retry is pooled with every failed run since the last pass.
+        again = check(url, tmp_path / "again.json", *args)
+    assert retried.returncode == 1, retried.stdout
+    assert retried.result["runs"] == 2 and retried.result["verdict"] == "fail"
+    assert len(retried.result["departures"]) >= 40
+    assert "pooled with 1 earlier failed run(s)" in retried.stdout
+    # The run's own outcomes are kept, the pooled verdict is stored.
+    assert retried.result["outcomes"] != failing
+    assert again.result["runs"] == 3 and again.returncode == 1
+
+
+def test_pooled_runs_keep_each_prompts_worst_answer_and_labels_right_only_every_time() -> None:
+    clean = labelled_outcomes(240, 0)
+    bad = departing(240, 30, 0)
+    for o in bad:
+        o.reference_right, o.candidate_right, o.noise_right = True, o.line > 12, True
+    pooled_ = pooled([bad, clean])
+    assert judge_check(PLAN, suite_of(240), clean)["verdict"] == "pass"
+    result = judge_check(PLAN, suite_of(240), pooled_)
+    assert len(result["departures"]) == 30 and result["labelled"]["turned_wrong"] == 12
+    assert result["verdict"] == "fail"
+    # Kept and read back, a run is the same outcomes.
+    assert outcomes_of({"outcomes": kept(bad)}) == bad
+
+
 def test_a_check_that_cannot_start_exits_2_and_says_why(fleet: Fleet, tmp_path: Path) -> None:
     policy = write(tmp_path / "policy.yaml", fleet.policy())
     database = f"sqlite:///{tmp_path / 'g.db'}"
@@ -364,6 +436,35 @@ def test_a_long_answer_departing_counts_as_much_as_a_short_one_per_word() -> Non
     assert a["verdict"] == b["verdict"] == "pass"
 
 
+def test_long_matching_answers_cannot_dilute_short_ones_that_depart() -> None:
+    # 125 short facts, 20 of them wrong in meaning, padded with 50 long answers that match.
+    found = outcomes(125, words=10) + outcomes(50, words=300)
+    for line, o in enumerate(found, start=1):
+        o.line = line
+    for o in found[:20]:
+        o.candidate = {**o.candidate, "exact_match": False, "first_divergence": 3}
+        o.candidate["json_diff"] = {"missing": [], "extra": [], "changed": ["capital"]}
+    result = judge_check(PLAN, suite_of(175), found)
+    # Pooled over every word at risk, the padding would let it pass.
+    assert result["ci"]["excess"][1] <= MAX_DEPARTURE_RATE
+    short, long = result["bands"]
+    assert (short["words"], short["prompts"], short["departures"]) == ("1-32", 125, 20)
+    assert not short["passes"] and long["passes"]
+    assert result["verdict"] == "fail"
+    assert any("Answers of 1-32 words (125 prompts)" in r for r in result["reasons"])
+    # The same suite without the wrong facts passes.
+    assert judge_check(PLAN, suite_of(175), found[20:] + outcomes(20, words=10))["verdict"] == (
+        "pass"
+    )
+
+
+def test_a_band_too_small_to_show_the_limit_is_judged_with_the_next() -> None:
+    found = outcomes(5, words=10) + outcomes(235, words=100)
+    result = judge_check(PLAN, suite_of(240), found)
+    assert [(b["words"], b["prompts"]) for b in result["bands"]] == [("1-128", 240)]
+    assert result["verdict"] == "pass"
+
+
 def labelled_outcomes(n: int, turned_wrong: int, noise_turned_wrong: int = 0) -> list[Outcome]:
     """n labelled outcomes whose answers all match in meaning, the reference right on every
     one, the candidate wrong on the first `turned_wrong` (the second answer on the first
@@ -416,9 +517,10 @@ def test_a_policy_apply_making_a_shadow_only_pool_live_needs_its_check_to_pass(
     fleet: Fleet, asic_check: Ran, database: str, tmp_path: Path
 ) -> None:
     db = connect(database)
-    shadow_only = fleet.policy(asic_extra={"live": False}, routes=CHAT_ONLY)
+    asic = {"go_live": UNLABELLED}
+    shadow_only = fleet.policy(asic_extra={"live": False, **asic}, routes=CHAT_ONLY)
     apply(db, render_policy(shadow_only), "policy.yaml", author="ana", message="asic shadow")
-    live = write(tmp_path / "live.yaml", fleet.policy(routes=CHAT_ONLY))
+    live = write(tmp_path / "live.yaml", fleet.policy(asic_extra=asic, routes=CHAT_ONLY))
     env = {"DATABASE_URL": database}
     refused = gateway("policy", "apply", live, "-m", "asic goes live", env=env)
     assert refused.returncode == 2
@@ -465,7 +567,7 @@ def test_a_rollout_of_a_shadow_only_candidate_is_gated_too(
 ) -> None:
     db = connect(database)
     routes = [{**CHAT_ONLY[0], "shadow": [{"pool": "cim", "sample_rate": 0.2}]}]
-    policy = fleet.policy(routes=routes)
+    policy = fleet.policy(routes=routes, cim_extra={"go_live": UNLABELLED})
     apply(db, render_policy(policy), "policy.yaml", author="ana", message="cim shadows chat")
     with pytest.raises(Conflict, match=r"'cim' .* but it has no precision check"):
         rollout.start(db, policy, "chat", "cim", author="ana", force=True)
@@ -483,6 +585,11 @@ def test_a_rollout_of_a_shadow_only_candidate_is_gated_too(
     db.dispose()
 
 
+def shipped_chat() -> Suite:
+    """240 different prompts read as suites/chat.jsonl, with the hash it ships with."""
+    return dataclasses.replace(suite_of(240, "chat.jsonl"), sha256=SHIPPED["chat.jsonl"])
+
+
 def stored_pass(db: Any, suite: Suite, reference: str = "gpu") -> dict[str, Any]:
     """Store a passing check of the ASIC on `suite` against `reference`; return it."""
     result = judge_check(Plan("asic", reference, EMBED, "gpu"), suite, outcomes(len(suite.bodies)))
@@ -498,11 +605,12 @@ def stored_pass(db: Any, suite: Suite, reference: str = "gpu") -> dict[str, Any]
         # Too few different prompts: 240 lines asking one question.
         (
             Suite("suites/chat.jsonl", tuple((n, {"model": MODEL, "messages": [{"role": "user",
-                "content": "hi"}]}) for n in range(240))),
+                "content": "hi"}]}) for n in range(240)), SHIPPED["chat.jsonl"]),
             "gpu", {}, "its suite falls short: 1 different prompts, 125 needed",
         ),
         # Answers with no room: max_tokens 1.
-        (suite_of(240, "chat.jsonl", max_tokens=1), "gpu", {},
+        (dataclasses.replace(suite_of(240, "chat.jsonl", max_tokens=1),
+                             sha256=SHIPPED["chat.jsonl"]), "gpu", {},
          "a prompt allows 1 tokens of answer, 64 needed"),
         # Another suite than the one go_live names.
         (suite_of(240, "mine.jsonl"), "gpu", {},
@@ -512,10 +620,19 @@ def stored_pass(db: Any, suite: Suite, reference: str = "gpu") -> dict[str, Any]
         # Another version of the named suite than the one go_live pins.
         (suite_of(240, "chat.jsonl"), "gpu", {"suite_sha256": "ab" * 32},
          "is not the one go_live pins (abababababab…)"),
+        # The shipped suite's name on other prompts: the shipped hash pins it.
+        (suite_of(240, "chat.jsonl"), "gpu", {"suite_sha256": None},
+         f"is not the one the project ships ({SHIPPED['chat.jsonl'][:12]}…)"),
+        # A suite of the operator's own, named without its hash.
+        (suite_of(240, "mine.jsonl"), "gpu", {"suite": "mine.jsonl"},
+         "go_live names mine.jsonl, which the project does not ship, without its suite_sha256"),
+        # No labelled part, and no reason given why the model has none.
+        (shipped_chat(), "gpu", {"unlabelled": None},
+         "its suite holds 0 labelled questions, and a go-live suite needs 125"),
         # A reference that is not a live GPU pool, or not the one go_live names.
-        (suite_of(240, "chat.jsonl"), "cim", {},
+        (shipped_chat(), "cim", {},
          "its reference 'cim' is not a live gpu pool of this policy"),
-        (suite_of(240, "chat.jsonl"), "gpu", {"reference": "cim"},
+        (shipped_chat(), "gpu", {"reference": "cim"},
          "it compared against 'gpu', and go_live names 'cim'"),
     ],
 )  # fmt: skip
@@ -528,7 +645,7 @@ def test_a_pass_by_a_side_door_does_not_open_the_gate(
     refused: str,
 ) -> None:
     db = connect(database)
-    extra = {"go_live": go_live} if go_live else {}
+    extra = {"go_live": {k: v for k, v in {**UNLABELLED, **go_live}.items() if v is not None}}
     shadow_only = fleet.policy(asic_extra={"live": False, **extra}, routes=CHAT_ONLY)
     apply(db, render_policy(shadow_only), "policy.yaml", author="ana", message="asic shadow")
     stored_pass(db, suite, reference)
@@ -537,8 +654,8 @@ def test_a_pass_by_a_side_door_does_not_open_the_gate(
         apply(db, render_policy(live), "live.yaml", author="ana", message="asic goes live")
     assert "no precision check of it counts" in str(caught.value)
     assert refused in str(caught.value)
-    # The same pass on a suite that holds, against the GPU, opens it.
-    stored_pass(db, suite_of(240, "chat.jsonl"), "gpu")
+    # The same pass on the shipped suite, against the GPU, opens it.
+    stored_pass(db, shipped_chat(), "gpu")
     if not go_live:
         apply(db, render_policy(live), "live.yaml", author="ana", message="asic goes live")
         assert versions.active_version(db) == 2
@@ -549,7 +666,7 @@ def test_a_check_records_its_suite_and_what_it_fell_back_to() -> None:
     result = judge_check(PLAN, suite_of(240, "suites/chat.jsonl"), outcomes(240))
     assert (result["suite"], result["suite_file"]) == ("suites/chat.jsonl", "chat.jsonl")
     assert result["suite_sha256"] == f"{240:064x}" and result["distinct_prompts"] == 240
-    assert result["gate"] == {"opens": True, "lacks": []}
+    assert result["gate"] == {"opens": True, "lacks": [], "labelled": 0, "labelled_needed": 125}
     assert result["fallbacks"] == {"without_logprobs": 0, "tokens_differ": 0}
     # The same texts split into other tokens: the tokenizers differ, near ties and KL are out.
     split = outcomes(240)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from rows import request_record
+from threadserver import serving
 
 from gateway.db.connection import connect
 from gateway.db.schema import request_records
@@ -15,6 +16,7 @@ from gateway.policy.load import load_policy
 from gateway.promotion.rollout import Guards, guards, next_move, promoted, with_canary
 from harness.gateways import GatewayServer, run_gateway
 from policies import MODEL, fleet_policy
+from realfleet.shim import Shim
 
 TOKEN = "rollout-token"
 AUTH = {"authorization": f"Bearer {TOKEN}"}
@@ -205,3 +207,36 @@ def _no_leftover_faults(sims):
     yield
     for sim in sims.all():
         sim.reset_faults()
+
+
+def test_a_canary_answering_empty_is_rolled_back_on_its_reverse_sample(
+    sims, tmp_path: Path
+) -> None:
+    # The canary answers every request with status 200 and no text: no error for the request
+    # records to count, but its reverse shadow sample shows the answers failed.
+    promotion = {**PROMOTION, "guard_min_requests": 40}
+    with serving(Shim(sims.urls("asic")[0], "empty", share=1.0)) as shim:
+        routes = [{"name": "chat", "match": {"models": [MODEL]}, "pools": ["gpu"]}]
+        policy = fleet_policy(
+            sims.urls("gpu"), [shim.url], sims.urls("cim"), routes=routes, promotion=promotion
+        )
+        with (
+            run_gateway(
+                policy,
+                tmp_path,
+                admin_token=TOKEN,
+                rollout_check_interval_s=0.1,
+                policy_poll_interval_s=0.1,
+            ) as gw,
+            gw.http() as http,
+        ):
+            http.post(
+                "/admin/promotions/apply",
+                json={"route": "chat", "candidate": "asic", "force": True},
+                headers=AUTH,
+            )
+            drive(gw, "rolled_back")
+            state = rollout_state(gw)
+    assert shim.failed > 0
+    assert state["history"][-1]["event"] == "rollback"
+    assert "error rate" in state["history"][-1]["reason"]

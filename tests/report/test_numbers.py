@@ -226,7 +226,7 @@ def test_verdict_is_the_judges_at_the_end_of_the_week_and_said_in_words(written)
     assert c["verdict"]["outcome"] == stored.outcome
     assert c["verdict"]["reason"] == stored.reason
     plain = {check["name"]: check["plain"] for check in c["verdict"]["checks"]}
-    assert plain["errors"].startswith("Errors fails") or "copies failed" in plain["errors"]
+    assert plain["failures"].startswith("Failed answers") and "copies failed" in plain["failures"]
     assert "noise floor" in plain["quality"]
 
 

@@ -54,6 +54,17 @@ def test_chat_answers_with_exact_usage(client):
     assert reply.model == CHAT
 
 
+def test_a_prompt_of_digits_that_are_not_ascii_is_answered(client):
+    # "²" and "٣" are digits to str.isdigit but are words of text, not token ids.
+    reply = client.chat.completions.create(
+        model=CHAT, messages=_messages("²٣ and 42"), temperature=0, max_tokens=4
+    )
+    assert (
+        reply.usage.prompt_tokens
+        == 3 + count_tokens("Be brief.") + 3 + count_tokens("²٣ and 42") + 3
+    )
+
+
 def test_max_tokens_caps_the_answer_with_finish_reason_length(client):
     reply = client.chat.completions.create(
         model=CHAT, messages=_messages("Tell me a long story."), temperature=0, max_tokens=7

@@ -365,15 +365,13 @@ def test_a_backend_counts_the_prompt_it_has_to_compute_until_the_first_byte(tmp_
         with run_gateway(policy, tmp_path) as gw:
             backend = gw.gateway.fleet.pools["gpu"].backends[0]
             prompt = [{"role": "user", "content": "word " * 20_000}]
+            # The client is held here: a client collected mid-stream closes its connection.
+            client = gw.client()
             with ThreadPoolExecutor(1) as pool:
                 answer = pool.submit(
-                    lambda: (
-                        gw.client()
-                        .chat.completions.create(
-                            model=MODEL, messages=prompt, max_tokens=4, stream=True
-                        )
-                        .response.read()
-                    )
+                    lambda: client.chat.completions.create(
+                        model=MODEL, messages=prompt, max_tokens=4, stream=True
+                    ).response.read()
                 )
                 computing = wait_for(lambda: backend.prefilling, message="never counted")
                 answer.result()

@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 
 from gateway.compare.answers import Answer, read_body
+from gateway.compare.failures import failure
 from gateway.compare.meaning import similarity, windows
 from gateway.compare.measures import DEFAULT_COMPARATORS, MEASURES, compare
 from gateway.errors import InvalidRequest
@@ -29,6 +30,7 @@ from gateway.promotion.precision.figures import Outcome, Row, judge_check
 from gateway.promotion.precision.labels import LABELS, states
 from gateway.promotion.precision.limits import DEFAULT_LIMITS, Limits
 from gateway.promotion.precision.plan import DEFAULT_MAX_TOKENS, Suite, plan
+from gateway.promotion.precision.retries import kept, pooled
 
 TOP_LOGPROBS = 5
 
@@ -136,7 +138,7 @@ async def ask(
     if response.status_code != 200:
         return Reply(None, f"HTTP {response.status_code}")
     answer = read_body(response.content)
-    if answer.text is None and not answer.tool_calls and not answer.embeddings:
+    if not answer.readable:
         return Reply(None, "no answer in the response")
     return Reply(answer)
 
@@ -169,6 +171,10 @@ async def measure_pair(
     """Measure one answer against the reference's; return its row and whether embedding failed."""
     if other.answer is None:
         return {**dict.fromkeys(MEASURES), "candidate_error": other.error}, False
+    # An answer the client could not use (null, empty, cut short) fails as an error would.
+    kind = failure(None, other.answer, reference)
+    if kind is not None:
+        return {**dict.fromkeys(MEASURES), "candidate_error": f"{kind} answer"}, False
     diff = compare(reference, other.answer, DEFAULT_COMPARATORS)
     failed = False
     if not diff.exact_match:
@@ -250,8 +256,13 @@ async def run(
     concurrency: int = 8,
     timeout_s: float = 60.0,
     now: float | None = None,
+    earlier: Sequence[Sequence[Outcome]] = (),
 ) -> dict[str, Any]:
-    """Check `pool` against its reference on `suite`; return the result (not stored)."""
+    """Check `pool` against its reference on `suite`; return the result (not stored).
+
+    `earlier` are the outcomes of the failed checks of the pool on this suite and reference
+    since its last pass: the verdict is the pooled runs' (gateway/promotion/precision/retries.py).
+    """
     chosen = plan(policy, suite, pool, reference, embedding_model)
     used = [
         chosen.pool,
@@ -274,7 +285,10 @@ async def run(
             client=client,
             concurrency=concurrency,
         )
-    result = judge_check(chosen, suite, outcomes, limits)
+    judged = pooled([*earlier, outcomes]) if earlier else outcomes
+    result = judge_check(chosen, suite, judged, limits)
+    result["runs"] = len(earlier) + 1
+    result["outcomes"] = kept(outcomes)
     result["ts"] = started
     result["checked_at"] = _iso(started)
     result["backends"] = {

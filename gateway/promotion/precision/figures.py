@@ -21,12 +21,15 @@ answer is right (`turned_wrong`), and the same share of the reference's second a
 
 The verdict is `pass` when the candidate departs at most `max_departure_rate` per word more
 often than the noise floor on the same prompts (the upper end of the interval of the difference,
-gateway/promotion/precision/rates.py: `excess`), at most `max_turned_wrong` more labelled answers
-turn wrong than the floor's (the paired interval, paired.py), and at most `max_error_share` of
-the candidate's requests failed (gateway/promotion/precision/limits.py). A wrong fact is a
-failure even where its words and meaning stay close to the right one. `gate` says whether the
-suite is one whose pass opens the go-live gate (enough different prompts, room in every
-answer). `fallbacks` counts the pairs measured with less than the check asks for: without
+gateway/promotion/precision/rates.py: `excess`), in all and in each band of answer length
+(`bands`: long answers that match cannot dilute short ones that depart), at most
+`max_turned_wrong` more labelled answers turn wrong than the floor's (the paired interval,
+paired.py), and at most `max_error_share` of the candidate's requests failed
+(gateway/promotion/precision/limits.py): an error, a timeout, or a null, empty or cut-short
+answer (gateway/compare/failures.py). A wrong fact is a failure even where its words and
+meaning stay close to the right one. `gate` says whether the suite is one whose pass opens the
+go-live gate (enough different prompts, room in every answer) and how many labelled questions
+it holds. `fallbacks` counts the pairs measured with less than the check asks for: without
 logprobs on a side (no KL, no near tie), or split into different tokens where the texts are
 equal (the tokenizers differ: KL and near ties compare unlike tokens, so the check leaves them
 out of every candidate pair).
@@ -39,7 +42,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway import stats
-from gateway.promotion.departures import compared, departs, tolerance, words_at_risk
+from gateway.promotion.departures import Tolerance, compared, departs, tolerance, words_at_risk
 from gateway.promotion.precision.limits import (
     DEFAULT_LIMITS,
     MIN_DISTINCT_PROMPTS,
@@ -48,10 +51,13 @@ from gateway.promotion.precision.limits import (
 )
 from gateway.promotion.precision.paired import Paired, wilson_interval
 from gateway.promotion.precision.plan import Plan, Suite
-from gateway.promotion.precision.rates import Rate, excess_interval
+from gateway.promotion.precision.rates import Rate, excess_interval, words_needed
 from gateway.promotion.precision.reasons import reasons
 
 PASS, FAIL = "pass", "fail"
+# Edges of the length bands, in words of the reference's answer: a short fact, an explanation,
+# a long answer (`bands`).
+BANDS = (32, 128)
 # What a check keeps of each pair in its result: the measures, never the answers' texts.
 KEPT = ("exact_match", "similarity", "semantic_similarity", "near_tie", "kl_divergence")
 
@@ -108,7 +114,12 @@ def judge_check(
     floor = Rate.count((departs(f, tol), at_risk(f)) for _, f in both)
     excess_ci = excess_interval(rate, floor, alpha)
     error_share = len(failed) / len(answered) if answered else 0.0
-    departs_ok = rate.words > 0 and excess_ci[1] <= limits.max_departure_rate + 1e-12
+    banded = bands(both, tol, limits, alpha)
+    departs_ok = (
+        rate.words > 0
+        and excess_ci[1] <= limits.max_departure_rate + 1e-12
+        and all(band["passes"] for band in banded)
+    )
     scored = labelled(outcomes, alpha)
     labels_ok = scored is None or scored["ci"]["excess"][1] <= limits.max_turned_wrong + 1e-12
     errors_ok = error_share <= limits.max_error_share + 1e-12
@@ -140,6 +151,7 @@ def judge_check(
         "noise_words_at_risk": floor.words,
         "noise_departure_rate": floor.value,
         "excess": (None if rate.value is None or floor.value is None else rate.value - floor.value),
+        "bands": banded,
         "noise_pairs": len(noise),
         "noise_top1_agreement": (
             sum(bool(r.get("exact_match")) for r in noise) / len(noise) if noise else None
@@ -171,6 +183,53 @@ def judge_check(
     }
     result["reasons"] = reasons(result, departs_ok, errors_ok, alpha)
     return result
+
+
+def bands(
+    both: Sequence[tuple[Row, Row]], tol: Tolerance, limits: Limits, alpha: float
+) -> list[dict[str, Any]]:
+    """Judge the paired prompts band by band of the reference's answer length (`BANDS`), so
+    that long answers matching word for word cannot dilute short ones departing: each band is
+    held to the limit on its own. A band with too few words at risk to show the limit is
+    judged with the next longer one (the longest with the one before it)."""
+    grouped: list[tuple[int, int | None, list[tuple[Row, Row]]]] = []
+    carry: list[tuple[Row, Row]] = []
+    start, above = 0, -1
+    needed = words_needed(limits.max_departure_rate, alpha) if limits.max_departure_rate else 0
+    for high in (*BANDS, None):
+        carry += [p for p in both if above < _length(p) and (high is None or _length(p) <= high)]
+        if carry and sum(at_risk(c) for c, _ in carry) >= needed:
+            grouped.append((start, high, carry))
+            carry, start = [], (high or 0)
+        above = high if high is not None else above
+    if carry:
+        if grouped:
+            first, _, kept = grouped.pop()
+            grouped.append((first, None, kept + carry))
+        else:
+            grouped.append((start, None, carry))
+    judged = []
+    for low, high, pairs in grouped:
+        rate = Rate.count((departs(c, tol), at_risk(c)) for c, _ in pairs)
+        floor = Rate.count((departs(f, tol), at_risk(f)) for _, f in pairs)
+        ci = excess_interval(rate, floor, alpha)
+        judged.append(
+            {
+                "words": f"{low + 1}-{high}" if high is not None else f"{low + 1}+",
+                "prompts": len(pairs),
+                "departures": rate.departures,
+                "words_at_risk": rate.words,
+                "noise_departures": floor.departures,
+                "ci": list(ci),
+                "passes": rate.words > 0 and ci[1] <= limits.max_departure_rate + 1e-12,
+            }
+        )
+    return judged
+
+
+def _length(pair: tuple[Row, Row]) -> int:
+    candidate, noise = pair
+    return int(candidate.get("reference_words") or noise.get("reference_words") or 0)
 
 
 def labelled(outcomes: Sequence[Outcome], alpha: float) -> dict[str, Any] | None:
@@ -217,7 +276,9 @@ def at_risk(row: Mapping[str, Any]) -> int:
 
 
 def gate(suite: Suite) -> dict[str, Any]:
-    """Say whether a pass on `suite` opens the go-live gate, and what it lacks if not."""
+    """Say whether a pass on `suite` opens the go-live gate, and what it lacks if not; and how
+    many labelled questions it holds against the labelled part a go-live suite needs (a pool's
+    `go_live.unlabelled` may say why it has none: gateway/policy/apply.py)."""
     lacks = []
     if suite.distinct_prompts < MIN_DISTINCT_PROMPTS:
         lacks.append(f"{suite.distinct_prompts} different prompts, {MIN_DISTINCT_PROMPTS} needed")
@@ -225,7 +286,13 @@ def gate(suite: Suite) -> dict[str, Any]:
         lacks.append(
             f"a prompt allows {suite.fewest_max_tokens} tokens of answer, {MIN_MAX_TOKENS} needed"
         )
-    return {"opens": not lacks, "lacks": lacks}
+    labelled = sum(isinstance(body.get("expected"), str) for _, body in suite.bodies)
+    return {
+        "opens": not lacks,
+        "lacks": lacks,
+        "labelled": labelled,
+        "labelled_needed": MIN_DISTINCT_PROMPTS,
+    }
 
 
 def _kept(row: Mapping[str, Any]) -> dict[str, Any]:

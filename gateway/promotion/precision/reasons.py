@@ -38,6 +38,16 @@ def reasons(
             f": {_per_k(result['excess'])} more ({level} interval {_per_k(low)} to "
             f"{_per_k(high)}), at most {_per_k(limit)} allowed."
         )
+        for band in result.get("bands", ()):
+            if not band["passes"] and band["prompts"] < result["paired_prompts"]:
+                low, high = band["ci"]
+                said.append(
+                    f"Answers of {band['words']} words ({band['prompts']} prompts) are judged on"
+                    f" their own: the candidate departs {band['departures']} times over"
+                    f" {band['words_at_risk']:,} words at risk, the floor"
+                    f" {band['noise_departures']}: {_per_k(low)} to {_per_k(high)} more per"
+                    f" 1,000 words ({level} interval), at most {_per_k(limit)} allowed."
+                )
         needed = words_needed(limit, alpha) if limit > 0 else None
         if not departs_ok and needed is not None and words < needed:
             said.append(

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from gateway.records.minutes import TargetsOf
 
 revision = "0016"
-down_revision = "0014"
+down_revision = "0015"
 branch_labels = None
 depends_on = None
 

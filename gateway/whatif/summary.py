@@ -1,0 +1,179 @@
+"""Measure a replay: energy, cost, SLO attainment, latency and where requests went.
+
+Cost charges what routing controls: each pool's energy above idle at its electricity's price
+when it was drawn (the conditions' rate: a scenario's tariffs, else the policy's price), and the
+slot time its requests held (admission to last token) at its hourly price divided by its slots:
+a backend's hourly price buys `slots` slots, as the router's marginal cost assumes. Carbon is
+the same energy at the electricity's carbon intensity. The fleet's cost, every device for the whole
+window with its idle draw, and its carbon, all its energy at the intensity in force when it was
+drawn, are reported beside them; a device released by parking (`mode: release`) draws nothing
+and its hours are not paid while it is, but both are while it wakes.
+
+Goodput is the share of requests served within `GOODPUT_TTFT_S` to the first token (queueing
+included) and `GOODPUT_TPOT_S` a token after it, whatever their SLO class: the bar DistServe and
+Mooncake measure serving by, the same for every policy a replay runs.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from collections.abc import Sequence
+
+from gateway.stats import percentile
+from gateway.whatif.conditions import STEADY, Conditions, ReplayRates
+from gateway.whatif.hardware import Hardware
+from gateway.whatif.strategy import Strategy
+from gateway.whatif.timeline import START_S, Passage, Replay
+from gateway.whatif.trace import TraceRequest
+
+GOODPUT_TTFT_S = 2.0
+GOODPUT_TPOT_S = 0.050
+# Every replay's fleet is measured over the same window: the trace, then this long to drain.
+DRAIN_S = 60.0
+
+
+def measure(
+    strategy: Strategy,
+    requests: Sequence[TraceRequest],
+    *,
+    seed: int = 0,
+    conditions: Conditions = STEADY,
+    rates: ReplayRates | None = None,
+    hardware: Hardware | None = None,
+) -> dict[str, object]:
+    """Replay the requests through a strategy, over the window every replay of them shares, on
+    devices of `hardware` (the simulator's by default); return its figures. `rates` are the
+    ones its router reads, if it reads any."""
+    # The seed sets what the live gateway leaves to chance: where the meter's readings fall
+    # relative to requests, and the draw per request (a canary's share, exploring).
+    run = Replay(
+        strategy,
+        requests,
+        meter_phase_s=random.Random(seed).random(),
+        conditions=conditions,
+        rates=rates,
+        draw=random.Random(seed).random,
+        hardware=hardware,
+    )
+    run.run().finish(START_S + max((r.arrival_s for r in requests), default=0.0) + DRAIN_S)
+    return summarize(run)
+
+
+def latency_percentile(values: list[float], q: float) -> float | None:
+    """Return the q-th percentile of latencies in ms, as the result files give it."""
+    value = percentile(values, q)
+    return None if value is None else round(value, 2)
+
+
+def good(passage: Passage) -> bool:
+    """Say whether a request counts toward goodput: served, its first token and every one after
+    it within the bar."""
+    ttft, tpot = passage.ttft_s, passage.tpot_s
+    return (
+        passage.served
+        and ttft is not None
+        and ttft <= GOODPUT_TTFT_S
+        and (tpot is None or tpot <= GOODPUT_TPOT_S)
+    )
+
+
+def summarize(replay: Replay) -> dict[str, object]:
+    """Return a replay's figures, as the benchmark writes them for one strategy."""
+    policy = replay.policy
+    passages = replay.passages
+    total = max(len(passages), 1)
+    served = [p for p in passages if p.served]
+    tokens_k = max(sum(p.request.output_tokens for p in served), 1) / 1000
+    duration_s = max((sim.device.time for sim in replay.world.values()), default=0.0)
+    above_idle = fleet = fleet_cost = carbon = fleet_carbon = 0.0
+    pool_cost: dict[str, float] = dict.fromkeys(replay.fleet.pools, 0.0)
+    for sim in replay.world.values():
+        pool = policy.pools[sim.state.pool]
+        price = pool.price
+        above_idle += sim.energy_above_idle_j
+        fleet += sim.device.energy_j
+        carbon += sim.carbon_g
+        fleet_carbon += sim.fleet_carbon_g
+        pool_cost[sim.state.pool] += (
+            sim.energy_usd + sim.slot_s * price.usd_per_hour / 3600 / pool.slots_per_backend
+        )
+        fleet_cost += sim.energy_usd + sim.device.idle_energy_j * price.usd_per_kwh / 3.6e6
+        # A released device's hours are not paid (its instance given back, its node down).
+        paid_s = sim.device.time - replay.released_s(sim.state.name)
+        fleet_cost += paid_s * price.usd_per_hour / 3600
+    cost = sum(pool_cost.values())
+    ttft = [p.ttft_s * 1e3 for p in served if p.ttft_s is not None]
+    tpot = [p.tpot_s * 1e3 for p in served if p.tpot_s is not None]
+    pools = Counter(p.pool for p in served)
+    prompt = sum(p.request.prompt_tokens for p in served)
+    cached = sum(p.job.cached_tokens for p in served if p.job is not None)
+    live = [
+        n for n, pool in policy.pools.items() if pool.live and set(replay.models) & set(pool.models)
+    ]
+    tokens: Counter[str] = Counter()
+    concurrency: Counter[str] = Counter()
+    for p in served:
+        assert p.pool is not None
+        tokens[p.pool] += p.request.output_tokens
+        concurrency[p.pool] += p.concurrent
+    summary: dict[str, object] = {
+        "requests": len(passages),
+        "served": len(served),
+        "refused": sum(p.refused is not None for p in passages),
+        "energy_j_per_request": round(above_idle / total, 3),
+        "energy_above_idle_j": round(above_idle, 1),
+        "carbon_g_per_request": round(carbon / total, 5),
+        "fleet_energy_j": round(fleet, 1),
+        "fleet_energy_j_per_request": round(fleet / total, 3),
+        "fleet_carbon_g": round(fleet_carbon, 3),
+        "cost_usd_per_1k_tokens": round(cost / tokens_k, 9),
+        "fleet_cost_usd_per_1k_tokens": round(fleet_cost / tokens_k, 9),
+        "slo_attainment": round(sum(p.meets_slo() for p in passages) / total, 5),
+        "goodput": round(sum(good(p) for p in passages) / total, 5),
+        "ttft_p50_ms": latency_percentile(ttft, 50),
+        "ttft_p99_ms": latency_percentile(ttft, 99),
+        "tpot_p50_ms": latency_percentile(tpot, 50),
+        "tpot_p99_ms": latency_percentile(tpot, 99),
+        "pool_shares": {name: round(pools[name] / total, 4) for name in live},
+        # Diagnostics: what each pool's tokens cost, and how busy a request found its backend.
+        "cost_usd_per_1k_tokens_by_pool": {
+            name: round(pool_cost[name] / tokens[name] * 1000, 9) if tokens[name] else None
+            for name in live
+        },
+        "mean_concurrency": {
+            name: round(concurrency[name] / pools[name], 2) if pools[name] else None
+            for name in live
+        },
+        # Of the prompt tokens served, those the backends' prefix caches held.
+        "cached_share": round(cached / prompt, 5) if prompt else 0.0,
+        "queued_share": round(sum(p.queued_in is not None for p in passages) / total, 5),
+        "fallback_share": round(sum(p.fell_back for p in passages) / total, 5),
+        "duration_s": round(duration_s, 3),
+    }
+    if replay.parking is not None:
+        summary["parking"] = parking_summary(replay)
+    if replay.strategy.learner is not None:
+        summary["cost_model"] = replay.strategy.learner.report()
+    return summary
+
+
+def parking_summary(replay: Replay) -> dict[str, object]:
+    """Return what parking did: backends on over time, its moves, and wake-ups that came late."""
+    moves = replay.moves
+    duration = max((sim.device.time for sim in replay.world.values()), default=0.0)
+    backends = len(replay.world)
+    return {
+        "parks": sum(m[2] == "park" for m in moves),
+        "wake_ups": sum(m[2] == "wake" for m in moves),
+        "late_wake_ups": replay.late_wake_ups,
+        "mean_backends_on": (
+            round(backends - replay.parked_s / duration, 3) if duration else backends
+        ),
+        "backends": backends,
+        # What the parked devices still drew: the fleet's energy less this is what parking
+        # would leave if a parked device drew nothing (powered off, released).
+        "parked_energy_j": round(replay.parked_energy_j, 1),
+        # Backend-seconds released (drawing nothing, not paid); 0 where parking sleeps.
+        "released_s": round(sum(replay.released_s(name) for name in replay.world), 1),
+    }
