@@ -23,7 +23,13 @@ from gateway.policy.tariffs import DAY_S
 from gateway.records.slo import judged_on
 from gateway.report.numbers import fleet_headline, parking_numbers
 from gateway.report.period import Period
-from gateway.report.records import read_draw, read_minutes, read_parking, read_traffic
+from gateway.report.records import (
+    count_requests,
+    read_draw,
+    read_minutes,
+    read_parking,
+    read_traffic,
+)
 from gateway.routing.explain import hardware, parking
 from gateway.stats import sketch_percentile
 
@@ -93,10 +99,7 @@ def fleet_energy(db: sa.Engine, policy: Policy, now: float, window_s: float) -> 
     until = math.floor(now / MINUTE_S) * MINUTE_S  # a minute's draw is written once it ends
     period = Period(until - window_s, until, f"the last {window_s / 3600:g} h")
     previous = period.previous()
-    requests, before = (
-        sum(r["requests"] for r in read_traffic(db, policy, p.since, p.until, now=now))
-        for p in (period, previous)
-    )
+    requests, before = (count_requests(db, p.since, p.until, now=now) for p in (period, previous))
     draw = read_draw(db, previous.since, period.until)
     return {
         "since": period.since,
@@ -122,6 +125,13 @@ def _energy_since(db: sa.Engine, policy: Policy, since: float, now: float) -> di
     return energy
 
 
+# What the traffic view reads of each request minute.
+TRAFFIC_COLUMNS = (
+    "ts", "route", "pool", "endpoint", "stream", "requests", "slo_met",
+    "energy_n", "energy_j", "cost_n", "cost_usd", "ttft_ms", "e2e_ms",
+)  # fmt: skip
+
+
 def traffic(db: sa.Engine, policy: Policy, now: float, window_s: float) -> list[dict[str, Any]]:
     """Per route over the last `window_s` (its whole minutes): the share each pool served, SLO
     attainment (the live rule), p50/p95 of what it is judged on (time to first token of
@@ -131,22 +141,30 @@ def traffic(db: sa.Engine, policy: Policy, now: float, window_s: float) -> list[
     Read from the request minutes; percentiles from their sketches, within
     SKETCH_RELATIVE_ERROR (gateway/stats.py)."""
     since = now - window_s
-    by_route: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for row in read_minutes(db, policy, since, now, now=now):
-        if row["route"] is not None:
-            by_route[row["route"]].append(row)
     width = window_s / BUCKETS
+    routes: dict[str, list[_Traffic]] = {}
+    rows = read_minutes(db, policy, since, now, TRAFFIC_COLUMNS, now=now)
+    for ts, route, pool, endpoint, stream, *figures, ttft, e2e in rows:
+        if route is None:
+            continue
+        buckets = routes.get(route)
+        if buckets is None:
+            buckets = routes[route] = [_Traffic() for _ in range(BUCKETS)]
+        bucket = buckets[min(BUCKETS - 1, max(0, int((ts - since) / width)))]
+        # The end to end time is shown of the requests judged on it.
+        judged = judged_on(endpoint, bool(stream)) == "e2e"
+        bucket.add(pool or "none", figures, ttft, e2e if judged else None)
     out = []
-    for route, served in sorted(by_route.items()):
-        buckets: list[list[dict[str, Any]]] = [[] for _ in range(BUCKETS)]
-        for row in served:
-            buckets[min(BUCKETS - 1, max(0, int((row["ts"] - since) / width)))].append(row)
+    for route, buckets in sorted(routes.items()):
+        whole = _Traffic()
+        for bucket in buckets:
+            whole.merge(bucket)
         out.append(
             {
                 "route": route,
-                **_figures(served),
+                **whole.figures(),
                 "series": [
-                    {"start": since + i * width, **_figures(bucket)}
+                    {"start": since + i * width, **bucket.figures()}
                     for i, bucket in enumerate(buckets)
                 ],
             }
@@ -154,40 +172,57 @@ def traffic(db: sa.Engine, policy: Policy, now: float, window_s: float) -> list[
     return out
 
 
-def _figures(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    pools: dict[str, int] = defaultdict(int)
-    for row in rows:
-        pools[row["pool"] or "none"] += row["requests"]
-    requests = sum(pools.values())
-    ttft: dict[int, int] = {}
-    whole: dict[int, int] = {}  # end to end of the answers judged on it
-    for row in rows:
-        _merge(ttft, row["ttft_ms"])
-        if judged_on(row["endpoint"], bool(row["stream"])) == "e2e":
-            _merge(whole, row["e2e_ms"])
-    energy_n = sum(row["energy_n"] for row in rows)
-    cost_n = sum(row["cost_n"] for row in rows)
-    return {
-        "requests": requests,
-        "pool_shares": {p: n / requests for p, n in sorted(pools.items())} if requests else {},
-        "slo_attainment": sum(row["slo_met"] for row in rows) / requests if requests else None,
-        "ttft_p50_ms": sketch_percentile(ttft, 50),
-        "ttft_p95_ms": sketch_percentile(ttft, 95),
-        "e2e_p50_ms": sketch_percentile(whole, 50),
-        "e2e_p95_ms": sketch_percentile(whole, 95),
-        "energy_j_per_request": sum(row["energy_j"] for row in rows) / energy_n
-        if energy_n
-        else None,
-        "cost_usd_per_request": sum(row["cost_usd"] for row in rows) / cost_n if cost_n else None,
-    }
+class _Traffic:
+    """A route's requests over a span: counts, sums and merged sketches (bucket → count, the
+    buckets as the stored JSON names them)."""
+
+    __slots__ = ("e2e", "pools", "sums", "ttft")
+
+    def __init__(self) -> None:
+        self.pools: dict[str, int] = defaultdict(int)
+        self.sums = [0.0] * 6  # requests, slo_met, energy_n, energy_j, cost_n, cost_usd
+        self.ttft: dict[str, int] = {}
+        self.e2e: dict[str, int] = {}
+
+    def add(self, pool: str, figures: Sequence[float], ttft: str | None, e2e: str | None) -> None:
+        self.pools[pool] += int(figures[0])
+        self.sums = [a + b for a, b in zip(self.sums, figures, strict=True)]
+        if ttft is not None:
+            _merge(self.ttft, orjson.loads(ttft))
+        if e2e is not None:
+            _merge(self.e2e, orjson.loads(e2e))
+
+    def merge(self, other: _Traffic) -> None:
+        for pool, n in other.pools.items():
+            self.pools[pool] += n
+        self.sums = [a + b for a, b in zip(self.sums, other.sums, strict=True)]
+        _merge(self.ttft, other.ttft)
+        _merge(self.e2e, other.e2e)
+
+    def figures(self) -> dict[str, Any]:
+        requests, met, energy_n, energy, cost_n, cost = self.sums
+        ttft = {int(b): n for b, n in self.ttft.items()}
+        e2e = {int(b): n for b, n in self.e2e.items()}
+        return {
+            "requests": int(requests),
+            "pool_shares": {p: n / requests for p, n in sorted(self.pools.items())}
+            if requests
+            else {},
+            "slo_attainment": met / requests if requests else None,
+            "ttft_p50_ms": sketch_percentile(ttft, 50),
+            "ttft_p95_ms": sketch_percentile(ttft, 95),
+            "e2e_p50_ms": sketch_percentile(e2e, 50),
+            "e2e_p95_ms": sketch_percentile(e2e, 95),
+            "energy_j_per_request": energy / energy_n if energy_n else None,
+            "cost_usd_per_request": cost / cost_n if cost_n else None,
+        }
 
 
-def _merge(counts: dict[int, int], sketch: str | None) -> None:
-    """Add a stored sketch (JSON: bucket → count) into counts."""
-    if sketch is not None:
-        for bucket, n in orjson.loads(sketch).items():
-            key = int(bucket)
-            counts[key] = counts.get(key, 0) + n
+def _merge(counts: dict[str, int], sketch: dict[str, int]) -> None:
+    """Add a sketch's counts into counts."""
+    get = counts.get
+    for bucket, n in sketch.items():
+        counts[bucket] = get(bucket, 0) + n
 
 
 def shadow_pairs(db: sa.Engine, route: str, candidate: str, limit: int) -> list[dict[str, Any]]:

@@ -52,18 +52,16 @@ RECORD_COLUMNS = (
 Key = tuple[float, str | None, str | None, str, str, str | None, bool]
 # The SLO targets of a request's class (None for the policy's default class).
 TargetsOf = Callable[[str | None], Targets | None]
-SKETCHES = ("ttft_ms", "tpot_ms", "e2e_ms")
 
 
 # The figures of an open row, in RequestMinute's order from `requests` to `energy_ape_n`.
-_FIGURES = 16
+_FIGURES = 17
 (
     REQUESTS, ERRORS, SLO_MET, PROMPT, COMPLETION,
     ENERGY_N, ENERGY, ENERGY_TOKENED, ENERGY_TOKENS,
     COST_N, COST, COST_TOKENED, COST_TOKENS,
-    E2E_APE, E2E_APE_N, ENERGY_APE,
+    E2E_APE, E2E_APE_N, ENERGY_APE, ENERGY_APE_N,
 ) = range(_FIGURES)  # fmt: skip
-ENERGY_APE_N = _FIGURES
 
 
 class Cell:
@@ -72,7 +70,7 @@ class Cell:
     __slots__ = ("figures", "sketches")
 
     def __init__(self) -> None:
-        self.figures: list[float] = [0] * (_FIGURES + 1)
+        self.figures: list[float] = [0] * _FIGURES
         self.sketches: tuple[dict[int, int], ...] = ({}, {}, {})
 
     def request(

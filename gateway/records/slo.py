@@ -1,8 +1,9 @@
 """SLO attainment: whether one finished request met its latency targets, and what TPOT is.
 
 One definition for every place that counts it: the live metric (telemetry), the rollout guards,
-the weekly report, the console's traffic view, the replay (`gateway bench routing`, its live
-comparison and `gateway policy simulate`). A request meets its SLO when it succeeded and every
+the request minutes (gateway/records/minutes.py) that the weekly report and the console's traffic
+view read, the replay (`gateway bench routing`, its live comparison and `gateway policy
+simulate`). A request meets its SLO when it succeeded and every
 target in force for its endpoint holds where it has a measure:
 
 - **Streamed chat and completions** (the Responses API is served as chat): time to first token

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable
+import operator
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -133,18 +134,40 @@ def read_traffic(
     return traffic
 
 
+def count_requests(db: sa.Engine, since: float, until: float, *, now: float) -> int:
+    """Count the requests from `since` to `until`: the settled minutes' sum and, after them,
+    the request records."""
+    horizon = min(until, max(since, settled(now)))
+    m, r = request_minutes.c, request_records.c
+    with db.connect() as conn:
+        summed = conn.execute(
+            sa.select(sa.func.sum(m.requests)).where(m.ts >= since, m.ts < horizon)
+        ).scalar()
+        recent = conn.execute(
+            sa.select(sa.func.count()).where(r.ts >= horizon, r.ts < until)
+        ).scalar()
+    return int(summed or 0) + int(recent or 0)
+
+
 def read_minutes(
-    db: sa.Engine, policy: Policy, since: float, until: float, *, now: float
-) -> list[dict[str, Any]]:
-    """Read the rows of the request minutes that start from `since` to `until`, sketches
-    included; the minutes not settled by `now` are folded here from their request records."""
+    db: sa.Engine,
+    policy: Policy,
+    since: float,
+    until: float,
+    columns: Sequence[str],
+    *,
+    now: float,
+) -> list[tuple[Any, ...]]:
+    """Read `columns` of the rows of the request minutes that start from `since` to `until`;
+    the minutes not settled by `now` are folded here from their request records."""
     horizon = min(until, max(since, settled(now)))
     m = request_minutes.c
-    query = sa.select(request_minutes).where(m.ts >= since, m.ts < horizon)
+    query = sa.select(*(m[c] for c in columns)).where(m.ts >= since, m.ts < horizon)
     with db.connect() as conn:
-        rows = [dict(r._mapping) for r in conn.execute(query)]
+        rows = [tuple(r) for r in conn.execute(query)]
     if horizon < until:
-        rows += [row.row() for row in read_unsettled(db, policy, horizon, until)]
+        read = operator.attrgetter(*columns)
+        rows += [read(row) for row in read_unsettled(db, policy, horizon, until)]
     return rows
 
 

@@ -30,6 +30,7 @@ from gateway.db.schema import (
     shadow_records,
     table,
 )
+from gateway.ops import views
 from gateway.policy.load import load_policy
 from gateway.promotion import evidence, rollout
 from gateway.records.minutes import summarize as minutes
@@ -296,7 +297,9 @@ def test_projected_savings_read_a_routes_sample_by_index(
 def test_console_traffic_reads_its_window_of_minutes_by_index(filled: sa.Engine) -> None:
     (minutes,) = plans(
         filled,
-        lambda: report_records.read_minutes(filled, fleet_policy(), NOW - DAY, NOW, now=NOW + DAY),
+        lambda: report_records.read_minutes(
+            filled, fleet_policy(), NOW - DAY, NOW, views.TRAFFIC_COLUMNS, now=NOW + DAY
+        ),
     )
     assert "ix_request_minutes_ts" in minutes
 
