@@ -237,7 +237,8 @@ class GatewayMetrics:
     )
     shadow_failed = counter(
         "shadow_failed",
-        "Shadow copies that the candidate failed to answer, by error code.",
+        "Shadow copies that the candidate failed to answer, by error code, or answered with"
+        " no usable answer, by kind (null, empty, cut_short, broken).",
         *SHADOW,
         "code",
     )

@@ -537,16 +537,24 @@ class Mirror:
             record.primary_text = _clip(primary.text)
             record.candidate_text = _clip(candidate.text)
             record.text_expires_at = self._wall() + plan.compare.text_retention_h * 3600
-        self._observe(labels, outcome, diff)
+        self._observe(labels, outcome, diff, record.failure)
         if primary.text is None or candidate.text is None:
             return record, None
         return record, (primary.text, candidate.text)
 
-    def _observe(self, labels: tuple[str, str, str], outcome: CandidateOutcome, diff: Diff) -> None:
+    def _observe(
+        self,
+        labels: tuple[str, str, str],
+        outcome: CandidateOutcome,
+        diff: Diff,
+        failure: str | None,
+    ) -> None:
         m = self.metrics
         if outcome.error is not None:
             m.child(m.shadow_failed, *labels, outcome.error).inc()
             return
+        if failure is not None:  # answered, but not an answer a client could use
+            m.child(m.shadow_failed, *labels, failure).inc()
         m.child(m.shadow_duration, *labels).observe(outcome.e2e_s)
         if diff.exact_match is None:
             return

@@ -16,6 +16,7 @@ from gateway.promotion.evidence import criteria, gather, load_evidence, paraphra
 from gateway.promotion.evidence import shadow_rows as shadow_rows_of
 from gateway.promotion.judge import FAIL, REJECT, judge
 from harness.gateways import run_gateway
+from harness.metrics import metric_value
 from policies import MODEL
 from realfleet.shim import Shim
 
@@ -67,7 +68,10 @@ def test_each_failed_copy_is_recorded_with_its_kind(sims, tmp_path: Path, mode, 
             ask(gw, [f"Question {i} about analog arrays." for i in range(3)])
             rows = shadow_rows(gw, 3)
             evidence = load_evidence(gw.gateway.db, policy, since=0)[("chat", "cim")]
+            metrics = gw.http().get("/metrics").text
     assert [(r["failure"], r["primary_failure"]) for r in rows] == [(kind, None)] * 3
+    code = "upstream_error" if kind == "error" else kind
+    assert metric_value(metrics, "gateway_shadow_failed_total", code=code) == 3
     assert evidence.failures.only_candidate == 3 and evidence.failures.kinds == {kind: 3}
     # Each failed copy departs and misses its SLO: it is the answer a client would have seen.
     assert evidence.greedy.compared == evidence.greedy.departed == 3

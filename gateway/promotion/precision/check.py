@@ -216,8 +216,9 @@ async def replay(
                 ask(client, candidate, path, sent),
             )
             outcome = Outcome(line)
-            if first.answer is None:
-                outcome.reference_error = first.error
+            if first.answer is None or first.answer.text is None:
+                # Nothing to hold the candidate to: the prompt is left out.
+                outcome.reference_error = first.error or "no answer in the response"
                 return outcome
             outcome.candidate, failed = await measure_pair(
                 client, embedder, embedding_model, first.answer, other
