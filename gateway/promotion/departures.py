@@ -80,8 +80,9 @@ class Tolerance:
 
 
 def tolerance(noise: Iterable[Row], paraphrase: float | None = None) -> Tolerance:
-    """Return the tolerance the noise floor's compared pairs allow, the meaning tolerance
-    starting at the embedding model's `paraphrase` similarity (None: `SAME_MEANING`)."""
+    """Return the tolerance the noise floor's compared pairs allow. With the embedding model's
+    `paraphrase` similarity, the meaning tolerance starts there and the floor only tightens it;
+    without, the floor's 1st percentile sets it, at most `SAME_MEANING`."""
     rows = [r for r in noise if not r.get("failure") and not r.get("primary_failure")]
     differing = [r for r in rows if not r.get("exact_match")]
     meaning = [v for r in differing if (v := r.get("semantic_similarity")) is not None]
@@ -92,9 +93,12 @@ def tolerance(noise: Iterable[Row], paraphrase: float | None = None) -> Toleranc
     ]
     words = [r["similarity"] for r in differing if r.get("similarity") is not None]
     trusted = len(rows) >= MIN_PAIRS
-    start = SAME_MEANING if paraphrase is None else paraphrase
     return Tolerance(
-        meaning=_tightened(meaning, start, max(start, SAME_MEANING), trusted),
+        meaning=(
+            _floor(meaning, SAME_MEANING, trusted)
+            if paraphrase is None
+            else _tightened(meaning, paraphrase, max(paraphrase, SAME_MEANING), trusted)
+        ),
         words=_floor(words, SAME_WORDS, trusted),
         noise_pairs=(
             len(rows) if trusted or max(len(meaning), len(vectors)) >= MIN_DIFFERING else 0

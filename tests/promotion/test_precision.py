@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import hashlib
@@ -12,9 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from command import ROOT, gateway
 
+from gateway.compare.answers import Answer
 from gateway.db.connection import connect
 from gateway.errors import Conflict, PolicyError
 from gateway.policy import versions
@@ -23,7 +26,8 @@ from gateway.policy.load import render_policy, to_yaml
 from gateway.policy.model import Policy
 from gateway.policy.suites import SHIPPED
 from gateway.promotion import rollout
-from gateway.promotion.precision.check import TOP_LOGPROBS, greedy, read_suite
+from gateway.promotion.departures import Tolerance, departs
+from gateway.promotion.precision.check import TOP_LOGPROBS, Reply, greedy, measure_pair, read_suite
 from gateway.promotion.precision.figures import Outcome, gate, judge_check
 from gateway.promotion.precision.limits import ALPHA, MAX_DEPARTURE_RATE, Limits
 from gateway.promotion.precision.plan import Plan, Suite
@@ -735,3 +739,20 @@ def test_a_labelled_suite_line_is_sent_without_its_labels() -> None:
         "logprobs": True,
         "top_logprobs": TOP_LOGPROBS,
     }
+
+
+def test_an_answer_the_client_could_not_use_departs_wherever_pairs_are_counted() -> None:
+    # The calibration benches count a part's pairs with departs(): a cut-short or empty answer
+    # measured as an error must depart there too, not drop out as a pair without measures.
+    reference = Answer(text="Paris is the capital of France. " * 8, finish_reason="stop")
+    cut = Answer(text="Paris is", finish_reason="length")
+
+    async def measured(reply: Reply) -> dict:
+        async with httpx.AsyncClient() as client:
+            row, _ = await measure_pair(client, None, None, reference, reply)
+        return row
+
+    for reply in (Reply(cut), Reply(Answer(text="", finish_reason="stop")), Reply(None, "502")):
+        row = asyncio.run(measured(reply))
+        assert row["candidate_error"] is not None
+        assert departs(row, Tolerance()), row

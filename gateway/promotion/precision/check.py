@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 
 from gateway.compare.answers import Answer, read_body
-from gateway.compare.failures import failure
+from gateway.compare.failures import ERROR, failure
 from gateway.compare.meaning import similarity, windows
 from gateway.compare.measures import DEFAULT_COMPARATORS, MEASURES, compare
 from gateway.errors import InvalidRequest
@@ -169,12 +169,14 @@ async def measure_pair(
     other: Reply,
 ) -> tuple[Row, bool]:
     """Measure one answer against the reference's; return its row and whether embedding failed."""
+    # An answer the client could not use (null, empty, cut short) fails as an error would, and
+    # departs wherever pairs are counted (gateway/promotion/departures.py).
     if other.answer is None:
-        return {**dict.fromkeys(MEASURES), "candidate_error": other.error}, False
-    # An answer the client could not use (null, empty, cut short) fails as an error would.
+        return {**dict.fromkeys(MEASURES), "candidate_error": other.error, "failure": ERROR}, False
     kind = failure(None, other.answer, reference)
     if kind is not None:
-        return {**dict.fromkeys(MEASURES), "candidate_error": f"{kind} answer"}, False
+        row = {**dict.fromkeys(MEASURES), "candidate_error": f"{kind} answer", "failure": kind}
+        return row, False
     diff = compare(reference, other.answer, DEFAULT_COMPARATORS)
     failed = False
     if not diff.exact_match:
