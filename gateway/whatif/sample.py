@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -62,6 +63,20 @@ def stratum_cap(sizes: Mapping[Stratum, int], size: int) -> int:
         remaining -= count
         strata -= 1
     return max(counts, default=1)
+
+
+def trace_request(row: Any, first: float) -> TraceRequest:
+    """Return a request record's row as a request of a trace that starts at `first`."""
+    return TraceRequest(
+        row.ts - first,
+        int(row.prompt_tokens),
+        0 if row.endpoint == "embeddings" else max(int(row.completion_tokens), 1),
+        model=row.model,
+        slo_class=row.slo_class,
+        tenant=row.tenant,
+        endpoint=row.endpoint,
+        stream=bool(row.stream),
+    )
 
 
 def _served(since: float, until: float | None) -> list[sa.ColumnElement[bool]]:
@@ -133,18 +148,6 @@ def sample_requests(
             rows.extend(conn.execute(sa.select(ranked).where(pick)).all())
     rows.sort(key=lambda row: row.ts)
     first = rows[0].ts
-    requests = [
-        TraceRequest(
-            row.ts - first,
-            int(row.prompt_tokens),
-            0 if row.endpoint == "embeddings" else max(int(row.completion_tokens), 1),
-            model=row.model,
-            slo_class=row.slo_class,
-            tenant=row.tenant,
-            endpoint=row.endpoint,
-            stream=bool(row.stream),
-        )
-        for row in rows
-    ]
+    requests = [trace_request(row, first) for row in rows]
     strata = [(row.route, int(row.ts // HOUR_S)) for row in rows]
     return RecordedSample(requests, strata, sizes)

@@ -27,7 +27,7 @@ import sqlalchemy as sa
 from gateway.db.schema import request_records
 from gateway.policy.model import Policy
 from gateway.whatif.conditions import ReplayRates
-from gateway.whatif.sample import RecordedSample, Stratum
+from gateway.whatif.sample import RecordedSample, Stratum, trace_request
 from gateway.whatif.strategy import learned
 from gateway.whatif.summary import replayed, summarize
 from gateway.whatif.timeline import Passage
@@ -69,19 +69,7 @@ def recorded_requests(
     if not rows:
         return []
     first = rows[0].ts
-    return [
-        TraceRequest(
-            row.ts - first,
-            int(row.prompt_tokens),
-            0 if row.endpoint == "embeddings" else max(int(row.completion_tokens), 1),
-            model=row.model,
-            slo_class=row.slo_class,
-            tenant=row.tenant,
-            endpoint=row.endpoint,
-            stream=bool(row.stream),
-        )
-        for row in rows
-    ]
+    return [trace_request(row, first) for row in rows]
 
 
 def replay(policy: Policy, requests: list[TraceRequest]) -> tuple[dict[str, Any], list[Passage]]:
