@@ -59,7 +59,8 @@ def _simulate(args: argparse.Namespace, settings: Settings) -> int:
     from gateway.policy import versions
     from gateway.policy.load import parse_policy
     from gateway.report.period import parse_since
-    from gateway.whatif.simulate import recorded_requests, simulate
+    from gateway.whatif.sample import sample_requests
+    from gateway.whatif.simulate import simulate_sample
 
     db = connect(settings.database_url)
     stored = versions.active(db)
@@ -70,21 +71,31 @@ def _simulate(args: argparse.Namespace, settings: Settings) -> int:
     )
     proposed = load_policy(args.file)
     since = parse_since(args.since, time.time()) or 0.0
-    requests = recorded_requests(db, since, limit=args.limit)
-    if not requests:
+    sample = sample_requests(db, since, size=args.sample)
+    if not sample.requests:
         print(f"no recorded chat requests since {args.since}: nothing to replay", file=sys.stderr)
         return 1
-    result = simulate(active, proposed, requests)
+    result = simulate_sample(active, proposed, sample)
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
-    print(f"{result['requests']} recorded requests replayed under the active and proposed policy")
+    drawn = result["sample"]
+    print(
+        f"a sample of {drawn['requests']} of the period's {drawn['period_requests']} recorded"
+        f" requests ({drawn['strata']} strata: route and hour) replayed under the active and"
+        " proposed policy"
+    )
     for key, row in result["change"].items():
         if key == "pool_shares":
             print(f"  pool shares: {row['active']} -> {row['proposed']}")
         else:
             ratio = "" if row["ratio"] is None else f" (x{row['ratio']})"
             print(f"  {key}: {row['active']} -> {row['proposed']}{ratio}")
+    for name, share in drawn["slo_attainment"].items():
+        print(
+            f"  period's SLO attainment, {name}: {share['estimate']}"
+            f" (95% interval {share['low']}-{share['high']}, from the spread within strata)"
+        )
     return 0
 
 
@@ -200,7 +211,12 @@ def add(commands: argparse._SubParsersAction) -> None:
     simulate.add_argument(
         "--since", default="7d", help="period to replay: an age like 7d, or a time"
     )
-    simulate.add_argument("--limit", type=int, help="replay at most this many requests")
+    simulate.add_argument(
+        "--sample",
+        type=int,
+        default=20_000,
+        help="replay a sample of at most about this many requests, stratified by route and hour",
+    )
     simulate.add_argument("--json", action="store_true")
     simulate.set_defaults(run=_simulate)
     apply = policy.add_parser("apply", help="store a valid policy as the new active version")

@@ -43,7 +43,8 @@ from gateway.report.schedule import FILES, listing
 from gateway.routing.bodies import INTEGRAL
 from gateway.routing.explain import explain
 from gateway.shadow.summary import summarize
-from gateway.whatif.simulate import recorded_requests, simulate
+from gateway.whatif.sample import DEFAULT_SAMPLE, sample_requests
+from gateway.whatif.simulate import simulate_sample
 
 MAX_LISTED = 1000  # policy versions one listing returns; a bigger limit is a 400, not a crash
 # The widest integer a JSON reader holds exactly (the description's bounds are doubles), which
@@ -243,17 +244,15 @@ def admin_router(gateway: OpsParts) -> APIRouter:
         )
         proposed = checked.accepted()
         since = time.time() - request.days * DAY_S
-        requests = await asyncio.to_thread(
-            recorded_requests, gateway.db, since, limit=request.limit
-        )
-        if not requests:
-            return {"requests": 0, "change": {}, "runs": {}}
+        sample = await asyncio.to_thread(sample_requests, gateway.db, since, size=request.sample)
+        if not sample.requests:
+            return {"requests": 0, "change": {}, "runs": {}, "sample": None}
         # The replay is seconds of pure Python: in a process of its own, not beside serving,
         # ended off the event loop (shutting it down waits for the process to exit).
         replay = helper_process()
         try:
             return await asyncio.get_running_loop().run_in_executor(
-                replay, simulate, gateway.serving.policy, proposed, requests
+                replay, simulate_sample, gateway.serving.policy, proposed, sample
             )
         finally:
             await asyncio.to_thread(replay.shutdown)
@@ -357,8 +356,10 @@ class SimulateRequest(PolicyCandidate):
     """A proposed policy to replay the recorded traffic under."""
 
     days: float = Field(default=7, gt=0, le=90, description="How far back the traffic goes.")
-    limit: Annotated[int, Field(ge=1, le=100_000), INTEGRAL] = Field(
-        default=5000, description="Replay at most this many requests."
+    sample: Annotated[int, Field(ge=1, le=100_000), INTEGRAL] = Field(
+        default=DEFAULT_SAMPLE,
+        description="Replay a sample of at most about this many requests, stratified by route"
+        " and hour; the answer's `sample` gives its size, the period's and the error.",
     )
 
 

@@ -45,6 +45,24 @@ def measure(
     """Replay the requests through a strategy, over the window every replay of them shares, on
     devices of `hardware` (the simulator's by default); return its figures. `rates` are the
     ones its router reads, if it reads any."""
+    return summarize(
+        replayed(
+            strategy, requests, seed=seed, conditions=conditions, rates=rates, hardware=hardware
+        )
+    )
+
+
+def replayed(
+    strategy: Strategy,
+    requests: Sequence[TraceRequest],
+    *,
+    seed: int = 0,
+    conditions: Conditions = STEADY,
+    rates: ReplayRates | None = None,
+    hardware: Hardware | None = None,
+) -> Replay:
+    """Replay the requests through a strategy, over the window every replay of them shares, on
+    devices of `hardware` (the simulator's by default); return the finished replay."""
     # The seed sets what the live gateway leaves to chance: where the meter's readings fall
     # relative to requests, and the draw per request (a canary's share, exploring).
     run = Replay(
@@ -57,7 +75,7 @@ def measure(
         hardware=hardware,
     )
     run.run().finish(START_S + max((r.arrival_s for r in requests), default=0.0) + DRAIN_S)
-    return summarize(run)
+    return run
 
 
 def latency_percentile(values: list[float], q: float) -> float | None:

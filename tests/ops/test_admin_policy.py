@@ -158,7 +158,7 @@ MALFORMED = [
     ("PUT", "/admin/policy", {"yaml": "x", "message": "m", GATE: 1}, GATE),
     ("PUT", "/admin/policy", {"yaml": "", "message": "m"}, "yaml"),
     ("POST", "/admin/policy/validate", {"yaml": ""}, "yaml"),
-    ("POST", "/admin/policy/simulate", {"yaml": "x", "limit": "10"}, "limit"),
+    ("POST", "/admin/policy/simulate", {"yaml": "x", "sample": "10"}, "sample"),
     ("POST", "/admin/promotions/apply", ROLLOUT | {"force": "true"}, "force"),
     ("POST", "/admin/promotions/apply", {"route": "chat-8b"}, "candidate"),
     ("POST", "/admin/promotions/rollback", {"route": ""}, "route"),

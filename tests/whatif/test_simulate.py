@@ -78,6 +78,9 @@ def test_simulate_reports_the_change_a_proposed_policy_would_make(tmp_path: Path
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["requests"] == 300
+    assert report["sample"]["requests"] == report["sample"]["period_requests"] == 300
+    share = report["sample"]["slo_attainment"]["active"]
+    assert share["low"] <= share["estimate"] <= share["high"]
     shares = report["change"]["pool_shares"]
     assert shares["active"].get("asic", 0) > 0.5
     assert shares["proposed"].get("asic", 0) == 0
