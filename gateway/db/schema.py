@@ -271,6 +271,15 @@ shadow_records = table(
 )
 
 
+def request_of_copy() -> sa.ColumnElement[bool]:
+    """Join a shadow copy to its primary's request record: the same decision id and time (a
+    copy's ts is its primary's arrival), which on PostgreSQL also names the record's day
+    partition. The judge's evidence (gateway/promotion/evidence.py) and the shadow summary
+    (gateway/shadow/summary.py) read the primary's SLO class, energy and cost through it."""
+    r, c = request_records.c, shadow_records.c
+    return sa.and_(r.decision_id == c.decision_id, r.ts == c.ts)
+
+
 shadow_drops = sa.Table(
     "shadow_drops",
     metadata,
