@@ -1,10 +1,11 @@
-"""A day's retention at production size on PostgreSQL: dropping its partitions, against deleting
-its rows in batches as retention did before day partitions.
+"""A day's retention at production size: on PostgreSQL, dropping its partitions against deleting
+its rows in batches as retention did before day partitions; on SQLite, its batches.
 
     python -m bench.records --requests 10000000 --shadows 2000000 --database URL --week 2026-W48
     python -m bench.retention --database URL --week 2026-W48 --out R.json
 
-On a week that `bench.records` wrote (partitioned by day, migration 0019 on):
+On SQLite, the week's first day is deleted in batches. On PostgreSQL, on a week that
+`bench.records` wrote (partitioned by day, migration 0019 on):
 
 1. drop: a retention round (`drop_days`) whose window ends with the week's first day drops
    that day's request and shadow record partitions.
@@ -161,24 +162,31 @@ def vacuum(db: sa.Engine) -> None:
 def run(url: str, week_label: str) -> dict[str, Any]:
     period = week(week_label)
     first, second = period.since, period.since + DAY_S
+    db = connect(url)
+    writing_at = time.time()  # today's rows, which neither way of retention touches
+    result: dict[str, Any] = {"week": week_label, "database": db.dialect.name}
+    result["idle"] = timed(db, writing_at, lambda: time.sleep(20))
+    if db.dialect.name != "postgresql":  # one table each: a day goes in batches
+        day = _rows(db, first, first + DAY_S)
+        deleted = timed(db, writing_at, lambda: delete_in_batches(db, first + DAY_S))
+        result["batches"] = {"day": _date(first), "rows": day, **deleted}
+        db.dispose()
+        return result
+
+    result["sizes_mb_before"] = _sizes_mb(db)
+    day = _rows(db, first, first + DAY_S)
+    now = first + DAY_S + WINDOW_DAYS * DAY_S
+    dropped = timed(db, writing_at, lambda: drop_days(db, Windows(WINDOW_DAYS, WINDOW_DAYS), now))
+    result["drop"] = {"day": _date(first), "rows": day, **dropped}
+    result["sizes_mb_after_drop"] = _sizes_mb(db)
+    db.dispose()
+
     config = alembic_config(url)
     (partitioning,) = (
         r
         for r in ScriptDirectory.from_config(config).walk_revisions()
         if r.path.endswith("_day_partitions.py")
     )
-    db = connect(url)
-    writing_at = time.time()  # today's partition, which neither way of retention touches
-    result: dict[str, Any] = {"week": week_label, "sizes_mb_before": _sizes_mb(db)}
-
-    result["idle"] = timed(db, writing_at, lambda: time.sleep(20))
-    day = _rows(db, first, first + DAY_S)
-    now = first + DAY_S + WINDOW_DAYS * DAY_S
-    dropped = timed(db, writing_at, lambda: drop_days(db, Windows(WINDOW_DAYS, WINDOW_DAYS), now))
-    result["drop"] = {"day": _date(first), "rows": day, **dropped}
-    result["sizes_mb_after_drop"] = _sizes_mb(db)
-
-    db.dispose()
     started = time.perf_counter()
     command.downgrade(config, str(partitioning.down_revision))
     result["downgrade_s"] = round(time.perf_counter() - started, 1)
@@ -201,7 +209,7 @@ def run(url: str, week_label: str) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.retention", description=__doc__)
-    parser.add_argument("--database", required=True, help="PostgreSQL URL holding the week")
+    parser.add_argument("--database", required=True, help="database URL holding the week")
     parser.add_argument("--week", required=True, help="the ISO week bench.records wrote")
     parser.add_argument("--out", help="write the result as JSON here too")
     args = parser.parse_args(argv)
