@@ -11,8 +11,8 @@ On SQLite, the week's first day is deleted in batches. On PostgreSQL, on a week 
    that day's request and shadow record partitions.
 2. downgrade to the revision before day partitions (the rows move back into one table each),
    then delete the second day's request and shadow records in batches of 1,000 through the
-   `ts` index (`delete_batch`, as every round did before), then VACUUM both tables, the work
-   the deletes leave to autovacuum.
+   `ts` index (`delete_batch`, with the pause between batches, as every round did before),
+   then VACUUM both tables, the work the deletes leave to autovacuum.
 3. upgrade again: the migration moving the five days left into day partitions.
 
 Meanwhile a thread writes request records as the record writer does (a batch of 10 every
@@ -49,6 +49,7 @@ TABLES = (request_records, shadow_records)
 WINDOW_DAYS = 30.0
 WRITES_EVERY_S = 0.5
 WRITE_ROWS = 10
+PAUSE_S = 0.05  # between two batches, as Pruner pauses in `gateway serve`
 
 
 def _date(ts: float) -> str:
@@ -140,16 +141,21 @@ def timed(db: sa.Engine, during: float, work: Callable[[], Any]) -> dict[str, An
 
 
 def delete_in_batches(db: sa.Engine, cutoff: float) -> dict[str, Any]:
-    """Delete the request and shadow records before `cutoff` in batches; count rows, batches."""
+    """Delete the request and shadow records before `cutoff` in batches, pausing between them
+    as `gateway serve`'s rounds do; count rows, batches and the seconds spent deleting."""
     done: dict[str, Any] = {}
     for table in TABLES:
         rows = batches = 0
+        deleting = 0.0
         while True:
+            started = time.perf_counter()
             n = delete_batch(db, table, cutoff, BATCH_ROWS)
+            deleting += time.perf_counter() - started
             rows, batches = rows + n, batches + 1
             if n < BATCH_ROWS:
                 break
-        done[table.name] = {"rows": rows, "batches": batches}
+            time.sleep(PAUSE_S)
+        done[table.name] = {"rows": rows, "batches": batches, "deleting_s": round(deleting, 2)}
     return done
 
 
