@@ -203,18 +203,14 @@ class Pruner:
         self.periodic = Periodic("retention", interval_s, self.prune)
 
     async def keep_ahead(self) -> None:
-        """Make the partitioned tables' days ahead now, as `gateway serve` starts (PostgreSQL);
-        if that fails, records go to the default partition until a round makes them."""
-        try:
-            await asyncio.to_thread(drop_days, self._db, Windows(0, 0), self._wall())
-        except DatabaseUnavailable as exc:
-            log.warning("cannot make the days ahead now: %s", exc)
+        """Make the partitioned tables' days ahead now, as `gateway serve` starts (PostgreSQL)."""
+        await self._drop_days(Windows(0, 0))
 
     async def prune(self) -> dict[str, int]:
         """Run one round in a worker thread: drop the days past the window (PostgreSQL), then
         delete the rows; return how many rows each table lost one by one (the days dropped are
         logged)."""
-        await asyncio.to_thread(drop_days, self._db, self.windows, self._wall())
+        await self._drop_days(self.windows)
         deleted = await asyncio.to_thread(
             prune,
             self._db,
@@ -230,6 +226,14 @@ class Pruner:
                 ", ".join(f"{n} {table}" for table, n in deleted.items()),
             )
         return deleted
+
+    async def _drop_days(self, windows: Windows) -> None:
+        # A failure leaves records in the default partition, or old days in place, until a
+        # round that succeeds; the round's deletes go on meanwhile.
+        try:
+            await asyncio.to_thread(drop_days, self._db, windows, self._wall())
+        except DatabaseUnavailable as exc:
+            log.warning("retention: cannot make or drop days now: %s", exc)
 
     def start(self) -> None:
         if not self.enabled:
