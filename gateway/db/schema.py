@@ -271,13 +271,21 @@ shadow_records = table(
 )
 
 
-def request_of_copy() -> sa.ColumnElement[bool]:
+def request_of_copy(
+    since: float | None = None, until: float | None = None
+) -> sa.ColumnElement[bool]:
     """Join a shadow copy to its primary's request record: the same decision id and time (a
-    copy's ts is its primary's arrival), which on PostgreSQL also names the record's day
-    partition. The judge's evidence (gateway/promotion/evidence.py) and the shadow summary
-    (gateway/shadow/summary.py) read the primary's SLO class, energy and cost through it."""
+    copy's ts is its primary's arrival). The copies' period bounds the requests' too, which on
+    PostgreSQL names the day partitions to read. The judge's evidence
+    (gateway/promotion/evidence.py) and the shadow summary (gateway/shadow/summary.py) read the
+    primary's SLO class, energy and cost through it."""
     r, c = request_records.c, shadow_records.c
-    return sa.and_(r.decision_id == c.decision_id, r.ts == c.ts)
+    on = [r.decision_id == c.decision_id, r.ts == c.ts]
+    if since is not None:
+        on.append(r.ts >= since)
+    if until is not None:
+        on.append(r.ts < until)
+    return sa.and_(*on)
 
 
 shadow_drops = sa.Table(

@@ -248,7 +248,7 @@ def shadow_rows(
     ]
     query = (
         sa.select(*columns, r.slo_class)
-        .select_from(shadow_records.outerjoin(request_records, request_of_copy()))
+        .select_from(shadow_records.outerjoin(request_records, request_of_copy(since, until)))
         .where(c.ts >= since)
     )
     if until is not None:

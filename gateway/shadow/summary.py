@@ -146,7 +146,7 @@ def summarize(
     }
     query = sa.select(
         *(measured[n].label(n) if n in measured else c[n] for n in _SUMMARY_COLUMNS)
-    ).select_from(shadow_records.outerjoin(request_records, request_of_copy()))
+    ).select_from(shadow_records.outerjoin(request_records, request_of_copy(since)))
     drops_query = sa.select(d.route, d.candidate_pool, d.kind, d.count)
     if route is not None:
         query = query.where(c.route == route)

@@ -18,6 +18,7 @@ import sqlalchemy as sa
 from alembic import command
 from alembic.script import ScriptDirectory
 from rows import DAY, request_record, shadow_record, store_rows
+from waiting import wait_for
 
 from gateway.db import partitions
 from gateway.db.connection import alembic_config, connect, upgrade
@@ -27,6 +28,8 @@ from gateway.db.schema import request_records, shadow_records
 from gateway.metrics import GatewayMetrics
 from gateway.records.requests import RecordWriter, RequestEnergy
 from harness.databases import scratch_database
+from harness.gateways import run_gateway
+from policies import fleet_policy
 
 pytestmark = pytest.mark.postgres
 
@@ -237,3 +240,17 @@ def test_a_copys_request_is_joined_by_decision_id_and_time(db: sa.Engine) -> Non
 
     (row,) = shadow_rows(db, now - 60)
     assert (row["primary_energy_j"], row["slo_class"]) == (3.0, "batch")
+
+
+def test_gateway_serve_makes_the_days_ahead_as_it_starts(
+    url: str, db: sa.Engine, tmp_path: Path
+) -> None:
+    tomorrow = day_of(time.time()) + DAY
+    with db.begin() as conn:
+        for table in TABLES:
+            conn.execute(sa.text(f"DROP TABLE {day_name(table.name, tomorrow)}"))
+    with run_gateway(fleet_policy(), tmp_path, database_url=url):
+        wait_for(
+            lambda: all(tomorrow in days_of(db, table) for table in TABLES),
+            message="the gateway never made tomorrow's partitions",
+        )

@@ -19,6 +19,7 @@ from alembic.script import ScriptDirectory
 from rows import request_record, shadow_record
 
 from gateway.compare.measures import MEASURES
+from gateway.db import partitions
 from gateway.db.connection import alembic_config, connect, upgrade
 from gateway.db.schema import (
     TEXT,
@@ -368,3 +369,44 @@ def _comparable(row: dict[str, Any]) -> tuple[Any, ...]:
         for k, v in sorted(row.items())
         if k != "id"
     )
+
+
+def test_console_pairs_and_request_count_read_by_index(filled: sa.Engine) -> None:
+    (pairs,) = plans(filled, lambda: views.shadow_pairs(filled, SMALL, "asic", 20))
+    summed, recent = plans(
+        filled, lambda: report_records.count_requests(filled, NOW - DAY, NOW, now=NOW)
+    )
+    assert "ix_shadow_records_route_ts" in pairs
+    assert "ix_request_minutes_ts" in summed
+    assert "ix_request_records_ts" in recent
+
+
+def _pg_scanned(plan: dict[str, Any]) -> set[str]:
+    found = {plan["Relation Name"]} if "Relation Name" in plan else set()
+    for child in plan.get("Plans", ()):
+        found |= _pg_scanned(child)
+    return found
+
+
+def test_a_periods_read_visits_only_its_days_partitions(filled: sa.Engine) -> None:
+    if filled.dialect.name != "postgresql":
+        pytest.skip("SQLite keeps each table whole")
+    with filled.begin() as conn:  # the days the gateway would have made: rows move into them
+        for name in partitions.PARTITIONED:
+            partitions.make_days(conn, name, NOW - 61 * DAY, NOW)
+        conn.exec_driver_sql("ANALYZE")
+    since, until = NOW - 8 * DAY, NOW - DAY
+    with statements(filled) as seen:
+        evidence.shadow_rows(filled, since, until)
+        report_records.read_unsettled(filled, fleet_policy(), since, until)
+    days = {
+        partitions.day_name(name, partitions.day_of(since) + n * DAY)
+        for name in partitions.PARTITIONED
+        for n in range(9)
+    }
+    defaults = {partitions.default_name(name) for name in partitions.PARTITIONED}
+    for statement, parameters in seen:
+        with filled.connect() as conn:
+            (plan,) = conn.exec_driver_sql(f"EXPLAIN (FORMAT JSON) {statement}", parameters).one()
+        scanned = _pg_scanned((plan if isinstance(plan, list) else json.loads(plan))[0]["Plan"])
+        assert scanned and scanned <= days | defaults
