@@ -17,7 +17,12 @@ from typing import Any
 import sqlalchemy as sa
 
 from gateway.compare.failures import ERROR, UPSTREAM
-from gateway.db.schema import promotion_evaluations, request_records, shadow_records
+from gateway.db.schema import (
+    promotion_evaluations,
+    request_of_copy,
+    request_records,
+    shadow_records,
+)
 from gateway.policy.model import Policy
 from gateway.promotion import departures
 from gateway.promotion.departures import at_risk, departs, judged, tolerance
@@ -243,7 +248,7 @@ def shadow_rows(
     ]
     query = (
         sa.select(*columns, r.slo_class)
-        .select_from(shadow_records.outerjoin(request_records, r.decision_id == c.decision_id))
+        .select_from(shadow_records.outerjoin(request_records, request_of_copy(since, until)))
         .where(c.ts >= since)
     )
     if until is not None:

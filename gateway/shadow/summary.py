@@ -15,7 +15,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from gateway.db.schema import request_records, shadow_drops, shadow_records
+from gateway.db.schema import request_of_copy, request_records, shadow_drops, shadow_records
 from gateway.shadow.sample import NOISE
 from gateway.stats import mean, measured, percentile, share, total
 
@@ -146,7 +146,7 @@ def summarize(
     }
     query = sa.select(
         *(measured[n].label(n) if n in measured else c[n] for n in _SUMMARY_COLUMNS)
-    ).select_from(shadow_records.outerjoin(request_records, r.decision_id == c.decision_id))
+    ).select_from(shadow_records.outerjoin(request_records, request_of_copy(since)))
     drops_query = sa.select(d.route, d.candidate_pool, d.kind, d.count)
     if route is not None:
         query = query.where(c.route == route)
