@@ -142,10 +142,12 @@ def timed(db: sa.Engine, during: float, work: Callable[[], Any]) -> dict[str, An
     return {"seconds": round(took, 2), "result": result, "writes": _latency(seconds)}
 
 
-def delete_in_batches(db: sa.Engine, tables: dict[str, str], cutoff: float) -> dict[str, Any]:
+def delete_in_batches(
+    db: sa.Engine, tables: dict[str, str], cutoff: float, limit: float = float("inf")
+) -> dict[str, Any]:
     """Delete the rows before `cutoff` of the tables (each under the name it is reported by) in
-    batches, pausing between them as `gateway serve`'s rounds do; count rows, batches and the
-    seconds spent deleting."""
+    batches, pausing between them as `gateway serve`'s rounds do, up to about `limit` rows of
+    each; count rows, batches, the seconds spent deleting and the rows deleted a second."""
     done: dict[str, Any] = {}
     for name, stored in tables.items():
         table = sa.table(stored, sa.column("id"), sa.column("ts"))
@@ -156,10 +158,15 @@ def delete_in_batches(db: sa.Engine, tables: dict[str, str], cutoff: float) -> d
             n = delete_batch(db, table, cutoff, BATCH_ROWS)
             deleting += time.perf_counter() - started
             rows, batches = rows + n, batches + 1
-            if n < BATCH_ROWS:
+            if n < BATCH_ROWS or rows >= limit:
                 break
             time.sleep(PAUSE_S)
-        done[name] = {"rows": rows, "batches": batches, "deleting_s": round(deleting, 2)}
+        done[name] = {
+            "rows": rows,
+            "batches": batches,
+            "deleting_s": round(deleting, 2),
+            "rows_per_s": round(rows / deleting) if deleting else None,
+        }
     return done
 
 
@@ -169,7 +176,7 @@ def vacuum(db: sa.Engine, tables: Iterable[str]) -> None:
             conn.execute(sa.text(f"VACUUM {table}"))
 
 
-def run(url: str, week_label: str, *, migrations: bool) -> dict[str, Any]:
+def run(url: str, week_label: str, *, rows: float, migrations: bool) -> dict[str, Any]:
     period = week(week_label)
     first, second = period.since, period.since + DAY_S
     db = connect(url)
@@ -194,9 +201,10 @@ def run(url: str, week_label: str, *, migrations: bool) -> dict[str, Any]:
     # indexes as a whole table's, only a day deep (which flatters the batches a little).
     day = _rows(db, second, second + DAY_S)
     of_day = {t.name: partitions.day_name(t.name, second) for t in TABLES}
-    deleted = timed(db, writing_at, lambda: delete_in_batches(db, of_day, second + DAY_S))
+    deleted = timed(db, writing_at, lambda: delete_in_batches(db, of_day, second + DAY_S, rows))
     result["batches"] = {"day": _date(second), "rows": day, **deleted}
-    result["vacuum"] = timed(db, writing_at, lambda: vacuum(db, of_day.values()))
+    if rows == float("inf"):
+        result["vacuum"] = timed(db, writing_at, lambda: vacuum(db, of_day.values()))
     result["sizes_mb_after"] = _sizes_mb(db)
     db.dispose()
     if not migrations:
@@ -226,10 +234,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--week", required=True, help="the ISO week bench.records wrote")
     parser.add_argument("--out", help="write the result as JSON here too")
     parser.add_argument(
+        "--rows",
+        type=float,
+        default=float("inf"),
+        help="on PostgreSQL, delete about this many rows of each table's day in batches (its "
+        "rate times the day's rows is the day's time), and leave VACUUM out",
+    )
+    parser.add_argument(
         "--migrations", action="store_true", help="then time 0019's downgrade and upgrade"
     )
     args = parser.parse_args(argv)
-    result = run(args.database, args.week, migrations=args.migrations)
+    result = run(args.database, args.week, rows=args.rows, migrations=args.migrations)
     text = json.dumps(result, indent=2)
     print(text)
     if args.out:
