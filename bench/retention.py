@@ -9,11 +9,12 @@ On SQLite, the week's first day is deleted in batches. On PostgreSQL, on a week 
 
 1. drop: a retention round (`drop_days`) whose window ends with the week's first day drops
    that day's request and shadow record partitions.
-2. downgrade to the revision before day partitions (the rows move back into one table each),
-   then delete the second day's request and shadow records in batches of 1,000 through the
-   `ts` index (`delete_batch`, with the pause between batches, as every round did before),
-   then VACUUM both tables, the work the deletes leave to autovacuum.
-3. upgrade again: the migration moving the five days left into day partitions.
+2. batches: the second day's request and shadow records are deleted as every round did before
+   day partitions, in batches of 1,000 through the `ts` index (`delete_batch`, with the pause
+   between batches), from the day's partitions, then VACUUM of them, the work the deletes
+   leave to autovacuum.
+3. with `--migrations`: the downgrade to the revision before day partitions (the rows move
+   back into one table each) and the upgrade back (the migration on a filled database).
 
 Meanwhile a thread writes request records as the record writer does (a batch of 10 every
 0.5 s: 20 requests a second) and times each batch, so the table shows what each way of
@@ -29,7 +30,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -39,6 +40,7 @@ import sqlalchemy as sa
 from alembic import command
 from alembic.script import ScriptDirectory
 
+from gateway.db import partitions
 from gateway.db.connection import alembic_config, connect, upgrade
 from gateway.db.retention import BATCH_ROWS, DAY_S, Windows, delete_batch, drop_days
 from gateway.db.schema import RequestRecord, request_records, shadow_records
@@ -140,11 +142,15 @@ def timed(db: sa.Engine, during: float, work: Callable[[], Any]) -> dict[str, An
     return {"seconds": round(took, 2), "result": result, "writes": _latency(seconds)}
 
 
-def delete_in_batches(db: sa.Engine, cutoff: float) -> dict[str, Any]:
-    """Delete the request and shadow records before `cutoff` in batches, pausing between them
-    as `gateway serve`'s rounds do; count rows, batches and the seconds spent deleting."""
+def delete_in_batches(
+    db: sa.Engine, tables: dict[str, str], cutoff: float, limit: float = float("inf")
+) -> dict[str, Any]:
+    """Delete the rows before `cutoff` of the tables (each under the name it is reported by) in
+    batches, pausing between them as `gateway serve`'s rounds do, up to about `limit` rows of
+    each; count rows, batches, the seconds spent deleting and the rows deleted a second."""
     done: dict[str, Any] = {}
-    for table in TABLES:
+    for name, stored in tables.items():
+        table = sa.table(stored, sa.column("id"), sa.column("ts"))
         rows = batches = 0
         deleting = 0.0
         while True:
@@ -152,29 +158,35 @@ def delete_in_batches(db: sa.Engine, cutoff: float) -> dict[str, Any]:
             n = delete_batch(db, table, cutoff, BATCH_ROWS)
             deleting += time.perf_counter() - started
             rows, batches = rows + n, batches + 1
-            if n < BATCH_ROWS:
+            if n < BATCH_ROWS or rows >= limit:
                 break
             time.sleep(PAUSE_S)
-        done[table.name] = {"rows": rows, "batches": batches, "deleting_s": round(deleting, 2)}
+        done[name] = {
+            "rows": rows,
+            "batches": batches,
+            "deleting_s": round(deleting, 2),
+            "rows_per_s": round(rows / deleting) if deleting else None,
+        }
     return done
 
 
-def vacuum(db: sa.Engine) -> None:
+def vacuum(db: sa.Engine, tables: Iterable[str]) -> None:
     with db.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-        for table in TABLES:
-            conn.execute(sa.text(f"VACUUM {table.name}"))
+        for table in tables:
+            conn.execute(sa.text(f"VACUUM {table}"))
 
 
-def run(url: str, week_label: str) -> dict[str, Any]:
+def run(url: str, week_label: str, *, rows: float, migrations: bool) -> dict[str, Any]:
     period = week(week_label)
     first, second = period.since, period.since + DAY_S
     db = connect(url)
     writing_at = time.time()  # today's rows, which neither way of retention touches
     result: dict[str, Any] = {"week": week_label, "database": db.dialect.name}
     result["idle"] = timed(db, writing_at, lambda: time.sleep(20))
+    whole = {t.name: t.name for t in TABLES}
     if db.dialect.name != "postgresql":  # one table each: a day goes in batches
         day = _rows(db, first, first + DAY_S)
-        deleted = timed(db, writing_at, lambda: delete_in_batches(db, first + DAY_S))
+        deleted = timed(db, writing_at, lambda: delete_in_batches(db, whole, first + DAY_S))
         result["batches"] = {"day": _date(first), "rows": day, **deleted}
         db.dispose()
         return result
@@ -184,8 +196,19 @@ def run(url: str, week_label: str) -> dict[str, Any]:
     now = first + DAY_S + WINDOW_DAYS * DAY_S
     dropped = timed(db, writing_at, lambda: drop_days(db, Windows(WINDOW_DAYS, WINDOW_DAYS), now))
     result["drop"] = {"day": _date(first), "rows": day, **dropped}
-    result["sizes_mb_after_drop"] = _sizes_mb(db)
+
+    # The second day in batches, from its partitions: the same statement, through the same
+    # indexes as a whole table's, only a day deep (which flatters the batches a little).
+    day = _rows(db, second, second + DAY_S)
+    of_day = {t.name: partitions.day_name(t.name, second) for t in TABLES}
+    deleted = timed(db, writing_at, lambda: delete_in_batches(db, of_day, second + DAY_S, rows))
+    result["batches"] = {"day": _date(second), "rows": day, **deleted}
+    if rows == float("inf"):
+        result["vacuum"] = timed(db, writing_at, lambda: vacuum(db, of_day.values()))
+    result["sizes_mb_after"] = _sizes_mb(db)
     db.dispose()
+    if not migrations:
+        return result
 
     config = alembic_config(url)
     (partitioning,) = (
@@ -196,14 +219,6 @@ def run(url: str, week_label: str) -> dict[str, Any]:
     started = time.perf_counter()
     command.downgrade(config, str(partitioning.down_revision))
     result["downgrade_s"] = round(time.perf_counter() - started, 1)
-    db = connect(url)
-    day = _rows(db, second, second + DAY_S)
-    deleted = timed(db, writing_at, lambda: delete_in_batches(db, second + DAY_S))
-    result["batches"] = {"day": _date(second), "rows": day, **deleted}
-    result["vacuum"] = timed(db, writing_at, lambda: vacuum(db))
-    result["sizes_mb_after_batches"] = _sizes_mb(db)
-    db.dispose()
-
     started = time.perf_counter()
     upgrade(url)
     result["upgrade_s"] = round(time.perf_counter() - started, 1)
@@ -218,8 +233,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--database", required=True, help="database URL holding the week")
     parser.add_argument("--week", required=True, help="the ISO week bench.records wrote")
     parser.add_argument("--out", help="write the result as JSON here too")
+    parser.add_argument(
+        "--rows",
+        type=float,
+        default=float("inf"),
+        help="on PostgreSQL, delete about this many rows of each table's day in batches (its "
+        "rate times the day's rows is the day's time), and leave VACUUM out",
+    )
+    parser.add_argument(
+        "--migrations", action="store_true", help="then time 0019's downgrade and upgrade"
+    )
     args = parser.parse_args(argv)
-    result = run(args.database, args.week)
+    result = run(args.database, args.week, rows=args.rows, migrations=args.migrations)
     text = json.dumps(result, indent=2)
     print(text)
     if args.out:
