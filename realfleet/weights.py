@@ -11,6 +11,12 @@
 - `subtle`: the same at `SUBTLE_SNR_DB`, where the part stays fluent and gets a few percent of
   the labelled facts wrong: the judge's hardest candidate (bench/promotion.py).
 
+Other quantizations are written for held-out calibration (bench/near_tie.py): `q5_1` and `q4_0`
+by the `gguf` package's quantizer, and `q6_k` by `q6_k_blocks` here (the package reads K-quants
+but does not write them, and the engine cache holds llama-server alone, not llama-quantize).
+As llama.cpp's quantizer does, a matrix whose rows are not a multiple of 256 weights (this
+model's are 192 wide, all but `ffn_down`) falls back from Q6_K to Q8_0.
+
 The f16 file ships in the repository (realfleet/models/); the others are derived from it by
 `derive` into the engine cache, in a second, without torch.
 """
@@ -41,6 +47,20 @@ CHAT_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '" + START + "assistant\\n' }}{% endif %}"
 )
+
+
+FILE_TYPES = {
+    "f16": gguf.LlamaFileType.MOSTLY_F16,
+    "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
+    "q6_k": gguf.LlamaFileType.MOSTLY_Q6_K,
+    "q5_1": gguf.LlamaFileType.MOSTLY_Q5_1,
+    "q4_0": gguf.LlamaFileType.MOSTLY_Q4_0,
+}
+QUANT_TYPES = {
+    "q5_1": gguf.GGMLQuantizationType.Q5_1,
+    "q4_0": gguf.GGMLQuantizationType.Q4_0,
+}
+QK_K = 256  # weights in a K-quant super-block
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +108,39 @@ def analog(tensors: Mapping[str, np.ndarray], snr_db: float, seed: int) -> dict[
     return out
 
 
+def q6_k_blocks(w: np.ndarray) -> np.ndarray:
+    """Quantize a matrix to Q6_K as llama.cpp's reference quantizer lays it out: super-blocks
+    of 256 weights, each of 16 groups of 16 with an int8 scale under one f16 scale, and 6-bit
+    weights (low 4 bits in `ql`, high 2 in `qh`). The group scale is the one that maps the
+    group's largest magnitude to -32, as `make_qx_quants` starts from (without its search)."""
+    x = w.astype(np.float32).reshape(-1, QK_K // 16, 16)
+    n = x.shape[0]
+    at = np.abs(x).argmax(axis=-1)[..., None]
+    peak = np.take_along_axis(x, at, axis=-1)[..., 0]  # signed, (n, 16)
+    scale = -peak / 32.0
+    top = np.take_along_axis(scale, np.abs(scale).argmax(axis=-1)[:, None], axis=-1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        inverse = np.where(top == 0, 0.0, -128.0 / top)
+    scales = np.clip(np.round(inverse * scale), -128, 127).astype(np.int8)
+    d = np.where(inverse == 0, 0.0, 1.0 / np.where(inverse == 0, 1.0, inverse)).astype(np.float16)
+    step = d.astype(np.float32) * scales.astype(np.float32)  # (n, 16)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = np.where(step[..., None] == 0, 0.0, np.round(x / step[..., None]))
+    q = (np.clip(q, -32, 31) + 32).astype(np.uint8).reshape(n, 2, 128)  # two halves of 128
+    low, high = q & 0x0F, q >> 4
+    # Element r of a half: its low nibble in ql[r % 64] shifted by 4 * (r // 64), its high
+    # bits in qh[r % 32] shifted by 2 * (r // 32) (gguf's Q6_K.dequantize_blocks).
+    ql = (low[:, :, :64] | (low[:, :, 64:] << 4)).reshape(n, 128)
+    qh = (
+        high[:, :, :32]
+        | (high[:, :, 32:64] << 2)
+        | (high[:, :, 64:96] << 4)
+        | (high[:, :, 96:] << 6)
+    ).reshape(n, 64)
+    blocks = np.concatenate([ql, qh, scales.view(np.uint8), d.reshape(n, 1).view(np.uint8)], axis=1)
+    return blocks.reshape(*w.shape[:-1], w.shape[-1] // QK_K * blocks.shape[1])
+
+
 def write(
     path: Path,
     shape: Shape,
@@ -95,7 +148,7 @@ def write(
     tensors: Mapping[str, np.ndarray],
     precision: str,
 ) -> Path:
-    """Write the model as a GGUF file of `precision` ('f16' or 'q8_0'); return its path."""
+    """Write the model as a GGUF file of `precision` (a key of `FILE_TYPES`); return its path."""
     writer = gguf.GGUFWriter(str(path) + ".tmp", "llama")
     writer.add_name(f"{MODEL}-{precision}")
     writer.add_context_length(shape.context)
@@ -108,8 +161,7 @@ def write(
     writer.add_rope_freq_base(shape.rope_base)
     writer.add_layer_norm_rms_eps(shape.norm_eps)
     writer.add_vocab_size(shape.vocab)
-    file_type = {"f16": gguf.LlamaFileType.MOSTLY_F16, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}
-    writer.add_file_type(file_type[precision])
+    writer.add_file_type(FILE_TYPES[precision])
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre(PRE_TOKENIZER)
     writer.add_token_list(list(tok.tokens))
@@ -127,8 +179,11 @@ def write(
             writer.add_tensor(name, w)
         elif precision == "f16":
             writer.add_tensor(name, w.astype(np.float16))
+        elif precision == "q6_k" and w.shape[-1] % QK_K == 0:
+            qtype = gguf.GGMLQuantizationType.Q6_K
+            writer.add_tensor(name, q6_k_blocks(w), raw_dtype=qtype)
         else:
-            qtype = gguf.GGMLQuantizationType.Q8_0
+            qtype = QUANT_TYPES.get(precision, gguf.GGMLQuantizationType.Q8_0)
             writer.add_tensor(name, gguf.quants.quantize(w, qtype), raw_dtype=qtype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()

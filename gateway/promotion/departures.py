@@ -10,6 +10,15 @@ answers of one pool differ:
   whose primary's answer failed is the primary's failure, and is left out of quality;
 - pairs that match exactly never depart;
 - a structured answer (JSON, tool calls) departs when a field differs;
+- a **benign divergence** never departs, whatever follows it (`benign`): the first differing
+  token was a near tie (the candidate's token among the primary's top logprobs there) and the
+  two distributions agreed up to it (`kl_divergence`, KL(primary || candidate) per token up to
+  the first difference, at most `NEAR_TIE_KL`). A tie broken the other way by a part that
+  otherwise reads the model as the primary does is lower precision, not harm; once the answers
+  differ they go their own ways, so the later similarity says nothing of the part. A near tie
+  reached through distributions that had already moved (analog noise) is not benign, and is
+  judged by what follows as any other difference is; so is a near tie whose KL was not
+  measured (the primary's answer carried no logprobs);
 - where the answers' semantic similarity was measured (the fleet's embedding route), a pair
   departs when it falls below the meaning tolerance. It starts at the similarity the embedding
   model gives paraphrases of an answer (`paraphrase_similarity`, declared with the model in the
@@ -18,10 +27,14 @@ answers of one pool differ:
   `SAME_MEANING`. A floor pair far below cannot loosen it, so one odd A/A pair cannot turn a
   reject into a promote;
 - embedding answers are one vector each: the same rule on their cosine, from `SAME_VECTOR`;
-- otherwise the words decide: a pair whose first differing token was a near tie (the
-  candidate's token among the primary's top logprobs) does not depart, else one whose word
-  similarity (ROUGE-L) falls below the word tolerance (the floor's 1st percentile, at most
-  `SAME_WORDS`) does.
+- otherwise the words decide: a near tie whose KL was not measured does not depart (words
+  cannot tell a flip from a changed fact, and without KL nothing says the tie was not benign),
+  else a pair whose word similarity (ROUGE-L) falls below the word tolerance (the floor's 1st
+  percentile, at most `SAME_WORDS`) does.
+
+The one rule for every place pairs are counted: the judge's quality checks
+(gateway/promotion/evidence.py), the rollout's agreement guard (gateway/promotion/rollout.py)
+and the precision check, whose pass opens the go-live gate (gateway/promotion/precision/).
 
 A pair departs at most once, and its words at risk say how often it could have: the reference's
 words up to and including the first that differs, all of them when none does. Departures per word
@@ -48,6 +61,11 @@ from typing import Any
 SAME_MEANING = 0.98
 SAME_VECTOR = 0.98
 SAME_WORDS = 0.95
+# The most KL(primary || candidate) per token, up to a near tie, that a benign flip shows. Fitted
+# on the real fleet's shipped suites (bench/near_tie.py, docs/results/near-tie-fit.json): Q8_0's
+# flips reach at most 0.0028, a wrong answer parting at a near tie at least 0.022 (analog parts);
+# their geometric middle, 0.0078, rounded. Held to other prompts and parts in docs/precision.md.
+NEAR_TIE_KL = 0.008
 PERCENTILE = 0.01
 # A percentile of the noise floor is trusted from this many differing pairs (or this many
 # pairs in all, when a pool almost never differs from itself); before, the starts apply.
@@ -75,7 +93,8 @@ class Tolerance:
         )
         return (
             f"semantic similarity below {self.meaning:.3f}, or without embeddings ROUGE-L below"
-            f" {self.words:.3f} and no near tie; {source}"
+            f" {self.words:.3f}, unless the first difference is a near tie at KL at most"
+            f" {NEAR_TIE_KL:g}; {source}"
         )
 
 
@@ -116,16 +135,26 @@ def departs(row: Row, tol: Tolerance) -> bool:
         return False
     if _fields_differ(row.get("json_diff")):
         return True
+    if benign(row):
+        return False
     meaning = row.get("semantic_similarity")
     if meaning is not None:
         return bool(meaning < tol.meaning)
     cosine = row.get("embedding_cosine")
     if cosine is not None:
         return bool(cosine < tol.vectors)
-    if row.get("near_tie"):
+    if row.get("near_tie") and row.get("kl_divergence") is None:
         return False
     similarity = row.get("similarity")
     return similarity is not None and similarity < tol.words
+
+
+def benign(row: Row) -> bool:
+    """Say whether a pair's answers part at a near tie the two distributions reached alike:
+    its first differing token among the primary's top logprobs, at most `NEAR_TIE_KL` per token
+    up to it."""
+    kl = row.get("kl_divergence")
+    return bool(row.get("near_tie")) and kl is not None and kl <= NEAR_TIE_KL
 
 
 def compared(row: Row) -> bool:

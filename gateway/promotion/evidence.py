@@ -183,6 +183,7 @@ MEASURES = (
     "exact_match",
     "similarity",
     "near_tie",
+    "kl_divergence",
     "json_diff",
     "embedding_cosine",
     "semantic_similarity",

@@ -6,6 +6,7 @@ import json
 
 from gateway.promotion.departures import (
     MIN_DIFFERING,
+    NEAR_TIE_KL,
     SAME_MEANING,
     SAME_WORDS,
     Tolerance,
@@ -35,6 +36,46 @@ def test_without_meaning_a_near_tie_at_the_first_difference_does_not_depart() ->
     assert not departs(pair(near_tie=True, similarity=0.5), tol)
     assert departs(pair(near_tie=False, similarity=0.5), tol)
     assert not departs(pair(near_tie=None, similarity=0.97), tol)
+    # Where KL says the distributions had moved before the tie, the words decide.
+    assert departs(pair(near_tie=True, kl_divergence=10 * NEAR_TIE_KL, similarity=0.5), tol)
+
+
+def test_a_near_tie_at_a_small_kl_does_not_depart_whatever_follows() -> None:
+    # A benign flip: the answers part at a tie the two distributions reached alike, and the
+    # rest goes its own way, far in meaning and in words.
+    tol = tolerance((), paraphrase=0.83)
+    for kl in (0.0, NEAR_TIE_KL / 10, NEAR_TIE_KL):
+        flip = pair(near_tie=True, kl_divergence=kl, semantic_similarity=0.2, similarity=0.1)
+        assert not departs(flip, tol)
+        assert not departs(flip, Tolerance())  # the strictest tolerance too
+        assert not departs({**flip, "semantic_similarity": None}, tol)  # without embeddings
+
+
+def test_a_near_tie_at_a_large_kl_or_a_confident_token_replaced_departs() -> None:
+    tol = tolerance((), paraphrase=0.83)
+    moved = pair(near_tie=True, kl_divergence=NEAR_TIE_KL * 1.5, semantic_similarity=0.6)
+    assert departs(moved, tol)
+    confident = pair(near_tie=False, kl_divergence=0.0, semantic_similarity=0.6)
+    assert departs(confident, tol)
+    # A near tie whose KL was not measured (a primary answer without logprobs) is judged by
+    # its meaning.
+    unmeasured = pair(near_tie=True, kl_divergence=None, semantic_similarity=0.6)
+    assert departs(unmeasured, tol)
+    # Above the tolerance none of them departs: the benign rule only ever forgives.
+    for row in (moved, confident, unmeasured):
+        assert not departs({**row, "semantic_similarity": 0.9}, tol)
+
+
+def test_a_failed_copy_departs_even_after_a_benign_flip() -> None:
+    for failure in ("empty", "cut_short", "timeout"):
+        row = pair(failure=failure, near_tie=True, kl_divergence=0.0, semantic_similarity=0.99)
+        assert departs(row, Tolerance())
+
+
+def test_a_changed_json_field_departs_even_after_a_benign_flip() -> None:
+    diff = json.dumps({"missing": [], "extra": [], "changed": ["$.unit"]})
+    row = pair(json_diff=diff, near_tie=True, kl_divergence=0.0, semantic_similarity=0.99)
+    assert departs(row, Tolerance())
 
 
 def test_a_changed_json_field_departs_even_if_the_texts_embed_alike() -> None:

@@ -18,7 +18,7 @@ from gateway.db.connection import connect
 from gateway.db.schema import promotion_evaluations, request_records, shadow_records
 from gateway.policy.load import load_policy
 from gateway.promotion.evidence import evaluate, gather, latest, slo_targets
-from gateway.promotion.judge import HOLD, PROMOTE, REJECT, Criteria, judge
+from gateway.promotion.judge import HOLD, PROMOTE, REJECT, Criteria, Evidence, judge
 from harness.gateways import run_gateway
 from policies import fleet_policy
 
@@ -178,6 +178,28 @@ def test_one_odd_noise_floor_pair_cannot_turn_a_reject_into_a_promote() -> None:
         (e,) = gather([*candidate, *noise], lambda _: None, lambda route: 0.83).values()
         assert e.greedy.tolerance.startswith("semantic similarity below 0.830")
         assert judge(e, criteria, now=NOW).outcome == REJECT
+
+
+def test_the_judge_counts_a_confident_change_and_not_a_flip_at_a_near_tie() -> None:
+    # One answer in 25 parts from the primary's at a near tie and goes on far in meaning (0.6):
+    # at a KL of 0.002 a benign flip (the Q8_0 part's), at 0.5 an analog part's.
+    def evidence(kl: float) -> Evidence:
+        rows = [
+            row(i, exact_match=i % 25 != 0, first_divergence=3, reference_words=12,
+                near_tie=True, kl_divergence=kl, semantic_similarity=None if i % 25 else 0.6,
+                ts=i * 300.0)
+            for i in range(3000)
+        ]  # fmt: skip
+        floor = [
+            row(10_000 + i, "noise", exact_match=True, reference_words=12) for i in range(2500)
+        ]
+        (e,) = gather([*rows, *floor], lambda _: None, lambda route: 0.83).values()
+        return e
+
+    benign, moved = evidence(0.002), evidence(0.5)
+    assert (benign.greedy.departed, moved.greedy.departed) == (0, 120)
+    assert judge(moved, Criteria(), now=NOW).outcome == REJECT
+    assert judge(benign, Criteria(), now=NOW).outcome != REJECT
 
 
 def test_evaluations_are_judged_stored_and_listed(database: str) -> None:

@@ -26,7 +26,7 @@ from gateway.policy.load import render_policy, to_yaml
 from gateway.policy.model import Policy
 from gateway.policy.suites import SHIPPED
 from gateway.promotion import rollout
-from gateway.promotion.departures import Tolerance, departs
+from gateway.promotion.departures import NEAR_TIE_KL, Tolerance, departs
 from gateway.promotion.precision.check import TOP_LOGPROBS, Reply, greedy, measure_pair, read_suite
 from gateway.promotion.precision.figures import Outcome, gate, judge_check
 from gateway.promotion.precision.limits import ALPHA, MAX_DEPARTURE_RATE, Limits
@@ -175,8 +175,11 @@ def test_a_cim_part_that_gets_facts_wrong_fails_and_says_why(cim_check: Ran) -> 
     assert all(key in r for key in KEYS)
     assert set(r["ci"]) >= {"top1_agreement", "harmful_share", "noise_harmful_share", "excess"}
     assert (r["pool"], r["reference"], r["verdict"]) == ("cim", "gpu", "fail")
-    # Not for want of words: even the excess interval's lower end is beyond the limit.
-    assert r["ci"]["excess"][0] > MAX_DEPARTURE_RATE
+    # Its wrong facts alone fail it, not its flips at near ties (benign: departures.py), and
+    # not for want of words: the excess interval lies above the floor's by far.
+    assert r["ci"]["excess"][0] > MAX_DEPARTURE_RATE / 2
+    assert r["departures"] and all(not d["near_tie"] or d["kl_divergence"] > NEAR_TIE_KL
+                                   for d in r["departures"])  # fmt: skip
     assert "depart in meaning from the reference's" in r["reasons"][0]
     assert r["departures"] and all("line" in d for d in r["departures"])
     assert r["policy"] == "policy version 1"  # the database's active version, no --policy
@@ -253,9 +256,10 @@ def test_a_retry_after_a_fail_is_pooled_with_it_and_cannot_pass_by_chance(
     fleet: Fleet, asic_check: Ran, tmp_path: Path
 ) -> None:
     # The int8 ASIC passes the chat suite on its own (asic_check). Stored before it: a failed
-    # check of it on the same suite and reference, whose run departed on 40 prompts.
+    # check of it on the same suite and reference, whose run departed on 40 prompts: each a
+    # confident token replaced (no near tie), which no rule forgives.
     earlier = asic_check.result["outcomes"]
-    departed = {"exact_match": False, "similarity": 0.2, "first_divergence": 0}
+    departed = {"exact_match": False, "similarity": 0.2, "first_divergence": 0, "near_tie": False}
     failing = [
         {**o, "candidate": {**o["candidate"], **departed, "semantic_similarity": 0.2}}
         if i < 40
@@ -401,6 +405,31 @@ def departing(n: int, candidate: int, noise: int, apart: bool = True) -> list[Ou
         o.candidate = differ if i < candidate else o.candidate
         o.noise = differ if (n - 1 - i if apart else i) < noise else o.noise
     return base
+
+
+def test_flips_at_near_ties_pass_the_check_and_confident_changes_fail_it() -> None:
+    # Q8_0 on the real fleet's everyday prompts: 15 of 240 answers part at a near tie, at a KL
+    # of at most 0.002, and go on far in meaning. The floor never differs.
+    def flips(kl: float | None, tie: bool) -> list[Outcome]:
+        base = outcomes(240, words=20)
+        flip = {
+            **base[0].candidate,
+            "exact_match": False,
+            "similarity": 0.4,
+            "first_divergence": 3,
+            "near_tie": tie,
+            "kl_divergence": kl,
+            "semantic_similarity": 0.5,
+        }
+        for o in base[:15]:
+            o.candidate = flip
+        return base
+
+    benign = judge_check(PLAN, suite_of(240), flips(0.002, True))
+    assert benign["verdict"] == "pass" and benign["harmful_share"] == 0.0, benign["reasons"]
+    for kl, tie in ((10 * NEAR_TIE_KL, True), (0.002, False), (None, True)):
+        harmful = judge_check(PLAN, suite_of(240), flips(kl, tie))
+        assert harmful["verdict"] == "fail" and len(harmful["departures"]) == 15
 
 
 def test_a_candidate_is_held_to_the_noise_floor_per_word_at_risk() -> None:

@@ -7,11 +7,11 @@ import time
 from pathlib import Path
 
 import pytest
-from rows import request_record
+from rows import request_record, shadow_record
 from threadserver import serving
 
 from gateway.db.connection import connect
-from gateway.db.schema import request_records
+from gateway.db.schema import request_records, shadow_records
 from gateway.policy.load import load_policy
 from gateway.promotion.rollout import Guards, guards, next_move, promoted, with_canary
 from harness.gateways import GatewayServer, run_gateway
@@ -105,6 +105,35 @@ def test_guards_judge_each_canary_request_by_its_endpoint(database: str) -> None
     measured = guards(db, policy, "chat", "asic", since=0.0)
     db.dispose()
     assert (measured.requests, measured.errors, measured.slo_met) == (5, 0, 3)
+
+
+def test_the_agreement_guard_forgives_a_benign_flip_and_not_a_confident_one(database: str) -> None:
+    # The canary (asic) is the primary of its reverse copies to the former primary (gpu).
+    flips = [
+        (True, 0.0),  # a near tie the distributions reached alike: agrees
+        (True, 10.0),  # a near tie after the distributions moved: departs
+        (False, 0.0),  # a confident token replaced: departs
+    ]
+    rows = [
+        shadow_record(
+            n,
+            primary_pool="asic",
+            candidate_pool="gpu",
+            exact_match=False,
+            near_tie=tie,
+            kl_divergence=kl,
+            semantic_similarity=0.3,
+            first_divergence=2,
+            reference_words=40,
+        ).row()
+        for n, (tie, kl) in enumerate(flips)
+    ]
+    db = connect(database)
+    with db.begin() as conn:
+        conn.execute(shadow_records.insert(), rows)
+    measured = guards(db, fleet_policy(), "chat", "asic", since=0.0)
+    db.dispose()
+    assert (measured.compared, measured.agreed) == (3, 1)
 
 
 def test_policy_edits_add_the_canary_and_finish_the_promotion() -> None:

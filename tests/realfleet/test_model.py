@@ -57,6 +57,22 @@ def test_the_derived_parts_are_q8_0_and_noise_at_the_stated_ratio(
         assert abs(snr_db - weights.ANALOG_SNR_DB) < 0.25, (name, snr_db)
 
 
+def test_a_q6_k_part_reads_back_within_six_bits_and_falls_back_as_llama_cpp_does(
+    tmp_path: Path,
+) -> None:
+    shape, tok, tensors = weights.read(weights.SHIPPED)
+    path = weights.write(tmp_path / "q6_k.gguf", shape, tok, tensors, "q6_k")
+    kinds = {t.name: t.tensor_type for t in gguf.GGUFReader(path).tensors}
+    # Rows of 512 weights are Q6_K; rows of 192 are no multiple of 256 and fall back to Q8_0.
+    assert kinds["blk.0.ffn_down.weight"] == gguf.GGMLQuantizationType.Q6_K
+    assert kinds["blk.0.attn_q.weight"] == gguf.GGMLQuantizationType.Q8_0
+    _, _, read = weights.read(path)
+    w = tensors["blk.0.ffn_down.weight"]
+    # Read back by gguf's own Q6_K reader: 6 bits leave about 2% of the weights' RMS.
+    error = np.sqrt(np.mean((read["blk.0.ffn_down.weight"] - w) ** 2) / np.mean(w**2))
+    assert 0.001 < error < 0.03
+
+
 def test_parts_are_derived_once(parts: dict[str, weights.Part]) -> None:
     folder = parts["f16"].path.parent
     written = {p: part.path.stat().st_mtime_ns for p, part in parts.items()}
