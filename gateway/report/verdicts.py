@@ -31,7 +31,6 @@ def judge_rows(shadows: Sequence[Row], policy: Policy, at: float) -> dict[tuple[
     since = at - judge_window(rules)
     rows = [dict(r) for r in shadows if since <= r["ts"] < at]
     gathered = evidence.gather(rows, evidence.slo_targets(policy))
-    evidence.add_paired_means(rows, gathered)  # as the judge's own evaluation does
     verdicts = {}
     for key, e in gathered.items():
         verdict = judge(e, rules, at).as_dict()

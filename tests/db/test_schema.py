@@ -16,7 +16,7 @@ from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from rows import request_record, shadow_record
+from rows import request_record, shadow_record, store_shadow_minutes
 
 from gateway.compare.measures import MEASURES
 from gateway.db.connection import alembic_config, connect, upgrade
@@ -121,6 +121,7 @@ def fill(db: sa.Engine) -> None:
         conn.execute(shadow_records.insert(), shadows)
         conn.execute(shadow_drops.insert(), drops)
         conn.execute(request_minutes.insert(), [m.row() for m in minutes(requests, no_targets)])
+    store_shadow_minutes(db)
     with db.begin() as conn:
         conn.exec_driver_sql("ANALYZE")
 
@@ -175,10 +176,12 @@ def filled(database: str) -> Iterator[sa.Engine]:
 
 
 def test_judge_of_one_route_reads_its_time_range_by_index(filled: sa.Engine) -> None:
-    (used,) = plans(
-        filled, lambda: evidence.load_evidence(filled, fleet_policy(), NOW - 14 * DAY, SMALL)
+    summed, recent = plans(
+        filled,
+        lambda: evidence.load_evidence(filled, fleet_policy(), NOW - 14 * DAY, SMALL, now=NOW),
     )
-    assert "ix_shadow_records_route_ts" in used
+    assert "ix_shadow_minutes_ts" in summed
+    assert "ix_shadow_records_route_ts" in recent
 
 
 def test_rollout_guards_read_the_canary_by_index(filled: sa.Engine) -> None:
