@@ -100,6 +100,10 @@ def store_rows(db: sa.Engine, table: sa.Table, ages_days: list[float], now: floa
             rows.append(minute.row() | {"ts": ts})  # at the age itself, not its minute's start
         elif table is shadow_records:
             rows.append(shadow_record(n, ts=ts, route=route).row())
+        elif table is shadow_minutes:
+            copy = shadow_record(n, ts=ts, route=route).row() | {"slo_class": None}
+            (minute,) = shadows.summarize([copy], lambda _: None)
+            rows.append(minute.row() | {"ts": ts})
         else:
             rows.append(
                 {

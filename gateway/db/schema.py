@@ -443,12 +443,14 @@ request_minutes = table("request_minutes", RequestMinute)
 
 @dataclass(slots=True)
 class ShadowMinute:
-    """The shadow copies of one minute and key: the judge's sufficient statistics (copies,
-    failures, SLO and costs paired with the primary's, the compared pairs by class) and what the
-    report and console show (measures' sums, latency sketches), as
-    gateway/promotion/shadow_minutes.py folds them. Any period's evidence is a sum of these rows."""
+    """The shadow copies of one minute (or, once compacted, one hour) and key: the judge's
+    sufficient statistics (copies, failures, SLO and costs paired with the primary's, the
+    compared pairs by class) and what the report and console show (measures' sums, latency
+    sketches), as gateway/promotion/shadow_minutes.py folds them. Any period's evidence is a sum
+    of these rows."""
 
-    ts: float = field(metadata=column(index=True, comment="Start of the minute, Unix seconds."))
+    ts: float = field(metadata=column(index=True, comment="Start of the span, Unix seconds."))
+    span_s: float = field(metadata=column(comment="60 for a minute, 3600 for an hour compacted."))
     route: str = field(metadata=column(width=64))
     candidate_pool: str = field(metadata=column(width=64))
     primary_pool: str = field(metadata=column(width=64))
@@ -472,6 +474,7 @@ class ShadowMinute:
     cost_pairs: int = field(metadata=column(comment="Answered copies with both costs."))
     primary_cost_usd: float
     candidate_cost_usd: float
+    floor_pairs: int = field(metadata=column(comment="Noise-floor pairs judged that did not fail."))
     first_ts: float = field(metadata=column(comment="The first copy's primary arrival."))
     last_ts: float
     failures: str | None = field(
@@ -487,6 +490,17 @@ class ShadowMinute:
     pairs: str | None = field(
         metadata=column(
             width=TEXT, comment="JSON: judged pairs by class → [n, with words known, words]."
+        )
+    )
+    worst: str | None = field(
+        metadata=column(
+            width=TEXT,
+            comment="JSON: the least similar answered copies, [similarity, normalized, exact, id].",
+        )
+    )
+    floor: str | None = field(
+        metadata=column(
+            width=TEXT, comment="JSON: the noise floor's differing pairs' similarities → n."
         )
     )
 

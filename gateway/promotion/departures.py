@@ -186,3 +186,28 @@ def _tightened(values: list[float], start: float, ceiling: float, trusted: bool)
     if not values or (len(values) < MIN_DIFFERING and not trusted):
         return start
     return min(max(start, _percentile(values)), ceiling)
+
+
+def decided(row: Row) -> bool | None:
+    """Say whether a pair departs whatever the tolerance (True or False), as `departs` decides
+    it; None when its similarity against the tolerance decides (the shadow minutes keep such a
+    pair by that similarity alone: gateway/promotion/tally.py)."""
+    if row.get("failure"):
+        return True
+    if row.get("exact_match"):
+        return False
+    if _fields_differ(row.get("json_diff")):
+        return True
+    if row.get("semantic_similarity") is not None or row.get("embedding_cosine") is not None:
+        return None
+    if row.get("near_tie"):
+        return False
+    return None if row.get("similarity") is not None else False
+
+
+def deciding(row: Row) -> tuple[str, float]:
+    """Return the similarity a pair that `decided` leaves open is judged on, and its value."""
+    for name in ("semantic_similarity", "embedding_cosine", "similarity"):
+        if (value := row.get(name)) is not None:
+            return name, float(value)
+    raise ValueError(f"a pair with no similarity is decided without a tolerance: {row}")

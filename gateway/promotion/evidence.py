@@ -34,7 +34,8 @@ from gateway.promotion.judge import (
     Verdict,
     judge,
 )
-from gateway.promotion.shadow_minutes import Tally, settled, summarize
+from gateway.promotion.shadow_minutes import settled, summarize
+from gateway.promotion.tally import Tally, representative
 from gateway.records.slo import Targets
 from gateway.shadow.sample import NOISE
 from gateway.stats import sketch_value
@@ -80,6 +81,10 @@ def gather(
     return from_minutes((m.row() for m in summarize(rows, targets_of)), paraphrase_of)
 
 
+# The latencies a verdict shows (their p95), of the minutes' sketches.
+JUDGED_LATENCIES = ("primary_ttft_ms", "candidate_ttft_ms", "primary_e2e_ms", "candidate_e2e_ms")
+
+
 def from_minutes(
     minutes: Iterable[Row], paraphrase_of: ParaphraseOf = lambda route: None
 ) -> EvidenceByKey:
@@ -110,9 +115,9 @@ def from_minutes(
             tally = copies.get((route, row["candidate_pool"], sampled))
             if tally is None:
                 tally = copies[route, row["candidate_pool"], sampled] = Tally()
-        tally.add(row)
+        tally.add(row, JUDGED_LATENCIES)
     tolerances = {
-        key: tolerance(_pairs_of(floor), paraphrase_of(key[0])) for key, floor in floors.items()
+        key: tolerance(floor.floor_pairs(), paraphrase_of(key[0])) for key, floor in floors.items()
     }
     evidence: dict[tuple[str, str], Evidence] = {}
     for route, candidate in sorted({(route, candidate) for route, candidate, _ in copies}):
@@ -147,7 +152,7 @@ def _add(e: Evidence, t: Tally) -> None:
         int(t["slo_only_primary"]),
         int(t["slo_only_met"]),
     )
-    for name in ("primary_ttft_ms", "candidate_ttft_ms", "primary_e2e_ms", "candidate_e2e_ms"):
+    for name in JUDGED_LATENCIES:
         histogram = getattr(e, name)
         for bucket, n in t.latency.get(name, {}).items():
             histogram.add(sketch_value(bucket), n)
@@ -158,28 +163,23 @@ def _add(e: Evidence, t: Tally) -> None:
                 setattr(e, f"{side}_{measure}", t[f"{side}_{measure}"] / t[pairs])
 
 
-def _pairs_of(t: Tally) -> list[dict[str, Any]]:
-    """Return a tally's judged pairs, each as its class's representative."""
-    pairs: list[dict[str, Any]] = []
-    for pair, n, _, _ in t.classes():
-        pairs += [pair] * n
-    return pairs
-
-
 def _count(agreement: Agreement, own: Tally, floor: Tally, held_to: departures.Tolerance) -> None:
     """Count each side's measured pairs, their departures and words at risk."""
-    for pair, n, measured, words in own.classes():
-        agreement.compared += measured
-        agreement.departed += measured * departs(pair, held_to)
-        agreement.words += words
-        agreement.exact += measured * bool(pair["exact_match"])
-        agreement.unmeasured += n - measured
-    for pair, n, measured, words in floor.classes():
-        agreement.noise_compared += measured
-        agreement.noise_departed += measured * departs(pair, held_to)
-        agreement.noise_words += words
-        agreement.noise_exact += measured * bool(pair["exact_match"])
-        agreement.unmeasured += n - measured
+    for side, tally in (("", own), ("noise_", floor)):
+        compared = departed = words = exact = 0
+        for (name, value, matched), n, measured, at_risk in tally.classes():
+            compared += measured
+            words += at_risk
+            if name is None:  # decided whatever the tolerance
+                departed += measured * value
+                exact += measured * matched
+            else:
+                departed += measured * departs(representative(name, value), held_to)
+            agreement.unmeasured += n - measured
+        setattr(agreement, f"{side}compared", compared)
+        setattr(agreement, f"{side}departed", departed)
+        setattr(agreement, f"{side}words", words)
+        setattr(agreement, f"{side}exact", exact)
     agreement.tolerance = held_to.describe()
 
 
@@ -241,7 +241,11 @@ def load_evidence(
     now = time.time() if now is None else now
     horizon = max(since, settled(now))
     m = shadow_minutes.c
-    query = sa.select(shadow_minutes).where(m.ts >= since, m.ts < horizon)
+    # Not what only the report and the console show: the measures' sums, the worst pairs.
+    read = [
+        c for c in shadow_minutes.columns if c.name not in ("id", "measures", "errors", "worst")
+    ]
+    query = sa.select(*read).where(m.ts >= since, m.ts < horizon)
     if route is not None:
         query = query.where(m.route == route)
     with db.connect() as conn:

@@ -69,6 +69,8 @@ class Summaries(Protocol):
 
     def take(self, now: float) -> list[ShadowMinute]: ...
 
+    def compact(self, db: sa.Engine, now: float) -> int: ...
+
 
 class ShadowWriter(BatchWriter[ShadowRecord]):
     """Write shadow records, their minutes and drop counts in batches, and erase stored texts
@@ -192,6 +194,17 @@ class ShadowWriter(BatchWriter[ShadowRecord]):
         if self._wall() >= self._next_purge:
             self._next_purge = self._wall() + self._purge_interval
             await self.purge()
+            await self.compact()
+
+    async def compact(self) -> int:
+        """Fold the minutes of the settled hours into hours; return how many were folded."""
+        if self._summaries is None:
+            return 0
+        try:
+            return await asyncio.to_thread(self._summaries.compact, self._db, self._wall())
+        except Exception:  # the database is down: the next round compacts them
+            log.exception("could not compact the shadow minutes")
+            return 0
 
     async def purge(self) -> int:
         """Erase stored texts past their retention limit; return how many records were erased."""

@@ -33,11 +33,11 @@ from gateway.db.schema import (
 from gateway.ops import views
 from gateway.policy.load import load_policy
 from gateway.promotion import evidence, rollout
+from gateway.promotion.summary import summarize
 from gateway.records.minutes import summarize as minutes
 from gateway.records.minutes import targets_of
 from gateway.report import records as report_records
 from gateway.report.period import Period
-from gateway.shadow.summary import summarize
 from gateway.whatif.sample import sample_requests
 from gateway.whatif.simulate import recorded_requests
 from policies import fleet_policy
@@ -193,9 +193,14 @@ def test_rollout_guards_read_the_canary_by_index(filled: sa.Engine) -> None:
     assert "ix_shadow_records_route_ts" in copies
 
 
-def test_shadow_summary_of_one_route_reads_records_and_drops_by_index(filled: sa.Engine) -> None:
-    records, drops = plans(filled, lambda: summarize(filled, SMALL, None, NOW - 7 * DAY))
-    assert "ix_shadow_records_route_ts" in records
+def test_shadow_summary_of_one_route_reads_minutes_copies_and_drops_by_index(
+    filled: sa.Engine,
+) -> None:
+    recent, minutes, drops = plans(
+        filled, lambda: summarize(filled, SMALL, None, NOW - 7 * DAY, now=NOW)
+    )
+    assert "ix_shadow_records_route_ts" in recent
+    assert "ix_shadow_minutes_ts" in minutes
     assert "ix_shadow_drops_route_ts" in drops
 
 

@@ -23,15 +23,8 @@ from gateway.policy.model import SloClass
 from gateway.promotion.departures import at_risk, departs, judged, tolerance
 from gateway.promotion.evidence import from_minutes, load_evidence, shadow_rows
 from gateway.promotion.judge import Evidence
-from gateway.promotion.shadow_minutes import (
-    BUCKETS,
-    MINUTE_S,
-    ShadowMinutes,
-    met,
-    pair_class,
-    representative,
-    summarize,
-)
+from gateway.promotion.shadow_minutes import MINUTE_S, ShadowMinutes, compact, summarize
+from gateway.promotion.tally import BUCKETS, Tally, met, pair_class, representative
 from gateway.shadow.records import CopyEnergy, ShadowWriter
 from policies import fleet_policy
 
@@ -274,20 +267,16 @@ def test_evidence_from_minutes_equals_the_evidence_from_every_record(database: s
             assert b.departed > 0 and b.noise_departed > 0  # the week decides on similarities
 
 
-def test_tolerances_read_from_minutes_are_within_a_bucket_of_the_exact_ones(database: str) -> None:
+def test_tolerances_read_from_minutes_are_within_a_bucket_of_the_exact_ones() -> None:
     rows = week(11)
     _, exact = from_rows(rows, paraphrase)
-    got = {}
-    for route, sampled in exact:
-        pairs = [
-            representative(pair_class(r))
-            for r in rows
-            if r["kind"] == "noise" and judged(r) and (r["route"], r["sampled"]) == (route, sampled)
-        ]
-        got[route, sampled] = tolerance(pairs, paraphrase(route))
+    floors: dict[tuple[str, bool], Tally] = {}
+    for r in rows:
+        if r["kind"] == "noise":
+            floors.setdefault((r["route"], r["sampled"]), Tally()).copy(r, None)
     measured = 0
     for key, want in exact.items():
-        have = got[key]
+        have = tolerance(floors[key].floor_pairs(), paraphrase(key[0]))
         assert have.noise_pairs == want.noise_pairs >= 2000  # percentiles trusted
         for name in ("meaning", "words", "vectors"):
             assert 0 <= getattr(want, name) - getattr(have, name) < 1 / BUCKETS, (key, name)
@@ -297,13 +286,19 @@ def test_tolerances_read_from_minutes_are_within_a_bucket_of_the_exact_ones(data
 
 def test_a_pairs_class_departs_as_the_pair_does_away_from_the_tolerance() -> None:
     """What decides a departure is in a pair's class: a rule that reads more of a pair than
-    the class keeps fails here."""
+    departures.decided and departures.deciding say fails here."""
     rng = random.Random(3)
-    held_to = tolerance(())
-    for n in range(3000):
-        r = varied(rng, n, "candidate", rng.choice(("chat", "semantic", "embeddings")), False)
-        if judged(r) and not near(r, held_to):
-            assert departs(representative(pair_class(r)), held_to) == departs(r, held_to), r
+    for held_to in (tolerance(()), tolerance((), 0.9)):
+        for n in range(3000):
+            route = rng.choice(("chat", "semantic", "embeddings"))
+            r = varied(rng, n, "candidate", route, False)
+            if not judged(r) or near(r, held_to):
+                continue
+            name, value, _ = pair_class(r)
+            if name is None:
+                assert value == departs(r, held_to), r
+            else:
+                assert departs(representative(name, value), held_to) == departs(r, held_to), r
 
 
 def test_the_writer_folds_every_copy_it_records_into_the_minutes_it_writes(database: str) -> None:
@@ -385,3 +380,18 @@ def figures(evidence: dict[tuple[str, str], Evidence]) -> dict[tuple[str, str], 
         )
         for key, e in evidence.items()
     }  # fmt: skip
+
+
+def test_settled_hours_compact_into_an_hour_row_per_key_that_judges_the_same(
+    database: str,
+) -> None:
+    rows = week(13)
+    minutes = stored_minutes(database, rows)
+    db = connect(database)
+    later = T0 + 86400
+    assert compact(db, later) == len(minutes)
+    assert compact(db, later) == 0  # each minute is folded once
+    with db.connect() as conn:
+        hours = list(conn.execute(sa.select(shadow_minutes)).mappings())
+    assert {h["span_s"] for h in hours} == {3600.0} and len(hours) < len(minutes) / 20
+    assert figures(from_minutes(hours, paraphrase)) == figures(from_minutes(minutes, paraphrase))

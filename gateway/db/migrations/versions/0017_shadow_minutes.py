@@ -2,7 +2,8 @@
 sampled or not, the judge's sufficient statistics and what the report and console show of the
 copies (gateway/promotion/shadow_minutes.py), which the judge, the weekly report and the
 console's shadow summary read instead of every shadow record. The records stored before are
-summarized here, a day at a time, so a week written by an older version is judged the same.
+summarized here into hours, a day at a time, so a week written by an older version is judged
+the same.
 
 Revision ID: 0017
 Revises: 0016
@@ -44,13 +45,15 @@ JSON = (
     ("measures", "JSON: measure → [n, sum] over answered copies."),
     ("latency", "JSON: side_latency → sketch over answered copies."),
     ("pairs", "JSON: judged pairs by class → [n, with words known, words]."),
+    ("worst", "JSON: the least similar answered copies, [similarity, normalized, exact, id]."),
+    ("floor", "JSON: the noise floor's differing pairs' similarities → n."),
 )
 # The columns as this revision makes them, whatever the table holds later.
 COLUMNS = (
-    "ts", "route", "candidate_pool", "primary_pool", "kind", "sampled",
+    "ts", "span_s", "route", "candidate_pool", "primary_pool", "kind", "sampled",
     *(name for name, _ in COUNTS),
     "energy_pairs", "primary_energy_j", "candidate_energy_j",
-    "cost_pairs", "primary_cost_usd", "candidate_cost_usd",
+    "cost_pairs", "primary_cost_usd", "candidate_cost_usd", "floor_pairs",
     "first_ts", "last_ts", *(name for name, _ in JSON),
 )  # fmt: skip
 
@@ -59,7 +62,13 @@ def upgrade() -> None:
     op.create_table(
         "shadow_minutes",
         sa.Column("id", ID, nullable=False),
-        sa.Column("ts", sa.Float(), nullable=False, comment="Start of the minute, Unix seconds."),
+        sa.Column("ts", sa.Float(), nullable=False, comment="Start of the span, Unix seconds."),
+        sa.Column(
+            "span_s",
+            sa.Float(),
+            nullable=False,
+            comment="60 for a minute, 3600 for an hour compacted.",
+        ),
         sa.Column("route", sa.String(length=64), nullable=False),
         sa.Column("candidate_pool", sa.String(length=64), nullable=False),
         sa.Column("primary_pool", sa.String(length=64), nullable=False),
@@ -81,6 +90,12 @@ def upgrade() -> None:
         ),
         sa.Column("primary_cost_usd", sa.Float(), nullable=False),
         sa.Column("candidate_cost_usd", sa.Float(), nullable=False),
+        sa.Column(
+            "floor_pairs",
+            sa.Integer(),
+            nullable=False,
+            comment="Noise-floor pairs judged that did not fail.",
+        ),
         sa.Column(
             "first_ts", sa.Float(), nullable=False, comment="The first copy's primary arrival."
         ),
@@ -105,7 +120,7 @@ def summarize_stored(conn: sa.Connection) -> None:
     measured energy and cost from its request record, as the judge read them."""
     import importlib
 
-    from gateway.promotion.shadow_minutes import RECORD_COLUMNS, summarize
+    from gateway.promotion.shadow_minutes import HOUR_S, RECORD_COLUMNS, summarize
 
     # The policy whose SLO classes judge the stored copies: as migration 0016 finds it.
     targets = importlib.import_module("gateway.db.migrations.versions.0016_request_minutes")
@@ -141,7 +156,7 @@ def summarize_stored(conn: sa.Connection) -> None:
             .select_from(shadows.outerjoin(requests, r.decision_id == c.decision_id))
             .where(c.ts >= day, c.ts < day + DAY_S)
         ).mappings()
-        summary = [{n: getattr(m, n) for n in COLUMNS} for m in summarize(rows, targets_of)]
+        summary = [{n: getattr(m, n) for n in COLUMNS} for m in summarize(rows, targets_of, HOUR_S)]
         if summary:
             conn.execute(minutes.insert(), summary)
         written += len(summary)
