@@ -18,8 +18,9 @@ error. Shadow copies answer closer to the primary on a GPU (noise floor) than on
 on an ASIC than on a CIM part. Everything is drawn from `--seed`, so a week is reproducible.
 
 Rows go in as the writers send them: SQLite takes the writers' own INSERT statement in
-batches (executemany), PostgreSQL takes COPY. Decision ids are a per-week prefix and a counter,
-as the gateway's are (gateway/ingress/api.py), so they rise with time as the index likes.
+batches (executemany), PostgreSQL takes COPY, into the week's day partitions. Decision ids are
+a per-week prefix and a counter, as the gateway's are (gateway/ingress/api.py), so they rise
+with time as the index likes.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from typing import Any
 import numpy as np
 import sqlalchemy as sa
 
+from gateway.db import partitions
 from gateway.db.connection import connect, upgrade
 from gateway.db.schema import (
     backend_energy,
@@ -505,6 +507,10 @@ def generate(
     """Write a week of records into the database at url; return what was written and how fast."""
     upgrade(url)
     db = connect(url)
+    if db.dialect.name == "postgresql":  # the week's days, as the gateway made them ahead
+        with db.begin() as conn:
+            for table in partitions.PARTITIONED:
+                partitions.make_days(conn, table, period.since, period.until - 1)
     write = writer(db)
     week_ = Week(traffic(policy), period, requests, shadows, seed)
     started = time.perf_counter()

@@ -421,6 +421,7 @@ class Gateway:
             self.metrics.model_version.set(stored.version)
         if self.reports is not None:
             self.reports.start()
+        await self.retention.keep_ahead()
         self.retention.start()
         if versioned:
             self.policy_watcher.start()

@@ -2,9 +2,10 @@
 
 Immature hardware fails plainly before it fails subtly: it answers nothing, errs, hangs, or
 stops halfway. The shim stands in front of an OpenAI-compatible server (a simulator, or a
-llama-server of the real fleet) and passes every request through, but for a share of prompts,
-picked by a hash of their messages (so a prompt fails every time it is asked, as a part that
-cannot run it would), answers in one of these modes:
+llama-server of the real fleet) and passes every request through, but for a share of prompts
+answers in one of these modes. The prompts are picked in the order they first arrive, evenly:
+at share 0.1 the 10th, 20th, 30th distinct prompt, so exactly that share of the prompts a part is
+sent fails, and a prompt fails every time it is asked, as a part that cannot run it would:
 
 | mode      | the answer                                                                    |
 | --------- | ----------------------------------------------------------------------------- |
@@ -24,8 +25,8 @@ Whole (non-streamed) answers are changed; a streamed request in a changing mode 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
+import math
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -33,13 +34,6 @@ from typing import Any
 import httpx
 
 MODES = ("empty", "null", "cut", "error", "timeout")
-
-
-def fails(body: dict[str, Any], share: float) -> bool:
-    """Say whether a request's prompt is one the shim fails: a stable draw from its messages."""
-    asked = json.dumps(body.get("messages", body.get("prompt")), sort_keys=True).encode()
-    draw = int.from_bytes(hashlib.sha256(asked).digest()[:8], "big") / 2**64
-    return draw < share
 
 
 def broken(answer: dict[str, Any], mode: str) -> dict[str, Any]:
@@ -89,6 +83,7 @@ class Shim(ThreadingHTTPServer):
         self.upstream = upstream.rstrip("/")
         self.mode, self.share, self.hang_s = mode, share, hang_s
         self.failed = 0
+        self._ordinals: dict[bytes, int] = {}  # each distinct prompt's place in arrival order
         self.client = httpx.Client(timeout=600.0)
         self.stopping = threading.Event()
         self._lock = threading.Lock()
@@ -97,6 +92,14 @@ class Shim(ThreadingHTTPServer):
     def url(self) -> str:
         host, port = self.server_address[:2]
         return f"http://{host!s}:{port}"
+
+    def fails(self, body: dict[str, Any]) -> bool:
+        """Say whether a request's prompt is one the shim fails: the n-th distinct prompt fails
+        where n * share crosses a whole number."""
+        asked = json.dumps(body.get("messages", body.get("prompt")), sort_keys=True).encode()
+        with self._lock:
+            n = self._ordinals.setdefault(asked, len(self._ordinals))
+        return math.floor((n + 1) * self.share) > math.floor(n * self.share)
 
     def count(self) -> None:
         with self._lock:
@@ -126,7 +129,7 @@ class _Handler(BaseHTTPRequestHandler):
         chosen = (
             isinstance(body, dict)
             and self.path.endswith(("/chat/completions", "/completions"))
-            and fails(body, shim.share)
+            and shim.fails(body)
         )
         if chosen and mode == "timeout":
             shim.count()

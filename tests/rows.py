@@ -55,6 +55,12 @@ def request_record(n: int, decision_id: str | None = None) -> RequestRecord:
     )
 
 
+def same_decision(record: RequestRecord, n: int) -> RequestRecord:
+    """Return request record `n` of the same decision (id and time) as `record`: a second
+    record the database refuses, since a decision id is unique with its time."""
+    return dataclasses.replace(request_record(n, record.decision_id), ts=record.ts)
+
+
 def shadow_record(n: int, **fields: object) -> ShadowRecord:
     values: dict = {
         "decision_id": f"{n:032x}",

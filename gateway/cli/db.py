@@ -1,4 +1,4 @@
-"""`gateway db`: migrate the database, and delete what is past retention."""
+"""`gateway db`: migrate the database, and drop or delete what is past retention."""
 
 from __future__ import annotations
 
@@ -21,12 +21,13 @@ def _prune(args: argparse.Namespace, settings: Settings) -> int:
     from datetime import UTC, datetime
 
     from gateway.db.connection import connect
-    from gateway.db.retention import Windows, prune
+    from gateway.db.retention import Windows, drop_days, prune
     from gateway.errors import DatabaseUnavailable
 
     windows, now = Windows.of(settings), time.time()
     db = connect(settings.database_url)
     try:
+        dropped = drop_days(db, windows, now)
         deleted = prune(db, windows, now)
     except DatabaseUnavailable as exc:
         where = db.url.render_as_string(hide_password=True)
@@ -43,6 +44,8 @@ def _prune(args: argparse.Namespace, settings: Settings) -> int:
         print(
             f"{table.name}: deleted {deleted[table.name]} rows from before {since} ({days:g} days)"
         )
+        if dropped.get(table.name):
+            print(f"{table.name}: dropped the days {', '.join(dropped[table.name])}")
     if "cost_models" in deleted:
         print(
             f"cost_models: deleted {deleted['cost_models']} from before the request window, "

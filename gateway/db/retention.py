@@ -1,4 +1,4 @@
-"""Retention: delete records past their window, a small batch at a time, on an interval.
+"""Retention: drop or delete records past their window, on an interval.
 
 Request records, and their minutes (request_minutes), parking events and backend energy (which
 the weekly report reads beside them), are kept GATEWAY_RETENTION_DAYS (30), shadow records,
@@ -11,12 +11,19 @@ spare for a late or repeated report. And the report and the judge take the prima
 energy and cost from its request record, so a shadow record kept longer than its request would
 lose them.
 
+On PostgreSQL, request and shadow records are stored a UTC day per partition
+(gateway/db/partitions.py): a day goes whole once all of it is past the window (`drop_days`),
+so a record is kept up to a day longer than its window; only the rows of the default partition
+(a day whose partition was not made in time) are deleted row by row. Everything else, and
+everything on SQLite, is deleted in batches (`prune`).
+
 Each batch deletes at most `batch_rows` rows in its own transaction, so no lock is held long on
 PostgreSQL and SQLite's record writer gets the database between two batches. Every replica of
 `gateway serve` runs the job, and that is harmless: a batch deletes only rows already past the
 window, so the outcome does not depend on which replica deletes them; a row another replica
 deleted first is simply not found, and on PostgreSQL a batch skips the rows another replica's
-batch holds (SKIP LOCKED), so replicas share the work instead of waiting for each other.
+batch holds (SKIP LOCKED), so replicas share the work instead of waiting for each other; and
+one replica at a time makes and drops a table's days, the others leaving it to that one.
 
 Cost models (one stored per retraining, every 10 s at most under heavy traffic) are kept as long
 as request records: a model older than the request window explains no request kept. Of those
@@ -39,6 +46,7 @@ from dataclasses import dataclass
 
 import sqlalchemy as sa
 
+from gateway.db import partitions
 from gateway.db.schema import (
     backend_energy,
     cost_models,
@@ -90,7 +98,7 @@ class Windows:
         return {table: now - days * DAY_S for table, days in self.days().items() if days > 0}
 
 
-def delete_batch(db: sa.Engine, table: sa.Table, cutoff: float, rows: int) -> int:
+def delete_batch(db: sa.Engine, table: sa.TableClause, cutoff: float, rows: int) -> int:
     """Delete up to `rows` rows of `table` older than `cutoff`; return how many went."""
     oldest = (
         sa.select(table.c.id)
@@ -136,11 +144,15 @@ def prune(
 ) -> dict[str, int]:
     """Delete every record older than its window, batch by batch; return the count per table.
 
-    Pauses `pause_s` between batches, and returns early once `stopping` is set.
+    Pauses `pause_s` between batches, and returns early once `stopping` is set. On PostgreSQL
+    a partitioned table's batches read its default partition: its days go whole (`drop_days`).
     """
     batches: dict[str, Callable[[], int]] = {}
     for table, cutoff in windows.cutoffs(now).items():
-        batches[table.name] = functools.partial(delete_batch, db, table, cutoff, batch_rows)
+        rows: sa.TableClause = table
+        if db.dialect.name == "postgresql" and table.name in partitions.PARTITIONED:
+            rows = sa.table(partitions.default_name(table.name), sa.column("id"), sa.column("ts"))
+        batches[table.name] = functools.partial(delete_batch, db, rows, cutoff, batch_rows)
     if windows.request_days > 0:
         cutoff = now - windows.request_days * DAY_S
         batches[cost_models.name] = functools.partial(delete_cost_models, db, cutoff, batch_rows)
@@ -156,8 +168,18 @@ def prune(
     return deleted
 
 
+def drop_days(db: sa.Engine, windows: Windows, now: float) -> dict[str, list[str]]:
+    """On PostgreSQL, make the partitioned tables' days ahead and drop each day whose whole
+    span is past its table's window; return the partitions dropped per table ({} on SQLite)."""
+    if db.dialect.name != "postgresql":
+        return {}
+    cutoffs = {table.name: cutoff for table, cutoff in windows.cutoffs(now).items()}
+    return partitions.maintain(db, now, cutoffs)
+
+
 class Pruner:
-    """Prune on an interval in `gateway serve`; off when the interval or every window is 0.
+    """Prune on an interval in `gateway serve`; off when the interval is 0, and on SQLite when
+    every window is 0.
 
     The first round runs one interval after start; `gateway db prune` runs one at once.
     """
@@ -178,11 +200,20 @@ class Pruner:
         self._pause_s = pause_s
         self._wall = wall
         self._stopping = threading.Event()
-        self.enabled = interval_s > 0 and bool(windows.cutoffs(0.0))
+        # On PostgreSQL the rounds also make the days ahead, which every window needs.
+        partitioned = db.dialect.name == "postgresql"
+        self.enabled = interval_s > 0 and (partitioned or bool(windows.cutoffs(0.0)))
         self.periodic = Periodic("retention", interval_s, self.prune)
 
+    async def keep_ahead(self) -> None:
+        """Make the partitioned tables' days ahead now, as `gateway serve` starts (PostgreSQL)."""
+        await self._drop_days(Windows(0, 0))
+
     async def prune(self) -> dict[str, int]:
-        """Run one round in a worker thread; return how many rows each table lost."""
+        """Run one round in a worker thread: drop the days past the window (PostgreSQL), then
+        delete the rows; return how many rows each table lost one by one (the days dropped are
+        logged)."""
+        await self._drop_days(self.windows)
         deleted = await asyncio.to_thread(
             prune,
             self._db,
@@ -198,6 +229,14 @@ class Pruner:
                 ", ".join(f"{n} {table}" for table, n in deleted.items()),
             )
         return deleted
+
+    async def _drop_days(self, windows: Windows) -> None:
+        # A failure leaves records in the default partition, or old days in place, until a
+        # round that succeeds; the round's deletes go on meanwhile.
+        try:
+            await asyncio.to_thread(drop_days, self._db, windows, self._wall())
+        except DatabaseUnavailable as exc:
+            log.warning("retention: cannot make or drop days now: %s", exc)
 
     def start(self) -> None:
         if not self.enabled:

@@ -23,6 +23,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from gateway.compare.measures import Diff
+from gateway.db.partitions import is_partition
 
 metadata = sa.MetaData()
 
@@ -125,7 +126,7 @@ active_policy = sa.Table(
 class RequestRecord:
     """What the gateway keeps about one request; never the prompt or the answer."""
 
-    decision_id: str = field(metadata=column(width=32, unique=True))
+    decision_id: str = field(metadata=column(width=32))
     ts: float = field(metadata=column(index=True, comment="Arrival, Unix seconds."))
     endpoint: str = field(metadata=column(width=16))
     route: str | None = field(metadata=column(width=64))
@@ -190,6 +191,16 @@ request_records = table(
     RequestRecord,
     # The rollout guards' read of a canary's requests (migration 0007 says which query).
     sa.Index("ix_request_records_route_first_pool_ts", "route", "first_pool", "ts"),
+    # A decision's request, found by its id and time (an energy update, a copy's request). On
+    # PostgreSQL the key holds the partition key, ts (migration 0019); SQLite's decision ids
+    # are unique on their own (0001), which the planner uses the same way.
+    sa.Index(
+        "ix_request_records_decision_id_ts",
+        "decision_id",
+        "ts",
+        unique=True,
+        info={"only": "postgresql"},
+    ),
 )
 
 
@@ -258,6 +269,23 @@ shadow_records = table(
     # The judge, the summary and the rollout guards read one route's time range (migration 0007).
     sa.Index("ix_shadow_records_route_ts", "route", "ts"),
 )
+
+
+def request_of_copy(
+    since: float | None = None, until: float | None = None
+) -> sa.ColumnElement[bool]:
+    """Join a shadow copy to its primary's request record: the same decision id and time (a
+    copy's ts is its primary's arrival). The copies' period bounds the requests' too, which on
+    PostgreSQL names the day partitions to read. The judge's evidence
+    (gateway/promotion/evidence.py) and the shadow summary (gateway/shadow/summary.py) read the
+    primary's SLO class, energy and cost through it."""
+    r, c = request_records.c, shadow_records.c
+    on = [r.decision_id == c.decision_id, r.ts == c.ts]
+    if since is not None:
+        on.append(r.ts >= since)
+    if until is not None:
+        on.append(r.ts < until)
+    return sa.and_(*on)
 
 
 shadow_drops = sa.Table(
@@ -509,3 +537,17 @@ class ShadowMinute:
 
 
 shadow_minutes = table("shadow_minutes", ShadowMinute)
+
+
+def compared(dialect: str) -> dict[str, Any]:
+    """Return the options that compare these tables with a database of `dialect` (alembic's
+    `include_name` and `include_object`): a day partition is its table's (gateway/db/partitions.py),
+    and an index made only on another database is not looked for."""
+
+    def include_name(name: str | None, kind: str, _: Any) -> bool:
+        return not (kind == "table" and name is not None and is_partition(name))
+
+    def include_object(item: Any, _name: Any, kind: str, _reflected: bool, _to: Any) -> bool:
+        return kind != "index" or item.info.get("only", dialect) == dialect
+
+    return {"include_name": include_name, "include_object": include_object}

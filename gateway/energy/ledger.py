@@ -39,6 +39,8 @@ PREFILL_TOKEN_WEIGHT = 0.05
 SETTLE_WITHIN_S = 5.0
 # Requests split between two of `settling()`'s pauses (None), where a caller may yield.
 STEP = 64
+# How much of the learned idle draw a second of higher quiet draw keeps (it rises 1 % a second).
+IDLE_KEPT_PER_S = 0.99
 
 
 @dataclass(slots=True, eq=False)
@@ -134,7 +136,7 @@ class BackendLedger:
                 self._intervals.append(interval)
                 self.power_w = (counter_j - c0) / (t - t0)
                 if not self._open and not self._touched:
-                    self._idle_floor(self.power_w)
+                    self._idle_floor(self.power_w, t - t0)
         self._touched = False
         self._reading = (t, counter_j, share)
         self.measured_until = t
@@ -145,15 +147,15 @@ class BackendLedger:
         drew then is neither its idle draw nor any request's; the next reading starts anew."""
         self._reading = None
 
-    def _idle_floor(self, measured: float) -> None:
+    def _idle_floor(self, measured: float, seconds: float) -> None:
         # With nothing running, the draw is the idle power: learn it, so the nominal figure
         # only matters until the device has been seen idle once.
         if not self._idle_measured or measured < self.idle_w:
             self.idle_w = measured
         else:
-            # Rise slowly: work this gateway cannot see (another replica's) must not pass
-            # for idle draw.
-            self.idle_w += 0.01 * (measured - self.idle_w)
+            # Rise slowly, 1 % a second, however often the counter is read: work this gateway
+            # cannot see (another replica's) must not pass for idle draw.
+            self.idle_w += (1.0 - IDLE_KEPT_PER_S**seconds) * (measured - self.idle_w)
         self._idle_measured = True
 
     def open(self, key: str, start: float) -> None:

@@ -17,10 +17,12 @@ The sequence numbers say what was missed:
   answer within `REPLAY_TIMEOUT_S`) a removal may be missing, so the index is not trusted, and
   the router uses the estimate, until the engine clears its cache (`AllBlocksCleared`) or
   restarts;
-- a number below the one expected, or any number heard after the subscription (re)connected:
-  the publisher may have started again, so its engine did, with an empty cache (and a new
-  subscription misses a publisher's first messages, so a new engine's numbers may already be
-  past the old one's): the index is cleared and rebuilt from the replay buffer and what follows.
+- a (re)connection: the publisher may have started again, so its engine did, with an empty
+  cache, and a new subscription misses a publisher's first messages: the index is cleared at
+  once and rebuilt from the replay buffer (without one, from the batch heard next); batches the
+  replay already gave are not applied twice;
+- a number below the one expected on one connection: the publisher's numbers started again;
+  the index is cleared and rebuilt the same way.
 
 Events stop without a word when an engine hangs or its link breaks: every `STALE_S` a watchdog
 checks each backend, and one that was sent prompts that should have stored blocks
@@ -133,6 +135,7 @@ class _Feed:
     batches: int = 0  # heard in all
     checked: int = 0  # heard by the watchdog's last check
     expected: int | None = None  # the next sequence number
+    replayed: int = 0  # batches below this number came from the replay at (re)connection
 
 
 @dataclass
@@ -195,7 +198,7 @@ class KvEventSubscriber:
         sub = self.context.socket(zmq.SUB)
         sub.setsockopt(zmq.SUBSCRIBE, b"")
         # Each (re)connection may be to an engine started again, whose first batches a new
-        # subscription can miss: the batch heard next is taken as a first one (`_heard`).
+        # subscription can miss (`_connected`).
         monitor = sub.get_monitor_socket(zmq.EVENT_CONNECTED)
         sub.connect(feed.endpoint)
         try:
@@ -203,7 +206,7 @@ class KvEventSubscriber:
                 ready = dict(await _poll(sub, monitor))
                 if monitor in ready:
                     await monitor.recv_multipart()
-                    feed.expected = None
+                    await self._connected(name, feed)
                 if sub not in ready:
                     continue
                 frames = await sub.recv_multipart()
@@ -221,7 +224,22 @@ class KvEventSubscriber:
             monitor.close(linger=0)
             sub.close(linger=0)
 
+    async def _connected(self, name: str, feed: _Feed) -> None:
+        """Start the index afresh from what the engine published so far, as far as its replay
+        buffer goes (a link that only blipped gives the same blocks back); without a replay
+        socket, from the batch heard next."""
+        feed.expected, feed.replayed = None, 0
+        if feed.replay is None:
+            return
+        feed.engine.clear()
+        _, after = await self._replay(name, feed, 0)
+        if after:
+            feed.expected = feed.replayed = after
+            feed.engine.live = True
+
     async def _heard(self, name: str, feed: _Feed, seq: int, payload: bytes) -> None:
+        if seq < feed.replayed:
+            return  # published before the subscription reached the engine, and replayed since
         engine, expected = feed.engine, feed.expected
         if expected is None or seq < expected:
             # A first batch, since the subscription (re)connected or since the publisher's
@@ -232,7 +250,7 @@ class KvEventSubscriber:
                 log.warning("backend %s's publisher started again (seq %d)", name, seq)
             engine.clear()
             await self._replay(name, feed, 0, seq)
-        elif seq > expected and not await self._replay(name, feed, expected, seq):
+        elif seq > expected and not (await self._replay(name, feed, expected, seq))[0]:
             log.warning(
                 "backend %s: KV-event batches %d to %d are lost; its index is not trusted until "
                 "its engine clears its cache",
@@ -253,27 +271,31 @@ class KvEventSubscriber:
             log.warning("backend %s published a batch that cannot be read: %s", name, exc)
             feed.engine.trusted = False
 
-    async def _replay(self, name: str, feed: _Feed, start: int, stop: int) -> bool:
-        """Apply, in order, the batches numbered start to stop - 1 that the replay socket still
-        has; return whether every one of them came."""
-        if start >= stop:
-            return True
+    async def _replay(
+        self, name: str, feed: _Feed, start: int, stop: int | None = None
+    ) -> tuple[bool, int]:
+        """Apply, in order, the batches numbered from start (to stop - 1) that the replay socket
+        still has; return whether every one of them came, and the number after the last one
+        applied (`start` when none was)."""
+        if stop is not None and start >= stop:
+            return True, start
         if feed.replay is None:
-            return False
+            return False, start
         dealer = self.context.socket(zmq.DEALER)
         dealer.connect(feed.replay)
-        got = start  # the next number for the run from `start` to be whole
+        got, after = start, start  # got: the next number for the run from `start` to be whole
         try:
             await dealer.send_multipart((b"", start.to_bytes(8, "big")))
             while await dealer.poll(REPLAY_TIMEOUT_S * 1000):
                 frames = await dealer.recv_multipart()
                 if len(frames) != 3 or frames[1] == END_SEQ:
-                    return got >= stop
+                    return got >= (after if stop is None else stop), after
                 seq = int.from_bytes(frames[1], "big")
-                if start <= seq < stop:
+                if start <= seq and (stop is None or seq < stop):
                     self._apply(name, feed, frames[2])
                     got = seq + 1 if seq == got else -1  # -1: a hole before it
-            return False
+                    after = seq + 1
+            return False, after
         finally:
             dealer.close(linger=0)
 

@@ -162,7 +162,7 @@ class Telemetry:
             ratio = record.e2e_ms / record.predicted_e2e_ms
             m.child(m.prediction_ratio, seen.pool, "e2e").observe(ratio)
         # Plain values alone, which the collector stops walking while the energy is waited for.
-        subject = (record.decision_id, seen and tuple(seen), record.predicted_energy_j)
+        subject = (record.decision_id, record.ts, seen and tuple(seen), record.predicted_energy_j)
         self.meter.settle(
             ex.backend,
             ex.decision_id,
@@ -177,19 +177,19 @@ class Telemetry:
 
     def _settled(
         self,
-        subject: tuple[str, tuple[Any, ...] | None, float | None],
+        subject: tuple[str, float, tuple[Any, ...] | None, float | None],
         energy_j: float | None,
         cost: float | None,
         estimated: bool,
     ) -> None:
         """Hand on a request's energy, and the learner's observation of it, once settled."""
-        decision_id, seen, predicted_energy_j = subject
+        decision_id, ts, seen, predicted_energy_j = subject
         energy = None if energy_j is None else round(energy_j, 6)
         measured = None
         if seen is not None:  # an estimate teaches the cost model nothing it did not assume
             measured = Observation(*seen)._replace(energy_j=None if estimated else energy)
         self.settled(
-            RequestEnergy(decision_id, energy, cost, estimated), measured, predicted_energy_j
+            RequestEnergy(decision_id, ts, energy, cost, estimated), measured, predicted_energy_j
         )
 
 

@@ -18,6 +18,7 @@ import sqlalchemy as sa
 
 from gateway.db.schema import (
     promotion_evaluations,
+    request_of_copy,
     request_records,
     shadow_minutes,
     shadow_records,
@@ -217,7 +218,7 @@ def shadow_rows(
     ]
     query = (
         sa.select(*columns, r.slo_class)
-        .select_from(shadow_records.outerjoin(request_records, r.decision_id == c.decision_id))
+        .select_from(shadow_records.outerjoin(request_records, request_of_copy(since, until)))
         .where(c.ts >= since)
     )
     if until is not None:

@@ -29,9 +29,11 @@ def ms(seconds: float | None) -> float | None:
 
 @dataclass(slots=True)
 class RequestEnergy:
-    """A request's energy and cost, once measured (or estimated): an update of its record."""
+    """A request's energy and cost, once measured (or estimated): an update of its record,
+    found by its decision id and time (on PostgreSQL, the time names the record's partition)."""
 
     decision_id: str
+    ts: float
     energy_j: float | None
     cost_usd: float | None
     energy_estimated: bool
@@ -74,7 +76,7 @@ class RecordWriter(BatchWriter[RequestRecord]):
             name="request_energy",
             statement=Statement.update(
                 request_records,
-                ("decision_id",),
+                ("decision_id", "ts"),
                 ("energy_j", "cost_usd", "energy_estimated"),
                 db,
             ),

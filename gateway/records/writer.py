@@ -13,8 +13,8 @@ and run below its priority on a core they share with its event loop:
 A writer process that dies (killed, out of memory) loses nothing: the batch it held is still
 the serving process's, kept and retried like a batch the database could not take, by a new
 process started for the next round. As with a batch committed just as its connection broke, a
-retried request record is refused as a duplicate (its decision id is unique) rather than stored
-twice (docs/reliability.md).
+retried request record is refused as a duplicate (its decision id and time are unique) rather
+than stored twice (docs/reliability.md).
 """
 
 from __future__ import annotations

@@ -401,11 +401,15 @@ class Mirror:
             prompt_tokens=record.candidate_prompt_tokens or 0,
             completion_tokens=record.candidate_completion_tokens or 0,
             deliver=self._on_energy,
-            subject=(record.decision_id, record.kind, backend.name),
+            subject=(record.decision_id, record.ts, record.kind, backend.name),
         )
 
     def _settled(
-        self, copy: tuple[str, str, str], energy_j: float | None, cost: float | None, _: bool
+        self,
+        copy: tuple[str, float, str, str],
+        energy_j: float | None,
+        cost: float | None,
+        _: bool,
     ) -> None:
         """Write a copy's energy on its candidate, once settled, onto its record."""
         self.writer.add_energy(CopyEnergy(*copy, energy_j, cost))

@@ -41,9 +41,11 @@ DropKey = tuple[float, str, str, str, str]
 
 @dataclass(slots=True)
 class CopyEnergy:
-    """A shadow copy's energy and cost on its candidate, once measured: an update of its record."""
+    """A shadow copy's energy and cost on its candidate, once measured: an update of its record
+    (whose time, its primary's, names its partition on PostgreSQL)."""
 
     decision_id: str
+    ts: float
     kind: str
     candidate_backend: str
     candidate_energy_j: float | None
@@ -123,7 +125,7 @@ class ShadowWriter(BatchWriter[ShadowRecord]):
             name="shadow_energy",
             statement=Statement.update(
                 shadow_records,
-                ("decision_id", "kind", "candidate_backend"),
+                ("decision_id", "ts", "kind", "candidate_backend"),
                 ("candidate_energy_j", "candidate_cost_usd"),
                 db,
             ),

@@ -268,10 +268,12 @@ class Replay:
                     # Nor does a wake-up under way serve anyone now: waiting for its end (a
                     # released device's takes minutes) would run this fleet past the window.
                     ready = math.inf
+            boundary = self._boundaries[0] if self._boundaries else math.inf
+            if not self._in_service and not self._unsettled:
+                self._skip_quiet_readings(min(arrival, deadline, self._next_plan, ready, boundary))
             pending = min(arrival, deadline, self._next_reading, self._next_plan, ready)
             if pending == math.inf and self._next_device_event() == math.inf:
                 break  # all served: the conditions' later boundaries are finish()'s
-            boundary = self._boundaries[0] if self._boundaries else math.inf
             external = min(pending, boundary)
             if pending == math.inf or any(self._waiting.values()):
                 # Someone waits for a slot (or only the devices are left): step device events
@@ -303,6 +305,15 @@ class Replay:
                 self._arrive(self.passages[arrivals])
                 arrivals += 1
         return self
+
+    def _skip_quiet_readings(self, until: float) -> None:
+        """With nothing running or left to settle, the meter's readings before `until` find
+        only idle draw: read next at the last of its instants before then, so a sparse trace
+        (a sample spread over a week) is not stepped through second by second. The ledger
+        learns idle draw per second, so the one long reading teaches what the many would."""
+        interval = self._meter_interval_s
+        if until != math.inf and until - self._next_reading > interval:
+            self._next_reading += math.floor((until - self._next_reading) / interval) * interval
 
     def finish(self, until_s: float) -> None:
         """Let the idle fleet run on to `until_s`, so replays are compared over one window."""

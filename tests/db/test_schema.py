@@ -19,10 +19,12 @@ from alembic.script import ScriptDirectory
 from rows import request_record, shadow_record, store_shadow_minutes
 
 from gateway.compare.measures import MEASURES
+from gateway.db import partitions
 from gateway.db.connection import alembic_config, connect, upgrade
 from gateway.db.schema import (
     TEXT,
     column,
+    compared,
     metadata,
     request_minutes,
     request_records,
@@ -46,7 +48,8 @@ from policies import fleet_policy
 def schema_drift(url: str) -> list[Any]:
     db = connect(url)
     with db.connect() as conn:
-        diff = compare_metadata(MigrationContext.configure(conn), metadata)
+        context = MigrationContext.configure(conn, opts=compared(conn.dialect.name))
+        diff = compare_metadata(context, metadata)
     db.dispose()
     return diff
 
@@ -149,12 +152,27 @@ def _pg_indexes(plan: dict[str, Any]) -> set[str]:
     return found
 
 
+def _pg_tables_indexes(conn: sa.Connection, names: set[str]) -> set[str]:
+    """Name each partition's index (request_records_default_ts_idx) by its table's index
+    (ix_request_records_ts), of which it is a part."""
+    parents = dict(
+        conn.exec_driver_sql(
+            "SELECT n, p.relname FROM unnest(%(names)s::text[]) n"
+            " JOIN pg_inherits i ON i.inhrelid = to_regclass(n)"
+            " JOIN pg_class p ON p.oid = i.inhparent",
+            {"names": sorted(names)},
+        ).all()
+    )
+    return {parents.get(name, name) for name in names}
+
+
 def indexes_used(db: sa.Engine, statement: str, parameters: Any) -> set[str]:
-    """Return the indexes the planner chooses for a statement."""
+    """Return the indexes the planner chooses for a statement, by their tables' names."""
     with db.connect() as conn:
         if db.dialect.name == "postgresql":
             (plan,) = conn.exec_driver_sql(f"EXPLAIN (FORMAT JSON) {statement}", parameters).one()
-            return _pg_indexes((plan if isinstance(plan, list) else json.loads(plan))[0]["Plan"])
+            used = _pg_indexes((plan if isinstance(plan, list) else json.loads(plan))[0]["Plan"])
+            return _pg_tables_indexes(conn, used)
         rows = conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {statement}", parameters).all()
     return {m.group(1) for r in rows if (m := re.search(r"USING (?:COVERING )?INDEX (\w+)", r[3]))}
 
@@ -238,11 +256,7 @@ def test_migration_0002_adds_and_removes_the_shadow_tables(database: str) -> Non
 
 def test_migrations_match_the_table_definitions(database: str) -> None:
     upgrade(database)  # idempotent on an up-to-date database
-    db = connect(database)
-    with db.connect() as conn:
-        diff = compare_metadata(MigrationContext.configure(conn), metadata)
-    db.dispose()
-    assert diff == []
+    assert schema_drift(database) == []
 
 
 @dataclasses.dataclass
@@ -363,3 +377,44 @@ def _comparable(row: dict[str, Any]) -> tuple[Any, ...]:
         for k, v in sorted(row.items())
         if k != "id"
     )
+
+
+def test_console_pairs_and_request_count_read_by_index(filled: sa.Engine) -> None:
+    (pairs,) = plans(filled, lambda: views.shadow_pairs(filled, SMALL, "asic", 20))
+    summed, recent = plans(
+        filled, lambda: report_records.count_requests(filled, NOW - DAY, NOW, now=NOW)
+    )
+    assert "ix_shadow_records_route_ts" in pairs
+    assert "ix_request_minutes_ts" in summed
+    assert "ix_request_records_ts" in recent
+
+
+def _pg_scanned(plan: dict[str, Any]) -> set[str]:
+    found = {plan["Relation Name"]} if "Relation Name" in plan else set()
+    for child in plan.get("Plans", ()):
+        found |= _pg_scanned(child)
+    return found
+
+
+def test_a_periods_read_visits_only_its_days_partitions(filled: sa.Engine) -> None:
+    if filled.dialect.name != "postgresql":
+        pytest.skip("SQLite keeps each table whole")
+    with filled.begin() as conn:  # the days the gateway would have made: rows move into them
+        for name in partitions.PARTITIONED:
+            partitions.make_days(conn, name, NOW - 61 * DAY, NOW)
+        conn.exec_driver_sql("ANALYZE")
+    since, until = NOW - 8 * DAY, NOW - DAY
+    with statements(filled) as seen:
+        evidence.shadow_rows(filled, since, until)
+        report_records.read_unsettled(filled, fleet_policy(), since, until)
+    days = {
+        partitions.day_name(name, partitions.day_of(since) + n * DAY)
+        for name in partitions.PARTITIONED
+        for n in range(9)
+    }
+    defaults = {partitions.default_name(name) for name in partitions.PARTITIONED}
+    for statement, parameters in seen:
+        with filled.connect() as conn:
+            (plan,) = conn.exec_driver_sql(f"EXPLAIN (FORMAT JSON) {statement}", parameters).one()
+        scanned = _pg_scanned((plan if isinstance(plan, list) else json.loads(plan))[0]["Plan"])
+        assert scanned and scanned <= days | defaults

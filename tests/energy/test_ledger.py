@@ -83,6 +83,18 @@ def test_idle_power_is_learned_from_quiet_intervals() -> None:
     assert ledger.idle_w < 125.0
 
 
+def test_idle_draw_rises_as_fast_however_often_the_counter_is_read() -> None:
+    often, seldom = BackendLedger(idle_w=100.0), BackendLedger(idle_w=100.0)
+    for ledger in (often, seldom):  # seen idle at 100 W, then quiet at 110 W for 10 s
+        ledger.reading(0.0, 0.0)
+        ledger.reading(1.0, 100.0)
+    for t in range(2, 12):
+        often.reading(float(t), 100.0 + 110.0 * (t - 1))
+    seldom.reading(11.0, 100.0 + 110.0 * 10)
+    assert 100.0 < seldom.idle_w < 101.0  # 1 % a second: about 0.96 W in 10 s
+    assert seldom.idle_w == pytest.approx(often.idle_w)
+
+
 def test_counter_reset_drops_one_interval_only() -> None:
     ledger = ledger_with_idle()
     ledger.open("a", 0.0)

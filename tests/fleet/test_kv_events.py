@@ -150,6 +150,26 @@ def test_a_gap_no_replay_can_fill_hands_the_backend_to_the_estimate_until_a_clea
     _run(scenario)
 
 
+def test_what_an_engine_published_before_the_subscription_is_known_at_once() -> None:
+    pub, replay = free_port(), free_port()
+
+    async def scenario() -> None:
+        index = PrefixIndex()
+        with _publishing(pub, replay) as sim:
+            await _answer(sim, _prompt("early"))  # published to no one
+            subscriber = await _following(index, pub, replay)
+            try:
+                keys = _keys(_prompt("early"))
+                await until(
+                    lambda: index.cached(BACKEND, keys) == len(keys), message="the replayed blocks"
+                )
+                assert index.exact(BACKEND)
+            finally:
+                await subscriber.close()
+
+    _run(scenario)
+
+
 def test_a_restarted_engine_is_followed_from_its_new_start() -> None:
     pub, replay = free_port(), free_port()
 
@@ -164,12 +184,14 @@ def test_a_restarted_engine_is_followed_from_its_new_start() -> None:
                 await until(lambda: index.cached(BACKEND, before) == len(before))
             after = _keys(_prompt("after"))
             with _publishing(pub, replay) as sim:  # the same endpoints: a new engine
+                # Its empty cache is known as soon as the subscription reaches it, before it
+                # publishes a word.
+                await until(lambda: index.cached(BACKEND, before) == 0, message="the old blocks")
                 await _answer(sim, _prompt("after"))
                 await until(
                     lambda: index.cached(BACKEND, after) == len(after),
                     message="the new engine's blocks",
                 )
-                assert index.cached(BACKEND, before) == 0  # the old engine's cache is gone
         finally:
             await subscriber.close()
 

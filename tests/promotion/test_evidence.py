@@ -82,7 +82,7 @@ def shadow_history(
         )
         if slo_class is not None:
             request = dataclasses.replace(
-                request_record(i, copy.decision_id), route=route, slo_class=slo_class
+                request_record(i, copy.decision_id), ts=copy.ts, route=route, slo_class=slo_class
             )
             requests.append(request.row())
     with db.begin() as conn:

@@ -339,7 +339,11 @@ def test_the_writer_folds_every_copy_it_records_into_the_minutes_it_writes(datab
             writer.primary_energy(record.decision_id, energy, cost)
             writer.add_energy(
                 CopyEnergy(
-                    record.decision_id, record.kind, record.candidate_backend or "", *candidate
+                    record.decision_id,
+                    record.ts,
+                    record.kind,
+                    record.candidate_backend or "",
+                    *candidate,
                 )
             )
             if i % 10 == 0:

@@ -15,7 +15,7 @@ import orjson
 import pytest
 import sqlalchemy as sa
 from dbswitch import switchable
-from rows import request_record, sample, stored
+from rows import request_record, same_decision, sample, stored
 from waiting import wait_for
 
 import gateway.records.batching as batching
@@ -143,7 +143,9 @@ def test_energy_lands_after_its_record_through_an_outage_and_a_restart(
                 writer.add(record)
                 if n % 4 == 3:  # energy comes later than its record, and in a later round
                     await writer.flush()
-                writer.energy.add(RequestEnergy(record.decision_id, 1.5 * n, 1e-6 * n, False))
+                writer.energy.add(
+                    RequestEnergy(record.decision_id, record.ts, 1.5 * n, 1e-6 * n, False)
+                )
             if up:
                 switch.up()
             await writer.flush()
@@ -185,7 +187,7 @@ def test_energy_waits_while_its_record_is_held_even_if_the_database_takes_update
     writer = RecordWriter(db, metrics, inserter=inserter)
     record = request_record(7)
     writer.add(record)
-    writer.energy.add(RequestEnergy(record.decision_id, 12.5, 1e-5, False))
+    writer.energy.add(RequestEnergy(record.decision_id, record.ts, 12.5, 1e-5, False))
     asyncio.run(writer.flush())
     assert energy_of(database) == {}
     assert sample(metrics, "gateway_records_buffered", table="request_energy", where="memory") == 1
@@ -266,12 +268,13 @@ def test_a_row_the_database_refuses_is_rejected_without_holding_back_the_others(
     metrics = GatewayMetrics()
     db = connect(database)
     writer = RecordWriter(db, metrics, **inserts(database))
+    first = request_record(0)
 
     async def scenario() -> None:
-        writer.add(request_record(0, decision_id="d" * 32))
+        writer.add(first)
         await writer.flush()
         writer.add(request_record(1))
-        writer.add(request_record(2, decision_id="d" * 32))
+        writer.add(same_decision(first, 2))
         writer.add(request_record(3))
         await writer.flush()
 
@@ -313,8 +316,10 @@ def test_a_batch_is_one_transaction_of_short_statements_with_the_cpu_yielded_bet
         assert statements == [50] * 10 and yields == list(range(1, 10))
         # A row refused in the batch's second statement: the first statement's 50 rows are
         # rolled back with it, and the batch goes again row by row, so none is stored twice.
-        for n in range(500, 600):
-            writer.add(request_record(n, decision_id="d" * 32 if n in (500, 560) else None))
+        batch = [request_record(n) for n in range(500, 600)]
+        batch[60] = same_decision(batch[0], 560)
+        for record in batch:
+            writer.add(record)
         await writer.flush()
 
     asyncio.run(scenario())

@@ -144,7 +144,9 @@ def test_minutes_are_kept_through_an_outage_and_written_after_a_restart(
                 record = varied(n)
                 writer.add(record)
                 if record.backend is not None:
-                    writer.add_energy(RequestEnergy(record.decision_id, 2.0, 1e-5, False))
+                    writer.add_energy(
+                        RequestEnergy(record.decision_id, record.ts, 2.0, 1e-5, False)
+                    )
             await writer.stop()
             db.dispose()
 

@@ -6,7 +6,7 @@ import asyncio
 from pathlib import Path
 
 import sqlalchemy as sa
-from rows import request_record
+from rows import request_record, same_decision
 from waiting import until
 
 from gateway.db.connection import connect, upgrade
@@ -55,7 +55,7 @@ def test_a_large_batch_is_written_whole_with_every_field_and_a_refused_row_alone
         for r in records:
             writer.add(r)
         await writer.flush()
-        writer.add(request_record(200, decision_id=records[5].decision_id))  # refused: not unique
+        writer.add(same_decision(records[5], 200))  # refused: not unique
         writer.add(request_record(201))
         await writer.stop()
 

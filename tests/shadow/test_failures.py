@@ -107,8 +107,9 @@ def test_a_part_failing_a_tenth_of_its_answers_is_rejected_within_300_copies(
     checks = {c.name: c for c in verdict.checks}
     assert evidence.sent == 300
     if share:
-        # A tenth of the prompts, by the proxy's stable draw.
-        assert 15 <= evidence.failures.only_candidate <= 45
+        # A tenth of the prompts the proxy is sent (it fails every tenth): a copy sent beside
+        # another may be recorded before it, so one or two more or fewer among the first 300.
+        assert 28 <= evidence.failures.only_candidate <= 32
         assert set(evidence.failures.kinds) == {"empty" if mode == "empty" else "cut_short"}
         assert checks["failures"].result == FAIL, checks["failures"].detail
         assert verdict.outcome == REJECT

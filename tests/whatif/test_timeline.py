@@ -187,3 +187,36 @@ def test_a_trace_without_prefix_blocks_routes_as_the_replay_did_before_the_cache
     assert all(p.profile.blocks == () and p.profile.block_tokens == 0 for p in replay.passages)
     assert all(replay.fleet.prefixes.held(b.name) == 0 for b in replay.fleet.backends())
     assert all(p.job is not None and p.job.cached_tokens == 0 for p in replay.passages)
+
+
+def test_a_sparse_trace_is_not_metered_second_by_second_and_energy_is_still_attributed(
+    policy: Policy,
+) -> None:
+    # Two requests a day apart: the meter is read while each runs and settles, not for every
+    # idle second between them.
+    day = 86_400.0
+    trace = [TraceRequest(0.0, 500, 50), TraceRequest(day, 500, 50)]
+    strategy = learned(policy)
+    learner = strategy.learner
+    assert learner is not None
+    energies: list[float] = []
+    observe = learner.observe
+
+    def keep(observation: Observation, now: float) -> None:
+        energies.append(observation.energy_j)
+        observe(observation, now)
+
+    learner.observe = keep  # type: ignore[method-assign]
+    replay = Replay(strategy, trace)
+    readings = 0
+    read = replay._read_meters
+
+    def count(now: float) -> None:
+        nonlocal readings
+        readings += 1
+        read(now)
+
+    replay._read_meters = count  # type: ignore[method-assign]
+    replay.run()
+    assert len(energies) == 2 and all(e > 0 for e in energies)
+    assert 0 < readings < 200  # every second of the day would be 86,400

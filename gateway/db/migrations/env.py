@@ -5,7 +5,7 @@ from __future__ import annotations
 from alembic import context
 
 from gateway.db.connection import connect
-from gateway.db.schema import metadata
+from gateway.db.schema import compared, metadata
 from gateway.settings import Settings
 
 url = context.config.get_main_option("sqlalchemy.url") or Settings().database_url
@@ -24,6 +24,7 @@ def run_online() -> None:
             connection=connection,
             target_metadata=metadata,
             render_as_batch=connection.dialect.name == "sqlite",
+            **compared(connection.dialect.name),
         )
         with context.begin_transaction():
             context.run_migrations()

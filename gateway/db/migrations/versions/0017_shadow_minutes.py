@@ -6,7 +6,7 @@ summarized here into hours, a day at a time, so a week written by an older versi
 the same.
 
 Revision ID: 0017
-Revises: 0016
+Revises: 0019
 Create Date: 2026-12-07
 """
 
@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0017"
-down_revision = "0016"
+down_revision = "0019"
 branch_labels = None
 depends_on = None
 
