@@ -3,10 +3,11 @@
     python -m bench.records --requests 10000000 --shadows 2000000 --database URL [--week 2026-W48]
 
 Writes into the database at URL (migrated first) a week of request records with their minutes
-(request_minutes, folded as the record writer folds them), shadow records with their measures,
-shadow drops and each backend's per-minute draw (backend_energy), in the tables and columns the
-gateway's writers fill, derived from a policy (`--policy`, default
-policies/default.yaml): its routes, pools, backends, models, SLO classes and shadow targets.
+(request_minutes, folded as the record writer folds them), shadow records with their measures
+and their minutes (shadow_minutes, folded as the shadow writer folds them), shadow drops and
+each backend's per-minute draw (backend_energy), in the tables and columns the gateway's writers
+fill, derived from a policy (`--policy`, default policies/default.yaml): its routes, pools,
+backends, models, SLO classes and shadow targets.
 
 The traffic has the shapes a fleet's week has: a daily cycle (a peak in the UTC afternoon, a
 trough at night, quieter weekends), Zipf-distributed tenants, log-normal prompt and answer
@@ -45,8 +46,10 @@ from gateway.db.schema import (
     shadow_drops,
     shadow_records,
 )
+from gateway.db.schema import shadow_minutes as shadow_minutes_table
 from gateway.policy.load import load_policy
 from gateway.policy.model import Policy, Route
+from gateway.promotion import shadow_minutes
 from gateway.records.batching import Statement
 from gateway.records.minutes import RECORD_COLUMNS, summarize, targets_of
 from gateway.report.period import Period, last_complete_week, week
@@ -512,7 +515,7 @@ def generate(
     week_ = Week(traffic(policy), period, requests, shadows, seed)
     started = time.perf_counter()
     written = {"request_records": 0, "shadow_records": 0}
-    written["request_minutes"] = 0
+    written["request_minutes"] = written["shadow_minutes"] = 0
     targets = targets_of(policy)
     for requests_cols, shadow_cols in week_.hours():
         written["request_records"] += write(request_records, requests_cols)
@@ -526,6 +529,22 @@ def generate(
         minutes = [m.row() for m in summarize(records, targets)]
         written["request_minutes"] += write(
             request_minutes, {c: [m[c] for m in minutes] for c in _columns(request_minutes)}
+        )
+        # And the shadow minutes the shadow writer folds as copies are recorded, each judged
+        # against its request's SLO class, as its compaction leaves them once the hour settled.
+        classes = dict(zip(requests_cols["decision_id"], requests_cols["slo_class"], strict=True))
+        copies = (
+            dict(zip(shadow_cols, values, strict=True))
+            for values in zip(*shadow_cols.values(), strict=True)
+        )
+        copied = [m.row() for m in shadow_minutes.summarize(
+            ({**c, "slo_class": classes.get(c["decision_id"])} for c in copies),
+            targets,
+            shadow_minutes.HOUR_S,
+        )]  # fmt: skip
+        written["shadow_minutes"] += write(
+            shadow_minutes_table,
+            {c: [m[c] for m in copied] for c in _columns(shadow_minutes_table)},
         )
     written["shadow_drops"] = write(shadow_drops, week_.drops())
     written["backend_energy"] = write(backend_energy, week_.backend_minutes())

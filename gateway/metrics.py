@@ -201,6 +201,16 @@ class GatewayMetrics:
         "Rows of the traffic's summary lost past the documented limit (queue, memory and spill "
         "file full).",
     )
+    shadow_minutes_written = counter(
+        "shadow_minutes_written",
+        "Rows of the shadow copies' summary (a minute's copies of one route, candidate pool, "
+        "primary pool, kind and sampling) written to the database.",
+    )
+    shadow_minutes_dropped = counter(
+        "shadow_minutes_dropped",
+        "Rows of the shadow copies' summary lost past the documented limit (queue, memory and "
+        "spill file full).",
+    )
     # Records the database could not take, per table (request_records, shadow_records, ...).
     records_buffered = gauge(
         "records_buffered",

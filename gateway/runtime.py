@@ -45,6 +45,7 @@ from gateway.policy.sync import FileWatcher, PolicyWatcher
 from gateway.policy.tariffs import DAY_S, Rate, fixed_rates, rate_at
 from gateway.policy.versions import PolicyVersion
 from gateway.promotion.rollout import RolloutDriver
+from gateway.promotion.shadow_minutes import ShadowMinutes
 from gateway.records.batching import BatchWriter
 from gateway.records.requests import RecordWriter, RequestEnergy
 from gateway.records.writer import WriterProcess
@@ -183,7 +184,9 @@ class Gateway:
             self.ranker,
             clock,
         )
-        self.shadow_records = ShadowWriter(self.db, self.metrics, **spill)
+        self.shadow_records = ShadowWriter(
+            self.db, self.metrics, summaries=ShadowMinutes(self._slo_targets), **spill
+        )
         self.mirror = Mirror(
             self.upstream,
             self.admission,
@@ -342,6 +345,7 @@ class Gateway:
     ) -> None:
         """Keep a request's energy, now known, and learn from the request."""
         self.records.add_energy(energy)
+        self.shadow_records.primary_energy(energy.decision_id, energy.energy_j, energy.cost_usd)
         if seen is not None:
             self.learner.observe(seen, predicted_energy_j)
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import sqlalchemy as sa
-from rows import shadow_record
+from rows import shadow_record, store_shadow_minutes
 
 from gateway.db.schema import (
     backend_energy,
@@ -184,6 +184,7 @@ def build(db: sa.Engine) -> World:
         conn.execute(
             request_minutes.insert(), [m.row() for m in summarize(requests, targets_of(policy))]
         )
+    store_shadow_minutes(db, targets_of(policy))
     return World(policy, period, requests, shadows, drops, draw)
 
 

@@ -15,9 +15,12 @@ from gateway.db.schema import (
     ShadowRecord,
     request_minutes,
     request_records,
+    shadow_minutes,
     shadow_records,
 )
 from gateway.metrics import GatewayMetrics
+from gateway.promotion import evidence
+from gateway.promotion import shadow_minutes as shadows
 from gateway.records.minutes import summarize
 
 DAY = 86400.0
@@ -103,6 +106,10 @@ def store_rows(db: sa.Engine, table: sa.Table, ages_days: list[float], now: floa
             rows.append(minute.row() | {"ts": ts})  # at the age itself, not its minute's start
         elif table is shadow_records:
             rows.append(shadow_record(n, ts=ts, route=route).row())
+        elif table is shadow_minutes:
+            copy = shadow_record(n, ts=ts, route=route).row() | {"slo_class": None}
+            (minute,) = shadows.summarize([copy], lambda _: None)
+            rows.append(minute.row() | {"ts": ts})
         else:
             rows.append(
                 {
@@ -116,6 +123,16 @@ def store_rows(db: sa.Engine, table: sa.Table, ages_days: list[float], now: floa
             )
     with db.begin() as conn:
         conn.execute(table.insert(), rows)
+
+
+def store_shadow_minutes(
+    db: sa.Engine, targets: shadows.TargetsOf = lambda _: None, since: float = 0.0
+) -> None:
+    """Store the minutes of the shadow records stored from `since`, as the writer folds them."""
+    minutes = shadows.summarize(evidence.shadow_rows(db, since), targets)
+    if minutes:
+        with db.begin() as conn:
+            conn.execute(shadow_minutes.insert(), [m.row() for m in minutes])
 
 
 def stored(url: str) -> list[int]:

@@ -1,14 +1,15 @@
 """Retention: drop or delete records past their window, on an interval.
 
 Request records, and their minutes (request_minutes), parking events and backend energy (which
-the weekly report reads beside them), are kept GATEWAY_RETENTION_DAYS (30), shadow records and
-shadow drop counts GATEWAY_SHADOW_RETENTION_DAYS (30); 0 keeps a table forever. The shadow
-window defaults to the request window for two reasons. The weekly report of the last full week,
-written on any day of the week after it, reads back to the start of its comparison week: 21
-days, which also covers the judge's window at the default `min_window_days` (twice 7 days, from
-the end of the week); 30 days leaves more than a week to spare for a late or repeated report.
-And the report and the judge take the primary's measured energy and cost from its request
-record, so a shadow record kept longer than its request would lose them.
+the weekly report reads beside them), are kept GATEWAY_RETENTION_DAYS (30), shadow records,
+their minutes (shadow_minutes) and shadow drop counts GATEWAY_SHADOW_RETENTION_DAYS (30); 0
+keeps a table forever. The shadow window defaults to the request window for two reasons. The
+weekly report of the last full week, written on any day of the week after it, reads back to the
+start of its comparison week: 21 days, which also covers the judge's window at the default
+`min_window_days` (twice 7 days, from the end of the week); 30 days leaves more than a week to
+spare for a late or repeated report. And the report and the judge take the primary's measured
+energy and cost from its request record, so a shadow record kept longer than its request would
+lose them.
 
 On PostgreSQL, request and shadow records are stored a UTC day per partition
 (gateway/db/partitions.py): a day goes whole once all of it is past the window (`drop_days`),
@@ -53,6 +54,7 @@ from gateway.db.schema import (
     request_minutes,
     request_records,
     shadow_drops,
+    shadow_minutes,
     shadow_records,
 )
 from gateway.errors import DatabaseUnavailable
@@ -87,6 +89,7 @@ class Windows:
             parking_events: self.request_days,
             backend_energy: self.request_days,
             shadow_records: self.shadow_days,
+            shadow_minutes: self.shadow_days,
             shadow_drops: self.shadow_days,
         }
 

@@ -469,6 +469,76 @@ class RequestMinute:
 request_minutes = table("request_minutes", RequestMinute)
 
 
+@dataclass(slots=True)
+class ShadowMinute:
+    """The shadow copies of one minute (or, once compacted, one hour) and key: the judge's
+    sufficient statistics (copies, failures, SLO and costs paired with the primary's, the
+    compared pairs by class) and what the report and console show (measures' sums, latency
+    sketches), as gateway/promotion/shadow_minutes.py folds them. Any period's evidence is a sum
+    of these rows."""
+
+    ts: float = field(metadata=column(index=True, comment="Start of the span, Unix seconds."))
+    span_s: float = field(metadata=column(comment="60 for a minute, 3600 for an hour compacted."))
+    route: str = field(metadata=column(width=64))
+    candidate_pool: str = field(metadata=column(width=64))
+    primary_pool: str = field(metadata=column(width=64))
+    kind: str = field(metadata=column(width=16, comment="candidate, or noise (A/A)."))
+    sampled: bool
+    sent: int = field(metadata=column(comment="Copies sent."))
+    answered: int = field(metadata=column(comment="Copies with no upstream error."))
+    failed: int = field(metadata=column(comment="Copies whose answer failed."))
+    primary_failed: int = field(metadata=column(comment="Primary answers that failed."))
+    only_failed: int = field(metadata=column(comment="Copies that failed, their primary not."))
+    only_primary_failed: int
+    slo_primary_met: int
+    slo_met: int = field(metadata=column(comment="Copies that met their SLO class's targets."))
+    slo_only_primary: int = field(metadata=column(comment="Primary met its SLO, the copy not."))
+    slo_only_met: int
+    priced: int = field(metadata=column(comment="Answered copies with both costs known."))
+    cheaper: int = field(metadata=column(comment="Of those, the copy's cost was lower."))
+    energy_pairs: int = field(metadata=column(comment="Answered copies with both energies."))
+    primary_energy_j: float
+    candidate_energy_j: float
+    cost_pairs: int = field(metadata=column(comment="Answered copies with both costs."))
+    primary_cost_usd: float
+    candidate_cost_usd: float
+    floor_pairs: int = field(metadata=column(comment="Noise-floor pairs judged that did not fail."))
+    first_ts: float = field(metadata=column(comment="The first copy's primary arrival."))
+    last_ts: float
+    failures: str | None = field(
+        metadata=column(width=TEXT, comment="JSON: how copies failed → n.")
+    )
+    errors: str | None = field(metadata=column(width=TEXT, comment="JSON: upstream error → n."))
+    measures: str | None = field(
+        metadata=column(width=TEXT, comment="JSON: measure → [n, sum] over answered copies.")
+    )
+    latency: str | None = field(
+        metadata=column(width=TEXT, comment="JSON: side_latency → sketch over answered copies.")
+    )
+    pairs: str | None = field(
+        metadata=column(
+            width=TEXT, comment="JSON: judged pairs by class → [n, with words known, words]."
+        )
+    )
+    worst: str | None = field(
+        metadata=column(
+            width=TEXT,
+            comment="JSON: the least similar answered copies, [similarity, normalized, exact, id].",
+        )
+    )
+    floor: str | None = field(
+        metadata=column(
+            width=TEXT, comment="JSON: the noise floor's differing pairs' similarities → n."
+        )
+    )
+
+    def row(self) -> dict[str, Any]:
+        return row_of(self)
+
+
+shadow_minutes = table("shadow_minutes", ShadowMinute)
+
+
 def compared(dialect: str) -> dict[str, Any]:
     """Return the options that compare these tables with a database of `dialect` (alembic's
     `include_name` and `include_object`): a day partition is its table's (gateway/db/partitions.py),

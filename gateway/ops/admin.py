@@ -38,11 +38,11 @@ from gateway.policy.apply import apply, rollback
 from gateway.policy.load import content_hash
 from gateway.policy.tariffs import DAY_S
 from gateway.promotion import evidence, rollout
+from gateway.promotion.summary import summarize
 from gateway.report.period import ISO_WEEK, SINCE, parse_since
 from gateway.report.schedule import FILES, listing
 from gateway.routing.bodies import INTEGRAL
 from gateway.routing.explain import explain
-from gateway.shadow.summary import summarize
 from gateway.whatif.sample import DEFAULT_SAMPLE, sample_requests
 from gateway.whatif.simulate import simulate_sample
 

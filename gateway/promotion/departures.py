@@ -129,24 +129,13 @@ def tolerance(noise: Iterable[Row], paraphrase: float | None = None) -> Toleranc
 def departs(row: Row, tol: Tolerance) -> bool:
     """Say whether one pair disagrees in meaning beyond what the noise floor allows (a copy
     that failed always does)."""
-    if row.get("failure"):
-        return True
-    if row.get("exact_match"):
-        return False
-    if _fields_differ(row.get("json_diff")):
-        return True
-    if benign(row):
-        return False
-    meaning = row.get("semantic_similarity")
-    if meaning is not None:
-        return bool(meaning < tol.meaning)
-    cosine = row.get("embedding_cosine")
-    if cosine is not None:
-        return bool(cosine < tol.vectors)
-    if row.get("near_tie") and row.get("kl_divergence") is None:
-        return False
-    similarity = row.get("similarity")
-    return similarity is not None and similarity < tol.words
+    verdict = decided(row)
+    if verdict is not None:
+        return verdict
+    name, value = deciding(row)
+    return value < {"semantic_similarity": tol.meaning, "embedding_cosine": tol.vectors}.get(
+        name, tol.words
+    )
 
 
 def benign(row: Row) -> bool:
@@ -215,3 +204,30 @@ def _tightened(values: list[float], start: float, ceiling: float, trusted: bool)
     if not values or (len(values) < MIN_DIFFERING and not trusted):
         return start
     return min(max(start, _percentile(values)), ceiling)
+
+
+def decided(row: Row) -> bool | None:
+    """Say whether a pair departs whatever the tolerance (True or False); None when its
+    similarity against the tolerance decides (`deciding`; the shadow minutes keep such a pair
+    by that similarity alone: gateway/promotion/tally.py)."""
+    if row.get("failure"):
+        return True
+    if row.get("exact_match"):
+        return False
+    if _fields_differ(row.get("json_diff")):
+        return True
+    if benign(row):
+        return False
+    if row.get("semantic_similarity") is not None or row.get("embedding_cosine") is not None:
+        return None
+    if row.get("near_tie") and row.get("kl_divergence") is None:
+        return False  # words alone: a near tie whose distributions were not read is forgiven
+    return None if row.get("similarity") is not None else False
+
+
+def deciding(row: Row) -> tuple[str, float]:
+    """Return the similarity a pair that `decided` leaves open is judged on, and its value."""
+    for name in ("semantic_similarity", "embedding_cosine", "similarity"):
+        if (value := row.get(name)) is not None:
+            return name, float(value)
+    raise ValueError(f"a pair with no similarity is decided without a tolerance: {row}")

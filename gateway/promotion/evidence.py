@@ -1,34 +1,45 @@
 """Promotion evaluations: gather each candidate's shadow evidence, judge it, keep the verdict.
 
-The edge around gateway/promotion/judge.py: it reads shadow records (and the primaries' measured
-costs from their request records), hands the evidence to the judge, and stores every verdict with
-its evidence so the decision can be audited and shown in the weekly report.
+The edge around gateway/promotion/judge.py: it reads the shadow minutes (gateway/promotion/
+shadow_minutes.py; the last minutes, not yet settled, folded from their shadow records and the
+primaries' request records), hands the evidence to the judge, and stores every verdict with its
+evidence so the decision can be audited and shown in the weekly report. What it reads is the
+same size whatever the traffic.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import time
-from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import sqlalchemy as sa
 
-from gateway.compare.failures import ERROR, UPSTREAM
 from gateway.db.schema import (
     promotion_evaluations,
     request_of_copy,
     request_records,
+    shadow_minutes,
     shadow_records,
 )
 from gateway.policy.model import Policy
 from gateway.promotion import departures
-from gateway.promotion.departures import at_risk, departs, judged, tolerance
-from gateway.promotion.judge import Agreement, Criteria, Evidence, Verdict, judge
-from gateway.records.slo import Targets, meets_slo
-from gateway.shadow.sample import CANDIDATE, NOISE
+from gateway.promotion.departures import departs, tolerance
+from gateway.promotion.judge import (
+    Agreement,
+    Attainment,
+    Criteria,
+    Evidence,
+    Failures,
+    Verdict,
+    judge,
+)
+from gateway.promotion.shadow_minutes import settled, summarize
+from gateway.promotion.tally import Tally, representative
+from gateway.records.slo import Targets
+from gateway.shadow.sample import NOISE
+from gateway.stats import sketch_value
 
 EvidenceByKey = dict[tuple[str, str], Evidence]
 # The targets of a request's SLO class, by the class its request record names (None: none kept).
@@ -36,6 +47,7 @@ TargetsOf = Callable[[str | None], Targets | None]
 # The paraphrase similarity of the embedding model a route's pairs are compared with (None: none
 # declared), where the meaning tolerance starts (gateway/promotion/departures.py).
 ParaphraseOf = Callable[[str], float | None]
+Row = Mapping[Any, Any]
 # A shadow record is read whole but for these: answer texts are never read to judge or report.
 LEFT_OUT = ("id", "primary_text", "candidate_text", "text_expires_at")
 
@@ -59,34 +71,26 @@ def slo_targets(policy: Policy) -> TargetsOf:
     return lambda name: policy.slo_classes.get(name or policy.default_slo_class)
 
 
-def _met(r: dict[str, Any], side: str, targets: Targets | None) -> bool:
-    """Say whether one side of a pair met the targets, each side timed from its send.
-
-    A side whose answer failed missed them. A side without a token count is held to the
-    budget of the other side's answer to the same request.
-    """
-    if r.get("failure" if side == "candidate" else "primary_failure"):
-        return False
-    other = "primary" if side == "candidate" else "candidate"
-    tokens = r[f"{side}_completion_tokens"]
-    return meets_slo(
-        targets,
-        r[f"{side}_status"] or 0,
-        r[f"{side}_ttft_ms"],
-        r[f"{side}_tpot_ms"],
-        r[f"{side}_e2e_ms"],
-        endpoint=r["endpoint"],
-        stream=bool(r["stream"]),
-        completion_tokens=tokens if tokens is not None else r[f"{other}_completion_tokens"],
-    )
-
-
 def gather(
-    rows: Iterable[dict[str, Any]],
+    rows: Iterable[Row],
     targets_of: TargetsOf,
     paraphrase_of: ParaphraseOf = lambda route: None,
 ) -> EvidenceByKey:
-    """Fold shadow rows into evidence per (route, candidate pool).
+    """Fold shadow rows into evidence per (route, candidate pool), as their minutes read
+    (`shadow_minutes.summarize`, then `from_minutes`): each copy and the primary's answer are
+    judged against the targets of the request's SLO class (`targets_of`)."""
+    return from_minutes((m.row() for m in summarize(rows, targets_of)), paraphrase_of)
+
+
+# The latencies a verdict shows (their p95), of the minutes' sketches.
+JUDGED_LATENCIES = ("primary_ttft_ms", "candidate_ttft_ms", "primary_e2e_ms", "candidate_e2e_ms")
+
+
+def from_minutes(
+    minutes: Iterable[Row], paraphrase_of: ParaphraseOf = lambda route: None
+) -> EvidenceByKey:
+    """Fold shadow minutes (gateway/promotion/shadow_minutes.py) into evidence per (route,
+    candidate pool).
 
     Every copy counts, as the answer the client would have seen. Pairs are split into
     temperature-0 and sampled traffic; each kind's noise-floor pairs set the tolerance its
@@ -97,122 +101,87 @@ def gather(
     requests; a pair whose primary's answer failed is the primary's failure. Departures are
     counted over words at risk; pairs stored before the primary's length in words was measured
     are left out of them (their matching answers cannot say how many words they put at risk)
-    and counted as unmeasured. Each copy and the primary's answer are judged against the
-    targets of the request's SLO class (`targets_of`).
+    and counted as unmeasured. Mean energy and cost per request, each side, are over the
+    answered copies where both sides have the measure.
     """
-    evidence: dict[tuple[str, str], Evidence] = {}
-    noise: dict[tuple[str, bool], list[dict[str, Any]]] = {}
-    pairs: dict[tuple[str, str, bool], list[dict[str, Any]]] = {}
-    for r in rows:
-        if r["kind"] == NOISE:
-            if judged(r):
-                noise.setdefault((r["route"], bool(r["sampled"])), []).append(r)
-            continue
-        e = evidence.setdefault(
-            (r["route"], r["candidate_pool"]), Evidence(r["route"], r["candidate_pool"])
-        )
-        e.sent += 1
-        ts = r["ts"]
-        e.first_ts = ts if e.first_ts is None else min(e.first_ts, ts)
-        e.last_ts = ts if e.last_ts is None else max(e.last_ts, ts)
-        e.failures.add(r.get("primary_failure"), _failure(r))
-        if judged(r):
-            pairs.setdefault((r["route"], r["candidate_pool"], bool(r["sampled"])), []).append(r)
-        targets = targets_of(r.get("slo_class"))
-        e.slo.add(_met(r, "primary", targets), _met(r, "candidate", targets))
-        if r["candidate_error"] is not None:
-            e.errors += 1
-            continue
-        for name, value in (
-            ("primary_ttft_ms", r["primary_ttft_ms"]),
-            ("candidate_ttft_ms", r["candidate_ttft_ms"]),
-            ("primary_e2e_ms", r["primary_e2e_ms"]),
-            ("candidate_e2e_ms", r["candidate_e2e_ms"]),
-        ):
-            if value is not None:
-                getattr(e, name).add(value)
-        primary_cost, candidate_cost = r["primary_cost_usd"], r["candidate_cost_usd"]
-        if primary_cost is not None and candidate_cost is not None:
-            e.priced += 1
-            e.cheaper += candidate_cost < primary_cost
+    copies: dict[tuple[str, str, bool], Tally] = {}
+    floors: dict[tuple[str, bool], Tally] = {}
+    for row in minutes:
+        route, sampled = row["route"], bool(row["sampled"])
+        if row["kind"] == NOISE:
+            tally = floors.get((route, sampled))
+            if tally is None:
+                tally = floors[route, sampled] = Tally()
+        else:
+            tally = copies.get((route, row["candidate_pool"], sampled))
+            if tally is None:
+                tally = copies[route, row["candidate_pool"], sampled] = Tally()
+        tally.add(row, JUDGED_LATENCIES)
     tolerances = {
-        (route, sampled): tolerance(floor, paraphrase_of(route))
-        for (route, sampled), floor in noise.items()
+        key: tolerance(floor.floor_pairs(), paraphrase_of(key[0])) for key, floor in floors.items()
     }
-    for e in evidence.values():
+    evidence: dict[tuple[str, str], Evidence] = {}
+    for route, candidate in sorted({(route, candidate) for route, candidate, _ in copies}):
+        e = evidence[route, candidate] = Evidence(route, candidate)
+        whole = Tally()
         for sampled, agreement in ((False, e.greedy), (True, e.sampled)):
-            floor = noise.get((e.route, sampled), [])
-            held_to = tolerances.get((e.route, sampled), tolerance((), paraphrase_of(e.route)))
-            own = pairs.get((e.route, e.candidate, sampled), [])
-            _count(agreement, own, floor, held_to)
+            own = copies.get((route, candidate, sampled), Tally())
+            whole.merge(own)
+            held_to = tolerances.get((route, sampled)) or tolerance((), paraphrase_of(route))
+            _count(agreement, own, floors.get((route, sampled), Tally()), held_to)
+        _add(e, whole)
     return evidence
 
 
-def _failure(r: dict[str, Any]) -> str | None:
-    """Return how a copy failed; for a record stored before failures were classified, its
-    upstream error."""
-    if r.get("failure"):
-        return str(r["failure"])
-    error = r["candidate_error"]
-    return None if error is None else UPSTREAM.get(error, ERROR)
+def _add(e: Evidence, t: Tally) -> None:
+    """Set a candidate's copies, failures, SLO, latency and costs from its tally."""
+    e.sent = int(t["sent"])
+    e.errors = int(t["sent"] - t["answered"])
+    e.first_ts, e.last_ts = t.first_ts, t.last_ts
+    e.failures = Failures(
+        e.sent,
+        int(t["failed"]),
+        int(t["primary_failed"]),
+        int(t["only_failed"]),
+        int(t["only_primary_failed"]),
+        dict(t.failures),
+    )
+    e.slo = Attainment(
+        e.sent,
+        int(t["slo_primary_met"]),
+        int(t["slo_met"]),
+        int(t["slo_only_primary"]),
+        int(t["slo_only_met"]),
+    )
+    for name in JUDGED_LATENCIES:
+        histogram = getattr(e, name)
+        for bucket, n in t.latency.get(name, {}).items():
+            histogram.add(sketch_value(bucket), n)
+    e.priced, e.cheaper = int(t["priced"]), int(t["cheaper"])
+    for measure, pairs in (("energy_j", "energy_pairs"), ("cost_usd", "cost_pairs")):
+        if t[pairs]:
+            for side in ("primary", "candidate"):
+                setattr(e, f"{side}_{measure}", t[f"{side}_{measure}"] / t[pairs])
 
 
-def _count(
-    agreement: Agreement,
-    own: list[dict[str, Any]],
-    floor: list[dict[str, Any]],
-    held_to: departures.Tolerance,
-) -> None:
+def _count(agreement: Agreement, own: Tally, floor: Tally, held_to: departures.Tolerance) -> None:
     """Count each side's measured pairs, their departures and words at risk."""
-    measured = [(r, words) for r in own if (words := at_risk(r)) is not None]
-    noise = [(r, words) for r in floor if (words := at_risk(r)) is not None]
-    agreement.compared = len(measured)
-    agreement.departed = sum(departs(r, held_to) for r, _ in measured)
-    agreement.words = sum(words for _, words in measured)
-    agreement.exact = sum(bool(r["exact_match"]) for r, _ in measured)
-    agreement.noise_compared = len(noise)
-    agreement.noise_departed = sum(departs(r, held_to) for r, _ in noise)
-    agreement.noise_words = sum(words for _, words in noise)
-    agreement.noise_exact = sum(bool(r["exact_match"]) for r, _ in noise)
-    agreement.unmeasured = len(own) + len(floor) - len(measured) - len(noise)
+    for side, tally in (("", own), ("noise_", floor)):
+        compared = departed = words = exact = 0
+        for (name, value, matched), n, measured, at_risk in tally.classes():
+            compared += measured
+            words += at_risk
+            if name is None:  # decided whatever the tolerance
+                departed += measured * value
+                exact += measured * matched
+            else:
+                departed += measured * departs(representative(name, value), held_to)
+            agreement.unmeasured += n - measured
+        setattr(agreement, f"{side}compared", compared)
+        setattr(agreement, f"{side}departed", departed)
+        setattr(agreement, f"{side}words", words)
+        setattr(agreement, f"{side}exact", exact)
     agreement.tolerance = held_to.describe()
-
-
-# What `departs` reads of a shadow record: all the rollout guards read of the copies.
-MEASURES = (
-    "exact_match",
-    "similarity",
-    "near_tie",
-    "kl_divergence",
-    "json_diff",
-    "embedding_cosine",
-    "semantic_similarity",
-)
-
-
-def add_paired_means(rows: Iterable[dict[str, Any]], evidence: EvidenceByKey) -> None:
-    """Set each candidate's mean energy and cost per request, primary and candidate, over the
-    answered copies where both sides have the measure (the judge's benefit test and the weekly
-    report read these)."""
-    answered: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
-    for r in rows:
-        if r["kind"] == CANDIDATE and r["candidate_error"] is None:
-            answered[r["route"], r["candidate_pool"]].append(r)
-    for key, e in evidence.items():
-        copies = answered.get(key, [])
-        e.primary_energy_j, e.candidate_energy_j = _paired_means(copies, "energy_j")
-        e.primary_cost_usd, e.candidate_cost_usd = _paired_means(copies, "cost_usd")
-
-
-def _paired_means(rows: list[dict[str, Any]], measure: str) -> tuple[float | None, float | None]:
-    pairs = [
-        (r[f"primary_{measure}"], r[f"candidate_{measure}"])
-        for r in rows
-        if r[f"primary_{measure}"] is not None and r[f"candidate_{measure}"] is not None
-    ]
-    if not pairs:
-        return None, None
-    return math.fsum(p for p, _ in pairs) / len(pairs), math.fsum(c for _, c in pairs) / len(pairs)
 
 
 def paraphrases(policy: Policy) -> ParaphraseOf:
@@ -261,13 +230,30 @@ def shadow_rows(
 
 
 def load_evidence(
-    db: sa.Engine, policy: Policy, since: float, route: str | None = None
+    db: sa.Engine,
+    policy: Policy,
+    since: float,
+    route: str | None = None,
+    *,
+    now: float | None = None,
 ) -> EvidenceByKey:
-    """Read the shadow records since `since` into evidence per route and candidate."""
-    rows = shadow_rows(db, since, route=route)
-    evidence = gather(rows, slo_targets(policy), paraphrases(policy))
-    add_paired_means(rows, evidence)
-    return evidence
+    """Read the shadow minutes that start from `since` into evidence per route and candidate;
+    the minutes not settled by `now` are folded here from their shadow records."""
+    now = time.time() if now is None else now
+    horizon = max(since, settled(now))
+    m = shadow_minutes.c
+    # Not what only the report and the console show: the measures' sums, the worst pairs.
+    read = [
+        c for c in shadow_minutes.columns if c.name not in ("id", "measures", "errors", "worst")
+    ]
+    query = sa.select(*read).where(m.ts >= since, m.ts < horizon)
+    if route is not None:
+        query = query.where(m.route == route)
+    with db.connect() as conn:
+        minutes: list[Row] = list(conn.execute(query).mappings())
+    recent = shadow_rows(db, horizon, route=route)
+    minutes += [m.row() for m in summarize(recent, slo_targets(policy))]
+    return from_minutes(minutes, paraphrases(policy))
 
 
 def evaluate(
@@ -278,7 +264,8 @@ def evaluate(
     rules = criteria(policy)
     # Twice the minimum window: enough history to see it, bounded so old behaviour fades.
     since = now - max(2 * rules.min_window_s, 86400.0)
-    verdicts = [judge(e, rules, now) for e in load_evidence(db, policy, since, route).values()]
+    evidence = load_evidence(db, policy, since, route, now=now)
+    verdicts = [judge(e, rules, now) for e in evidence.values()]
     if verdicts:
         with db.begin() as conn:
             conn.execute(

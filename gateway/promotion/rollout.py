@@ -33,7 +33,8 @@ from gateway.policy.apply import apply, overridden, refusal, uncleared
 from gateway.policy.load import PolicyLoader, to_yaml
 from gateway.policy.model import Policy
 from gateway.promotion.departures import Tolerance, departs
-from gateway.promotion.evidence import MEASURES, latest
+from gateway.promotion.evidence import latest
+from gateway.promotion.tally import MEASURES
 from gateway.records.slo import record_meets_slo
 from gateway.shadow.sample import CANDIDATE
 

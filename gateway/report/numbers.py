@@ -1,9 +1,10 @@
 """The report's numbers: pure folds of a period's rows into plain values.
 
 Rows are dictionaries with the columns of request_minutes (summed over a period, per key),
-shadow_records, shadow_drops, parking_events and backend_energy (as gateway/report/records.py
+shadow_minutes, shadow_drops, parking_events and backend_energy (as gateway/report/records.py
 reads them) and the stored precision checks' results, so the numbers can be checked against
-rows built by hand. The projected savings alone read request records: a bounded sample of them.
+rows built by hand. The projected savings alone read request records, a bounded sample of them,
+and the worst disagreements the few shadow records the minutes name.
 Values that could not be measured are None, never zero.
 """
 
@@ -22,9 +23,10 @@ from gateway.energy.draw import MINUTE_S
 from gateway.policy.model import Policy
 from gateway.policy.tariffs import DAY_S, rate_at
 from gateway.promotion.judge import Criteria
+from gateway.promotion.tally import WORST, Tally
 from gateway.report.period import Period
 from gateway.shadow.sample import CANDIDATE, NOISE
-from gateway.stats import mean, percentile, share, total
+from gateway.stats import percentile, sketch_percentile, sketch_value, total
 
 Row = Mapping[str, Any]
 Predict = Callable[[str, str, int, int, int], Prediction]
@@ -33,7 +35,6 @@ Verdicts = Mapping[tuple[str, str], Mapping[str, Any]]
 
 QUANTILES = (50, 95, 99)
 LATENCIES = ("ttft", "tpot", "e2e")
-WORST_SHOWN = 5
 # Largest number of points a CDF keeps: enough for a smooth curve, small enough for the page.
 CDF_POINTS = 200
 
@@ -49,6 +50,7 @@ def build(
     traffic_before: Sequence[Row],
     samples: Mapping[str, Sample],
     shadows: Sequence[Row],
+    disagreements: Mapping[tuple[str, str], Sequence[Row]],
     drops: Sequence[Row],
     cost_model: Mapping[str, Any] | None,
     stored_verdicts: Sequence[Mapping[str, Any]],
@@ -64,7 +66,9 @@ def build(
     """Fold the rows of the period (and the history before it) into the report's numbers.
 
     `traffic` and `traffic_before` are the request minutes of the period and of the one
-    before; `samples` each route's requests the projected savings are predicted from.
+    before; `samples` each route's requests the projected savings are predicted from; `shadows`
+    the shadow minutes of both periods, and `disagreements` each candidate's shadow records
+    that its minutes of the period name as least similar.
     `parking` is every parking event up to the period's end (a backend parked before it began
     is parked at its start); `draw` the backends' energy and time (backend_energy) of the
     period and the one before.
@@ -78,7 +82,7 @@ def build(
     stored = {(v["route"], v["candidate"]): v for v in stored_verdicts}
 
     keys = sorted(
-        {(r["route"], r["candidate_pool"]) for r in this_shadows if r["kind"] == CANDIDATE}
+        {(m["route"], m["candidate_pool"]) for m in this_shadows if m["kind"] == CANDIDATE}
         | {
             (d["route"], d["candidate_pool"])
             for d in _within(drops, period)
@@ -89,7 +93,13 @@ def build(
     candidates = []
     for route, pool in keys:
         current = candidate_numbers(
-            route, pool, this_shadows, _within(drops, period), traffic, period
+            route,
+            pool,
+            this_shadows,
+            _within(drops, period),
+            traffic,
+            period,
+            disagreements.get((route, pool), ()),
         )
         before = candidate_numbers(
             route, pool, before_shadows, _within(drops, previous), traffic_before, previous
@@ -337,17 +347,6 @@ def fleet_draw(
     }
 
 
-def _per_1k(rows: Iterable[Row], value: str, tokens: Callable[[Row], int | None]) -> float | None:
-    """Return Σvalue / Σtokens × 1000 over the rows where both are known."""
-    total, count = 0.0, 0
-    for r in rows:
-        n = tokens(r)
-        if r[value] is not None and n:
-            total += r[value]
-            count += n
-    return None if not count else total / count * 1000
-
-
 def _count(traffic: Iterable[Row], column: str = "requests") -> int:
     return sum(r[column] for r in traffic)
 
@@ -518,150 +517,174 @@ def precision_check(result: Mapping[str, Any]) -> dict[str, Any]:
 # Per route and candidate -------------------------------------------------------------------
 
 
+class Copies:
+    """A route's candidate's shadow minutes of a period folded (gateway/promotion/
+    shadow_minutes.py): its copies and its route's noise floor, temperature-0 and sampled, for
+    the week and for each of its days."""
+
+    def __init__(self, route: str, pool: str, minutes: Iterable[Row], period: Period):
+        days = math.ceil(period.days)
+        self.daily = [{key: Tally() for key in _KINDS} for _ in range(days)]
+        primaries: set[str] = set()
+        for m in minutes:
+            if m["route"] != route or (m["kind"] == CANDIDATE and m["candidate_pool"] != pool):
+                continue
+            day = min(int((m["ts"] - period.since) // DAY_S), days - 1)
+            self.daily[day][m["kind"], bool(m["sampled"])].add(m)
+            if m["kind"] == CANDIDATE:
+                primaries.add(m["primary_pool"])
+        self.primary_pools = sorted(primaries)
+        self.kinds = {key: Tally() for key in _KINDS}
+        for day_ in self.daily:
+            for key, tally in day_.items():
+                self.kinds[key].merge(tally)
+        self.sent = Tally()
+        self.sent.merge(self.kinds[CANDIDATE, False])
+        self.sent.merge(self.kinds[CANDIDATE, True])
+        self.noise = Tally()
+        self.noise.merge(self.kinds[NOISE, False])
+        self.noise.merge(self.kinds[NOISE, True])
+
+
+_KINDS = tuple((kind, sampled) for kind in (CANDIDATE, NOISE) for sampled in (False, True))
+
+
 def candidate_numbers(
     route: str,
     pool: str,
-    shadows: Sequence[Row],
+    minutes: Sequence[Row],
     drops: Sequence[Row],
     traffic: Sequence[Row],
     period: Period,
+    disagreements: Sequence[Row] = (),
 ) -> dict[str, Any]:
-    """Return volume, latency, accuracy, errors, energy and cost of one route's candidate."""
-    sent = [
-        r
-        for r in shadows
-        if r["kind"] == CANDIDATE and (r["route"], r["candidate_pool"]) == (route, pool)
-    ]
-    noise = [r for r in shadows if r["kind"] == NOISE and r["route"] == route]
-    answered = [r for r in sent if r["candidate_error"] is None]
-    noise_answered = [r for r in noise if r["candidate_error"] is None]
+    """Return volume, latency, accuracy, errors, energy and cost of one route's candidate, from
+    its shadow minutes; `disagreements` are the records its minutes name as least similar."""
+    copies = Copies(route, pool, minutes, period)
+    sent = copies.sent
+    samples, answered = int(sent["sent"]), int(sent["answered"])
     dropped = Counter[str]()
     for d in drops:
         if d["kind"] == CANDIDATE and (d["route"], d["candidate_pool"]) == (route, pool):
             dropped[d["reason"]] += d["count"]
-    errors = Counter(r["candidate_error"] for r in sent if r["candidate_error"] is not None)
     return {
         "route": route,
         "candidate": pool,
-        "primary_pools": sorted({r["primary_pool"] for r in sent}),
+        "primary_pools": copies.primary_pools,
         "volume": {
             "requests": sum(r["requests"] for r in traffic if r["route"] == route),
-            "shadow_samples": len(sent),
-            "answered": len(answered),
+            "shadow_samples": samples,
+            "answered": answered,
             "dropped": sum(dropped.values()),
             "dropped_by_reason": dict(sorted(dropped.items())),
-            "noise_samples": len(noise),
+            "noise_samples": int(copies.noise["sent"]),
         },
-        "latency": latency(sent, answered),
+        "latency": latency(sent),
         "accuracy": {
-            "greedy": accuracy(
-                [r for r in answered if not r["sampled"]],
-                [r for r in noise_answered if not r["sampled"]],
-            ),
-            "sampled": accuracy(
-                [r for r in answered if r["sampled"]],
-                [r for r in noise_answered if r["sampled"]],
-            ),
-            "daily": daily_accuracy(answered, noise_answered, period),
+            "greedy": accuracy(copies.kinds[CANDIDATE, False], copies.kinds[NOISE, False]),
+            "sampled": accuracy(copies.kinds[CANDIDATE, True], copies.kinds[NOISE, True]),
+            "daily": daily_accuracy(copies.daily, period),
         },
-        "worst_disagreements": worst_disagreements(answered),
+        "worst_disagreements": worst_disagreements(disagreements),
         "errors": {
-            "count": len(sent) - len(answered),
-            "rate": (len(sent) - len(answered)) / len(sent) if sent else None,
-            "by_code": dict(sorted(errors.items())),
+            "count": samples - answered,
+            "rate": (samples - answered) / samples if samples else None,
+            "by_code": dict(sorted(sent.errors.items())),
         },
         "energy": {
             side: {
-                "j_per_request": mean(answered, f"{side}_energy_j"),
-                "j_per_1k_tokens": _per_1k(answered, f"{side}_energy_j", _side_tokens(side)),
+                "j_per_request": sent.mean(f"{side}_energy_j"),
+                "j_per_1k_tokens": _per_1k(sent, f"{side}_energy_j"),
             }
             for side in ("primary", "candidate")
         },
         "cost": {
             side: {
-                "usd_per_request": mean(answered, f"{side}_cost_usd"),
-                "usd_per_1k_tokens": _per_1k(answered, f"{side}_cost_usd", _side_tokens(side)),
+                "usd_per_request": sent.mean(f"{side}_cost_usd"),
+                "usd_per_1k_tokens": _per_1k(sent, f"{side}_cost_usd"),
             }
             for side in ("primary", "candidate")
         },
     }
 
 
-def _side_tokens(side: str) -> Callable[[Row], int | None]:
-    def tokens(r: Row) -> int | None:
-        prompt, completion = r[f"{side}_prompt_tokens"], r[f"{side}_completion_tokens"]
-        if prompt is None and completion is None:
-            return None
-        return (prompt or 0) + (completion or 0)
-
-    return tokens
+def _per_1k(copies: Tally, value: str) -> float | None:
+    """Return Σvalue / Σtokens × 1000 over the answered copies where both are known."""
+    mean = copies.mean(f"{value}_tokened")
+    return None if mean is None else mean * 1000
 
 
-def _quantiles(values: Sequence[float]) -> dict[str, float | None]:
-    return {f"p{q}": percentile(values, q) for q in QUANTILES}
+def _cdf(sketch: Mapping[int, int]) -> list[float]:
+    """Return at most CDF_POINTS evenly spaced order statistics of a sketch, enough to draw the
+    curve, each within the sketch's error."""
+    ordered = sorted(sketch.items())
+    n = sum(sketch.values())
+    if not n:
+        return []
+    ranks = range(n) if n <= CDF_POINTS else (
+        round(i * (n - 1) / (CDF_POINTS - 1)) for i in range(CDF_POINTS)
+    )  # fmt: skip
+    points, seen, at = [], 0, 0
+    for rank in ranks:
+        while seen + ordered[at][1] <= rank:
+            seen += ordered[at][1]
+            at += 1
+        points.append(sketch_value(ordered[at][0]))
+    return points
 
 
-def _cdf(values: Sequence[float]) -> list[float]:
-    """Return at most CDF_POINTS evenly spaced order statistics, enough to draw the curve."""
-    ordered = sorted(values)
-    if len(ordered) <= CDF_POINTS:
-        return ordered
-    step = (len(ordered) - 1) / (CDF_POINTS - 1)
-    return [ordered[round(i * step)] for i in range(CDF_POINTS)]
-
-
-def latency(sent: Sequence[Row], answered: Sequence[Row]) -> dict[str, Any]:
-    """Return p50/p95/p99 and CDF points of the primary (all copies) and candidate (answers)."""
+def latency(copies: Tally) -> dict[str, Any]:
+    """Return p50/p95/p99 and CDF points of both sides' latencies over the answered copies,
+    read from the minutes' sketches (within gateway/stats.py's SKETCH_RELATIVE_ERROR)."""
     out: dict[str, Any] = {}
     for name in LATENCIES:
-        primary = [r[f"primary_{name}_ms"] for r in sent if r[f"primary_{name}_ms"] is not None]
-        candidate = [
-            r[f"candidate_{name}_ms"] for r in answered if r[f"candidate_{name}_ms"] is not None
-        ]
-        out[name] = {
-            "primary": {**_quantiles(primary), "n": len(primary), "cdf": _cdf(primary)},
-            "candidate": {**_quantiles(candidate), "n": len(candidate), "cdf": _cdf(candidate)},
-        }
+        out[name] = {}
+        for side in ("primary", "candidate"):
+            sketch = copies.latency.get(f"{side}_{name}_ms", {})
+            out[name][side] = {
+                **{f"p{q}": sketch_percentile(sketch, q) for q in QUANTILES},
+                "n": sum(sketch.values()),
+                "cdf": _cdf(sketch),
+            }
     return out
 
 
-def accuracy(answered: Sequence[Row], noise: Sequence[Row]) -> dict[str, Any]:
+def accuracy(answered: Tally, noise: Tally) -> dict[str, Any]:
     """Return match rates and similarity of candidate answers beside the noise floor's."""
     return {
-        "samples": len(answered),
-        "exact_match_rate": share(answered, "exact_match"),
-        "normalized_match_rate": share(answered, "normalized_match"),
-        "mean_similarity": mean(answered, "similarity"),
-        "near_tie_rate": share(answered, "near_tie"),
-        "mean_semantic_similarity": mean(answered, "semantic_similarity"),
-        "noise_samples": len(noise),
-        "noise_exact_match_rate": share(noise, "exact_match"),
-        "noise_normalized_match_rate": share(noise, "normalized_match"),
-        "noise_mean_similarity": mean(noise, "similarity"),
-        "noise_near_tie_rate": share(noise, "near_tie"),
-        "noise_mean_semantic_similarity": mean(noise, "semantic_similarity"),
+        "samples": int(answered["answered"]),
+        "exact_match_rate": answered.mean("exact_match"),
+        "normalized_match_rate": answered.mean("normalized_match"),
+        "mean_similarity": answered.mean("similarity"),
+        "near_tie_rate": answered.mean("near_tie"),
+        "mean_semantic_similarity": answered.mean("semantic_similarity"),
+        "noise_samples": int(noise["answered"]),
+        "noise_exact_match_rate": noise.mean("exact_match"),
+        "noise_normalized_match_rate": noise.mean("normalized_match"),
+        "noise_mean_similarity": noise.mean("similarity"),
+        "noise_near_tie_rate": noise.mean("near_tie"),
+        "noise_mean_semantic_similarity": noise.mean("semantic_similarity"),
     }
 
 
 def daily_accuracy(
-    answered: Sequence[Row], noise: Sequence[Row], period: Period
+    daily: Sequence[Mapping[tuple[str, bool], Tally]], period: Period
 ) -> list[dict[str, Any]]:
     """Return the accuracy of each UTC day of the period (temperature-0 match rates)."""
     days = []
-    for i in range(math.ceil(period.days)):
+    for i, day in enumerate(daily):
         start = period.since + i * 86400
-        end = min(start + 86400, period.until)
-        rows = [r for r in answered if start <= r["ts"] < end]
-        floor = [r for r in noise if start <= r["ts"] < end and not r["sampled"]]
-        greedy = [r for r in rows if not r["sampled"]]
+        greedy, both = day[CANDIDATE, False], Tally()
+        both.merge(greedy)
+        both.merge(day[CANDIDATE, True])
         days.append(
             {
                 "date": datetime.fromtimestamp(start, UTC).strftime("%Y-%m-%d"),
-                "samples": len(rows),
-                "exact_match_rate": share(greedy, "exact_match"),
-                "normalized_match_rate": share(greedy, "normalized_match"),
-                "mean_similarity": mean(rows, "similarity"),
-                "noise_exact_match_rate": share(floor, "exact_match"),
+                "samples": int(both["answered"]),
+                "exact_match_rate": greedy.mean("exact_match"),
+                "normalized_match_rate": greedy.mean("normalized_match"),
+                "mean_similarity": both.mean("similarity"),
+                "noise_exact_match_rate": day[NOISE, False].mean("exact_match"),
             }
         )
     return days
@@ -683,7 +706,7 @@ _DISAGREEMENT_FIELDS = (
 )
 
 
-def worst_disagreements(answered: Sequence[Row], shown: int = WORST_SHOWN) -> list[dict[str, Any]]:
+def worst_disagreements(answered: Sequence[Row], shown: int = WORST) -> list[dict[str, Any]]:
     """Return the metadata of the least similar answers, never their texts.
 
     A saved report is kept for ever; a route's stored texts only for its `text_retention_h`, so

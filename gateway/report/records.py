@@ -2,10 +2,11 @@
 
 `collect` is the one edge of the report that reads: the request minutes (gateway/records/
 minutes.py) summed per key in the database, a bounded sample of request records per route for
-the projected savings, shadow records (with the primary's measured energy and cost where the
-copy carries none), shadow drops, the newest cost model, the stored verdicts and precision
-checks, parking events, and each backend's energy and time on and parked (backend_energy). What
-it reads of requests is the same size whatever the traffic. The judge
+the projected savings, the shadow minutes (gateway/promotion/shadow_minutes.py) and the few
+shadow records they name as the least similar, shadow drops, the newest cost model, the stored
+verdicts and precision checks, parking events, and each backend's energy and time on and parked
+(backend_energy). What it reads of requests and shadow copies is the same size whatever the
+traffic. The judge
 (gateway/report/verdicts.py) and the pure folds (gateway/report/numbers.py) make the report's
 numbers of them.
 """
@@ -29,14 +30,18 @@ from gateway.db.schema import (
     request_minutes,
     request_records,
     shadow_drops,
+    shadow_records,
 )
+from gateway.db.schema import shadow_minutes as shadow_minutes_table
 from gateway.policy.model import Policy
-from gateway.promotion import evidence
+from gateway.promotion import evidence, shadow_minutes
 from gateway.promotion.precision import results
+from gateway.promotion.tally import Tally
 from gateway.records.minutes import MINUTE_S, RECORD_COLUMNS, settled, summarize, targets_of
 from gateway.report.numbers import Sample, build
 from gateway.report.period import Period
-from gateway.report.verdicts import judge_rows, judge_window
+from gateway.report.verdicts import judge_minutes, judge_window
+from gateway.shadow.sample import CANDIDATE
 
 # The keys of the request minutes the report sums per, and the figures it sums.
 MINUTE_KEYS = ("route", "pool", "model", "endpoint", "slo_class", "stream")
@@ -88,7 +93,7 @@ def collect(
         route: read_sample(db, route, period, requests)
         for route, requests in _per_route(traffic).items()
     }
-    shadows = evidence.shadow_rows(db, start, period.until)
+    shadows = read_shadow_minutes(db, policy, start, period.until, now=now)
     drops = _read_drops(db, start, period.until)
     cost_model = _read_cost_model(db, period.until)
     stored = evidence.latest(db)
@@ -100,14 +105,15 @@ def collect(
         traffic_before=read_traffic(db, policy, previous.since, previous.until, now=now),
         samples=samples,
         shadows=shadows,
+        disagreements=read_disagreements(db, shadows, period),
         drops=drops,
         cost_model=cost_model,
         stored_verdicts=stored,
         predict=predict,
         now=now,
         rules=rules,
-        verdicts=judge_rows(shadows, policy, period.until),
-        verdicts_before=judge_rows(shadows, policy, previous.until),
+        verdicts=judge_minutes(shadows, policy, period.until),
+        verdicts_before=judge_minutes(shadows, policy, previous.until),
         checks=results.newest(db, until=period.until),
         parking=read_parking(db, period.until),
         draw=read_draw(db, previous.since, period.until),
@@ -226,6 +232,46 @@ def read_sample(db: sa.Engine, route: str, period: Period, requests: int) -> Sam
             rows += [dict(row._mapping) for row in found]
     counted = sum(n for _, n in chosen)
     return Sample(rows, requests / counted if counted else 1.0)
+
+
+def read_shadow_minutes(
+    db: sa.Engine, policy: Policy, since: float, until: float, *, now: float
+) -> list[dict[str, Any]]:
+    """Read the shadow minutes from `since` to `until`; the minutes not settled by `now` are
+    folded here from their shadow records."""
+    horizon = min(until, max(since, shadow_minutes.settled(now)))
+    m = shadow_minutes_table.c
+    query = sa.select(shadow_minutes_table).where(m.ts >= since, m.ts < horizon)
+    with db.connect() as conn:
+        minutes = [dict(r) for r in conn.execute(query).mappings()]
+    if horizon < until:
+        recent = evidence.shadow_rows(db, horizon, until)
+        minutes += [s.row() for s in shadow_minutes.summarize(recent, evidence.slo_targets(policy))]
+    return minutes
+
+
+def read_disagreements(
+    db: sa.Engine, minutes: Iterable[dict[str, Any]], period: Period
+) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    """Read the shadow records each candidate's minutes of the period name as least similar
+    (those retention has not deleted)."""
+    named: dict[tuple[str, str], Tally] = {}
+    for m in minutes:
+        if m["kind"] == CANDIDATE and m["worst"] and period.since <= m["ts"] < period.until:
+            tally = named.setdefault((m["route"], m["candidate_pool"]), Tally())
+            tally.merge_worst(m["worst"])
+    c = shadow_records.c
+    columns = [col for col in shadow_records.columns if col.name not in evidence.LEFT_OUT]
+    found: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    with db.connect() as conn:
+        for (route, pool), tally in named.items():
+            query = sa.select(*columns).where(
+                c.decision_id.in_([worst[-1] for worst in tally.worst]),
+                c.kind == CANDIDATE,
+                c.candidate_pool == pool,
+            )
+            found[route, pool] = [dict(r._mapping) for r in conn.execute(query)]
+    return found
 
 
 def _read_drops(db: sa.Engine, since: float, until: float) -> list[dict[str, Any]]:

@@ -1,9 +1,9 @@
-"""The judge's verdicts as the report shows them: as of a moment, from the rows it read.
+"""The judge's verdicts as the report shows them: as of a moment, from the minutes it read.
 
-The judge runs on the report's shadow rows as `gateway promote evaluate` does on the database
+The judge runs on the report's shadow minutes as `gateway promote evaluate` does on the database
 (gateway/promotion/evidence.py), over the same window, and each verdict is said in sentences
-(gateway/report/wording.py). It does no I/O but is not listed pure: the folds it shares with the
-judge's own evaluation (`evidence.gather`, `evidence.add_paired_means`) live beside its reading.
+(gateway/report/wording.py). It does no I/O but is not listed pure: the fold it shares with the
+judge's own evaluation (`evidence.from_minutes`) lives beside its reading.
 """
 
 from __future__ import annotations
@@ -25,13 +25,12 @@ def judge_window(c: Criteria) -> float:
     return max(2 * c.min_window_s, 86400.0)
 
 
-def judge_rows(shadows: Sequence[Row], policy: Policy, at: float) -> dict[tuple[str, str], Any]:
-    """Judge every route and candidate as of `at` from the shadow rows of its window."""
+def judge_minutes(minutes: Sequence[Row], policy: Policy, at: float) -> dict[tuple[str, str], Any]:
+    """Judge every route and candidate as of `at` from the shadow minutes of its window."""
     rules = evidence.criteria(policy)
     since = at - judge_window(rules)
-    rows = [dict(r) for r in shadows if since <= r["ts"] < at]
-    gathered = evidence.gather(rows, evidence.slo_targets(policy))
-    evidence.add_paired_means(rows, gathered)  # as the judge's own evaluation does
+    window = (m for m in minutes if since <= m["ts"] < at)
+    gathered = evidence.from_minutes(window, evidence.paraphrases(policy))
     verdicts = {}
     for key, e in gathered.items():
         verdict = judge(e, rules, at).as_dict()

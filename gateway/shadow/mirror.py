@@ -87,6 +87,7 @@ class ShadowJob:
     kv_bytes: float = 0.0
     max_tokens: int | None = None
     token_ratio: float = 1.0  # the model's token estimate ratio (usage.whole)
+    slo_class: str | None = None  # the request's, whose targets its copies are judged against
 
     @property
     def size(self) -> int:
@@ -136,6 +137,7 @@ def _job(ex: Exchange, body: bytes, policy: Policy) -> ShadowJob:
         kv_bytes=ex.decision.kv_bytes if ex.decision is not None else 0.0,
         max_tokens=profile.max_tokens,
         token_ratio=profile.token_ratio,
+        slo_class=profile.slo_class,
     )
 
 
@@ -389,7 +391,7 @@ class Mirror:
         if semantic is not None and record.diff.exact_match is False and texts is not None:
             record.diff.semantic_similarity = await self.embedder.similarity(semantic, *texts)
 
-        self.writer.add(record)
+        self.writer.add(record, job.slo_class)
         self.meter.settle(
             backend,
             span,
@@ -410,7 +412,7 @@ class Mirror:
         _: bool,
     ) -> None:
         """Write a copy's energy on its candidate, once settled, onto its record."""
-        self.writer.energy.add(CopyEnergy(*copy, energy_j, cost))
+        self.writer.add_energy(CopyEnergy(*copy, energy_j, cost))
 
     async def _send(
         self, job: ShadowJob, plan: ShadowPlan, backend: BackendState

@@ -25,6 +25,7 @@ from gateway.db.schema import (
     request_minutes,
     request_records,
     shadow_drops,
+    shadow_minutes,
     shadow_records,
 )
 from harness.gateways import run_gateway
@@ -61,7 +62,7 @@ def deletes(db: sa.Engine) -> list[int]:
 
 def test_deletes_exactly_the_rows_past_each_tables_window(db: sa.Engine) -> None:
     ages = [45, 30.5, 30, 29.9, 10.5, 9.5, 1, 0]
-    for table in (request_records, request_minutes, shadow_records, shadow_drops):
+    for table in (request_records, request_minutes, shadow_records, shadow_minutes, shadow_drops):
         store_rows(db, table, ages)
 
     with db.begin() as conn:
@@ -85,7 +86,7 @@ def test_deletes_exactly_the_rows_past_each_tables_window(db: sa.Engine) -> None
     with db.connect() as conn:
         drawn = sorted(conn.execute(sa.select(backend_energy.c.backend)).scalars())
     assert drawn == routes(30, 29.9, 10.5, 9.5, 1, 0)  # and the backends' draw too
-    for table in (shadow_records, shadow_drops):
+    for table in (shadow_records, shadow_minutes, shadow_drops):
         assert kept(db, table) == routes(9.5, 1, 0)
     assert deleted == {
         "request_records": 2,
@@ -93,6 +94,7 @@ def test_deletes_exactly_the_rows_past_each_tables_window(db: sa.Engine) -> None
         "parking_events": 2,
         "backend_energy": 2,
         "shadow_records": 5,
+        "shadow_minutes": 5,
         "shadow_drops": 5,
         "cost_models": 0,
     }
@@ -123,6 +125,7 @@ def test_zero_keeps_a_table_forever(db: sa.Engine) -> None:
     assert prune(db, Windows(request_days=0, shadow_days=0), NOW) == {}
     assert prune(db, Windows(request_days=0, shadow_days=30), NOW) == {
         "shadow_records": 1,
+        "shadow_minutes": 0,
         "shadow_drops": 1,
     }
     assert kept(db, request_records) == ["age-1", "age-400"]

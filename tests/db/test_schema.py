@@ -16,7 +16,7 @@ from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from rows import request_record, shadow_record
+from rows import request_record, shadow_record, store_shadow_minutes
 
 from gateway.compare.measures import MEASURES
 from gateway.db import partitions
@@ -35,11 +35,11 @@ from gateway.db.schema import (
 from gateway.ops import views
 from gateway.policy.load import load_policy
 from gateway.promotion import evidence, rollout
+from gateway.promotion.summary import summarize
 from gateway.records.minutes import summarize as minutes
 from gateway.records.minutes import targets_of
 from gateway.report import records as report_records
 from gateway.report.period import Period
-from gateway.shadow.summary import summarize
 from gateway.whatif.sample import sample_requests
 from gateway.whatif.simulate import recorded_requests
 from policies import fleet_policy
@@ -124,6 +124,7 @@ def fill(db: sa.Engine) -> None:
         conn.execute(shadow_records.insert(), shadows)
         conn.execute(shadow_drops.insert(), drops)
         conn.execute(request_minutes.insert(), [m.row() for m in minutes(requests, no_targets)])
+    store_shadow_minutes(db)
     with db.begin() as conn:
         conn.exec_driver_sql("ANALYZE")
 
@@ -193,10 +194,12 @@ def filled(database: str) -> Iterator[sa.Engine]:
 
 
 def test_judge_of_one_route_reads_its_time_range_by_index(filled: sa.Engine) -> None:
-    (used,) = plans(
-        filled, lambda: evidence.load_evidence(filled, fleet_policy(), NOW - 14 * DAY, SMALL)
+    summed, recent = plans(
+        filled,
+        lambda: evidence.load_evidence(filled, fleet_policy(), NOW - 14 * DAY, SMALL, now=NOW),
     )
-    assert "ix_shadow_records_route_ts" in used
+    assert "ix_shadow_minutes_ts" in summed
+    assert "ix_shadow_records_route_ts" in recent
 
 
 def test_rollout_guards_read_the_canary_by_index(filled: sa.Engine) -> None:
@@ -208,9 +211,14 @@ def test_rollout_guards_read_the_canary_by_index(filled: sa.Engine) -> None:
     assert "ix_shadow_records_route_ts" in copies
 
 
-def test_shadow_summary_of_one_route_reads_records_and_drops_by_index(filled: sa.Engine) -> None:
-    records, drops = plans(filled, lambda: summarize(filled, SMALL, None, NOW - 7 * DAY))
-    assert "ix_shadow_records_route_ts" in records
+def test_shadow_summary_of_one_route_reads_minutes_copies_and_drops_by_index(
+    filled: sa.Engine,
+) -> None:
+    recent, minutes, drops = plans(
+        filled, lambda: summarize(filled, SMALL, None, NOW - 7 * DAY, now=NOW)
+    )
+    assert "ix_shadow_records_route_ts" in recent
+    assert "ix_shadow_minutes_ts" in minutes
     assert "ix_shadow_drops_route_ts" in drops
 
 

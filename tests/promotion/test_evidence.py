@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from rows import request_record, shadow_record
+from rows import request_record, shadow_record, store_shadow_minutes
 
 from gateway.db.connection import connect
 from gateway.db.schema import promotion_evaluations, request_records, shadow_records
@@ -23,6 +23,7 @@ from harness.gateways import run_gateway
 from policies import fleet_policy
 
 ROOT = Path(__file__).resolve().parents[2]
+DEFAULT = load_policy(ROOT / "policies/default.yaml")
 NOW = 10 * 86400.0
 
 
@@ -88,6 +89,8 @@ def shadow_history(
         conn.execute(shadow_records.insert(), rows)
         if requests:
             conn.execute(request_records.insert(), requests)
+    # The minutes the writer folds as the copies are recorded, under the default policy.
+    store_shadow_minutes(db, slo_targets(DEFAULT), since=rows[0]["ts"])
 
 
 def test_departures_are_counted_per_word_at_risk_and_records_without_the_length_left_out() -> None:

@@ -1,4 +1,5 @@
-"""The shadow summary: candidates beside their route's noise floor, filtered by route and time."""
+"""The shadow summary: candidates beside their route's noise floor, filtered by route and time,
+read from the shadow minutes."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ from rows import shadow_record
 
 from gateway.db.connection import connect
 from gateway.metrics import GatewayMetrics
+from gateway.promotion.shadow_minutes import ShadowMinutes
+from gateway.promotion.summary import summarize, summarize_rows
 from gateway.shadow.records import ShadowWriter
-from gateway.shadow.summary import summarize, summarize_rows
+from gateway.stats import SKETCH_RELATIVE_ERROR
 
 
 def row(**fields: object) -> dict:
@@ -43,8 +46,9 @@ def test_summary_reports_candidates_beside_their_routes_noise_floor() -> None:
     assert cim["mean_similarity"] == pytest.approx((1.0 + 0.5 + 0.25) / 3)
     assert (cim["noise_samples"], cim["noise_exact_match_rate"]) == (2, 0.5)
     assert cim["noise_mean_similarity"] == 0.75
-    assert cim["primary_latency_p50_ms"] == 10.0  # primaries of all four copies
-    assert cim["candidate_latency_p50_ms"] == 30.0  # answered copies only: 20, 30, 50
+    # Both sides of the answered copies (10, 20 and 10; 30, 50 and 20), from their sketches.
+    assert cim["primary_latency_p50_ms"] == pytest.approx(10.0, rel=SKETCH_RELATIVE_ERROR)
+    assert cim["candidate_latency_p50_ms"] == pytest.approx(30.0, rel=SKETCH_RELATIVE_ERROR)
     assert cim["primary_energy_j"] is None  # unknown, not zero
     greedy, sampled = cim["greedy"], cim["sampled"]
     assert (greedy["samples"], greedy["exact_match_rate"], greedy["noise_exact_match_rate"]) == (
@@ -127,12 +131,13 @@ def test_the_noise_floor_is_reported_apart_for_greedy_and_sampled_copies() -> No
 
 def test_summary_filters_by_route_candidate_and_time(database: str) -> None:
     db = connect(database)
-    writer = ShadowWriter(db, GatewayMetrics())
-    writer.add(shadow_record(1))
+    writer = ShadowWriter(db, GatewayMetrics(), summaries=ShadowMinutes(lambda _: None))
+    writer.add(shadow_record(1, ts=1_000.0))
     writer.add(shadow_record(2, route="other"))
     writer.add(shadow_record(3, candidate_pool="asic"))
     writer.add(shadow_record(4, kind="noise", candidate_pool="gpu"))
-    asyncio.run(writer.flush())
+    writer.add(shadow_record(5, ts=1_090.0))
+    asyncio.run(writer.stop())
     everything = summarize(db)
     assert [(s["route"], s["candidate"]) for s in everything] == [
         ("chat", "asic"),
@@ -140,5 +145,7 @@ def test_summary_filters_by_route_candidate_and_time(database: str) -> None:
         ("other", "cim"),
     ]
     (cim,) = summarize(db, route="chat", candidate="cim")
-    assert (cim["samples"], cim["noise_samples"]) == (1, 1)
-    assert summarize(db, since=1_003.5) == []
+    assert (cim["samples"], cim["noise_samples"]) == (2, 1)
+    # Whole minutes from `since`: the copy of the minute from 1,080 s.
+    (cim,) = summarize(db, since=1_003.5)
+    assert (cim["candidate"], cim["samples"], cim["noise_samples"]) == ("cim", 1, 0)
