@@ -151,8 +151,9 @@ def test_the_real_fleet_is_measured_and_judged(tmp_path: Path) -> None:
     # The answers it turns wrong are what departs: the departure share bounds the loss.
     assert harmful["turned_wrong"] > 0.1 * harmful["labelled"]
     assert harmful["turned_wrong_departed"] >= 0.9 * harmful["turned_wrong"]
-    # Without embeddings the near-tie rule forgives many of them (docs/precision.md).
-    assert harmful["turned_wrong_departed_by_words"] < harmful["turned_wrong_departed"]
+    # Without embeddings the words catch them too: their first differing token is a near tie
+    # at a KL the benign rule does not forgive, or no near tie at all (docs/promotion.md).
+    assert harmful["turned_wrong_departed_by_words"] >= 0.9 * harmful["turned_wrong"]
     # The int8 part turns none wrong and is promoted at the default margin.
     assert s["benign"]["rates"]["temperature_0"]["turned_wrong"] == 0
     assert s["benign"]["promote_rate"] == 1.0
