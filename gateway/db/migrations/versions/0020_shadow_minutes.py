@@ -5,7 +5,7 @@ console's shadow summary read instead of every shadow record. The records stored
 summarized here into hours, a day at a time, so a week written by an older version is judged
 the same.
 
-Revision ID: 0017
+Revision ID: 0020
 Revises: 0019
 Create Date: 2026-12-07
 """
@@ -17,7 +17,7 @@ import logging
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0017"
+revision = "0020"
 down_revision = "0019"
 branch_labels = None
 depends_on = None
