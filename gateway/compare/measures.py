@@ -71,6 +71,7 @@ wrote for the token.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import unicodedata
@@ -518,7 +519,9 @@ def _probability(logprob: float) -> float:
     return math.exp(min(logprob, 0.0))
 
 
-def _known(choice: TokenChoice) -> tuple[dict[str, float], float]:
+# A reference's position is compared with the candidate's and with the noise floor's: read once.
+@functools.lru_cache(maxsize=4096)
+def _known(choice: TokenChoice) -> tuple[Mapping[str, float], float]:
     """Return what a position's logprobs say: known probabilities, and the smallest top one."""
     known: dict[str, float] = {}
     for token, logprob in choice.top:

@@ -185,9 +185,10 @@ def plans(db: sa.Engine, run: Callable[[], object]) -> list[set[str]]:
     return [indexes_used(db, s, p) for s, p in seen]
 
 
-@pytest.fixture
-def filled(database: str) -> Iterator[sa.Engine]:
-    db = connect(database)
+@pytest.fixture(scope="module")
+def filled(module_database: str) -> Iterator[sa.Engine]:
+    """60 days of records, read (never written) by the module's plan tests."""
+    db = connect(module_database)
     fill(db)
     yield db
     db.dispose()

@@ -19,12 +19,14 @@ from gateway.stats import SKETCH_RELATIVE_ERROR
 from policies import fleet_policy
 
 
-@pytest.fixture
-def written(database: str, tmp_path: Path) -> tuple:
-    db = connect(database)
+@pytest.fixture(scope="module")
+def written(module_database: str, tmp_path_factory: pytest.TempPathFactory) -> tuple:
+    """A constructed week and its report, read (never written) by the tests that take it."""
+    db = connect(module_database)
     world = build(db)
-    generate(db, world.policy, world.period, tmp_path, now=world.period.until + 3600)
-    report = json.loads((tmp_path / "report.json").read_text())
+    out = tmp_path_factory.mktemp("report")
+    generate(db, world.policy, world.period, out, now=world.period.until + 3600)
+    report = json.loads((out / "report.json").read_text())
     yield world, report, db
     db.dispose()
 
