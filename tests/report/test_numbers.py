@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from reportworld import MODEL, build
 
+from gateway.compare.measures import SHOWN
 from gateway.costmodel.model import CostModel
 from gateway.db.connection import connect
 from gateway.promotion.evidence import evaluate
@@ -161,6 +162,26 @@ def test_candidate_volume_latency_accuracy_and_errors(written) -> None:
     daily = c["accuracy"]["daily"]
     assert daily[0]["date"] == "2026-11-23" and len(daily) == 7
     assert sum(d["samples"] for d in daily) == len(answered)
+
+
+def test_the_accuracy_shows_every_measure_declared_shown_as_declared(written) -> None:
+    """Each measure Diff declares shown over pairs is in the report, a rate or a mean of the
+    greedy answered copies that have it, beside the floor's."""
+    world, report, _ = written
+    (c,) = report["candidates"]
+    greedy = c["accuracy"]["greedy"]
+    copies = [
+        r
+        for r in in_week(world, world.shadows)
+        if r["kind"] == "candidate" and r["candidate_error"] is None and not r["sampled"]
+    ]
+    assert {"exact_match", "kl_divergence", "semantic_similarity"} <= {n for n, _ in SHOWN}
+    for name, shown in SHOWN:
+        values = [float(r[name]) for r in copies if r[name] is not None]
+        expected = sum(values) / len(values) if values else None
+        assert greedy[shown.key(name)] == pytest.approx(expected), name
+        assert shown.key(name) == (f"{name}_rate" if shown.rate else f"mean_{name}")
+        assert f"noise_{shown.key(name)}" in greedy
 
 
 def test_energy_and_cost_per_1k_tokens_of_each_side(written) -> None:
