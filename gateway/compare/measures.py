@@ -575,6 +575,8 @@ def _buckets(known: Mapping[str, float], smallest: float, support: Sequence[str]
 
 def top_k_kl(primary: TokenChoice, candidate: TokenChoice) -> float:
     """Estimate KL(primary || candidate) at one position from the logprobs both returned."""
+    if primary == candidate:  # the same entry: the same distribution (an A/A pair, mostly)
+        return 0.0
     known_p, smallest_p = _known(primary)
     known_q, smallest_q = _known(candidate)
     support = [*known_p, *(token for token in known_q if token not in known_p)]
