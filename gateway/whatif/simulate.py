@@ -17,6 +17,7 @@ between windows (gateway/whatif/estimate.py).
 
 from __future__ import annotations
 
+import math
 import time
 from collections import defaultdict
 from concurrent.futures import ProcessPoolExecutor
@@ -38,12 +39,13 @@ COMPARED = ("energy_j_per_request", "cost_usd_per_1k_tokens", "slo_attainment", 
 # The ratios estimated with an interval: numerator and denominator per window, the digits kept,
 # and the bounds of a share.
 SHARE = (0.0, 1.0)
-ESTIMATED: dict[str, tuple[str, str, int, tuple[float, float] | None]] = {
+POSITIVE = (0.0, math.inf)
+ESTIMATED: dict[str, tuple[str, str, int, tuple[float, float]]] = {
     "slo_attainment": ("slo_met", "requests", 5, SHARE),
     "goodput": ("good", "requests", 5, SHARE),
-    "energy_j_per_request": ("energy_j", "requests", 3, None),
-    "carbon_g_per_request": ("carbon_g", "requests", 5, None),
-    "cost_usd_per_1k_tokens": ("cost_usd", "tokens_k", 9, None),
+    "energy_j_per_request": ("energy_j", "requests", 3, POSITIVE),
+    "carbon_g_per_request": ("carbon_g", "requests", 5, POSITIVE),
+    "cost_usd_per_1k_tokens": ("cost_usd", "tokens_k", 9, POSITIVE),
 }
 
 
