@@ -31,8 +31,8 @@ from gateway.whatif.conditions import ReplayRates
 from gateway.whatif.estimate import Cluster, ratio_estimate
 from gateway.whatif.sample import PER_STRATUM, WindowSample, trace_request
 from gateway.whatif.strategy import learned
-from gateway.whatif.summary import DRAIN_S, good, latency_percentile, replayed, summarize
-from gateway.whatif.timeline import Passage, Replay
+from gateway.whatif.summary import good, latency_percentile, replayed, summarize
+from gateway.whatif.timeline import FleetReading, Passage, Replay
 from gateway.whatif.trace import TraceRequest
 
 COMPARED = ("energy_j_per_request", "cost_usd_per_1k_tokens", "slo_attainment", "ttft_p99_ms")
@@ -114,9 +114,16 @@ def window_totals(run: Replay, sample: WindowSample, marks: list[float]) -> list
             tally["tokens_k"] += passage.request.output_tokens / 1000
             tally[f"served:{passage.pool}"] += 1
     at = {mark: reading for mark, reading in zip(marks, run.readings, strict=True)}
+    # The period replayed entire: its energy is all its requests drew, to the last one's end.
+    ended = FleetReading(
+        math.inf,
+        {name: sim.energy_above_idle_j for name, sim in run.world.items()},
+        {name: sim.energy_usd for name, sim in run.world.items()},
+        {name: sim.carbon_g for name, sim in run.world.items()},
+    )
     for drawn, tally in zip(sample.windows, totals, strict=True):
         start, end = _marks(sample, drawn.start, drawn.end)
-        before, after = at[start], at[end]
+        before, after = at[start], ended if sample.whole else at[end]
         for name in run.world:
             tally["energy_j"] += after.energy_above_idle_j[name] - before.energy_above_idle_j[name]
             tally["cost_usd"] += after.energy_usd[name] - before.energy_usd[name]
@@ -126,13 +133,7 @@ def window_totals(run: Replay, sample: WindowSample, marks: list[float]) -> list
 
 def _marks(sample: WindowSample, start: float, end: float) -> tuple[float, float]:
     """Return a window's marks in trace seconds: where its energy starts and ends counting."""
-    begin = max(start - sample.first, 0.0)
-    finish = end - sample.first
-    if sample.whole:
-        # The period replayed entire: its energy is all its requests drew, to the last one's end.
-        last = max((r.arrival_s for r in sample.requests), default=0.0)
-        finish = max(finish, last + DRAIN_S)
-    return begin, finish
+    return max(start - sample.first, 0.0), end - sample.first
 
 
 def window_figures(run: Replay, sample: WindowSample, marks: list[float]) -> dict[str, Any]:

@@ -139,3 +139,21 @@ def test_the_same_windows_are_replayed_under_both_policies(tmp_path: Path) -> No
     assert result["runs"]["active"] == result["runs"]["proposed"]
     interval = result["runs"]["active"]["intervals"]["slo_attainment"]
     assert interval["low"] <= interval["estimate"] <= interval["high"]
+
+
+def test_a_period_within_the_sample_is_replayed_whole_and_reads_as_its_full_replay(
+    tmp_path: Path,
+) -> None:
+    policy = load_policy(ROOT / "policies" / "default.yaml")
+    url = f"sqlite:///{tmp_path / 'hour.db'}"
+    generate(url, 600, 0, HOUR, policy, seed=6)
+    db = connect(url)
+    everything = recorded_requests(db, HOUR.since)
+    sample = sample_windows(db, HOUR.since, HOUR.until, size=1000)
+    db.dispose()
+    assert sample.whole and len(sample.requests) == len(everything)
+    full, _ = replay(policy, everything)
+    figures = replay_sample(policy, sample)
+    for figure in (*FIGURES, "goodput", "carbon_g_per_request"):
+        interval = figures["intervals"][figure]
+        assert interval["low"] == interval["estimate"] == interval["high"] == full[figure]
