@@ -36,11 +36,11 @@ MINUTE_S = 60.0
 WINDOW_S = 60.0  # a window sampled: a minute of the period, every request of it
 # Replayed before each window and not measured: long enough for the slots a window finds busy
 # to hold the requests the period's traffic left in them. Most requests end within seconds, but
-# on a busy 70B pool of the default policy a request holds its slot for 55 s on average and
-# 270 s at the 99th percentile, and the batch a window finds is made of the long ones. Three
-# minutes held every figure of a busy hour in its interval where one minute missed some
-# (docs/results/whatif-windows-coverage-2026-12-07.json); on a pool saturated for hours cost
-# still reads low (docs/results/whatif-windows-busy-hour-2026-12-07.json, docs/policy.md).
+# in an hour of 8,000 requests under the default policy a 70B request held its slot 55 s on
+# average and 270 s at the 99th percentile, and the batch a window finds is made of the long
+# ones: on a saturated hour, a minute of warm-up left cost per 1k tokens outside both intervals
+# drawn, three minutes outside one of two (docs/results/whatif-windows-busy-hour-2026-12-07.json);
+# on half-busy hours three minutes held 26 of 30 intervals (...-coverage-2026-12-07.json).
 WARM_UP_S = 180.0
 PER_STRATUM = 2  # the fewest windows whose spread says anything of their stratum's
 
