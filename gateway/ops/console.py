@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import orjson
 from fastapi import FastAPI, Response
 from fastapi.responses import RedirectResponse
 
+from gateway.compare.measures import SHOWN
 from gateway.errors import AdminDisabled, NotFound
 from gateway.ops.parts import OpsParts
 
@@ -21,6 +23,7 @@ TYPES = {
     ".html": "text/html; charset=utf-8",
     ".js": "text/javascript; charset=utf-8",
     ".css": "text/css; charset=utf-8",
+    ".json": "application/json",
 }
 # Only this origin, no inline script or style, no frames, no forms posting elsewhere.
 CSP = (
@@ -40,6 +43,11 @@ def install(app: FastAPI, gateway: OpsParts) -> None:
     files = {
         p.name: (p.read_bytes(), TYPES[p.suffix]) for p in ASSETS.iterdir() if p.suffix in TYPES
     }
+    # The measures shown over many pairs, as Diff declares them: the shadow view lists these.
+    shown = [
+        {"key": shown.key(name), "label": shown.label, "rate": shown.rate} for name, shown in SHOWN
+    ]
+    files["measures.json"] = (orjson.dumps(shown), TYPES[".json"])
 
     @app.get("/console", include_in_schema=False)
     async def console_root() -> Response:

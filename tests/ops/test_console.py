@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 import pytest
 from shadowworld import serve, shadow_policy
 
+from gateway.compare.measures import SHOWN
 from gateway.db.schema import BackendEnergy, backend_energy
 from harness.gateways import GatewayServer, run_gateway
 
@@ -127,6 +128,9 @@ def test_an_operator_reads_the_fleet_edits_the_policy_and_rolls_back(
     page.click("#tabs [data-view=shadow]")
     card = page.locator(".card[data-route=chat][data-candidate=cim]")
     expect(card.locator(".outcome")).to_have_text("HOLD")
+    # A row for each measure shown over many pairs, as Diff declares them.
+    for _, shown in SHOWN:
+        expect(card.locator("table")).to_contain_text(f"{shown.label} (noise floor)")
     card.get_by_role("button", name="Sampled pairs").click()
     expect(card.locator(".pair")).to_have_count(4)
     expect(card.locator(".answer.candidate").first).to_contain_text("cim:")

@@ -277,10 +277,11 @@ async function trafficView(view) {
 // --- Shadow and promotion ------------------------------------------------------------------
 
 async function shadowView(view) {
-  const [verdicts, summary, rollouts] = await Promise.all([
+  const [verdicts, summary, rollouts, shown] = await Promise.all([
     admin("/admin/promotions?evaluate=1"),
     admin("/admin/shadow/summary"),
     admin("/admin/rollouts"),
+    shownMeasures(),
   ]);
   const evidence = new Map(summary.map((s) => [`${s.route}/${s.candidate}`, s]));
   const cards = verdicts.map((v) => {
@@ -294,9 +295,10 @@ async function shadowView(view) {
         [
           ["samples", (x) => num(x.samples)],
           ["dropped", (x) => num(x.dropped)],
-          ["exact match (noise floor)", (x) => `${pct(x.exact_match_rate)} (${pct(x.noise_exact_match_rate)})`],
-          ["near ties", (x) => pct(x.near_tie_rate)],
-          ["semantic similarity", (x) => num(x.mean_semantic_similarity, 3)],
+          ...shown.map((m) => {
+            const form = (v) => (m.rate ? pct(v) : num(v, 4));
+            return [`${m.label} (noise floor)`, (x) => `${form(x[m.key])} (${form(x[`noise_${m.key}`])})`];
+          }),
           ["p95 latency, primary / candidate", (x) => `${ms(x.primary_latency_p95_ms)} / ${ms(x.candidate_latency_p95_ms)}`],
           ["energy, primary / candidate", (x) => `${joules(x.primary_energy_j)} / ${joules(x.candidate_energy_j)}`],
           ["cost, primary / candidate", (x) => `${usd(x.primary_cost_usd)} / ${usd(x.candidate_cost_usd)}`],
@@ -346,6 +348,13 @@ async function act(call) {
     $("action-result").textContent = `Refused: ${error.message}`;
     $("action-result").className = "error";
   }
+}
+
+// The measures shown over many pairs, as the gateway declares them (served beside this file).
+let shownOnce = null;
+function shownMeasures() {
+  shownOnce = shownOnce || fetch("measures.json").then((r) => r.json());
+  return shownOnce;
 }
 
 function measures(diff) {
