@@ -38,7 +38,7 @@ from gateway.promotion.judge import (
 from gateway.promotion.shadow_minutes import DAY_S, settled, summarize
 from gateway.promotion.tally import FAILED, Tally, representative
 from gateway.records.slo import Targets
-from gateway.shadow.sample import NOISE
+from gateway.shadow.kinds import NOISE
 from gateway.stats import sketch_value
 
 EvidenceByKey = dict[tuple[str, str], Evidence]

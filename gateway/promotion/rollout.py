@@ -36,7 +36,7 @@ from gateway.promotion.departures import Tolerance, departs
 from gateway.promotion.evidence import latest, read_minutes
 from gateway.promotion.tally import FAILED, Tally, representative
 from gateway.records.slo import record_meets_slo
-from gateway.shadow.sample import CANDIDATE
+from gateway.shadow.kinds import CANDIDATE
 
 ROLLING, COMPLETE, ROLLED_BACK = "rolling", "complete", "rolled_back"
 # The reverse shadow sample's share of the canary's requests.

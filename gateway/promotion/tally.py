@@ -24,7 +24,7 @@ from gateway.promotion.departures import (
     tolerance_of,
 )
 from gateway.records.slo import Targets, meets_slo
-from gateway.shadow.sample import NOISE
+from gateway.shadow.kinds import NOISE
 from gateway.stats import sketch_bucket
 
 # What `departs` and `tolerance` read of a pair: a pair's class. The rollout guards read these too.
