@@ -244,6 +244,7 @@ def read_minutes(
     route: str | None = None,
     primary_pool: str | None = None,
     kind: str | None = None,
+    overlapping: bool = False,
     now: float | None = None,
 ) -> list[Row]:
     """Read the shadow minutes (days and hours once compacted) that start from `since` and
@@ -253,12 +254,17 @@ def read_minutes(
 
     A row is read whole or not at all: a window is cut where its first row starts, to the
     minute within the last hour, the hour within the last day or two, the day before
-    (gateway/promotion/shadow_minutes.py `compact`).
+    (gateway/promotion/shadow_minutes.py `compact`). With `overlapping`, the row that
+    `since` falls in is read too, so no copy after `since` is left out (and a row's worth
+    before it may be in).
     """
     now = time.time() if now is None else now
     horizon = max(since, settled(now))
     m = shadow_minutes.c
-    query = sa.select(*JUDGED_COLUMNS).where(m.ts >= since, m.ts < horizon)
+    starts = (
+        sa.and_(m.ts > since - DAY_S, m.ts + m.span_s > since) if overlapping else m.ts >= since
+    )
+    query = sa.select(*JUDGED_COLUMNS).where(starts, m.ts < horizon)
     for column, value in ((m.route, route), (m.primary_pool, primary_pool), (m.kind, kind)):
         if value is not None:
             query = query.where(column == value)

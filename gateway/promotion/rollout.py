@@ -244,7 +244,9 @@ def guards(
     """Measure the canary's requests and reverse shadow sample since the step began.
 
     The reverse sample is read as the judge reads its evidence, from the shadow minutes
-    (gateway/promotion/evidence.py `read_minutes`): the copies whose primary was the canary.
+    (gateway/promotion/evidence.py `read_minutes`): the copies whose primary was the canary,
+    from the row the step began in (a step's first minutes are compacted into an hour that
+    began before it once the hour settles, and are the step's evidence still).
     """
     r = request_records.c
     with db.connect() as conn:
@@ -270,7 +272,14 @@ def guards(
         met += ok and record_meets_slo(cls, row._mapping)
     copies = Tally()
     for minute in read_minutes(
-        db, policy, since, route=route, primary_pool=candidate, kind=CANDIDATE, now=now
+        db,
+        policy,
+        since,
+        route=route,
+        primary_pool=candidate,
+        kind=CANDIDATE,
+        overlapping=True,
+        now=now,
     ):
         copies.add(minute, ())
     compared = agreed = 0

@@ -16,7 +16,7 @@ from gateway.db.connection import connect
 from gateway.db.schema import request_records, shadow_minutes, shadow_records
 from gateway.policy.load import load_policy
 from gateway.promotion.rollout import Guards, guards, next_move, promoted, with_canary
-from gateway.promotion.shadow_minutes import summarize
+from gateway.promotion.shadow_minutes import compact, summarize
 from harness.gateways import GatewayServer, run_gateway
 from policies import MODEL, fleet_policy
 from realfleet.shim import Shim
@@ -194,6 +194,11 @@ def test_a_bad_canary_trips_the_guards_read_from_the_shadow_minutes(database: st
             conn.execute(request_records.insert(), requests)
         store_copies(db, copies, records=False)
         measured = guards(db, policy, "chat", "asic", since=since)
+        # Compacted into the hour and the day that began before the step, they are its still.
+        compact(db, since + 3600 + 600)
+        assert guards(db, policy, "chat", "asic", since=since) == measured, name
+        compact(db, since + 3 * 86400)
+        assert guards(db, policy, "chat", "asic", since=since) == measured, name
         db.dispose()
         assert measured.requests == 40 and measured.copies == 40, name
         moves[name] = next_move(measured, policy, elapsed_s=3600)
