@@ -29,7 +29,10 @@ Rows add up: a minute and key may have several rows (replicas, a copy that ended
 its request arrived), and every reader sums them. The serving process holds each copy it records
 for SETTLE_S, for its energy and its primary's (which settle seconds after their answers), then
 folds it into the open row of its minute, handed to the shadow writer once the minute has
-settled (`ShadowMinutes`). `summarize` folds stored shadow records the same way: the migration
+settled (`ShadowMinutes`). The shadow writer compacts the rows of each settled hour into a
+row per hour and key, and the rows of each day, a day after it ends, into a row per day and key
+(`compact`), so a week is read as a few rows per key whatever the traffic; readers sum rows
+whatever their span. `summarize` folds stored shadow records the same way: the migration
 that adds this table runs it on the records written before, and a test checks the evidence read
 from minutes against the one computed from records.
 """
