@@ -189,11 +189,27 @@ def private_redis(tmp_path: Path) -> Iterator[object]:
         yield server
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+DATABASES = ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)]
+
+
+@pytest.fixture(params=DATABASES)
 def database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """A fresh database of each kind (SQLite, PostgreSQL), migrated to the newest schema."""
     from harness.databases import scratch_database
 
     base = postgres_url() if request.param == "postgresql" else None
     with scratch_database(base, tmp_path) as url:
+        yield url
+
+
+@pytest.fixture(scope="module", params=DATABASES)
+def module_database(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    """A database of each kind shared by a module's tests, for tests that only read what the
+    module stored in it (a constructed week is worth building once)."""
+    from harness.databases import scratch_database
+
+    base = postgres_url() if request.param == "postgresql" else None
+    with scratch_database(base, tmp_path_factory.mktemp("database")) as url:
         yield url

@@ -59,7 +59,7 @@ def _simulate(args: argparse.Namespace, settings: Settings) -> int:
     from gateway.policy import versions
     from gateway.policy.load import parse_policy
     from gateway.report.period import parse_since
-    from gateway.whatif.sample import sample_requests
+    from gateway.whatif.sample import sample_windows
     from gateway.whatif.simulate import simulate_sample
 
     db = connect(settings.database_url)
@@ -71,19 +71,18 @@ def _simulate(args: argparse.Namespace, settings: Settings) -> int:
     )
     proposed = load_policy(args.file)
     since = parse_since(args.since, time.time()) or 0.0
-    sample = sample_requests(db, since, size=args.sample)
+    sample = sample_windows(db, since, size=args.sample, seed=args.seed)
     if not sample.requests:
         print(f"no recorded chat requests since {args.since}: nothing to replay", file=sys.stderr)
         return 1
-    result = simulate_sample(active, proposed, sample)
+    result = simulate_sample(active, proposed, sample, processes=args.processes)
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
     drawn = result["sample"]
     print(
-        f"a sample of {drawn['requests']} of the period's {drawn['period_requests']} recorded"
-        f" requests ({drawn['strata']} strata: route and hour) replayed under the active and"
-        " proposed policy"
+        f"{drawn['requests']} of the period's {drawn['period_requests']} recorded requests"
+        f" replayed under the active and proposed policy: {drawn['design']}"
     )
     for key, row in result["change"].items():
         if key == "pool_shares":
@@ -91,11 +90,14 @@ def _simulate(args: argparse.Namespace, settings: Settings) -> int:
         else:
             ratio = "" if row["ratio"] is None else f" (x{row['ratio']})"
             print(f"  {key}: {row['active']} -> {row['proposed']}{ratio}")
-    for name, share in drawn["slo_attainment"].items():
-        print(
-            f"  period's SLO attainment, {name}: {share['estimate']}"
-            f" (95% interval {share['low']}-{share['high']}, from the spread within strata)"
-        )
+    if not drawn["whole"]:
+        print(f"  the period's figures, 95% intervals ({drawn['interval']}):")
+        for name, run in result["runs"].items():
+            for key, interval in run["intervals"].items():
+                print(
+                    f"    {name} {key}: {interval['estimate']}"
+                    f" ({interval['low']} to {interval['high']})"
+                )
     return 0
 
 
@@ -215,7 +217,17 @@ def add(commands: argparse._SubParsersAction) -> None:
         "--sample",
         type=int,
         default=20_000,
-        help="replay a sample of at most about this many requests, stratified by route and hour",
+        help="replay at most about this many requests: whole windows of the period, each after"
+        " its warm-up, drawn at random within strata of time",
+    )
+    simulate.add_argument(
+        "--seed", type=int, default=0, help="the draw of the sampled windows (default 0)"
+    )
+    simulate.add_argument(
+        "--processes",
+        type=int,
+        default=2,
+        help="replay the two policies in this many processes (1: one after the other)",
     )
     simulate.add_argument("--json", action="store_true")
     simulate.set_defaults(run=_simulate)

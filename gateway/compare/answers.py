@@ -105,8 +105,11 @@ def _token(entry: dict[str, Any]) -> str | None:
     text, raw = entry.get("token"), entry.get("bytes")
     if not isinstance(text, str):
         return None
-    if isinstance(raw, list) and all(type(b) is int and 0 <= b < 256 for b in raw):
-        return bytes(raw).decode("utf-8", "surrogateescape")
+    if isinstance(raw, list):
+        try:
+            return bytes(raw).decode("utf-8", "surrogateescape")
+        except (TypeError, ValueError):  # not a list of byte values
+            pass
     return text
 
 

@@ -71,6 +71,7 @@ wrote for the token.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import unicodedata
@@ -87,8 +88,28 @@ MAX_DIFF_PATHS = 50
 EPSILON = 1e-6  # the least probability a KL bucket holds: log(p / q) stays finite
 
 
-def _described(comment: str) -> Any:
-    return field(default=None, metadata={"comment": comment})
+def _described(comment: str | None = None, *, shown: str | None = None, rate: bool = False) -> Any:
+    """A measure's field: what the table says of it (`comment`), and, for a measure the summary,
+    the report and the console show over many pairs, its label (`shown`) and whether it is
+    shown as the share of pairs where it holds (`rate`) or as its mean."""
+    metadata: dict[str, Any] = {}
+    if comment is not None:
+        metadata["comment"] = comment
+    if shown is not None:
+        metadata["shown"] = Shown(shown, rate)
+    return field(default=None, metadata=metadata)
+
+
+@dataclass(frozen=True, slots=True)
+class Shown:
+    """How a measure is shown over many pairs."""
+
+    label: str
+    rate: bool
+
+    def key(self, name: str) -> str:
+        """The figure's name: `exact_match_rate`, `mean_similarity`."""
+        return f"{name}_rate" if self.rate else f"mean_{name}"
 
 
 @dataclass(slots=True)
@@ -100,9 +121,9 @@ class Diff:
     and the report list them from here.
     """
 
-    exact_match: bool | None = None
-    normalized_match: bool | None = None
-    similarity: float | None = None
+    exact_match: bool | None = _described(shown="exact match", rate=True)
+    normalized_match: bool | None = _described(shown="normalized match", rate=True)
+    similarity: float | None = _described(shown="similarity")
     similarity_method: str | None = field(default=None, metadata={"width": 16})
     first_divergence: int | None = None
     reference_words: int | None = _described("Word tokens in the primary's answer.")
@@ -110,10 +131,16 @@ class Diff:
     json_diff: dict[str, Any] | None = None
     embedding_cosine: float | None = None
     token_divergence: int | None = _described("First token that differs (logprobs).")
-    near_tie: bool | None = _described("The candidate's token there is a primary top-k.")
-    kl_divergence: float | None = _described("Mean KL from top-k logprobs, in nats.")
+    near_tie: bool | None = _described(
+        "The candidate's token there is a primary top-k.", shown="near ties", rate=True
+    )
+    kl_divergence: float | None = _described(
+        "Mean KL from top-k logprobs, in nats.", shown="KL divergence"
+    )
     # Needs an embedding model, so the shadow path sets it after the comparators have run.
-    semantic_similarity: float | None = _described("Cosine of the answers' embeddings.")
+    semantic_similarity: float | None = _described(
+        "Cosine of the answers' embeddings.", shown="semantic similarity"
+    )
     measures: dict[str, Any] = field(default_factory=dict)
 
     def stored(self) -> dict[str, Any]:
@@ -126,6 +153,8 @@ class Diff:
 
 
 MEASURES = tuple(f.name for f in fields(Diff))
+# The measures shown over many pairs, in Diff's order: (name, how it is shown).
+SHOWN = tuple((f.name, f.metadata["shown"]) for f in fields(Diff) if "shown" in f.metadata)
 Comparator = Callable[[Answer, Answer], Mapping[str, Any]]
 COMPARATORS: dict[str, Comparator] = {}
 SIMILARITY = ("rouge_l", "edit_ratio")
@@ -518,7 +547,9 @@ def _probability(logprob: float) -> float:
     return math.exp(min(logprob, 0.0))
 
 
-def _known(choice: TokenChoice) -> tuple[dict[str, float], float]:
+# A reference's position is compared with the candidate's and with the noise floor's: read once.
+@functools.lru_cache(maxsize=4096)
+def _known(choice: TokenChoice) -> tuple[Mapping[str, float], float]:
     """Return what a position's logprobs say: known probabilities, and the smallest top one."""
     known: dict[str, float] = {}
     for token, logprob in choice.top:
@@ -544,6 +575,8 @@ def _buckets(known: Mapping[str, float], smallest: float, support: Sequence[str]
 
 def top_k_kl(primary: TokenChoice, candidate: TokenChoice) -> float:
     """Estimate KL(primary || candidate) at one position from the logprobs both returned."""
+    if primary == candidate:  # the same entry: the same distribution (an A/A pair, mostly)
+        return 0.0
     known_p, smallest_p = _known(primary)
     known_q, smallest_q = _known(candidate)
     support = [*known_p, *(token for token in known_q if token not in known_p)]

@@ -43,7 +43,7 @@ from gateway.report.period import ISO_WEEK, SINCE, parse_since
 from gateway.report.schedule import FILES, listing
 from gateway.routing.bodies import INTEGRAL
 from gateway.routing.explain import explain
-from gateway.whatif.sample import DEFAULT_SAMPLE, sample_requests
+from gateway.whatif.sample import DEFAULT_SAMPLE, sample_windows
 from gateway.whatif.simulate import simulate_sample
 
 MAX_LISTED = 1000  # policy versions one listing returns; a bigger limit is a 400, not a crash
@@ -244,7 +244,7 @@ def admin_router(gateway: OpsParts) -> APIRouter:
         )
         proposed = checked.accepted()
         since = time.time() - request.days * DAY_S
-        sample = await asyncio.to_thread(sample_requests, gateway.db, since, size=request.sample)
+        sample = await asyncio.to_thread(sample_windows, gateway.db, since, size=request.sample)
         if not sample.requests:
             return {"requests": 0, "change": {}, "runs": {}, "sample": None}
         # The replay is seconds of pure Python: in a process of its own, not beside serving,
@@ -358,8 +358,10 @@ class SimulateRequest(PolicyCandidate):
     days: float = Field(default=7, gt=0, le=90, description="How far back the traffic goes.")
     sample: Annotated[int, Field(ge=1, le=100_000), INTEGRAL] = Field(
         default=DEFAULT_SAMPLE,
-        description="Replay a sample of at most about this many requests, stratified by route"
-        " and hour; the answer's `sample` gives its size, the period's and the error.",
+        description="Replay at most about this many requests: whole windows of the period at its"
+        " full load, each after a warm-up, drawn at random within strata of time; the answer's"
+        " `sample` gives its size, the period's and its design, and each run's `intervals` the"
+        " period's figures with their 95 % intervals.",
     )
 
 

@@ -22,7 +22,7 @@ from gateway.db.schema import shadow_drops, shadow_minutes
 from gateway.promotion import evidence
 from gateway.promotion.shadow_minutes import settled
 from gateway.promotion.shadow_minutes import summarize as fold
-from gateway.promotion.tally import Tally
+from gateway.promotion.tally import Tally, agreement
 from gateway.shadow.kinds import NOISE
 from gateway.stats import sketch_percentile
 
@@ -40,22 +40,11 @@ def _total(t: Tally, measure: str) -> float | None:
 
 
 def _accuracy(candidates: Tally, noise: Tally) -> dict[str, Any]:
-    """Agreement of the answered copies beside the noise floor's."""
+    """Agreement of the answered copies beside the noise floor's, with the copies sent."""
     return {
         "samples": int(candidates["sent"]),
-        "exact_match_rate": candidates.mean("exact_match"),
-        "normalized_match_rate": candidates.mean("normalized_match"),
-        "mean_similarity": candidates.mean("similarity"),
-        "near_tie_rate": candidates.mean("near_tie"),
-        "mean_kl_divergence": candidates.mean("kl_divergence"),
-        "mean_semantic_similarity": candidates.mean("semantic_similarity"),
         "noise_samples": int(noise["sent"]),
-        "noise_exact_match_rate": noise.mean("exact_match"),
-        "noise_normalized_match_rate": noise.mean("normalized_match"),
-        "noise_mean_similarity": noise.mean("similarity"),
-        "noise_near_tie_rate": noise.mean("near_tie"),
-        "noise_mean_kl_divergence": noise.mean("kl_divergence"),
-        "noise_mean_semantic_similarity": noise.mean("semantic_similarity"),
+        **agreement(candidates, noise),
     }
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import orjson
 
 from gateway.compare.failures import ERROR, UPSTREAM
+from gateway.compare.measures import SHOWN
 from gateway.promotion.departures import (
     Tolerance,
     at_risk,
@@ -41,14 +42,10 @@ MEASURES = (
 WORST = 5
 # Buckets per unit of a similarity in a pair's class: the error a tolerance is read with.
 BUCKETS = 1000
-# The measures whose count and sum over answered copies a row keeps, for the report and console.
+# The measures whose count and sum over answered copies a row keeps, for the report and console:
+# every measure shown over many pairs, and what the report prices and weighs.
 SUMMED = (
-    "exact_match",
-    "normalized_match",
-    "similarity",
-    "near_tie",
-    "kl_divergence",
-    "semantic_similarity",
+    *(name for name, _ in SHOWN),
     "length_ratio",
     "embedding_cosine",
     "primary_energy_j",
@@ -402,3 +399,10 @@ class Tally:
                 pair["similarity"] = words[i]
             pairs.append(pair)
         return pairs + [{"exact_match": True}] * (int(self["floor_pairs"]) - len(pairs))
+
+
+def agreement(candidates: Tally, noise: Tally) -> dict[str, float | None]:
+    """Each measure shown over many pairs (`SHOWN`): its rate or mean over the candidate's
+    answered copies, and over the noise floor's (`noise_` before its name)."""
+    figures = {shown.key(name): candidates.mean(name) for name, shown in SHOWN}
+    return figures | {f"noise_{shown.key(name)}": noise.mean(name) for name, shown in SHOWN}

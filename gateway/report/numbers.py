@@ -23,7 +23,7 @@ from gateway.energy.draw import MINUTE_S
 from gateway.policy.model import Policy
 from gateway.policy.tariffs import DAY_S, rate_at
 from gateway.promotion.judge import Criteria
-from gateway.promotion.tally import WORST, Tally
+from gateway.promotion.tally import WORST, Tally, agreement
 from gateway.report.period import Period
 from gateway.shadow.sample import CANDIDATE, NOISE
 from gateway.stats import percentile, sketch_percentile, sketch_value, total
@@ -650,20 +650,11 @@ def latency(copies: Tally) -> dict[str, Any]:
 
 
 def accuracy(answered: Tally, noise: Tally) -> dict[str, Any]:
-    """Return match rates and similarity of candidate answers beside the noise floor's."""
+    """Return the measures shown over pairs of the candidate's answers beside the noise floor's."""
     return {
         "samples": int(answered["answered"]),
-        "exact_match_rate": answered.mean("exact_match"),
-        "normalized_match_rate": answered.mean("normalized_match"),
-        "mean_similarity": answered.mean("similarity"),
-        "near_tie_rate": answered.mean("near_tie"),
-        "mean_semantic_similarity": answered.mean("semantic_similarity"),
         "noise_samples": int(noise["answered"]),
-        "noise_exact_match_rate": noise.mean("exact_match"),
-        "noise_normalized_match_rate": noise.mean("normalized_match"),
-        "noise_mean_similarity": noise.mean("similarity"),
-        "noise_near_tie_rate": noise.mean("near_tie"),
-        "noise_mean_semantic_similarity": noise.mean("semantic_similarity"),
+        **agreement(answered, noise),
     }
 
 

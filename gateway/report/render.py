@@ -12,6 +12,7 @@ from typing import Any
 
 import jinja2
 
+from gateway.compare.measures import SHOWN
 from gateway.report.wording import LATENCY_TITLES
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
@@ -184,6 +185,10 @@ def html(report: Mapping[str, Any], svgs: Mapping[str, str]) -> str:
     env.filters.update(FILTERS)
     env.globals["chart_id"] = chart_id
     env.globals["headline"] = HEADLINE
+    env.globals["shown"] = [
+        (shown.key(name), shown.label, "percent" if shown.rate else "number")
+        for name, shown in SHOWN
+    ]
     return env.get_template("report.html.j2").render(
         report=report, svgs={k: jinja2.filters.Markup(v) for k, v in svgs.items()}
     )

@@ -60,9 +60,11 @@ def replayed(
     conditions: Conditions = STEADY,
     rates: ReplayRates | None = None,
     hardware: Hardware | None = None,
+    marks: Sequence[float] = (),
 ) -> Replay:
     """Replay the requests through a strategy, over the window every replay of them shares, on
-    devices of `hardware` (the simulator's by default); return the finished replay."""
+    devices of `hardware` (the simulator's by default); return the finished replay, with the
+    fleet's counters read at each of `marks` (trace seconds)."""
     # The seed sets what the live gateway leaves to chance: where the meter's readings fall
     # relative to requests, and the draw per request (a canary's share, exploring).
     run = Replay(
@@ -73,8 +75,10 @@ def replayed(
         rates=rates,
         draw=random.Random(seed).random,
         hardware=hardware,
+        marks=marks,
     )
-    run.run().finish(START_S + max((r.arrival_s for r in requests), default=0.0) + DRAIN_S)
+    end = max((r.arrival_s for r in requests), default=0.0) + DRAIN_S
+    run.run().finish(START_S + max([end, *marks]))
     return run
 
 

@@ -174,6 +174,17 @@ class Passage:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class FleetReading:
+    """Every backend's counters at one mark of a replay (trace seconds): its energy above idle
+    so far, and that energy priced in dollars and carbon."""
+
+    at_s: float
+    energy_above_idle_j: dict[str, float]
+    energy_usd: dict[str, float]
+    carbon_g: dict[str, float]
+
+
 class Replay:
     """Replay a trace through one strategy's router against a fresh fleet of `hardware`'s
     devices (the simulator's by default)."""
@@ -190,6 +201,7 @@ class Replay:
         rates: ReplayRates | None = None,
         draw: Callable[[], float] | None = None,
         hardware: Hardware | None = None,
+        marks: Sequence[float] = (),
     ):
         self.strategy = strategy
         # What the live gateway draws per request (a canary's share, exploring), seeded here.
@@ -251,6 +263,10 @@ class Replay:
         self._released_s: dict[str, float] = {}
         if strategy.oracle is not None:
             strategy.oracle.world = self.world  # the oracle reads the truth the others measure
+        # Instants (trace seconds) at which the fleet's counters are read, in order: a sampled
+        # window's energy is what its devices drew between its marks.
+        self._marks = deque(sorted(START_S + t for t in marks))
+        self.readings: list[FleetReading] = []
         self._condition(0.0)
 
     def run(self) -> Replay:
@@ -269,12 +285,13 @@ class Replay:
                     # released device's takes minutes) would run this fleet past the window.
                     ready = math.inf
             boundary = self._boundaries[0] if self._boundaries else math.inf
+            mark = self._marks[0] if self._marks else math.inf
             if not self._in_service and not self._unsettled:
                 self._skip_quiet_readings(min(arrival, deadline, self._next_plan, ready, boundary))
             pending = min(arrival, deadline, self._next_reading, self._next_plan, ready)
             if pending == math.inf and self._next_device_event() == math.inf:
                 break  # all served: the conditions' later boundaries are finish()'s
-            external = min(pending, boundary)
+            external = min(pending, boundary, mark)
             if pending == math.inf or any(self._waiting.values()):
                 # Someone waits for a slot (or only the devices are left): step device events
                 # one at a time, so a freed slot goes to the oldest waiter at its true instant,
@@ -288,7 +305,10 @@ class Replay:
                 if external == math.inf:
                     break
             self._advance(external)
-            if external == boundary:
+            if external == mark:
+                self._marks.popleft()
+                self._read_fleet(external)
+            elif external == boundary:
                 self._boundaries.popleft()
                 self._condition(external)
             elif external == self._next_reading:
@@ -317,7 +337,15 @@ class Replay:
 
     def finish(self, until_s: float) -> None:
         """Let the idle fleet run on to `until_s`, so replays are compared over one window."""
-        while self._boundaries and self._boundaries[0] <= until_s:
+        while (self._boundaries and self._boundaries[0] <= until_s) or (
+            self._marks and self._marks[0] <= until_s
+        ):
+            if self._marks and (not self._boundaries or self._marks[0] < self._boundaries[0]):
+                at = self._marks.popleft()
+                for sim in self.world.values():
+                    sim.device.advance(max(at, sim.device.time))
+                self._read_fleet(at)
+                continue
             at = self._boundaries.popleft()
             for sim in self.world.values():
                 sim.device.advance(max(at, sim.device.time))
@@ -325,6 +353,18 @@ class Replay:
         for sim in self.world.values():
             sim.device.advance(max(until_s, sim.device.time))
         self._charge()
+
+    def _read_fleet(self, now: float) -> None:
+        """Read every device's counters at a mark, its energy priced up to it."""
+        self._charge()
+        self.readings.append(
+            FleetReading(
+                now - START_S,
+                {name: sim.energy_above_idle_j for name, sim in self.world.items()},
+                {name: sim.energy_usd for name, sim in self.world.items()},
+                {name: sim.carbon_g for name, sim in self.world.items()},
+            )
+        )
 
     def _condition(self, now: float) -> None:
         """Price the energy drawn so far, then apply the conditions in force from `now`."""

@@ -40,7 +40,7 @@ from gateway.records.minutes import summarize as minutes
 from gateway.records.minutes import targets_of
 from gateway.report import records as report_records
 from gateway.report.period import Period
-from gateway.whatif.sample import sample_requests
+from gateway.whatif.sample import sample_windows
 from gateway.whatif.simulate import recorded_requests
 from policies import fleet_policy
 
@@ -185,9 +185,10 @@ def plans(db: sa.Engine, run: Callable[[], object]) -> list[set[str]]:
     return [indexes_used(db, s, p) for s, p in seen]
 
 
-@pytest.fixture
-def filled(database: str) -> Iterator[sa.Engine]:
-    db = connect(database)
+@pytest.fixture(scope="module")
+def filled(module_database: str) -> Iterator[sa.Engine]:
+    """60 days of records, read (never written) by the module's plan tests."""
+    db = connect(module_database)
     fill(db)
     yield db
     db.dispose()
@@ -236,13 +237,16 @@ def test_weekly_report_and_what_if_read_their_period_by_index(filled: sa.Engine)
     (copies,) = plans(filled, lambda: evidence.shadow_rows(filled, since, until))
     (drops,) = plans(filled, lambda: report_records._read_drops(filled, since, until))
     (replayed,) = plans(filled, lambda: recorded_requests(filled, since, limit=100))
-    sampled = plans(filled, lambda: sample_requests(filled, since, until, size=100))
+    sampled = plans(filled, lambda: sample_windows(filled, since, until, size=100))
     assert "ix_request_minutes_ts" in requests
     assert "ix_shadow_records_ts" in copies
     assert "ix_shadow_drops_ts" in drops
     assert "ix_request_records_ts" in replayed
-    # The sample's strata are counted, then read an hour at a time, each by the time index.
-    assert len(sampled) > 1 and all("ix_request_records_ts" in used for used in sampled)
+    # The sample counts the period's minutes from the request minutes (and the records after
+    # the last minute written), then reads each window with its warm-up, all by time indexes.
+    counted, tail, *windows = sampled
+    assert "ix_request_minutes_ts" in counted and "ix_request_records_ts" in tail
+    assert len(windows) > 1 and all("ix_request_records_ts" in used for used in windows)
 
 
 def test_migration_0002_adds_and_removes_the_shadow_tables(database: str) -> None:

@@ -160,9 +160,9 @@ def test_what_if_replays_recorded_traffic_under_a_proposed_policy(sims, tmp_path
     assert run.status_code == 200, run.text
     result = run.json()
     assert result["requests"] == 6
-    # The answer names its sample: all six, out of the period's six, one route and hour.
+    # The answer names its sample: all six, out of the period's six, the period replayed whole.
     assert result["sample"]["requests"] == result["sample"]["period_requests"] == 6
-    assert 1 <= result["sample"]["strata"] == result["sample"]["strata_sampled"]
+    assert result["sample"]["whole"] and result["sample"]["windows"] == 1
     shares = result["change"]["pool_shares"]
     # The route serves from the GPU now; proposed, every request goes to the ASIC.
     assert shares == {"active": {"gpu": 1.0, "asic": 0.0}, "proposed": {"gpu": 0.0, "asic": 1.0}}

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from reportworld import MODEL, build
 
+from gateway.compare.measures import SHOWN
 from gateway.costmodel.model import CostModel
 from gateway.db.connection import connect
 from gateway.promotion.evidence import evaluate
@@ -19,12 +20,14 @@ from gateway.stats import SKETCH_RELATIVE_ERROR
 from policies import fleet_policy
 
 
-@pytest.fixture
-def written(database: str, tmp_path: Path) -> tuple:
-    db = connect(database)
+@pytest.fixture(scope="module")
+def written(module_database: str, tmp_path_factory: pytest.TempPathFactory) -> tuple:
+    """A constructed week and its report, read (never written) by the tests that take it."""
+    db = connect(module_database)
     world = build(db)
-    generate(db, world.policy, world.period, tmp_path, now=world.period.until + 3600)
-    report = json.loads((tmp_path / "report.json").read_text())
+    out = tmp_path_factory.mktemp("report")
+    generate(db, world.policy, world.period, out, now=world.period.until + 3600)
+    report = json.loads((out / "report.json").read_text())
     yield world, report, db
     db.dispose()
 
@@ -159,6 +162,26 @@ def test_candidate_volume_latency_accuracy_and_errors(written) -> None:
     daily = c["accuracy"]["daily"]
     assert daily[0]["date"] == "2026-11-23" and len(daily) == 7
     assert sum(d["samples"] for d in daily) == len(answered)
+
+
+def test_the_accuracy_shows_every_measure_declared_shown_as_declared(written) -> None:
+    """Each measure Diff declares shown over pairs is in the report, a rate or a mean of the
+    greedy answered copies that have it, beside the floor's."""
+    world, report, _ = written
+    (c,) = report["candidates"]
+    greedy = c["accuracy"]["greedy"]
+    copies = [
+        r
+        for r in in_week(world, world.shadows)
+        if r["kind"] == "candidate" and r["candidate_error"] is None and not r["sampled"]
+    ]
+    assert {"exact_match", "kl_divergence", "semantic_similarity"} <= {n for n, _ in SHOWN}
+    for name, shown in SHOWN:
+        values = [float(r[name]) for r in copies if r[name] is not None]
+        expected = sum(values) / len(values) if values else None
+        assert greedy[shown.key(name)] == pytest.approx(expected), name
+        assert shown.key(name) == (f"{name}_rate" if shown.rate else f"mean_{name}")
+        assert f"noise_{shown.key(name)}" in greedy
 
 
 def test_energy_and_cost_per_1k_tokens_of_each_side(written) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from reportworld import ROOT, STORED_TEXT, WEEK, build
 
+from gateway.compare.measures import SHOWN
 from gateway.db.connection import connect, upgrade
 from gateway.report import generate
 from gateway.report.period import week
@@ -38,6 +39,16 @@ def test_writes_html_markdown_and_json(written: tuple[dict, Path]) -> None:
     report, out = written
     assert sorted(p.name for p in out.iterdir()) == ["report.html", "report.json", "report.md"]
     assert json.loads((out / "report.json").read_text())["charts"] == report["charts"]
+
+
+def test_the_accuracy_table_has_a_row_for_each_measure_shown_over_pairs(
+    written: tuple[dict, Path],
+) -> None:
+    page = (written[1] / "report.html").read_text()
+    table = page[page.index("<h3>Accuracy</h3>") :]
+    table = table[: table.index("</table>")]
+    rows = re.findall(r"<tr><td>([^<]+)</td>", table)
+    assert rows == ["answered copies", *(shown.label for _, shown in SHOWN)]
 
 
 def test_no_stored_answer_text_is_written(written: tuple[dict, Path]) -> None:

@@ -9,7 +9,7 @@ from gateway.costmodel.train import Observation
 from gateway.policy.model import Policy
 from gateway.routing.ranking import preference_order
 from gateway.whatif.strategy import Strategy, learned
-from gateway.whatif.summary import measure
+from gateway.whatif.summary import DRAIN_S, measure, replayed, summarize
 from gateway.whatif.timeline import Replay
 from gateway.whatif.trace import TraceRequest, read_trace
 from lab.strategies import strategy_for
@@ -220,3 +220,21 @@ def test_a_sparse_trace_is_not_metered_second_by_second_and_energy_is_still_attr
     replay.run()
     assert len(energies) == 2 and all(e > 0 for e in energies)
     assert 0 < readings < 200  # every second of the day would be 86,400
+
+
+def test_the_fleets_counters_read_at_marks_add_up_to_what_it_drew(
+    policy: Policy, requests: list[TraceRequest]
+) -> None:
+    # The what-if's windows are measured between marks: read mid-traffic, they must split the
+    # fleet's energy and its price, not add to it or lose any.
+    last = max(r.arrival_s for r in requests)
+    marks = [0.0, last / 3, last / 2, last + DRAIN_S]
+    run = replayed(learned(policy), requests, marks=marks)
+    assert [round(r.at_s, 9) for r in run.readings] == [round(m, 9) for m in marks]
+    assert run.readings[1].energy_above_idle_j != run.readings[2].energy_above_idle_j
+    whole = replayed(learned(policy), requests)
+    assert summarize(run) == summarize(whole)  # reading the counters changes nothing
+    for name, sim in run.world.items():
+        assert run.readings[0].energy_above_idle_j[name] == 0.0
+        assert run.readings[-1].energy_above_idle_j[name] == sim.energy_above_idle_j
+        assert run.readings[-1].energy_usd[name] == sim.energy_usd
