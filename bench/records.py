@@ -4,7 +4,8 @@
 
 Writes into the database at URL (migrated first) a week of request records with their minutes
 (request_minutes, folded as the record writer folds them), shadow records with their measures
-and their minutes (shadow_minutes, folded as the shadow writer folds them), shadow drops and
+and their minutes (shadow_minutes, folded as the shadow writer folds them and compacted as it
+compacts them: the days settled a day before now into a row per day and key), shadow drops and
 each backend's per-minute draw (backend_energy), in the tables and columns the gateway's writers
 fill, derived from a policy (`--policy`, default policies/default.yaml): its routes, pools,
 backends, models, SLO classes and shadow targets.
@@ -548,6 +549,12 @@ def generate(
         )
     written["shadow_drops"] = write(shadow_drops, week_.drops())
     written["backend_energy"] = write(backend_energy, week_.backend_minutes())
+    # The shadow writer's compaction folds each day a day after it ends into a row per key.
+    shadow_minutes.compact(db, time.time())
+    with db.connect() as conn:
+        written["shadow_minutes_compacted"] = conn.execute(
+            sa.select(sa.func.count()).select_from(shadow_minutes_table)
+        ).scalar_one()
     db.dispose()
     return {"week": period.label, **written, "seconds": round(time.perf_counter() - started, 1)}
 

@@ -471,14 +471,16 @@ request_minutes = table("request_minutes", RequestMinute)
 
 @dataclass(slots=True)
 class ShadowMinute:
-    """The shadow copies of one minute (or, once compacted, one hour) and key: the judge's
-    sufficient statistics (copies, failures, SLO and costs paired with the primary's, the
-    compared pairs by class) and what the report and console show (measures' sums, latency
+    """The shadow copies of one minute (or, once compacted, one hour or one day) and key: the
+    judge's sufficient statistics (copies, failures, SLO and costs paired with the primary's,
+    the compared pairs by class) and what the report and console show (measures' sums, latency
     sketches), as gateway/promotion/shadow_minutes.py folds them. Any period's evidence is a sum
     of these rows."""
 
     ts: float = field(metadata=column(index=True, comment="Start of the span, Unix seconds."))
-    span_s: float = field(metadata=column(comment="60 for a minute, 3600 for an hour compacted."))
+    span_s: float = field(
+        metadata=column(comment="60 for a minute, 3600 for an hour, 86400 for a day compacted.")
+    )
     route: str = field(metadata=column(width=64))
     candidate_pool: str = field(metadata=column(width=64))
     primary_pool: str = field(metadata=column(width=64))

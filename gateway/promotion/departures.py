@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -104,14 +105,28 @@ def tolerance(noise: Iterable[Row], paraphrase: float | None = None) -> Toleranc
     without, the floor's 1st percentile sets it, at most `SAME_MEANING`."""
     rows = [r for r in noise if not r.get("failure") and not r.get("primary_failure")]
     differing = [r for r in rows if not r.get("exact_match")]
-    meaning = [v for r in differing if (v := r.get("semantic_similarity")) is not None]
-    vectors = [
+    meaning = Counter(v for r in differing if (v := r.get("semantic_similarity")) is not None)
+    vectors = Counter(
         v
         for r in differing
         if r.get("semantic_similarity") is None and (v := r.get("embedding_cosine")) is not None
-    ]
-    words = [r["similarity"] for r in differing if r.get("similarity") is not None]
-    trusted = len(rows) >= MIN_PAIRS
+    )
+    words = Counter(r["similarity"] for r in differing if r.get("similarity") is not None)
+    return tolerance_of(len(rows), meaning, vectors, words, paraphrase)
+
+
+def tolerance_of(
+    pairs: int,
+    meaning: Mapping[float, int],
+    vectors: Mapping[float, int],
+    words: Mapping[float, int],
+    paraphrase: float | None = None,
+) -> Tolerance:
+    """Return the tolerance of a noise floor given as counts (`tolerance`): its pairs that did
+    not fail, and how many of its differing pairs have each semantic similarity, embeddings'
+    cosine (where no semantic similarity was measured) and word similarity. What the shadow
+    minutes keep of a floor (gateway/promotion/tally.py), read without a row per pair."""
+    trusted = pairs >= MIN_PAIRS
     return Tolerance(
         meaning=(
             _floor(meaning, SAME_MEANING, trusted)
@@ -119,9 +134,7 @@ def tolerance(noise: Iterable[Row], paraphrase: float | None = None) -> Toleranc
             else _tightened(meaning, paraphrase, max(paraphrase, SAME_MEANING), trusted)
         ),
         words=_floor(words, SAME_WORDS, trusted),
-        noise_pairs=(
-            len(rows) if trusted or max(len(meaning), len(vectors)) >= MIN_DIFFERING else 0
-        ),
+        noise_pairs=(pairs if trusted or max(_n(meaning), _n(vectors)) >= MIN_DIFFERING else 0),
         vectors=_tightened(vectors, SAME_VECTOR, SAME_VECTOR, trusted),
     )
 
@@ -187,21 +200,32 @@ def _fields_differ(json_diff: Any) -> bool:
     return any(diff.get(kind) for kind in ("missing", "extra", "changed"))
 
 
-def _floor(values: list[float], ceiling: float, trusted: bool) -> float:
-    if not values or (len(values) < MIN_DIFFERING and not trusted):
+def _n(values: Mapping[float, int]) -> int:
+    return sum(values.values())
+
+
+def _floor(values: Mapping[float, int], ceiling: float, trusted: bool) -> float:
+    if not values or (_n(values) < MIN_DIFFERING and not trusted):
         return ceiling
     return min(_percentile(values), ceiling)
 
 
-def _percentile(values: list[float]) -> float:
-    values.sort()
-    return values[min(len(values) - 1, math.floor(PERCENTILE * len(values)))]
+def _percentile(values: Mapping[float, int]) -> float:
+    """Return the 1st percentile of values given with their counts (the lower one)."""
+    n = _n(values)
+    rank = min(n - 1, math.floor(PERCENTILE * n))
+    seen = 0
+    for value in sorted(values):
+        seen += values[value]
+        if seen > rank:
+            return value
+    raise ValueError("no values")
 
 
-def _tightened(values: list[float], start: float, ceiling: float, trusted: bool) -> float:
+def _tightened(values: Mapping[float, int], start: float, ceiling: float, trusted: bool) -> float:
     """Return the floor's percentile between the start and the ceiling: a floor may tighten a
     tolerance, never loosen it, and never past what two answers of like meaning keep."""
-    if not values or (len(values) < MIN_DIFFERING and not trusted):
+    if not values or (_n(values) < MIN_DIFFERING and not trusted):
         return start
     return min(max(start, _percentile(values)), ceiling)
 

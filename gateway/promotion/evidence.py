@@ -35,10 +35,10 @@ from gateway.promotion.judge import (
     Verdict,
     judge,
 )
-from gateway.promotion.shadow_minutes import settled, summarize
-from gateway.promotion.tally import Tally, representative
+from gateway.promotion.shadow_minutes import DAY_S, settled, summarize
+from gateway.promotion.tally import FAILED, Tally, representative
 from gateway.records.slo import Targets
-from gateway.shadow.sample import NOISE
+from gateway.shadow.kinds import NOISE
 from gateway.stats import sketch_value
 
 EvidenceByKey = dict[tuple[str, str], Evidence]
@@ -118,7 +118,7 @@ def from_minutes(
                 tally = copies[route, row["candidate_pool"], sampled] = Tally()
         tally.add(row, JUDGED_LATENCIES)
     tolerances = {
-        key: tolerance(floor.floor_pairs(), paraphrase_of(key[0])) for key, floor in floors.items()
+        key: floor.floor_tolerance(paraphrase_of(key[0])) for key, floor in floors.items()
     }
     evidence: dict[tuple[str, str], Evidence] = {}
     for route, candidate in sorted({(route, candidate) for route, candidate, _ in copies}):
@@ -171,7 +171,7 @@ def _count(agreement: Agreement, own: Tally, floor: Tally, held_to: departures.T
         for (name, value, matched), n, measured, at_risk in tally.classes():
             compared += measured
             words += at_risk
-            if name is None:  # decided whatever the tolerance
+            if name is None or name == FAILED:  # decided whatever the tolerance
                 departed += measured * value
                 exact += measured * matched
             else:
@@ -229,6 +229,57 @@ def shadow_rows(
         return [dict(row._mapping) for row in conn.execute(query)]
 
 
+# What the judge and the rollout guard read of a stored row: not what only the report and the
+# console show (the measures' sums, upstream errors by code, the worst pairs).
+JUDGED_COLUMNS = tuple(
+    c for c in shadow_minutes.columns if c.name not in ("id", "measures", "errors", "worst")
+)
+
+
+def read_minutes(
+    db: sa.Engine,
+    policy: Policy,
+    since: float,
+    *,
+    route: str | None = None,
+    primary_pool: str | None = None,
+    kind: str | None = None,
+    overlapping: bool = False,
+    now: float | None = None,
+) -> list[Row]:
+    """Read the shadow minutes (days and hours once compacted) that start from `since` and
+    match the filters; the minutes not settled by `now` are folded here from their shadow
+    records. The one read of shadow evidence that the judge (`load_evidence`) and the rollout
+    guard (gateway/promotion/rollout.py) share.
+
+    A row is read whole or not at all: a window is cut where its first row starts, to the
+    minute within the last hour, the hour within the last day or two, the day before
+    (gateway/promotion/shadow_minutes.py `compact`). With `overlapping`, the row that
+    `since` falls in is read too, so no copy after `since` is left out (and a row's worth
+    before it may be in).
+    """
+    now = time.time() if now is None else now
+    horizon = max(since, settled(now))
+    m = shadow_minutes.c
+    starts = (
+        sa.and_(m.ts > since - DAY_S, m.ts + m.span_s > since) if overlapping else m.ts >= since
+    )
+    query = sa.select(*JUDGED_COLUMNS).where(starts, m.ts < horizon)
+    for column, value in ((m.route, route), (m.primary_pool, primary_pool), (m.kind, kind)):
+        if value is not None:
+            query = query.where(column == value)
+    with db.connect() as conn:
+        minutes: list[Row] = list(conn.execute(query).mappings())
+    recent = [
+        r
+        for r in shadow_rows(db, horizon, route=route)
+        if (primary_pool is None or r["primary_pool"] == primary_pool)
+        and (kind is None or r["kind"] == kind)
+    ]
+    minutes += [folded.row() for folded in summarize(recent, slo_targets(policy))]
+    return minutes
+
+
 def load_evidence(
     db: sa.Engine,
     policy: Policy,
@@ -237,23 +288,18 @@ def load_evidence(
     *,
     now: float | None = None,
 ) -> EvidenceByKey:
-    """Read the shadow minutes that start from `since` into evidence per route and candidate;
-    the minutes not settled by `now` are folded here from their shadow records."""
-    now = time.time() if now is None else now
-    horizon = max(since, settled(now))
-    m = shadow_minutes.c
-    # Not what only the report and the console show: the measures' sums, the worst pairs.
-    read = [
-        c for c in shadow_minutes.columns if c.name not in ("id", "measures", "errors", "worst")
-    ]
-    query = sa.select(*read).where(m.ts >= since, m.ts < horizon)
-    if route is not None:
-        query = query.where(m.route == route)
-    with db.connect() as conn:
-        minutes: list[Row] = list(conn.execute(query).mappings())
-    recent = shadow_rows(db, horizon, route=route)
-    minutes += [m.row() for m in summarize(recent, slo_targets(policy))]
+    """Read the shadow minutes that start from `since` into evidence per route and candidate
+    (`read_minutes`)."""
+    minutes = read_minutes(db, policy, since, route=route, now=now)
     return from_minutes(minutes, paraphrases(policy))
+
+
+def window(rules: Criteria, now: float) -> float:
+    """Return where the promotion window starts: twice the minimum window before `now` (a day
+    at least), enough history to see it, bounded so old behaviour fades; from the start of
+    that day (UTC), so the window is read in whole compacted days."""
+    since = now - max(2 * rules.min_window_s, DAY_S)
+    return since - since % DAY_S
 
 
 def evaluate(
@@ -262,9 +308,7 @@ def evaluate(
     """Judge every route and candidate with evidence in the promotion window; store verdicts."""
     now = time.time() if now is None else now
     rules = criteria(policy)
-    # Twice the minimum window: enough history to see it, bounded so old behaviour fades.
-    since = now - max(2 * rules.min_window_s, 86400.0)
-    evidence = load_evidence(db, policy, since, route, now=now)
+    evidence = load_evidence(db, policy, window(rules, now), route, now=now)
     verdicts = [judge(e, rules, now) for e in evidence.values()]
     if verdicts:
         with db.begin() as conn:

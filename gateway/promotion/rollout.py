@@ -25,7 +25,7 @@ from typing import Any
 import sqlalchemy as sa
 import yaml
 
-from gateway.db.schema import request_records, rollouts, shadow_records
+from gateway.db.schema import request_records, rollouts
 from gateway.errors import Conflict
 from gateway.periodic import Periodic
 from gateway.policy import validation, versions
@@ -33,10 +33,10 @@ from gateway.policy.apply import apply, overridden, refusal, uncleared
 from gateway.policy.load import PolicyLoader, to_yaml
 from gateway.policy.model import Policy
 from gateway.promotion.departures import Tolerance, departs
-from gateway.promotion.evidence import latest
-from gateway.promotion.tally import MEASURES
+from gateway.promotion.evidence import latest, read_minutes
+from gateway.promotion.tally import FAILED, Tally, representative
 from gateway.records.slo import record_meets_slo
-from gateway.shadow.sample import CANDIDATE
+from gateway.shadow.kinds import CANDIDATE
 
 ROLLING, COMPLETE, ROLLED_BACK = "rolling", "complete", "rolled_back"
 # The reverse shadow sample's share of the canary's requests.
@@ -232,9 +232,23 @@ def _precision_gate(
     return overridden(ungated, author)
 
 
-def guards(db: sa.Engine, policy: Policy, route: str, candidate: str, since: float) -> Guards:
-    """Measure the canary's requests and reverse shadow sample since the step began."""
-    r, s = request_records.c, shadow_records.c
+def guards(
+    db: sa.Engine,
+    policy: Policy,
+    route: str,
+    candidate: str,
+    since: float,
+    *,
+    now: float | None = None,
+) -> Guards:
+    """Measure the canary's requests and reverse shadow sample since the step began.
+
+    The reverse sample is read as the judge reads its evidence, from the shadow minutes
+    (gateway/promotion/evidence.py `read_minutes`): the copies whose primary was the canary,
+    from the row the step began in (a step's first minutes are compacted into an hour that
+    began before it once the hour settles, and are the step's evidence still).
+    """
+    r = request_records.c
     with db.connect() as conn:
         # Requests the canary was given: a fallback that saved the client is still its failure.
         served = conn.execute(
@@ -250,38 +264,45 @@ def guards(db: sa.Engine, policy: Policy, route: str, candidate: str, since: flo
                 r.fallback,
             ).where(r.route == route, r.first_pool == candidate, r.ts >= since)
         ).all()
-        copies = conn.execute(
-            sa.select(*(s[name] for name in MEASURES), s.failure, s.primary_failure).where(
-                s.route == route,
-                s.primary_pool == candidate,
-                s.kind == CANDIDATE,
-                s.candidate_error.is_(None),
-                s.ts >= since,
-            )
-        ).all()
     met = errors = 0
     for row in served:
         cls = policy.slo_classes.get(row.slo_class or policy.default_slo_class)
         ok = row.status == 200 and not row.fallback
         errors += not ok
         met += ok and record_meets_slo(cls, row._mapping)
-    # The canary is the primary of its reverse copies: an answer of its that failed where the
-    # former primary's did not (gateway/compare/failures.py) is a request it failed.
-    failed = sum(bool(c.primary_failure) and not c.failure for c in copies)
-    pairs = [
-        dict(c._mapping)
-        for c in copies
-        if c.exact_match is not None and not c.failure and not c.primary_failure
-    ]
+    copies = Tally()
+    for minute in read_minutes(
+        db,
+        policy,
+        since,
+        route=route,
+        primary_pool=candidate,
+        kind=CANDIDATE,
+        overlapping=True,
+        now=now,
+    ):
+        copies.add(minute, ())
+    compared = agreed = 0
+    for (name, value, _), n, _, _ in copies.classes():
+        if name == FAILED:  # the former primary's answer failed: not the canary's doing
+            continue
+        compared += n
+        # Held to the default tolerance: the step is too short to measure a noise floor of its
+        # own.
+        if name is None:
+            agreed += n * (not value)
+        else:
+            agreed += n * (not departs(representative(name, value), Tolerance()))
     return Guards(
         requests=len(served),
         errors=errors,
         slo_met=met,
-        compared=len(pairs),
-        # Held to the default tolerance: the step is too short to measure a noise floor of its own.
-        agreed=sum(not departs(pair, Tolerance()) for pair in pairs),
-        copies=len(copies),
-        failed=failed,
+        compared=compared,
+        agreed=agreed,
+        # The canary is the primary of its reverse copies: an answer of its that failed where
+        # the former primary's did not (gateway/compare/failures.py) is a request it failed.
+        copies=int(copies["answered"]),
+        failed=int(copies["only_primary_failed"]),
     )
 
 
@@ -295,7 +316,7 @@ def advance(
         running = conn.execute(sa.select(rollouts).where(rollouts.c.state == ROLLING)).all()
     moved = []
     for row in running:
-        g = guards(db, policy, row.route, row.candidate, row.step_started)
+        g = guards(db, policy, row.route, row.candidate, row.step_started, now=now)
         move, reason = next_move(g, policy, now - row.step_started)
         if move == "wait":
             continue

@@ -29,7 +29,10 @@ Rows add up: a minute and key may have several rows (replicas, a copy that ended
 its request arrived), and every reader sums them. The serving process holds each copy it records
 for SETTLE_S, for its energy and its primary's (which settle seconds after their answers), then
 folds it into the open row of its minute, handed to the shadow writer once the minute has
-settled (`ShadowMinutes`). `summarize` folds stored shadow records the same way: the migration
+settled (`ShadowMinutes`). The shadow writer compacts the rows of each settled hour into a
+row per hour and key, and the rows of each day, a day after it ends, into a row per day and key
+(`compact`), so a week is read as a few rows per key whatever the traffic; readers sum rows
+whatever their span. `summarize` folds stored shadow records the same way: the migration
 that adds this table runs it on the records written before, and a test checks the evidence read
 from minutes against the one computed from records.
 """
@@ -60,8 +63,10 @@ RECORD_COLUMNS = (
 )  # fmt: skip
 
 Key = tuple[float, str, str, str, str, bool]  # start, route, candidate, primary, kind, sampled
-# A compacted row's span: the minutes of an hour, once settled, become one row per key.
+# A compacted row's span: the minutes of an hour, once settled, become one row per key; the
+# rows of a day, a day after it settled, too (`compact`).
 HOUR_S = 3600.0
+DAY_S = 86400.0
 # The targets of a request's SLO class, by the class its request names (None: the default).
 TargetsOf = Callable[[str | None], Targets | None]
 
@@ -134,42 +139,59 @@ def summarize(
     return [minute_row(tally, key, span_s) for key, tally in sorted(tallies.items())]
 
 
-def compact(db: sa.Engine, now: float) -> int:
-    """Fold the minute rows of every hour settled by `now` into a row per hour and key; return
-    how many minute rows were folded.
+def compacted_before(now: float) -> tuple[float, float]:
+    """Return the times before which `compact` leaves only day rows, and only hour or day rows:
+    the start of yesterday (so a window that starts within the last day or two is read to the
+    hour), and the start of the last hour settled by `now`."""
+    hour = settled(now) - settled(now) % HOUR_S
+    return hour - hour % DAY_S - DAY_S, hour
 
-    Each minute row is deleted and returned in the transaction that writes its hour's row, so
-    replicas compacting at once fold each minute once: a row another took is not returned.
+
+def compact(db: sa.Engine, now: float) -> int:
+    """Fold the rows of every day settled a day before `now` into a row per day and key, and
+    the minute rows of every hour settled by `now` into a row per hour and key; return how many
+    rows were folded.
+
+    Each row is deleted and returned in the transaction that writes its day's or hour's row, so
+    replicas compacting at once fold each row once: a row another took is not returned.
     """
-    m = shadow_minutes.c
-    before = settled(now) - settled(now) % HOUR_S
+    day, hour = compacted_before(now)
     with db.begin() as conn:
-        taken = conn.execute(
-            shadow_minutes.delete()
-            .where(m.ts < before, m.span_s < HOUR_S)
-            .returning(*(c for c in shadow_minutes.columns if c.name != "id"))
-        ).mappings()
-        tallies: dict[Key, Tally] = {}
-        folded = 0
-        for row in taken:
-            key = (
-                row["ts"] - row["ts"] % HOUR_S,
-                row["route"],
-                row["candidate_pool"],
-                row["primary_pool"],
-                row["kind"],
-                bool(row["sampled"]),
-            )
-            tally = tallies.get(key)
-            if tally is None:
-                tally = tallies[key] = Tally()
-            tally.add(row)
-            folded += 1
-        if tallies:
-            conn.execute(
-                shadow_minutes.insert(),
-                [minute_row(t, key, HOUR_S).row() for key, t in sorted(tallies.items())],
-            )
+        return fold(conn, day, DAY_S) + fold(conn, hour, HOUR_S)
+
+
+def fold(
+    conn: sa.Connection, before: float, span_s: float, table: sa.TableClause = shadow_minutes
+) -> int:
+    """Fold the rows shorter than `span_s` that start before `before` into a row per span and
+    key; return how many were folded. `table` is the shadow minutes' table as a migration
+    finds it, where that has not all of today's columns."""
+    m = table.c
+    taken = conn.execute(
+        table.delete()
+        .where(m.ts < before, m.span_s < span_s)
+        .returning(*(c for c in table.columns if c.name != "id"))
+    ).mappings()
+    tallies: dict[Key, Tally] = {}
+    folded = 0
+    for row in taken:
+        key = (
+            row["ts"] - row["ts"] % span_s,
+            row["route"],
+            row["candidate_pool"],
+            row["primary_pool"],
+            row["kind"],
+            bool(row["sampled"]),
+        )
+        tally = tallies.get(key)
+        if tally is None:
+            tally = tallies[key] = Tally()
+        tally.add(row)
+        folded += 1
+    if tallies:
+        names = [c.name for c in table.columns if c.name != "id"]
+        rows = [minute_row(t, key, span_s).row() for key, t in sorted(tallies.items())]
+        conn.execute(table.insert(), [{name: row[name] for name in names} for row in rows])
     return folded
 
 
@@ -216,7 +238,7 @@ class ShadowMinutes:
         primaries[decision_id] = (energy_j, cost)
 
     def compact(self, db: sa.Engine, now: float) -> int:
-        """Fold the minute rows of the hours settled by `now` into hours (`compact`)."""
+        """Fold the rows of the days and hours settled by `now` into days and hours (`compact`)."""
         return compact(db, now)
 
     def take(self, now: float) -> list[ShadowMinute]:

@@ -23,7 +23,7 @@ from gateway.promotion import evidence
 from gateway.promotion.shadow_minutes import settled
 from gateway.promotion.shadow_minutes import summarize as fold
 from gateway.promotion.tally import Tally, agreement
-from gateway.shadow.sample import NOISE
+from gateway.shadow.kinds import NOISE
 from gateway.stats import sketch_percentile
 
 Row = Mapping[Any, Any]

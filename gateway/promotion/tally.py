@@ -16,9 +16,16 @@ import orjson
 
 from gateway.compare.failures import ERROR, UPSTREAM
 from gateway.compare.measures import SHOWN
-from gateway.promotion.departures import at_risk, decided, deciding, judged
+from gateway.promotion.departures import (
+    Tolerance,
+    at_risk,
+    decided,
+    deciding,
+    judged,
+    tolerance_of,
+)
 from gateway.records.slo import Targets, meets_slo
-from gateway.shadow.sample import NOISE
+from gateway.shadow.kinds import NOISE
 from gateway.stats import sketch_bucket
 
 # What `departs` and `tolerance` read of a pair: a pair's class. The rollout guards read these too.
@@ -64,6 +71,13 @@ _P_MET, _MET, _ONLY_P_MET, _ONLY_MET, _PRICED, _CHEAPER = range(6, 12)
 _E_PAIRS, _P_ENERGY, _C_ENERGY, _C_PAIRS, _P_COST, _C_COST, _FLOOR = range(12, 19)
 
 
+# The class of a judged pair whose copy failed: it departs whatever the tolerance, as a pair
+# decided without one (None) does, and is kept apart so the rollout guard, whose copies are the
+# former primary's answers, can leave the former primary's failures out of its agreement.
+# Rows written before it was kept apart hold such pairs under (None, True, False).
+FAILED = "failed"
+
+
 def bucketed(value: float) -> float:
     """Return the lower edge of the bucket of 1/BUCKETS a similarity falls in."""
     i = math.floor(value * BUCKETS)
@@ -76,8 +90,11 @@ def bucketed(value: float) -> float:
 
 def pair_class(r: Row) -> tuple[str | None, Any, bool]:
     """Return what the judge needs of a judged pair: how `departs` decides it without a
-    tolerance (None, departs or not, exact match), or the similarity it is judged on against
-    one, bucketed (its name, the bucket's lower edge, False)."""
+    tolerance (None, departs or not, exact match; `FAILED` for a copy that failed, which
+    departs), or the similarity it is judged on against one, bucketed (its name, the bucket's
+    lower edge, False)."""
+    if r.get("failure"):
+        return FAILED, True, bool(r.get("exact_match"))
     outcome = decided(r)
     if outcome is not None:
         return None, outcome, bool(r.get("exact_match"))
@@ -350,6 +367,19 @@ class Tally:
         their words at risk known, and those words."""
         for cls, (n, measured, words) in self.pairs.items():
             yield cls, n, measured, words
+
+    def floor_tolerance(self, paraphrase: float | None = None) -> Tolerance:
+        """Return the tolerance of the noise floor these copies are (`tolerance_of`), read from
+        the floor's counts: equal to `tolerance(self.floor_pairs(), paraphrase)`, without a
+        row per pair."""
+        floor = self.floor
+        return tolerance_of(
+            int(self["floor_pairs"]),
+            floor.get("semantic_similarity", {}),
+            floor.get("embedding_cosine", {}),
+            floor.get("similarity", {}),
+            paraphrase,
+        )
 
     def floor_pairs(self) -> list[dict[str, Any]]:
         """Return the noise floor's pairs as `tolerance` reads them: as many as did not fail,

@@ -21,14 +21,15 @@ Row = Mapping[str, Any]
 
 
 def judge_window(c: Criteria) -> float:
-    """Return how much history the judge looks at, as `evidence.evaluate` does."""
-    return max(2 * c.min_window_s, 86400.0)
+    """Return how much history the judge looks at, at most, as `evidence.evaluate` does (its
+    window starts at the start of the day this long before: `evidence.window`)."""
+    return max(2 * c.min_window_s, 86400.0) + 86400.0
 
 
 def judge_minutes(minutes: Sequence[Row], policy: Policy, at: float) -> dict[tuple[str, str], Any]:
     """Judge every route and candidate as of `at` from the shadow minutes of its window."""
     rules = evidence.criteria(policy)
-    since = at - judge_window(rules)
+    since = evidence.window(rules, at)
     window = (m for m in minutes if since <= m["ts"] < at)
     gathered = evidence.from_minutes(window, evidence.paraphrases(policy))
     verdicts = {}

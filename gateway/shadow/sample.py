@@ -19,9 +19,9 @@ from gateway.policy.model import Comparison, Policy, Route, ShadowBudget, Shadow
 from gateway.routing.classify import RequestProfile
 from gateway.routing.router import tokens_needed
 
-# The two kinds of copy: to a candidate pool, and to the primary's own pool (the noise floor).
-CANDIDATE = "candidate"
-NOISE = "noise"
+# The kinds of copy drawn here, defined apart (gateway/shadow/kinds.py).
+from gateway.shadow.kinds import CANDIDATE as CANDIDATE
+from gateway.shadow.kinds import NOISE as NOISE
 
 Sampler = Callable[[str, str], float]
 

@@ -205,11 +205,12 @@ def test_judge_of_one_route_reads_its_time_range_by_index(filled: sa.Engine) -> 
 
 def test_rollout_guards_read_the_canary_by_index(filled: sa.Engine) -> None:
     policy = fleet_policy()
-    requests, copies = plans(
-        filled, lambda: rollout.guards(filled, policy, SMALL, "asic", NOW - 7 * DAY)
+    requests, minutes, recent = plans(
+        filled, lambda: rollout.guards(filled, policy, SMALL, "asic", NOW - 7 * DAY, now=NOW)
     )
     assert "ix_request_records_route_first_pool_ts" in requests
-    assert "ix_shadow_records_route_ts" in copies
+    assert "ix_shadow_minutes_ts" in minutes
+    assert "ix_shadow_records_route_ts" in recent
 
 
 def test_shadow_summary_of_one_route_reads_minutes_copies_and_drops_by_index(

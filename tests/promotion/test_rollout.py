@@ -5,15 +5,18 @@ from __future__ import annotations
 import dataclasses
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
+import sqlalchemy as sa
 from rows import request_record, shadow_record
 from threadserver import serving
 
 from gateway.db.connection import connect
-from gateway.db.schema import request_records, shadow_records
+from gateway.db.schema import request_records, shadow_minutes, shadow_records
 from gateway.policy.load import load_policy
 from gateway.promotion.rollout import Guards, guards, next_move, promoted, with_canary
+from gateway.promotion.shadow_minutes import compact, summarize
 from harness.gateways import GatewayServer, run_gateway
 from policies import MODEL, fleet_policy
 from realfleet.shim import Shim
@@ -107,6 +110,23 @@ def test_guards_judge_each_canary_request_by_its_endpoint(database: str) -> None
     assert (measured.requests, measured.errors, measured.slo_met) == (5, 0, 3)
 
 
+def store_copies(db: sa.Engine, copies: list[dict[str, Any]], *, records: bool) -> None:
+    """Store reverse copies as the shadow writer leaves them once settled: their minutes (and,
+    with `records`, the shadow records they were folded from)."""
+    with db.begin() as conn:
+        if records:
+            conn.execute(shadow_records.insert(), copies)
+        minutes = summarize(({**c, "slo_class": None} for c in copies), lambda _: None)
+        conn.execute(shadow_minutes.insert(), [m.row() for m in minutes])
+
+
+def reverse_copy(n: int, **fields: Any) -> dict[str, Any]:
+    """A copy of a canary's (asic's) request to the former primary (gpu), which matched."""
+    values: dict[str, Any] = {"exact_match": True, "similarity": 1.0, "reference_words": 40}
+    values.update(fields)
+    return shadow_record(n, primary_pool="asic", candidate_pool="gpu", **values).row()
+
+
 def test_the_agreement_guard_forgives_a_benign_flip_and_not_a_confident_one(database: str) -> None:
     # The canary (asic) is the primary of its reverse copies to the former primary (gpu).
     flips = [
@@ -115,25 +135,77 @@ def test_the_agreement_guard_forgives_a_benign_flip_and_not_a_confident_one(data
         (False, 0.0),  # a confident token replaced: departs
     ]
     rows = [
-        shadow_record(
+        reverse_copy(
             n,
-            primary_pool="asic",
-            candidate_pool="gpu",
             exact_match=False,
             near_tie=tie,
             kl_divergence=kl,
+            similarity=0.5,
             semantic_similarity=0.3,
             first_divergence=2,
-            reference_words=40,
-        ).row()
+        )
         for n, (tie, kl) in enumerate(flips)
     ]
     db = connect(database)
-    with db.begin() as conn:
-        conn.execute(shadow_records.insert(), rows)
-    measured = guards(db, fleet_policy(), "chat", "asic", since=0.0)
+    store_copies(db, rows, records=True)
+    # Settled: read from the shadow minutes; within the last minutes: from the records.
+    settled = guards(db, fleet_policy(), "chat", "asic", since=0.0)
+    recent = guards(db, fleet_policy(), "chat", "asic", since=0.0, now=1_000.0 + 10)
     db.dispose()
-    assert (measured.compared, measured.agreed) == (3, 1)
+    assert (settled.compared, settled.agreed) == (recent.compared, recent.agreed) == (3, 1)
+
+
+def test_a_bad_canary_trips_the_guards_read_from_the_shadow_minutes(database: str) -> None:
+    """The reverse sample is read from the shadow minutes alone (no shadow record is stored):
+    a canary whose answers fail, or depart from the former primary's, is rolled back; the
+    former primary's own failures are not held against it."""
+    policy = fleet_policy()
+    since = 1_000.0
+    requests = [
+        dataclasses.replace(
+            request_record(n), ts=since + n, route="chat", pool="asic", first_pool="asic"
+        ).row()
+        for n in range(40)
+    ]
+    healthy = [reverse_copy(n) for n in range(40)]
+    failing = [  # the canary answered empty on one request in eight
+        reverse_copy(n, primary_failure="empty" if n % 8 == 0 else None) for n in range(40)
+    ]
+    departing = [  # a confident change of meaning on one copy in four
+        reverse_copy(n, exact_match=False, similarity=0.2, semantic_similarity=0.3)
+        if n % 4 == 0
+        else reverse_copy(n)
+        for n in range(40)
+    ]
+    former_failing = [  # the former primary answered empty: not the canary's doing
+        reverse_copy(n, failure="empty" if n % 8 == 0 else None) for n in range(40)
+    ]
+    moves = {}
+    for name, copies in (
+        ("healthy", healthy),
+        ("failing", failing),
+        ("departing", departing),
+        ("former_failing", former_failing),
+    ):
+        db = connect(database)
+        with db.begin() as conn:
+            conn.execute(request_records.delete())
+            conn.execute(shadow_minutes.delete())
+            conn.execute(request_records.insert(), requests)
+        store_copies(db, copies, records=False)
+        measured = guards(db, policy, "chat", "asic", since=since)
+        # Compacted into the hour and the day that began before the step, they are its still.
+        compact(db, since + 3600 + 600)
+        assert guards(db, policy, "chat", "asic", since=since) == measured, name
+        compact(db, since + 3 * 86400)
+        assert guards(db, policy, "chat", "asic", since=since) == measured, name
+        db.dispose()
+        assert measured.requests == 40 and measured.copies == 40, name
+        moves[name] = next_move(measured, policy, elapsed_s=3600)
+    assert moves["healthy"] == ("advance", "guards pass")
+    assert moves["failing"] == ("rollback", "error rate 0.125 > 0.01")
+    assert moves["departing"] == ("rollback", "agreement 0.750 < 0.95")
+    assert moves["former_failing"] == ("advance", "guards pass")
 
 
 def test_policy_edits_add_the_canary_and_finish_the_promotion() -> None:
