@@ -26,13 +26,15 @@ gateway/promotion/precision/rates.py: `excess`), in all and in each band of answ
 `max_turned_wrong` more labelled answers turn wrong than the floor's (the paired interval,
 paired.py), and at most `max_error_share` of the candidate's requests failed
 (gateway/promotion/precision/limits.py): an error, a timeout, or a null, empty or cut-short
-answer (gateway/compare/failures.py). A wrong fact is a failure even where its words and
-meaning stay close to the right one. `gate` says whether the suite is one whose pass opens the
-go-live gate (enough different prompts, room in every answer) and how many labelled questions
-it holds. `fallbacks` counts the pairs measured with less than the check asks for: without
-logprobs on a side (no KL, no near tie), or split into different tokens where the texts are
-equal (the tokenizers differ: KL and near ties compare unlike tokens, so the check leaves them
-out of every candidate pair).
+answer (gateway/compare/failures.py), except an answer cut short at `max_tokens` after a benign
+near-tie flip, which departs instead (`truncated`, gateway/promotion/departures.py). A wrong
+fact is a failure even where its words and meaning stay close to the right one. `gate` says
+whether the suite is one whose pass opens the go-live gate (enough different prompts, room in
+every answer, and a labelled part or the pool's reason for having none) and how many labelled
+questions it holds. `fallbacks` counts the pairs measured with less than the check asks for:
+without logprobs on a side (no KL, no near tie), or split into different tokens where the texts
+are equal (the tokenizers differ: KL and near ties compare unlike tokens, so the check leaves
+them out of every candidate pair).
 """
 
 from __future__ import annotations
@@ -59,7 +61,14 @@ PASS, FAIL = "pass", "fail"
 # a long answer (`bands`).
 BANDS = (32, 128)
 # What a check keeps of each pair in its result: the measures, never the answers' texts.
-KEPT = ("exact_match", "similarity", "semantic_similarity", "near_tie", "kl_divergence")
+KEPT = (
+    "exact_match",
+    "similarity",
+    "semantic_similarity",
+    "near_tie",
+    "kl_divergence",
+    "truncated",
+)
 
 Row = dict[str, Any]
 
