@@ -538,7 +538,8 @@ def test_a_labelled_question_turned_wrong_fails_the_check_though_its_meaning_hol
 
 
 def test_an_unlabelled_suite_is_judged_on_meaning_alone() -> None:
-    result = judge_check(PLAN, suite_of(240), outcomes(240))
+    excused = dataclasses.replace(PLAN, unlabelled=UNLABELLED["unlabelled"])
+    result = judge_check(excused, suite_of(240), outcomes(240))
     assert result["labelled"] is None and result["verdict"] == "pass"
     assert not any("labelled" in reason for reason in result["reasons"])
 
@@ -699,7 +700,13 @@ def test_a_check_records_its_suite_and_what_it_fell_back_to() -> None:
     result = judge_check(PLAN, suite_of(240, "suites/chat.jsonl"), outcomes(240))
     assert (result["suite"], result["suite_file"]) == ("suites/chat.jsonl", "chat.jsonl")
     assert result["suite_sha256"] == f"{240:064x}" and result["distinct_prompts"] == 240
-    assert result["gate"] == {"opens": True, "lacks": [], "labelled": 0, "labelled_needed": 125}
+    assert result["gate"] == {
+        "opens": False,  # no labelled part, and PLAN's pool gives no reason it has none
+        "lacks": [],
+        "labelled": 0,
+        "labelled_needed": 125,
+        "unlabelled": None,
+    }
     assert result["fallbacks"] == {"without_logprobs": 0, "tokens_differ": 0}
     # The same texts split into other tokens: the tokenizers differ, near ties and KL are out.
     split = outcomes(240)
@@ -724,8 +731,29 @@ def test_a_suite_file_is_read_with_its_hash(tmp_path: Path) -> None:
     data = (ROOT / "suites/chat.jsonl").read_bytes()
     assert suite.sha256 == hashlib.sha256(data).hexdigest() and suite.file == "chat.jsonl"
     assert suite.distinct_prompts == 240 and suite.fewest_max_tokens >= 64
-    for name in ("chat", "facts", "json", "tools"):  # the shipped suites open the gate
-        assert gate(read_suite(ROOT / f"suites/{name}.jsonl"))["opens"], name
+    for name in ("chat", "facts", "json", "tools"):  # the shipped suites meet the minimums
+        assert gate(read_suite(ROOT / f"suites/{name}.jsonl"))["lacks"] == [], name
+
+
+def test_a_pass_on_an_unlabelled_suite_opens_the_gate_only_where_go_live_says_why() -> None:
+    # The shipped chat suite meets the minimums but holds no labelled question: its pass opens
+    # the gate of a pool whose go_live says why its models have none, and of no other, as
+    # applying the policy counts it (gateway/policy/apply.py).
+    chat, facts = read_suite(ROOT / "suites/chat.jsonl"), read_suite(ROOT / "suites/facts.jsonl")
+    assert gate(facts)["opens"] and gate(facts)["labelled"] == 240
+    assert not gate(chat)["opens"] and gate(chat)["lacks"] == []
+    excused = gate(chat, UNLABELLED["unlabelled"])
+    assert excused["opens"] and excused["unlabelled"] == UNLABELLED["unlabelled"]
+    unexcused = judge_check(PLAN, suite_of(240), outcomes(240))
+    assert unexcused["verdict"] == "pass" and not unexcused["gate"]["opens"]
+    assert any(
+        "does not open the go-live gate: it holds 0 labelled questions, 125 needed" in reason
+        for reason in unexcused["reasons"]
+    ), unexcused["reasons"]
+    with_reason = dataclasses.replace(PLAN, unlabelled=UNLABELLED["unlabelled"])
+    said = judge_check(with_reason, suite_of(240), outcomes(240))
+    assert said["gate"]["opens"]
+    assert not any("go-live gate" in reason for reason in said["reasons"])
 
 
 def test_the_admin_api_refuses_a_pool_going_live_unless_overridden(

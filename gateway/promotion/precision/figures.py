@@ -142,7 +142,7 @@ def judge_check(
         "prompts": len(suite.bodies),
         "distinct_prompts": suite.distinct_prompts,
         "fewest_max_tokens": suite.fewest_max_tokens,
-        "gate": gate(suite),
+        "gate": gate(suite, plan.unlabelled),
         "fallbacks": fallbacks,
         "compared": n,
         "candidate_errors": len(failed),
@@ -284,10 +284,13 @@ def at_risk(row: Mapping[str, Any]) -> int:
     )
 
 
-def gate(suite: Suite) -> dict[str, Any]:
-    """Say whether a pass on `suite` opens the go-live gate, and what it lacks if not; and how
-    many labelled questions it holds against the labelled part a go-live suite needs (a pool's
-    `go_live.unlabelled` may say why it has none: gateway/policy/apply.py)."""
+def gate(suite: Suite, unlabelled: str | None = None) -> dict[str, Any]:
+    """Say whether a pass on `suite` opens the go-live gate: the minimums it falls short of
+    (`lacks`), and how many labelled questions it holds against the labelled part a go-live
+    suite needs, which the pool's `go_live.unlabelled` may excuse (`unlabelled`, its reason).
+    It opens only when it lacks nothing and holds its labelled part or is excused, as
+    gateway/policy/apply.py counts a check: a pass on an unlabelled suite opens no gate for a
+    pool whose go_live gives no reason. Apply reads the labels again under the policy in force."""
     lacks = []
     if suite.distinct_prompts < MIN_DISTINCT_PROMPTS:
         lacks.append(f"{suite.distinct_prompts} different prompts, {MIN_DISTINCT_PROMPTS} needed")
@@ -297,10 +300,11 @@ def gate(suite: Suite) -> dict[str, Any]:
         )
     labelled = sum(isinstance(body.get("expected"), str) for _, body in suite.bodies)
     return {
-        "opens": not lacks,
+        "opens": not lacks and (labelled >= MIN_DISTINCT_PROMPTS or unlabelled is not None),
         "lacks": lacks,
         "labelled": labelled,
         "labelled_needed": MIN_DISTINCT_PROMPTS,
+        "unlabelled": unlabelled,
     }
 
 
