@@ -182,8 +182,8 @@ def dumped(document: Mapping[str, Any]) -> str:
 
 def former(row: Mapping[str, Any]) -> dict[str, Any]:
     """Return a pair as the former rule read it: no KL, so no flip forgiven on meaning; and an
-    answer cut at max_tokens after a benign flip a failed request, as every cut answer was."""
-    if row.get("truncated"):
+    answer cut short after a benign flip a failed request, as every cut answer was."""
+    if row.get("cut_after_tie"):
         return {**dict.fromkeys(row), "candidate_error": "cut_short answer", "failure": "cut_short"}
     return {**row, "kl_divergence": None}
 
@@ -338,9 +338,9 @@ def checked(
         "departures_kl": sorted(
             d["kl_divergence"] for d in result["departures"] if d["kl_divergence"] is not None
         ),
-        # Answers cut at max_tokens after a benign flip where the reference's finished: they
-        # depart rather than fail the request (docs/promotion.md, "Truncated after a benign flip").
-        "truncated": [d for d in result["departures"] if d.get("truncated")],
+        # Answers cut short after a benign flip where the reference's finished: they depart
+        # rather than fail the request (docs/promotion.md, "Cut short after a benign flip").
+        "cut_after_tie": [d for d in result["departures"] if d.get("cut_after_tie")],
         "former_rule": {"verdict": before["verdict"], **_figures(before)},
         "summary": ran.stdout.strip(),
     }

@@ -26,8 +26,8 @@ gateway/promotion/precision/rates.py: `excess`), in all and in each band of answ
 `max_turned_wrong` more labelled answers turn wrong than the floor's (the paired interval,
 paired.py), and at most `max_error_share` of the candidate's requests failed
 (gateway/promotion/precision/limits.py): an error, a timeout, or a null, empty or cut-short
-answer (gateway/compare/failures.py), except an answer cut short at `max_tokens` after a benign
-near-tie flip, which departs instead (`truncated`, gateway/promotion/departures.py). A wrong
+answer (gateway/compare/failures.py), except an answer cut short after a benign near-tie flip,
+which departs instead (`cut_after_tie`, gateway/promotion/departures.py). A wrong
 fact is a failure even where its words and meaning stay close to the right one. `gate` says
 whether the suite is one whose pass opens the go-live gate (enough different prompts, room in
 every answer, and a labelled part or the pool's reason for having none) and how many labelled
@@ -67,7 +67,7 @@ KEPT = (
     "semantic_similarity",
     "near_tie",
     "kl_divergence",
-    "truncated",
+    "cut_after_tie",
 )
 
 Row = dict[str, Any]
