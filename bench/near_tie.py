@@ -181,7 +181,10 @@ def dumped(document: Mapping[str, Any]) -> str:
 
 
 def former(row: Mapping[str, Any]) -> dict[str, Any]:
-    """Return a pair as the former rule read it: no KL, so no flip forgiven on meaning."""
+    """Return a pair as the former rule read it: no KL, so no flip forgiven on meaning; and an
+    answer cut short after a benign flip a failed request, as every cut answer was."""
+    if row.get("cut_after_tie"):
+        return {**dict.fromkeys(row), "candidate_error": "cut_short answer", "failure": "cut_short"}
     return {**row, "kl_divergence": None}
 
 
@@ -335,6 +338,9 @@ def checked(
         "departures_kl": sorted(
             d["kl_divergence"] for d in result["departures"] if d["kl_divergence"] is not None
         ),
+        # Answers cut short after a benign flip where the reference's finished: they depart
+        # rather than fail the request (docs/promotion.md, "Cut short after a benign flip").
+        "cut_after_tie": [d for d in result["departures"] if d.get("cut_after_tie")],
         "former_rule": {"verdict": before["verdict"], **_figures(before)},
         "summary": ran.stdout.strip(),
     }
@@ -367,8 +373,12 @@ def held_out(folder: Path, pools: Sequence[str], labelled: bool) -> dict[str, An
     env = {**os.environ, "DATABASE_URL": f"sqlite:///{database}"}
     subprocess.run([sys.executable, "-m", "gateway", "db", "upgrade"], env=env, check=True,
                    cwd=ROOT, capture_output=True)  # fmt: skip
+    named = {pool.partition("@")[0] for pool in pools}
     with fleet.running(logs=folder / "logs") as running, ExitStack() as stack:
-        urls = _serve(stack, {name: spec(path) for name, path in held_out_parts(folder).items()})
+        parts = held_out_parts(folder)
+        # Only the parts named, where some are: each is an engine on the machine's two cores.
+        served = {name: spec(path) for name, path in parts.items() if not named or name in named}
+        urls = _serve(stack, served)
         policy_file = folder / "policy.yaml"
         policy_file.write_text(held_out_policy(running.policy(), urls))
         # A pool named `pool@N` is checked on held-out suite N alone (`pool@facts`: facts.jsonl).

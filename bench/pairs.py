@@ -228,8 +228,8 @@ def simulated(
         }
 
     rng = Random(seed)
-    gpu_noise = load_profile("gpu").precision.logit_noise
-    part_noise = load_profile(candidate).precision.logit_noise
+    gpu = load_profile("gpu").precision
+    part = load_profile(candidate).precision
     measured = Measured()
     for i in range(pairs):
         question = Question(
@@ -240,9 +240,13 @@ def simulated(
             temperature=temperature,
             top_logprobs=TOP_LOGPROBS,
         )
-        primary = compose(question, noise=gpu_noise, harmful_rate=0.0, rng=rng)
-        again = compose(question, noise=gpu_noise, harmful_rate=0.0, rng=rng)
-        other = compose(question, noise=part_noise, harmful_rate=harmful, rng=rng)
+        primary = compose(
+            question, noise=gpu.logit_noise, drift=gpu.drift, harmful_rate=0.0, rng=rng
+        )
+        again = compose(question, noise=gpu.logit_noise, drift=gpu.drift, harmful_rate=0.0, rng=rng)
+        other = compose(
+            question, noise=part.logit_noise, drift=part.drift, harmful_rate=harmful, rng=rng
+        )
         measured.noise.append(pair(primary, again))
         measured.candidate.append(pair(primary, other))
     return measured

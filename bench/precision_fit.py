@@ -15,10 +15,17 @@ replica and every candidate part (bench/pairs.py), and measures, per part and ki
 - the shape of a harmful error: of the labelled answers turned wrong, where the first
   differing token is, and how similar the wrong answer stays.
 
+- the KL of a flip: KL(reference || part) per token up to the first differing token, of the
+  flips that left every answer right, which the judge's benign rule reads
+  (gateway/promotion/departures.py: a near tie at a KL of at most `NEAR_TIE_KL` is forgiven).
+
 The simulator's precision model (simulator/precision.py, docs/simulator.md) takes its figures
 from this file: `fit` gives each profile the logit noise at which it flips as often as the part
-it stands for, and tests/bench/test_precision_fit.py holds the simulator, answering prompts of
-the real answers' lengths, within `ALPHA` intervals of every figure.
+it stands for, and the drift at which its flips come at the part's median KL; and
+tests/bench/test_precision_fit.py holds the simulator, answering prompts of the real answers'
+lengths, within `ALPHA` intervals of every figure. A part with fewer than `MIN_FLIPS` flips here
+(Q8_0 flips once in the 280 prompts) takes its flips' KL from the near-tie fit's thousand
+prompts (docs/results/near-tie-fit.json, the same engines on the shipped suites).
 
 How sure the model is when it samples is fit apart, to the real fleet's sampled calibration
 pairs (docs/results/promotion-real-seed0.json), with no engine running:
@@ -35,6 +42,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -44,7 +52,9 @@ from typing import Any
 import httpx
 
 from bench import pairs
-from gateway.promotion.departures import Tolerance, departs
+from gateway.compare.answers import TokenChoice
+from gateway.compare.measures import mean_top_k_kl
+from gateway.promotion.departures import NEAR_TIE_KL, Tolerance, benign, departs
 from gateway.promotion.judge import bernoulli_interval
 from gateway.promotion.precision.check import Endpoint, ask, measure_pair
 from gateway.promotion.precision.labels import states
@@ -60,6 +70,8 @@ PARTS = {"f16 replica": pairs.REPLICA, **{k: v for k, v in pairs.REAL_PARTS.item
 STANDS_FOR = {"gpu": "f16 replica", "asic": "q8_0", "cim": "analog"}
 ALPHA = 1e-3
 REAL_CALIBRATION = pairs.PRECISION_FIT.parent / "promotion-real-seed0.json"
+NEAR_TIE_FIT = pairs.PRECISION_FIT.parent / "near-tie-fit.json"
+MIN_FLIPS = 10  # fewer flips' KL than this is not a median to fit to
 
 
 async def answered(urls: Mapping[str, str], concurrency: int = 4) -> dict[str, list[Row]]:
@@ -141,7 +153,21 @@ def summary(rows: Sequence[Row]) -> dict[str, Any]:
             default=None,
         ),
         "turned_wrong_first_token_median": median([r["token_divergence"] for r in wrong]),
+        "differing_forgiven": sum(benign(r) for r in differing),
+        "benign_flip_kl_median": median(flip_kl(rows)),
     }
+
+
+def flip_kl(rows: Sequence[Row]) -> list[float]:
+    """The KL up to the first differing token of the flips that turned no labelled answer
+    wrong (where measured)."""
+    return [
+        float(r["kl_divergence"])
+        for r in rows
+        if not r["exact_match"]
+        and r.get("kl_divergence") is not None
+        and not (r.get("reference_right") and r.get("right") is False)
+    ]
 
 
 def interval(events: int, trials: int) -> tuple[float, float]:
@@ -174,13 +200,63 @@ def noise_for(rate: float, share: float) -> float:
     return (low + high) / 2
 
 
+def flips_kl(result: Mapping[str, Any], part: str) -> tuple[list[float], str]:
+    """Return the KL of a part's benign flips, and where it was measured: here, or the near-tie
+    fit's prompts when this suite has fewer than `MIN_FLIPS` of them."""
+    found = flip_kl(result["parts"][part]["differing"])
+    if len(found) >= MIN_FLIPS:
+        return found, "precision-fit.json"
+    by_part = json.loads(NEAR_TIE_FIT.read_text())["by_part"] if NEAR_TIE_FIT.exists() else {}
+    if part in by_part and len(by_part[part]["near_tie_kl"]) > len(found):
+        return [float(v) for v in by_part[part]["near_tie_kl"]], "near-tie-fit.json"
+    return found, "precision-fit.json"
+
+
+def simulated_kl(noise: float, drift: float, lengths: Sequence[int], rounds: int = 2) -> float:
+    """Return the median KL (per token, up to the first difference) between the noiseless
+    reference and a device of `noise` and `drift`, over answers of `lengths`, `rounds` times."""
+    rng = Random(0)
+    found: list[float] = []
+    for k in range(rounds):
+        for i, length in enumerate(lengths):
+            question = Question(
+                "m", f"drift {k} {i}", limit=length, ignore_eos=True, temperature=0, top_logprobs=5
+            )
+            one = compose(question, noise=0.0, harmful_rate=0.0, rng=rng)
+            two = compose(question, noise=noise, drift=drift, harmful_rate=0.0, rng=rng)
+            kl = mean_top_k_kl(_choices(one), _choices(two))
+            if kl is not None:
+                found.append(kl)
+    return statistics.median(found)
+
+
+def _choices(answer: Any) -> tuple[TokenChoice, ...]:
+    return tuple(TokenChoice(e.token, e.logprob, e.top) for e in answer.logprobs or ())
+
+
+def drift_for(kl: float, noise: float, lengths: Sequence[int]) -> float:
+    """Return the drift at which a device of `noise` reaches the median KL `kl` (bisection on
+    a log scale): the drift is drawn apart from the flips, so every answer measures it."""
+    if kl <= 0:
+        return 0.0
+    low, high = math.log(kl / 100), math.log(kl * 100)
+    for _ in range(20):
+        mid = (low + high) / 2
+        low, high = (mid, high) if simulated_kl(noise, math.exp(mid), lengths) < kl else (low, mid)
+    return math.exp((low + high) / 2)
+
+
 def fit(result: Mapping[str, Any]) -> dict[str, Any]:
-    """Return, per profile, the part's figures with their intervals and the noise that fits."""
+    """Return, per profile, the part's figures with their intervals and the noise and drift
+    that fit."""
     share = content_share()
     fitted: dict[str, Any] = {}
     for profile, part in STANDS_FOR.items():
         s = result["parts"][part]["all"]
         precision = load_profile(profile).precision
+        kls, source = flips_kl(result, part)
+        kl = statistics.median(kls) if kls else 0.0
+        forgiven = sum(v <= NEAR_TIE_KL for v in kls)
         # A wrong answer is a flip at the fact's token; the simulator makes those apart (its
         # harmful errors), so its noise is fit to the flips that left every answer right.
         benign = s["differing"] - s["turned_wrong"]
@@ -196,6 +272,13 @@ def fit(result: Mapping[str, Any]) -> dict[str, Any]:
             "turned_wrong_interval": interval(s["turned_wrong"], s["labelled"]),
             "harmful_rate": precision.harmful_rate,
             "differing_departed_interval": interval(s["differing_departed"], s["differing"]),
+            "flip_kl_source": source,
+            "flip_kl_flips": len(kls),
+            "flip_kl_median": kl,
+            "flip_kl_range": [min(kls), max(kls)] if kls else None,
+            "flip_kl_within_limit_interval": interval(forgiven, len(kls)) if kls else [0.0, 1.0],
+            "fitted_drift": drift_for(kl, precision.logit_noise, result["lengths"]),
+            "drift": precision.drift,
         }
     return {"content_share": share, "alpha": ALPHA, "profiles": fitted}
 
@@ -293,7 +376,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     for profile, f in result["fit"]["profiles"].items():
         print(
             f"{profile:5} stands for {f['stands_for']:12} fitted logit noise"
-            f" {f['fitted_logit_noise']:.4f} (profile {f['logit_noise']}); turned wrong"
+            f" {f['fitted_logit_noise']:.4f} (profile {f['logit_noise']}); drift"
+            f" {f['fitted_drift']:.2e} (profile {f['drift']}) for its flips' median KL"
+            f" {f['flip_kl_median']:.2e}; turned wrong"
             f" {f['turned_wrong_share']:.3f} (profile harmful rate {f['harmful_rate']})"
         )
     return 0

@@ -116,8 +116,10 @@ class Answer:
         return "".join(self.pieces)
 
 
-def compose(question: Question, *, noise: float, harmful_rate: float, rng: Random) -> Answer:
-    """Compose the answer a device with `noise` and `harmful_rate` gives to `question`.
+def compose(
+    question: Question, *, noise: float, harmful_rate: float, rng: Random, drift: float = 0.0
+) -> Answer:
+    """Compose the answer a device with `noise`, `drift` and `harmful_rate` gives to `question`.
 
     `rng` is the device process's generator: it draws the numeric noise, whether this answer
     has a harmful error, and the sampling when the request gives no seed.
@@ -139,14 +141,14 @@ def compose(question: Question, *, noise: float, harmful_rate: float, rng: Rando
     if schema is not None:
         text = _structured(schema, question, sampler, harm)
         pieces, truncated = _cut(split_tokens(text), question.limit)
-        decoded = _decode(question, pieces, noise, rng, None, structured=True)
+        decoded = _decode(question, pieces, noise, drift, rng, None, structured=True)
         return Answer(
             pieces,
             "length" if truncated else "stop",
             precision=_label(question, harm, 0),
             logprobs=decoded.logprobs,
         )
-    return _prose_answer(question, noise, rng, sampler, harm)
+    return _prose_answer(question, noise, drift, rng, sampler, harm)
 
 
 def _label(question: Question, harm: Random | None, flips: int) -> str:
@@ -161,6 +163,7 @@ def _decode(
     question: Question,
     pieces: Sequence[str],
     noise: float,
+    drift: float,
     rng: Random,
     sampler: Random | None,
     *,
@@ -176,6 +179,7 @@ def _decode(
         sampler=sampler,
         temperature=question.temperature,
         top=question.top_logprobs,
+        drift=drift,
     )
 
 
@@ -188,14 +192,19 @@ def _sampler(question: Question, rng: Random) -> Random | None:
 
 
 def _prose_answer(
-    question: Question, noise: float, rng: Random, sampler: Random | None, harm: Random | None
+    question: Question,
+    noise: float,
+    drift: float,
+    rng: Random,
+    sampler: Random | None,
+    harm: Random | None,
 ) -> Answer:
     reference = Random(stable_seed("text", question.model, question.prompt_key))
     natural = _natural_length(reference)
     target = math.inf if question.ignore_eos else max(natural, question.min_tokens)
     length = int(min(target, question.limit))
     prose = _prose(reference, length, opening=True)
-    decoded = _decode(question, prose, noise, rng, sampler, structured=False)
+    decoded = _decode(question, prose, noise, drift, rng, sampler, structured=False)
     pieces, logprobs = list(decoded.pieces), decoded.logprobs
     if harm is not None:
         changed = _wrong_fact(pieces, harm)
@@ -203,7 +212,7 @@ def _prose_answer(
             entries = list(logprobs)
             for index in changed:
                 top = question.top_logprobs or 0
-                entries[index] = entry(pieces[index], harm.getrandbits(32), top)
+                entries[index] = entry(pieces[index], harm.getrandbits(32), top, decoded.lift)
             logprobs = tuple(entries)
     return Answer(
         pieces=tuple(pieces),

@@ -273,6 +273,7 @@ class SimulatorApp:
         answer = compose(
             request.question,
             noise=precision.logit_noise,
+            drift=precision.drift,
             harmful_rate=precision.harmful_rate,
             rng=self.rng,
         )

@@ -33,6 +33,7 @@ FIGURE_FLAGS = {
     "batch1_w": "power.batch1_w",
     "max_w": "power.max_w",
     "logit_noise": "precision.logit_noise",
+    "drift": "precision.drift",
     "harmful_rate": "precision.harmful_rate",
     "embedding_noise": "precision.embedding_noise",
 }
@@ -115,6 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
         "batch1-w",
         "max-w",
         "logit-noise",
+        "drift",
         "harmful-rate",
         "embedding-noise",
     ):

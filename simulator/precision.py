@@ -21,9 +21,24 @@ often the longer they are: per word at risk, the rate is the part's own. Samplin
 words, times `SAMPLING_SURENESS` over the temperature: as sure of its words as the real fleet's
 model, whose sampled answers match each other on 86% of its prompts.
 
+A device's numerics also move its whole distribution, not only the order of a near tie: read
+noise on the many logits below the top two (the vocabulary's tail, which the simulator lumps
+into one logit) lifts their mass, so at every position the device gives a share of its
+probability to tokens the reference holds unlikely, and its logprobs say it is less sure. That
+is what KL(reference || device) per token measures, and what the judge's benign rule reads
+(gateway/promotion/departures.py: a near tie at a KL of at most 0.008 is forgiven): the real
+Q8_0's flips come at a KL of 10⁻⁶ to 0.003, the real analog part's at 0.03 to 2.6. The
+simulator's margins are too dense near a tie to carry both figures with one noise (the noise
+that flips as often as the analog part moves a distribution by 0.001), so the lift is a figure
+of its own, the profile's `drift`: the KL per token, in nats, that it adds at the median
+answer. Each answer draws its own, log-normal about `drift` with spread `DRIFT_SPREAD`, as the
+real part's KL varies by prompt; every position of the answer lowers each listed logprob by it
+(the share `1 - exp(-drift)` moved to the rest of the vocabulary). It changes no token, at any
+temperature: the order of the listed tokens is the same.
+
 Harmful errors (a changed fact or field) are not near ties; simulator/answers.py makes them.
-Each profile's noise is fit to the real fleet's part it stands for (bench/precision_fit.py,
-docs/simulator.md).
+Each profile's noise and drift are fit to the real fleet's part it stands for
+(bench/precision_fit.py, docs/simulator.md).
 """
 
 from __future__ import annotations
@@ -48,6 +63,10 @@ REST = -10.0
 # answers match each other far more often than an exponential of mean MEAN_MARGIN lets them
 # (bench/precision_fit.py, `sureness_for`).
 SAMPLING_SURENESS = 21.0
+# How much the KL a device adds varies from answer to answer: the sigma of its logarithm. The
+# real analog part's benign flips' KL has deciles 0.063 and 0.43 about a median of 0.21, a
+# log-normal of sigma 0.75 (docs/results/precision-fit.json).
+DRIFT_SPREAD = 0.75
 _STRIDE = 7919  # prime: alternatives of one position are spread over the vocabulary
 
 
@@ -72,11 +91,13 @@ class TokenLogprob:
 
 @dataclass(frozen=True, slots=True)
 class Decoded:
-    """A device's tokens, how many of them flipped from the reference, and their logprobs."""
+    """A device's tokens, how many of them flipped from the reference, their logprobs, and the
+    KL per token its distribution moved by (`lift`, module doc)."""
 
     pieces: tuple[str, ...]
     flips: int
     logprobs: tuple[TokenLogprob, ...] | None
+    lift: float = 0.0
 
 
 def decode(
@@ -89,13 +110,16 @@ def decode(
     sampler: Random | None,
     temperature: float,
     top: int | None,
+    drift: float = 0.0,
 ) -> Decoded:
     """Decode `reference` on a device.
 
     `margins` is the reference model's stream for this prompt (the same on every device);
     `noise_rng` the device's own; `sampler` draws sampled tokens; `top` is how many
-    alternatives each token's logprobs list (None: logprobs were not asked for).
+    alternatives each token's logprobs list (None: logprobs were not asked for); `drift` the
+    device's median KL per token (module doc).
     """
+    lift = drift * math.exp(DRIFT_SPREAD * noise_rng.gauss(0.0, 1.0)) if drift > 0 else 0.0
     pieces: list[str] = []
     logprobs: list[TokenLogprob] | None = None if top is None else []
     flips = 0
@@ -114,14 +138,14 @@ def decode(
             redrawn = True
             pieces.append(chosen)
             if logprobs is not None:
-                logprobs.append(entry(chosen, alt, top or 0))
+                logprobs.append(entry(chosen, alt, top or 0, lift))
             continue
         if runner is None:
             if piece == "." and redrawn:
                 stray, redrawn = None, False
             pieces.append(piece)
             if logprobs is not None:
-                logprobs.append(_entry(piece, None, FIRM, alt, piece, 0.0, top or 0))
+                logprobs.append(_entry(piece, None, FIRM, alt, piece, 0.0, top or 0, lift))
             continue
         runner_up = restyle(piece, runner)
         gap = margin - (noise_rng.gauss(0.0, noise) if noise > 0 else 0.0)
@@ -136,8 +160,8 @@ def decode(
             stray = Random(f"{alt} {chosen}")
         pieces.append(chosen)
         if logprobs is not None:
-            logprobs.append(_entry(piece, runner_up, gap, alt, chosen, logit, top or 0))
-    return Decoded(tuple(pieces), flips, None if logprobs is None else tuple(logprobs))
+            logprobs.append(_entry(piece, runner_up, gap, alt, chosen, logit, top or 0, lift))
+    return Decoded(tuple(pieces), flips, None if logprobs is None else tuple(logprobs), lift)
 
 
 def _elsewhere(word: str, rng: Random) -> str:
@@ -149,12 +173,13 @@ def _elsewhere(word: str, rng: Random) -> str:
             return other
 
 
-def entry(piece: str, alt: int, top: int) -> TokenLogprob:
-    """Return the logprobs of a token the device is sure of (a harmful error's)."""
+def entry(piece: str, alt: int, top: int, lift: float = 0.0) -> TokenLogprob:
+    """Return the logprobs of a token the device is sure of (a harmful error's), its
+    distribution moved by `lift` nats (module doc)."""
     word = piece.strip()
     runner = synonym(word) if word else None
     runner_up = restyle(piece, runner) if runner else None
-    return _entry(piece, runner_up, MEAN_MARGIN if runner_up else FIRM, alt, piece, 0.0, top)
+    return _entry(piece, runner_up, MEAN_MARGIN if runner_up else FIRM, alt, piece, 0.0, top, lift)
 
 
 def _others(piece: str, runner_up: str | None, alt: int, count: int) -> list[str]:
@@ -205,12 +230,14 @@ def _entry(
     chosen: str,
     logit: float,
     top: int,
+    lift: float = 0.0,
 ) -> TokenLogprob:
-    """Logprobs at one position: the same whatever `top` is, as a real server's are."""
+    """Logprobs at one position: the same whatever `top` is, as a real server's are. `lift`
+    nats of the listed tokens' probability go to the rest of the vocabulary (module doc)."""
     ranked = [(piece, 0.0)]
     if runner_up is not None:
         ranked.append((runner_up, -gap))
-    total = math.log(
+    total = lift + math.log(
         sum(math.exp(value) for _, value in ranked)
         + math.exp(_other_logit(gap, 0)) * _OTHERS_WEIGHT
         + _REST_WEIGHT

@@ -117,11 +117,14 @@ class Precision(_Figures):
     """How the device's numerics move its answers from the noiseless reference.
 
     `logit_noise` is the standard deviation, in logits, that its arithmetic adds where two
-    tokens compete (simulator/precision.py); `harmful_rate` the share of answers with a wrong
-    fact or field; `embedding_noise` the error of each embedding component, relative to its size.
+    tokens compete (simulator/precision.py); `drift` the KL per token, in nats, by which its
+    distribution at every position moves from the reference's at the median answer (what the
+    judge's benign rule reads); `harmful_rate` the share of answers with a wrong fact or field;
+    `embedding_noise` the error of each embedding component, relative to its size.
     """
 
     logit_noise: float = Field(ge=0)
+    drift: float = Field(default=0.0, ge=0)
     harmful_rate: float = Field(default=0.0, ge=0, le=1)
     embedding_noise: float = Field(default=0.0, ge=0)
 

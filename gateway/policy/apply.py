@@ -206,7 +206,9 @@ def why_not_counted(check: dict[str, Any], rule: GoLive, policy: Policy) -> str 
         return f"its reference {reference!r} is not a live gpu pool of this policy"
     if "gate" not in result:
         return "it ran before suites were held to the gate's minimums; run it again"
-    if not result["gate"]["opens"]:
+    # The minimums alone: whether an unlabelled suite counts is the rule in force's to say
+    # (below), not the one the check ran under.
+    if result["gate"]["lacks"]:
         return f"its suite falls short: {'; '.join(result['gate']['lacks'])}"
     if "labelled" not in result["gate"]:
         return "it ran before go-live suites needed a labelled part; run it again"

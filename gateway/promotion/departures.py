@@ -8,6 +8,12 @@ answers of one pool differ:
 - a copy that failed (gateway/compare/failures.py: an error, a timeout, a broken stream, a
   null, empty or cut-short answer) departs: it is an answer the client would have seen; a pair
   whose primary's answer failed is the primary's failure, and is left out of quality;
+- a copy that the failure rules call cut short (stopped at `max_tokens`, or with under half
+  the words, where the reference's answer finished) after a benign divergence (`cut_after_tie`:
+  it left the reference at a near tie reached alike, below) departs: the answer is the part's
+  own from the tie, and its length cannot say whether it was cut, so it is not forgiven; the
+  precision check counts it here, in the departure rate and its limit, rather than as a failed
+  request, which a check allows none of (docs/promotion.md, "Cut short after a benign flip");
 - pairs that match exactly never depart;
 - a structured answer (JSON, tool calls) departs when a field differs;
 - a **benign divergence** never departs, whatever follows it (`benign`): the first differing
@@ -234,7 +240,7 @@ def decided(row: Row) -> bool | None:
     """Say whether a pair departs whatever the tolerance (True or False); None when its
     similarity against the tolerance decides (`deciding`; the shadow minutes keep such a pair
     by that similarity alone: gateway/promotion/tally.py)."""
-    if row.get("failure"):
+    if row.get("failure") or row.get("cut_after_tie"):
         return True
     if row.get("exact_match"):
         return False

@@ -17,7 +17,7 @@ import httpx
 import pytest
 from command import ROOT, gateway
 
-from gateway.compare.answers import Answer
+from gateway.compare.answers import Answer, TokenChoice
 from gateway.db.connection import connect
 from gateway.errors import Conflict, PolicyError
 from gateway.policy import versions
@@ -538,7 +538,8 @@ def test_a_labelled_question_turned_wrong_fails_the_check_though_its_meaning_hol
 
 
 def test_an_unlabelled_suite_is_judged_on_meaning_alone() -> None:
-    result = judge_check(PLAN, suite_of(240), outcomes(240))
+    excused = dataclasses.replace(PLAN, unlabelled=UNLABELLED["unlabelled"])
+    result = judge_check(excused, suite_of(240), outcomes(240))
     assert result["labelled"] is None and result["verdict"] == "pass"
     assert not any("labelled" in reason for reason in result["reasons"])
 
@@ -699,7 +700,13 @@ def test_a_check_records_its_suite_and_what_it_fell_back_to() -> None:
     result = judge_check(PLAN, suite_of(240, "suites/chat.jsonl"), outcomes(240))
     assert (result["suite"], result["suite_file"]) == ("suites/chat.jsonl", "chat.jsonl")
     assert result["suite_sha256"] == f"{240:064x}" and result["distinct_prompts"] == 240
-    assert result["gate"] == {"opens": True, "lacks": [], "labelled": 0, "labelled_needed": 125}
+    assert result["gate"] == {
+        "opens": False,  # no labelled part, and PLAN's pool gives no reason it has none
+        "lacks": [],
+        "labelled": 0,
+        "labelled_needed": 125,
+        "unlabelled": None,
+    }
     assert result["fallbacks"] == {"without_logprobs": 0, "tokens_differ": 0}
     # The same texts split into other tokens: the tokenizers differ, near ties and KL are out.
     split = outcomes(240)
@@ -724,8 +731,29 @@ def test_a_suite_file_is_read_with_its_hash(tmp_path: Path) -> None:
     data = (ROOT / "suites/chat.jsonl").read_bytes()
     assert suite.sha256 == hashlib.sha256(data).hexdigest() and suite.file == "chat.jsonl"
     assert suite.distinct_prompts == 240 and suite.fewest_max_tokens >= 64
-    for name in ("chat", "facts", "json", "tools"):  # the shipped suites open the gate
-        assert gate(read_suite(ROOT / f"suites/{name}.jsonl"))["opens"], name
+    for name in ("chat", "facts", "json", "tools"):  # the shipped suites meet the minimums
+        assert gate(read_suite(ROOT / f"suites/{name}.jsonl"))["lacks"] == [], name
+
+
+def test_a_pass_on_an_unlabelled_suite_opens_the_gate_only_where_go_live_says_why() -> None:
+    # The shipped chat suite meets the minimums but holds no labelled question: its pass opens
+    # the gate of a pool whose go_live says why its models have none, and of no other, as
+    # applying the policy counts it (gateway/policy/apply.py).
+    chat, facts = read_suite(ROOT / "suites/chat.jsonl"), read_suite(ROOT / "suites/facts.jsonl")
+    assert gate(facts)["opens"] and gate(facts)["labelled"] == 240
+    assert not gate(chat)["opens"] and gate(chat)["lacks"] == []
+    excused = gate(chat, UNLABELLED["unlabelled"])
+    assert excused["opens"] and excused["unlabelled"] == UNLABELLED["unlabelled"]
+    unexcused = judge_check(PLAN, suite_of(240), outcomes(240))
+    assert unexcused["verdict"] == "pass" and not unexcused["gate"]["opens"]
+    assert any(
+        "does not open the go-live gate: it holds 0 labelled questions, 125 needed" in reason
+        for reason in unexcused["reasons"]
+    ), unexcused["reasons"]
+    with_reason = dataclasses.replace(PLAN, unlabelled=UNLABELLED["unlabelled"])
+    said = judge_check(with_reason, suite_of(240), outcomes(240))
+    assert said["gate"]["opens"]
+    assert not any("go-live gate" in reason for reason in said["reasons"])
 
 
 def test_the_admin_api_refuses_a_pool_going_live_unless_overridden(
@@ -785,3 +813,56 @@ def test_an_answer_the_client_could_not_use_departs_wherever_pairs_are_counted()
         row = asyncio.run(measured(reply))
         assert row["candidate_error"] is not None
         assert departs(row, Tolerance()), row
+
+
+def test_an_answer_cut_short_after_a_benign_flip_departs_and_is_judged_by_the_rate() -> None:
+    # Q6_K on the real fleet's third everyday suite: one answer broke a near tie the other way at
+    # its first token and went on to an answer of its own, a third as long as the reference's
+    # (docs/promotion.md); one longer than max_tokens is the same case. Its length cannot say it
+    # was cut, so the pair departs; but one in 240 is a rate under its limit, not a failed
+    # request, which a check allows none of.
+    words = [f" w{i}" for i in range(20)]
+
+    def token(word: str, runner: str, first: float = -0.69, second: float = -0.70) -> TokenChoice:
+        return TokenChoice(word, first, ((word, first), (runner, second)))
+
+    reference_tokens = tuple(token(w, " other") for w in words)
+    reference = Answer(text="".join(words), finish_reason="stop", tokens=reference_tokens)
+
+    def own(at: int, chosen: str, after: int, finish: str) -> Answer:
+        went_on = [token(w, " other") for w in (" more", " and", " more")] * after
+        tokens = (*reference_tokens[:at], token(chosen, words[at]), *went_on)
+        return Answer(text="".join(t.token for t in tokens), finish_reason=finish, tokens=tokens)
+
+    async def measured(reply: Reply) -> dict:
+        async with httpx.AsyncClient() as client:
+            row, _ = await measure_pair(client, None, None, reference, reply)
+        return row
+
+    # Longer than max_tokens, or stopped with under half the words: the reference's runner-up.
+    for answer in (own(5, " other", 10, "length"), own(0, " other", 2, "stop")):
+        after_tie = asyncio.run(measured(Reply(answer)))
+        assert after_tie["candidate_error"] is None and after_tie["cut_after_tie"], after_tie
+        assert after_tie["near_tie"] and after_tie["kl_divergence"] <= NEAR_TIE_KL
+        assert departs(after_tie, Tolerance())
+    # A token not among the reference's top ones, or a strict prefix: failed requests.
+    for answer in (own(5, " unseen", 10, "length"), Answer(text=" w0 w1", finish_reason="stop")):
+        confident = asyncio.run(measured(Reply(answer)))
+        assert confident["candidate_error"] == "cut_short answer", confident
+        assert departs(confident, Tolerance())
+
+    def check(row: dict) -> dict:
+        found = outcomes(240)
+        found[100].candidate = row
+        return judge_check(PLAN, suite_of(240), found)
+
+    judged = check(after_tie)
+    assert judged["verdict"] == "pass", judged["reasons"]
+    assert judged["candidate_errors"] == 0 and judged["departures"][0]["cut_after_tie"]
+    assert judged["departures"][0]["line"] == 101
+    assert check(confident)["verdict"] == "fail"
+    # Cut short after a flip on many answers, the rate and its limit fail the part.
+    many = outcomes(240)
+    for o in many[:120]:
+        o.candidate = after_tie
+    assert judge_check(PLAN, suite_of(240), many)["verdict"] == "fail"

@@ -26,13 +26,15 @@ gateway/promotion/precision/rates.py: `excess`), in all and in each band of answ
 `max_turned_wrong` more labelled answers turn wrong than the floor's (the paired interval,
 paired.py), and at most `max_error_share` of the candidate's requests failed
 (gateway/promotion/precision/limits.py): an error, a timeout, or a null, empty or cut-short
-answer (gateway/compare/failures.py). A wrong fact is a failure even where its words and
-meaning stay close to the right one. `gate` says whether the suite is one whose pass opens the
-go-live gate (enough different prompts, room in every answer) and how many labelled questions
-it holds. `fallbacks` counts the pairs measured with less than the check asks for: without
-logprobs on a side (no KL, no near tie), or split into different tokens where the texts are
-equal (the tokenizers differ: KL and near ties compare unlike tokens, so the check leaves them
-out of every candidate pair).
+answer (gateway/compare/failures.py), except an answer cut short after a benign near-tie flip,
+which departs instead (`cut_after_tie`, gateway/promotion/departures.py). A wrong
+fact is a failure even where its words and meaning stay close to the right one. `gate` says
+whether the suite is one whose pass opens the go-live gate (enough different prompts, room in
+every answer, and a labelled part or the pool's reason for having none) and how many labelled
+questions it holds. `fallbacks` counts the pairs measured with less than the check asks for:
+without logprobs on a side (no KL, no near tie), or split into different tokens where the texts
+are equal (the tokenizers differ: KL and near ties compare unlike tokens, so the check leaves
+them out of every candidate pair).
 """
 
 from __future__ import annotations
@@ -59,7 +61,14 @@ PASS, FAIL = "pass", "fail"
 # a long answer (`bands`).
 BANDS = (32, 128)
 # What a check keeps of each pair in its result: the measures, never the answers' texts.
-KEPT = ("exact_match", "similarity", "semantic_similarity", "near_tie", "kl_divergence")
+KEPT = (
+    "exact_match",
+    "similarity",
+    "semantic_similarity",
+    "near_tie",
+    "kl_divergence",
+    "cut_after_tie",
+)
 
 Row = dict[str, Any]
 
@@ -133,7 +142,7 @@ def judge_check(
         "prompts": len(suite.bodies),
         "distinct_prompts": suite.distinct_prompts,
         "fewest_max_tokens": suite.fewest_max_tokens,
-        "gate": gate(suite),
+        "gate": gate(suite, plan.unlabelled),
         "fallbacks": fallbacks,
         "compared": n,
         "candidate_errors": len(failed),
@@ -275,10 +284,13 @@ def at_risk(row: Mapping[str, Any]) -> int:
     )
 
 
-def gate(suite: Suite) -> dict[str, Any]:
-    """Say whether a pass on `suite` opens the go-live gate, and what it lacks if not; and how
-    many labelled questions it holds against the labelled part a go-live suite needs (a pool's
-    `go_live.unlabelled` may say why it has none: gateway/policy/apply.py)."""
+def gate(suite: Suite, unlabelled: str | None = None) -> dict[str, Any]:
+    """Say whether a pass on `suite` opens the go-live gate: the minimums it falls short of
+    (`lacks`), and how many labelled questions it holds against the labelled part a go-live
+    suite needs, which the pool's `go_live.unlabelled` may excuse (`unlabelled`, its reason).
+    It opens only when it lacks nothing and holds its labelled part or is excused, as
+    gateway/policy/apply.py counts a check: a pass on an unlabelled suite opens no gate for a
+    pool whose go_live gives no reason. Apply reads the labels again under the policy in force."""
     lacks = []
     if suite.distinct_prompts < MIN_DISTINCT_PROMPTS:
         lacks.append(f"{suite.distinct_prompts} different prompts, {MIN_DISTINCT_PROMPTS} needed")
@@ -288,10 +300,11 @@ def gate(suite: Suite) -> dict[str, Any]:
         )
     labelled = sum(isinstance(body.get("expected"), str) for _, body in suite.bodies)
     return {
-        "opens": not lacks,
+        "opens": not lacks and (labelled >= MIN_DISTINCT_PROMPTS or unlabelled is not None),
         "lacks": lacks,
         "labelled": labelled,
         "labelled_needed": MIN_DISTINCT_PROMPTS,
+        "unlabelled": unlabelled,
     }
 
 

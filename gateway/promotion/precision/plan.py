@@ -56,12 +56,14 @@ def max_tokens(body: dict[str, Any]) -> int:
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    """What a check compares: the candidate, the reference and the embedding model's pool."""
+    """What a check compares: the candidate, the reference and the embedding model's pool;
+    and why the candidate's models have no labelled suite, where its `go_live` says so."""
 
     pool: str
     reference: str
     embedding_model: str | None
     embedding_pool: str | None
+    unlabelled: str | None = None
 
 
 def plan(
@@ -128,7 +130,8 @@ def plan(
             f"no live pool serves the embedding model {embedding_model!r}",
             param="embedding_model",
         )
-    return Plan(pool, reference, embedding_model, embedding_pool)
+    unlabelled = policy.pools[pool].go_live.unlabelled
+    return Plan(pool, reference, embedding_model, embedding_pool, unlabelled)
 
 
 def _embedding_pool(policy: Policy, model: str) -> str | None:

@@ -82,10 +82,17 @@ def reasons(
             f"The reference failed {result['reference_errors']} of {result['prompts']} prompts; "
             "they were left out."
         )
-    if not result["gate"]["opens"]:
+    gate = result["gate"]
+    if not gate["opens"]:
+        short = list(gate["lacks"])
+        if gate["labelled"] < gate["labelled_needed"] and gate.get("unlabelled") is None:
+            short.append(
+                f"it holds {gate['labelled']} labelled questions, {gate['labelled_needed']}"
+                f" needed, and the pool's go_live.unlabelled gives no reason its models have none"
+            )
         said.append(
             f"A pass on {result['suite_file']} does not open the go-live gate: "
-            + "; ".join(result["gate"]["lacks"])
+            + "; ".join(short)
             + "."
         )
     fallbacks = result["fallbacks"]
