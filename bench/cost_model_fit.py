@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from gateway.costmodel.model import FEATURES, TARGETS, UNBOUNDED
+from gateway.costmodel.predict import FEATURES, TARGETS, UNBOUNDED
 from gateway.costmodel.train import (
     HALF_LIFE,
     MIN_OBSERVATIONS,
@@ -53,10 +53,10 @@ from gateway.costmodel.train import (
     train,
 )
 from gateway.energy.ledger import PREFILL_TOKEN_WEIGHT, BackendLedger
+from gateway.policy.definition import Policy
 from gateway.policy.load import load_policy
-from gateway.policy.model import Policy
 from gateway.whatif.conditions import ReplayRates
-from gateway.whatif.learner import WARM_OBSERVATIONS, OnlineLearner
+from gateway.whatif.replay_learner import WARM_OBSERVATIONS, OnlineLearner
 from gateway.whatif.strategy import learned
 from gateway.whatif.timeline import START_S, Replay, observation
 from gateway.whatif.trace import read_trace
@@ -315,7 +315,7 @@ TargetFit = Callable[
 
 def per_target(policy: Policy, fit_target: TargetFit) -> Fit:
     """Fit each target of a pool's observations with `fit_target`, the prior where too few."""
-    from gateway.costmodel.model import CostModel
+    from gateway.costmodel.predict import CostModel
 
     prior = CostModel(policy)
 
@@ -520,7 +520,7 @@ def predictability(
     with the mean concurrency over each request's life; return the held-out MAPE of each."""
     from sklearn.ensemble import HistGradientBoostingRegressor
 
-    from gateway.costmodel.model import CostModel
+    from gateway.costmodel.predict import CostModel
 
     prior = CostModel(policy)
     out: dict[str, dict[str, Any]] = {}

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import yaml
 
-from gateway.costmodel.model import (
+from gateway.costmodel.predict import (
     FEATURES,
     TARGETS,
     CostModel,
@@ -38,8 +38,8 @@ from gateway.costmodel.model import (
 )
 from gateway.fleet.engine_blocks import BLOCK_TOKENS, UNIT_TOKENS, EngineBlocks, Stored
 from gateway.fleet.state import Fleet
+from gateway.policy.definition import Policy
 from gateway.policy.load import parse_policy
-from gateway.policy.model import Policy
 from gateway.routing import prefix
 from gateway.routing.classify import RequestProfile
 from gateway.routing.ranking import CostRanker

@@ -15,7 +15,7 @@ import statistics
 import time
 
 from gateway.db.schema import RequestRecord
-from gateway.policy.model import SloClass
+from gateway.policy.definition import SloClass
 from gateway.records.minutes import Minutes
 
 INTERACTIVE = SloClass(ttft_ms=500, tpot_ms=50)

@@ -49,9 +49,9 @@ from bench import everyday
 from gateway.policy.load import load_policy
 from gateway.promotion.departures import NEAR_TIE_KL, Tolerance, departs
 from gateway.promotion.precision.check import Endpoint, ask, greedy, measure_pair, read_suite
+from gateway.promotion.precision.comparison import plan
 from gateway.promotion.precision.figures import judge_check
 from gateway.promotion.precision.labels import states
-from gateway.promotion.precision.plan import plan
 from gateway.promotion.precision.retries import outcomes_of
 from realfleet import corpus, engine, fleet, weights
 

@@ -23,7 +23,7 @@ from gateway.whatif.trace import read_trace
 from simulator.hardware import SimulatorHardware
 from simulator.prefix_cache import PrefixCache
 
-GOODPUT_TTFT_S = 2.0  # gateway/whatif/summary.py
+GOODPUT_TTFT_S = 2.0  # gateway/whatif/scorecard.py
 UNBOUNDED = 10**12
 
 

@@ -48,8 +48,8 @@ from gateway.db.schema import (
     shadow_records,
 )
 from gateway.db.schema import shadow_minutes as shadow_minutes_table
+from gateway.policy.definition import Policy, Route
 from gateway.policy.load import load_policy
-from gateway.policy.model import Policy, Route
 from gateway.promotion import shadow_minutes
 from gateway.records.batching import Statement
 from gateway.records.minutes import RECORD_COLUMNS, summarize, targets_of

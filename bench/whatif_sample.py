@@ -5,7 +5,7 @@
 
 For each seed, generates the period's records (`bench.records`, policies/default.yaml), replays
 them whole through the learned router, then draws `--draws` window samples of at most `--size`
-requests (gateway/whatif/sample.py) and replays each; and, for contrast, the sampler this one
+requests (gateway/whatif/windows.py) and replays each; and, for contrast, the sampler this one
 replaced: as many requests picked at random across the period, replayed at their own arrivals.
 Writes, per seed, the full replay's SLO attainment, energy per request and cost per 1k tokens,
 each sample's estimates with their 95 % intervals and whether they hold the full figure, and the
@@ -27,9 +27,9 @@ from bench.records import generate
 from gateway.db.connection import connect
 from gateway.policy.load import load_policy
 from gateway.report.period import date_range
-from gateway.whatif.sample import WARM_UP_S, WINDOW_S, sample_windows
 from gateway.whatif.simulate import recorded_requests, replay, replay_sample
 from gateway.whatif.trace import TraceRequest
+from gateway.whatif.windows import WARM_UP_S, WINDOW_S, sample_windows
 
 ROOT = Path(__file__).resolve().parent.parent
 FIGURES = ("slo_attainment", "energy_j_per_request", "cost_usd_per_1k_tokens")

@@ -11,8 +11,8 @@ from typing import Any
 from gateway.ingress.api import Ingress
 from gateway.ops.guard import Guard
 from gateway.ops.routes import ops_app
+from gateway.policy.definition import Policy
 from gateway.policy.load import parse_policy, read_text
-from gateway.policy.model import Policy
 from gateway.runtime import Gateway
 from gateway.settings import Settings
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gateway.costmodel.model import Prediction
+from gateway.costmodel.predict import Prediction
 from gateway.fleet.state import BackendState
 from gateway.routing.classify import RequestProfile
 from gateway.routing.router import RouteDecision

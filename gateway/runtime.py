@@ -19,7 +19,7 @@ import sqlalchemy as sa
 
 from gateway.costmodel import store
 from gateway.costmodel.learner import Learner
-from gateway.costmodel.model import CostModel, OutputLengths
+from gateway.costmodel.predict import CostModel, OutputLengths
 from gateway.costmodel.train import Observation, RetrainSchedule
 from gateway.db.connection import connect
 from gateway.db.retention import Pruner, Windows
@@ -39,8 +39,8 @@ from gateway.parking.driver import Parker, command_environment
 from gateway.periodic import LoopLag, time_collections
 from gateway.policy import versions
 from gateway.policy.credentials import Access
+from gateway.policy.definition import Policy, SloClass
 from gateway.policy.load import content_hash, render_policy
-from gateway.policy.model import Policy, SloClass
 from gateway.policy.sync import FileWatcher, PolicyWatcher
 from gateway.policy.tariffs import DAY_S, Rate, fixed_rates, rate_at
 from gateway.policy.versions import PolicyVersion

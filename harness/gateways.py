@@ -22,7 +22,7 @@ from gateway.app import GatewayApp
 from gateway.db.connection import upgrade
 from gateway.db.schema import request_records
 from gateway.ingress.protocol import HttpProtocol, Limits
-from gateway.policy.model import Policy
+from gateway.policy.definition import Policy
 from gateway.runtime import Gateway
 from gateway.settings import Settings
 

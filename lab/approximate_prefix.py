@@ -29,7 +29,7 @@ from collections.abc import Sequence
 
 from gateway.fleet.prefixes import PrefixIndex
 from gateway.fleet.state import BackendState, PoolState
-from gateway.policy.model import Route
+from gateway.policy.definition import Route
 from gateway.routing.classify import RequestProfile
 from gateway.routing.ranking import Ranking
 from lab.balancing import by_backend, eligible

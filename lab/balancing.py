@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from gateway.fleet.state import BackendState, PoolState
-from gateway.policy.model import Route
+from gateway.policy.definition import Route
 from gateway.routing.classify import RequestProfile
 from gateway.routing.ranking import Ranking
 

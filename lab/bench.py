@@ -10,12 +10,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from gateway.policy.definition import Policy
 from gateway.policy.load import load_policy
-from gateway.policy.model import Policy
 from gateway.whatif.conditions import ReplayRates
 from gateway.whatif.hardware import Hardware, load_hardware
-from gateway.whatif.learner import WARM_OBSERVATIONS
-from gateway.whatif.summary import measure
+from gateway.whatif.replay_learner import WARM_OBSERVATIONS
+from gateway.whatif.scorecard import measure
 from gateway.whatif.timeline import MODEL
 from gateway.whatif.trace import TraceRequest, read_trace
 from lab.scenario import PLAIN, Scenario, load_scenario

@@ -20,9 +20,9 @@ from typing import Any
 import httpx
 import orjson
 
-from gateway.policy.model import Policy
+from gateway.policy.definition import Policy
 from gateway.records.slo import meets_slo, tpot_s
-from gateway.whatif.summary import latency_percentile
+from gateway.whatif.scorecard import latency_percentile
 from gateway.whatif.timeline import MODEL, request_profile
 from gateway.whatif.trace import TraceRequest
 

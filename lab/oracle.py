@@ -6,7 +6,7 @@ part of this request's prompt its prefix cache holds, the scenario's slowdown an
 on it), each request's true output length and prefix blocks, and the rates in force. For each
 request it prices every backend with a free slot by the request's true marginal cost there, the
 batch it creates included, under the accounting the replay charges every strategy
-(`gateway.whatif.summary`):
+(`gateway.whatif.scorecard`):
 
     own     = prefill(p) + o · step(n + 1)                the request's slot time
     others  = n · (o · (step(n + 1) − step(n)) + work(p))  the slot time it adds to the n others
@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gateway.fleet.state import BackendState, PoolState
-from gateway.policy.model import Policy, Route
+from gateway.policy.definition import Policy, Route
 from gateway.policy.tariffs import Rates
 from gateway.routing.classify import RequestProfile
 from gateway.routing.ranking import Ranking

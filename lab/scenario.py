@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from gateway.policy.model import Policy
+from gateway.policy.definition import Policy
 from gateway.policy.tariffs import Rate, own_rate
 
 

@@ -18,7 +18,7 @@ from bisect import bisect
 from collections.abc import Sequence
 
 from gateway.fleet.state import PoolState
-from gateway.policy.model import Route
+from gateway.policy.definition import Route
 from gateway.routing.classify import RequestProfile
 from gateway.routing.ranking import Ranking
 from lab.balancing import by_backend, eligible, least_loaded

@@ -23,7 +23,7 @@ from collections.abc import Collection
 from dataclasses import replace
 
 from gateway.parking.plan import Parking
-from gateway.policy.model import Policy, Route
+from gateway.policy.definition import Policy, Route
 from gateway.policy.tariffs import Rates, own_rate
 from gateway.routing.ranking import preference_order
 from gateway.whatif.strategy import Strategy, learned

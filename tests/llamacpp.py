@@ -19,8 +19,8 @@ from typing import Any
 import orjson
 from threadserver import serving
 
+from gateway.policy.definition import Policy
 from gateway.policy.load import parse_policy, to_yaml
-from gateway.policy.model import Policy
 from policies import MODEL, pool
 
 CAPTURED = Path(__file__).resolve().parent / "captured" / "llamacpp"

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from gateway.policy.credentials import Access
+from gateway.policy.definition import Policy
 from gateway.policy.load import parse_policy, to_yaml
-from gateway.policy.model import Policy
 
 MODEL = "llama-3.1-8b-instruct"
 BIG = "llama-3.1-70b-instruct"

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from gateway.policy.definition import Policy
 from gateway.policy.load import load_policy
-from gateway.policy.model import Policy
 from gateway.whatif.trace import TraceRequest, read_trace
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -15,8 +15,8 @@ from gateway.db.schema import (
     shadow_drops,
     shadow_records,
 )
+from gateway.policy.definition import Policy
 from gateway.policy.load import load_policy
-from gateway.policy.model import Policy
 from gateway.records.minutes import summarize, targets_of
 from gateway.report.period import Period, week
 

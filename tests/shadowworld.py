@@ -9,7 +9,7 @@ import sqlalchemy as sa
 from waiting import wait_for
 
 from gateway.db.schema import shadow_drops, shadow_records
-from gateway.policy.model import Policy
+from gateway.policy.definition import Policy
 from harness.gateways import GatewayServer
 from policies import MODEL, fleet_policy
 

@@ -21,7 +21,7 @@ from shadowworld import shadow_rows
 from threadserver import serving
 from waiting import wait_for
 
-from gateway.policy.model import Policy
+from gateway.policy.definition import Policy
 from gateway.report import generate, period
 from harness.gateways import run_gateway
 from policies import EMBED, LOOPBACK_KEY_HOSTS, MODEL, UPSTREAM_KEYS, fleet_policy, keyed

@@ -28,11 +28,11 @@ def _explain(args: argparse.Namespace, settings: Settings) -> int:
         print(json.dumps(response.json(), indent=2))
         return 0 if response.status_code == 200 else 1
     from gateway.costmodel import store
-    from gateway.costmodel.model import CostModel, OutputLengths
+    from gateway.costmodel.predict import CostModel, OutputLengths
     from gateway.db.connection import connect
     from gateway.fleet.state import Fleet
     from gateway.routing.classify import TokenEstimator
-    from gateway.routing.explain import explain
+    from gateway.routing.explanation import explain
     from gateway.routing.ranking import CostRanker
     from gateway.routing.tokenizers import tokenizer_or_none
 

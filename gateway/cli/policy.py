@@ -59,8 +59,8 @@ def _simulate(args: argparse.Namespace, settings: Settings) -> int:
     from gateway.policy import versions
     from gateway.policy.load import parse_policy
     from gateway.report.period import parse_since
-    from gateway.whatif.sample import sample_windows
     from gateway.whatif.simulate import simulate_sample
+    from gateway.whatif.windows import sample_windows
 
     db = connect(settings.database_url)
     stored = versions.active(db)

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from gateway.policy.model import Policy
+from gateway.policy.definition import Policy
 from gateway.promotion.precision.limits import (
     MAX_DEPARTURE_RATE,
     MAX_ERROR_SHARE,
@@ -54,9 +54,9 @@ def _check(args: argparse.Namespace, settings: Settings) -> int:
     from gateway.policy.credentials import Access
     from gateway.policy.suites import refused
     from gateway.promotion.precision.check import read_suite, run
+    from gateway.promotion.precision.comparison import plan
     from gateway.promotion.precision.figures import PASS
     from gateway.promotion.precision.limits import Limits
-    from gateway.promotion.precision.plan import plan
     from gateway.promotion.precision.results import store
 
     for name in ("max_departure_rate", "max_turned_wrong", "max_error_share"):

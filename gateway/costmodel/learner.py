@@ -22,7 +22,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from gateway.costmodel import store
-from gateway.costmodel.model import CostModel
+from gateway.costmodel.predict import CostModel
 from gateway.costmodel.train import (
     DEFAULT_SCHEDULE,
     Observation,
@@ -32,7 +32,7 @@ from gateway.costmodel.train import (
 )
 from gateway.metrics import GatewayMetrics
 from gateway.periodic import Periodic, helper_process
-from gateway.policy.model import Policy
+from gateway.policy.definition import Policy
 
 log = logging.getLogger(__name__)
 

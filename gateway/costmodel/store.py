@@ -18,10 +18,10 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from gateway.costmodel.model import FEATURES, CostModel, Learned, Residual, Span
+from gateway.costmodel.predict import FEATURES, CostModel, Learned, Residual, Span
 from gateway.costmodel.train import Score
 from gateway.db.schema import cost_models
-from gateway.policy.model import Policy
+from gateway.policy.definition import Policy
 
 Scores = dict[str, dict[str, dict[str, Score]]]
 

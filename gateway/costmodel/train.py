@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from gateway.costmodel.model import (
+from gateway.costmodel.predict import (
     BATCH_TERMS,
     REQUEST_TERMS,
     TARGETS,
@@ -39,7 +39,7 @@ from gateway.costmodel.model import (
     features,
     request_terms,
 )
-from gateway.policy.model import Policy
+from gateway.policy.definition import Policy
 from gateway.policy.physics import POWER_EXPONENT, Physics
 
 MIN_OBSERVATIONS = 30

@@ -30,7 +30,7 @@ from gateway.energy.draw import FleetDraw, Seen
 from gateway.energy.ledger import BackendLedger, Span
 from gateway.fleet.state import PARKED, BackendState, Fleet
 from gateway.metrics import GatewayMetrics
-from gateway.policy.model import Pool
+from gateway.policy.definition import Pool
 from gateway.policy.tariffs import Rate, Rates, own_rate
 from gateway.upstream import exposition
 from gateway.upstream.scrape import Reading

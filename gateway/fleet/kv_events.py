@@ -45,7 +45,7 @@ import zmq.asyncio
 
 from gateway.fleet.engine_blocks import Cleared, EngineBlocks, Event, Removed, Stored
 from gateway.fleet.prefixes import PrefixIndex
-from gateway.policy.model import Policy
+from gateway.policy.definition import Policy
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from gateway.errors import ExceedsRateLimit, RateLimited, SharedStateUnavailable
 from gateway.fleet.sharedstate import SharedState
-from gateway.policy.model import RateLimit, Tenant
+from gateway.policy.definition import RateLimit, Tenant
 
 # KEYS: buckets; ARGV: (rate per second, capacity, cost) per bucket. All or nothing: spend
 # every cost if every bucket has it, else spend nothing. Return 0, or the ms until they would.

@@ -14,7 +14,7 @@ from gateway.fleet.prefixes import BLOCK_TOKENS, PrefixIndex, capacity_blocks
 from gateway.fleet.sessions import Sessions
 from gateway.policy import credentials
 from gateway.policy.credentials import Access
-from gateway.policy.model import Backend, Policy, Pool
+from gateway.policy.definition import Backend, Policy, Pool
 
 REQUEST_HEADERS = {"content-type": "application/json"}
 SHADOW_HEADER = {"x-gateway-shadow": "1"}

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 import orjson
 
-from gateway.costmodel.model import OutputLengths
+from gateway.costmodel.predict import OutputLengths
 from gateway.costmodel.train import Observation
 from gateway.db.schema import RequestRecord
 from gateway.energy.meter import EnergyMeter
@@ -38,7 +38,7 @@ from gateway.ingress.body import BodyDeadlines
 from gateway.ingress.responses import ResponsesRelay, to_chat
 from gateway.ingress.telemetry import Telemetry
 from gateway.metrics import GatewayMetrics
-from gateway.policy.model import Policy, Tenant
+from gateway.policy.definition import Policy, Tenant
 from gateway.records.requests import RequestEnergy
 from gateway.routing.bodies import MAX_MODEL_CHARS
 from gateway.routing.classify import (

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.costmodel.model import OutputLengths
+from gateway.costmodel.predict import OutputLengths
 from gateway.costmodel.train import Observation, observation
 from gateway.db.schema import RequestRecord
 from gateway.energy.meter import EnergyMeter

@@ -3,9 +3,9 @@
 Every route here needs `Authorization: Bearer <GATEWAY_ADMIN_TOKEN>`, checked before the request
 is read (gateway/ops/guard.py). Without a configured token the API is off (403
 `admin_disabled`) rather than open; a missing or wrong token is 401.
-Errors have OpenAI's shape, as on /v1, the framework's own included (gateway/ops/errors.py): a
-body that is not JSON or a field of the wrong type is a 400 naming the field, an unknown path a
-404, another method on a known path a 405 with `Allow`.
+Errors have OpenAI's shape, as on /v1, the framework's own included
+(gateway/ops/error_handlers.py): a body that is not JSON or a field of the wrong type is a 400
+naming the field, an unknown path a 404, another method on a known path a 405 with `Allow`.
 
 The request models below are what each route validates with and what FastAPI describes it by
 (gateway/ops/openapi.py), so the two cannot part: bodies are typed strictly (`"yes"` is not a
@@ -29,7 +29,7 @@ from gateway.errors import (
     ReportNotFound,
 )
 from gateway.ops import views
-from gateway.ops.errors import problem
+from gateway.ops.error_handlers import problem
 from gateway.ops.openapi import ADMIN_ERRORS, ErrorBody
 from gateway.ops.parts import OpsParts
 from gateway.periodic import helper_process
@@ -38,13 +38,13 @@ from gateway.policy.apply import apply, rollback
 from gateway.policy.load import content_hash
 from gateway.policy.tariffs import DAY_S
 from gateway.promotion import evidence, rollout
-from gateway.promotion.summary import summarize
+from gateway.promotion.shadow_summary import summarize
 from gateway.report.period import ISO_WEEK, SINCE, parse_since
 from gateway.report.schedule import FILES, listing
 from gateway.routing.bodies import INTEGRAL
-from gateway.routing.explain import explain
-from gateway.whatif.sample import DEFAULT_SAMPLE, sample_windows
+from gateway.routing.explanation import explain
 from gateway.whatif.simulate import simulate_sample
+from gateway.whatif.windows import DEFAULT_SAMPLE, sample_windows
 
 MAX_LISTED = 1000  # policy versions one listing returns; a bigger limit is a 400, not a crash
 # The widest integer a JSON reader holds exactly (the description's bounds are doubles), which

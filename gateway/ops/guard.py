@@ -25,7 +25,7 @@ from gateway.errors import (
     RequestTimeout,
     Unauthorized,
 )
-from gateway.ops.errors import answer
+from gateway.ops.error_handlers import answer
 
 
 def check_admin_token(token: SecretStr | None, authorization: str) -> None:

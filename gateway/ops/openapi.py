@@ -28,7 +28,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from gateway.fleet.sessions import SESSION_HEADERS
-from gateway.policy.model import Policy
+from gateway.policy.definition import Policy
 from gateway.routing import bodies
 from gateway.routing.classify import ENDPOINTS, MS_PATTERN, RESPONSES_PATH
 

@@ -13,7 +13,7 @@ from fastapi import FastAPI, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from gateway.ops import admin, console, errors, openapi
+from gateway.ops import admin, console, error_handlers, openapi
 from gateway.ops.parts import OpsParts
 
 
@@ -53,7 +53,7 @@ def ops_app(gateway: OpsParts) -> FastAPI:
 
     admin.install(app, gateway)
     console.install(app, gateway)
-    errors.install(app)
+    error_handlers.install(app)
     generate = app.openapi  # FastAPI's generator, which keeps what it generated
     app.openapi = lambda: openapi.document(generate(), gateway.serving.policy)  # type: ignore[method-assign]
     return app

@@ -18,7 +18,7 @@ from gateway.compare.measures import MEASURES, WORD
 from gateway.db.schema import shadow_records
 from gateway.energy.draw import MINUTE_S
 from gateway.ops.parts import OpsParts
-from gateway.policy.model import Policy
+from gateway.policy.definition import Policy
 from gateway.policy.tariffs import DAY_S
 from gateway.records.slo import judged_on
 from gateway.report.numbers import fleet_headline, parking_numbers
@@ -30,7 +30,7 @@ from gateway.report.records import (
     read_parking,
     read_traffic,
 )
-from gateway.routing.explain import hardware, parking
+from gateway.routing.explanation import hardware, parking
 from gateway.stats import sketch_percentile
 
 WINDOWS = {"hour": 3600.0, "day": DAY_S}

@@ -54,7 +54,7 @@ from gateway.fleet.state import DRAINING, IN_SERVICE, PARKED, WAKING, BackendSta
 from gateway.metrics import GatewayMetrics
 from gateway.parking.plan import Move, Parking
 from gateway.periodic import Periodic, Tasks
-from gateway.policy.model import Policy, PoolParking
+from gateway.policy.definition import Policy, PoolParking
 from gateway.upstream.client import Upstream
 
 log = logging.getLogger(__name__)

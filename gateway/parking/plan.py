@@ -35,7 +35,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 from gateway.fleet.state import DRAINING, IN_SERVICE, PARKED, WAKING, BackendState, Fleet, PoolState
-from gateway.policy.model import Policy
+from gateway.policy.definition import Policy
 
 WINDOW_S = 120.0
 SHORT_S = 20.0

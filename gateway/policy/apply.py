@@ -32,8 +32,8 @@ from gateway.db.schema import precision_checks
 from gateway.errors import PolicyError, PolicyStoreUnavailable, Problem
 from gateway.policy import suites, versions
 from gateway.policy.credentials import Access
+from gateway.policy.definition import GoLive, Policy
 from gateway.policy.load import PolicyLoader, content_hash, locator, parse_policy
-from gateway.policy.model import GoLive, Policy
 from gateway.policy.validation import validate
 from gateway.policy.versions import PolicyVersion
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import itertools
 
 from gateway.compare.measures import COMPARATORS, SIMILARITY
-from gateway.policy.model import DEFAULT_PARAMS_B, Comparison, Policy, Route
+from gateway.policy.definition import DEFAULT_PARAMS_B, Comparison, Policy, Route
 from gateway.policy.physics import RUNTIME_MARGIN, footprint
 
 # A field path and what is wrong (or doubtful) there.

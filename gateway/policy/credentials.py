@@ -29,7 +29,7 @@ from urllib.parse import urlsplit
 
 from gateway.errors import PolicyError, Problem
 from gateway.policy.consistency import Finding
-from gateway.policy.model import Backend, Policy
+from gateway.policy.definition import Backend, Policy
 
 GATEWAY_ENVIRONMENT = "in this gateway's environment"
 

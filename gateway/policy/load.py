@@ -1,6 +1,6 @@
 """Load a policy: YAML text into a validated Policy, every problem placed at its line and column.
 
-Loading validates every field (gateway/policy/model.py) and every cross-reference
+Loading validates every field (gateway/policy/definition.py) and every cross-reference
 (gateway/policy/consistency.py); errors name the file, the line and column, the field path and the
 bad value. A loaded policy is identified by the SHA-256 of its text.
 """
@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from gateway.errors import PolicyError, Problem
 from gateway.policy.consistency import reference_errors
-from gateway.policy.model import Policy
+from gateway.policy.definition import Policy
 
 
 class PolicyLoader(yaml.SafeLoader):

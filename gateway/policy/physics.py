@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gateway.policy.model import Policy, Pool
+from gateway.policy.definition import Policy, Pool
 
 # Fraction of peak compute a prefill reaches (model FLOPs utilisation).
 PREFILL_MFU = 0.5

@@ -10,7 +10,7 @@ refuses to run a suite whose hash is not its pin.
 
 from __future__ import annotations
 
-from gateway.policy.model import GoLive
+from gateway.policy.definition import GoLive
 
 SHIPPED = {
     "chat.jsonl": "f75e96096f91d268b0673401f94c8efb639e8fc87bd4a1e633d66b819e407db0",

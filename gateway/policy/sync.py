@@ -23,8 +23,8 @@ from gateway.periodic import Periodic, Tasks
 from gateway.policy import versions
 from gateway.policy.apply import apply
 from gateway.policy.credentials import Access
+from gateway.policy.definition import Policy
 from gateway.policy.load import parse_policy
-from gateway.policy.model import Policy
 from gateway.policy.versions import PolicyVersion
 
 log = logging.getLogger(__name__)

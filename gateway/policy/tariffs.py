@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gateway.policy.model import Policy, Pool
+from gateway.policy.definition import Policy, Pool
 
 DAY_S = 86400
 

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from gateway.errors import PolicyError, Problem
 from gateway.policy.consistency import Finding, memory_errors
 from gateway.policy.credentials import Access
+from gateway.policy.definition import Match, Policy, Route
 from gateway.policy.load import locator, parse_policy
-from gateway.policy.model import Match, Policy, Route
 from gateway.policy.physics import physics
 
 

@@ -23,7 +23,7 @@ from gateway.db.schema import (
     shadow_minutes,
     shadow_records,
 )
-from gateway.policy.model import Policy
+from gateway.policy.definition import Policy
 from gateway.promotion import departures
 from gateway.promotion.departures import departs, tolerance
 from gateway.promotion.judge import (

@@ -30,8 +30,8 @@ from gateway.errors import Conflict
 from gateway.periodic import Periodic
 from gateway.policy import validation, versions
 from gateway.policy.apply import apply, overridden, refusal, uncleared
+from gateway.policy.definition import Policy
 from gateway.policy.load import PolicyLoader, to_yaml
-from gateway.policy.model import Policy
 from gateway.promotion.departures import Tolerance, departs
 from gateway.promotion.evidence import latest, read_minutes
 from gateway.promotion.tally import FAILED, Tally, representative

@@ -31,7 +31,7 @@ from typing import Any
 import orjson
 
 from gateway.db.schema import RequestMinute
-from gateway.policy.model import Policy
+from gateway.policy.definition import Policy
 from gateway.records.slo import Targets, meets_slo, record_meets_slo
 from gateway.stats import sketch_bucket
 

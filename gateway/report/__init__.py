@@ -18,8 +18,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from gateway.costmodel.model import CostModel
-from gateway.policy.model import Policy
+from gateway.costmodel.predict import CostModel
+from gateway.policy.definition import Policy
 from gateway.report import records, render
 from gateway.report.period import Period
 

@@ -18,9 +18,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gateway.compare.measures import MEASURES
-from gateway.costmodel.model import Prediction
+from gateway.costmodel.predict import Prediction
 from gateway.energy.draw import MINUTE_S
-from gateway.policy.model import Policy
+from gateway.policy.definition import Policy
 from gateway.policy.tariffs import DAY_S, rate_at
 from gateway.promotion.judge import Criteria
 from gateway.promotion.tally import WORST, Tally, agreement

@@ -21,7 +21,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from gateway.costmodel.model import CostModel
+from gateway.costmodel.predict import CostModel
 from gateway.db.schema import (
     RequestMinute,
     backend_energy,
@@ -33,7 +33,7 @@ from gateway.db.schema import (
     shadow_records,
 )
 from gateway.db.schema import shadow_minutes as shadow_minutes_table
-from gateway.policy.model import Policy
+from gateway.policy.definition import Policy
 from gateway.promotion import evidence, shadow_minutes
 from gateway.promotion.precision import results
 from gateway.promotion.tally import Tally

@@ -18,9 +18,9 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from gateway.costmodel.model import CostModel
+from gateway.costmodel.predict import CostModel
 from gateway.periodic import Periodic
-from gateway.policy.model import Policy
+from gateway.policy.definition import Policy
 from gateway.report import generate
 from gateway.report.period import ISO_WEEK, last_complete_week
 

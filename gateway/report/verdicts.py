@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from gateway.policy.model import Policy
+from gateway.policy.definition import Policy
 from gateway.promotion import evidence
 from gateway.promotion.judge import Criteria, judge
 from gateway.report.wording import plain_check, summary_sentence, why_sentence

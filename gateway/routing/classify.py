@@ -17,7 +17,7 @@ import orjson
 from gateway.errors import InvalidRequest, SloNotAllowed, Unauthorized, shown
 from gateway.fleet.prefixes import BLOCK_TOKENS
 from gateway.fleet.sessions import MAX_KEY_CHARS, SESSION_HEADERS
-from gateway.policy.model import Policy, Tenant
+from gateway.policy.definition import Policy, Tenant
 from gateway.routing import bodies, prefix
 from gateway.routing.tokens import Tokenizer, token_blocks
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from gateway.costmodel.model import CostModel, OutputLengths, Prediction
+from gateway.costmodel.predict import CostModel, OutputLengths, Prediction
 from gateway.fleet.state import BackendState, PoolState
-from gateway.policy.model import Route
+from gateway.policy.definition import Route
 from gateway.policy.tariffs import Rates
 from gateway.routing.classify import RequestProfile
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from gateway.costmodel.model import Prediction
+from gateway.costmodel.predict import Prediction
 from gateway.errors import (
     ContextTooLong,
     GatewayError,
@@ -26,7 +26,7 @@ from gateway.errors import (
     RouteDenied,
 )
 from gateway.fleet.state import BackendState, Fleet, PoolState
-from gateway.policy.model import Policy, Route
+from gateway.policy.definition import Policy, Route
 from gateway.routing.classify import RequestProfile
 from gateway.routing.ranking import Ranking, preference_order
 

@@ -44,7 +44,7 @@ from gateway.fleet.leases import Place
 from gateway.fleet.ratelimit import Bucket, Draw, TokenBuckets
 from gateway.fleet.state import BackendState, Fleet
 from gateway.metrics import GatewayMetrics
-from gateway.policy.model import Policy, Route
+from gateway.policy.definition import Policy, Route
 from gateway.records.requests import ms
 from gateway.records.slo import tpot_s
 from gateway.routing.classify import RequestProfile, text_tokens

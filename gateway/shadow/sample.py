@@ -15,7 +15,7 @@ import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gateway.policy.model import Comparison, Policy, Route, ShadowBudget, ShadowMatch
+from gateway.policy.definition import Comparison, Policy, Route, ShadowBudget, ShadowMatch
 from gateway.routing.classify import RequestProfile
 from gateway.routing.router import tokens_needed
 

@@ -23,7 +23,7 @@ from gateway.fleet.admission import Admission
 from gateway.fleet.ratelimit import Bucket
 from gateway.fleet.state import BackendState, Fleet
 from gateway.metrics import GatewayMetrics
-from gateway.policy.model import SemanticSimilarity
+from gateway.policy.definition import SemanticSimilarity
 from gateway.upstream.client import Upstream, UpstreamError, UpstreamTimeout
 
 log = logging.getLogger(__name__)

@@ -22,13 +22,13 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
-from gateway.costmodel.model import Prediction
+from gateway.costmodel.predict import Prediction
 from gateway.errors import NoCapacity, UpstreamError
 from gateway.exchange import Exchange
 from gateway.fleet.admission import Admission
 from gateway.fleet.state import BackendState, Fleet, Slot
 from gateway.metrics import GatewayMetrics
-from gateway.policy.model import Policy
+from gateway.policy.definition import Policy
 from gateway.routing.ranking import CostRanker
 from gateway.routing.router import pick_backend
 from gateway.upstream import usage

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from gateway.policy.model import Policy
+from gateway.policy.definition import Policy
 from gateway.policy.tariffs import Rate, own_rate
 
 

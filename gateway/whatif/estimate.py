@@ -1,6 +1,6 @@
 """The period's figures from its sampled windows: a stratified cluster sample's ratio estimate.
 
-Each window (gateway/whatif/sample.py) is a cluster of the period's requests, replayed whole at
+Each window (gateway/whatif/windows.py) is a cluster of the period's requests, replayed whole at
 full load; a figure of the period is a ratio of two totals over its requests (SLO met per
 request, energy per request, cost per thousand tokens). Stratum h has `M_h` windows in the
 period and `m_h` were drawn at random, so each window drawn stands for `M_h / m_h` of them, and

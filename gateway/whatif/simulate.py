@@ -9,7 +9,7 @@ gateway/whatif/hardware.py), so on a real fleet read the differences between the
 the absolute figures.
 
 A period's requests are many; the CLI and the admin API replay a sample of its time windows
-(gateway/whatif/sample.py), each whole and at the period's full load after a warm-up, the same
+(gateway/whatif/windows.py), each whole and at the period's full load after a warm-up, the same
 windows under both policies, and state the sample's size, the period's and, for every figure
 that is a ratio over requests, the period's estimate with its 95 % interval from the spread
 between windows (gateway/whatif/estimate.py).
@@ -26,14 +26,14 @@ from typing import Any
 import sqlalchemy as sa
 
 from gateway.db.schema import request_records
-from gateway.policy.model import Policy
+from gateway.policy.definition import Policy
 from gateway.whatif.conditions import ReplayRates
 from gateway.whatif.estimate import Cluster, ratio_estimate
-from gateway.whatif.sample import PER_STRATUM, WindowSample, trace_request
+from gateway.whatif.scorecard import good, latency_percentile, replayed, summarize
 from gateway.whatif.strategy import learned
-from gateway.whatif.summary import good, latency_percentile, replayed, summarize
 from gateway.whatif.timeline import FleetReading, Passage, Replay
 from gateway.whatif.trace import TraceRequest
+from gateway.whatif.windows import PER_STRATUM, WindowSample, trace_request
 
 COMPARED = ("energy_j_per_request", "cost_usd_per_1k_tokens", "slo_attainment", "ttft_p99_ms")
 # The ratios estimated with an interval: numerator and denominator per window, the digits kept,

@@ -11,14 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from gateway.costmodel.model import OutputLengths
+from gateway.costmodel.predict import OutputLengths
 from gateway.costmodel.train import RetrainSchedule
 from gateway.parking.plan import Parking
-from gateway.policy.model import Policy
+from gateway.policy.definition import Policy
 from gateway.policy.tariffs import Rates
 from gateway.routing.ranking import CostRanker
 from gateway.routing.router import RankPools
-from gateway.whatif.learner import OnlineLearner
+from gateway.whatif.replay_learner import OnlineLearner
 from gateway.whatif.trace import TraceRequest
 from gateway.whatif.world import SimulatedBackend
 

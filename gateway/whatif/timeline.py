@@ -49,7 +49,7 @@ from gateway.errors import GatewayError
 from gateway.fleet.prefixes import BLOCK_TOKENS
 from gateway.fleet.state import DRAINING, IN_SERVICE, PARKED, WAKING, Fleet, PoolState
 from gateway.parking.plan import Move
-from gateway.policy.model import Policy, Route
+from gateway.policy.definition import Policy, Route
 from gateway.records.requests import ms
 from gateway.records.slo import meets_slo, tpot_s
 from gateway.routing.classify import RequestProfile

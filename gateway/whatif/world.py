@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from gateway.energy.ledger import BackendLedger
 from gateway.fleet.state import BackendState, Fleet
-from gateway.policy.model import Policy
+from gateway.policy.definition import Policy
 from gateway.policy.tariffs import Rate
 from gateway.whatif.hardware import Device, Hardware
 

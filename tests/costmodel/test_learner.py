@@ -12,7 +12,7 @@ from rows import request_record
 
 from gateway.costmodel import store
 from gateway.costmodel.learner import Learner
-from gateway.costmodel.model import CostModel
+from gateway.costmodel.predict import CostModel
 from gateway.costmodel.train import observation
 from gateway.db.connection import connect, upgrade
 from gateway.metrics import GatewayMetrics

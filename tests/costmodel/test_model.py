@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.costmodel.model import (
+from gateway.costmodel.predict import (
     FEATURES,
     TARGETS,
     CostModel,

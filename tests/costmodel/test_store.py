@@ -7,7 +7,7 @@ import json
 import sqlalchemy as sa
 
 from gateway.costmodel import store
-from gateway.costmodel.model import FEATURES, CostModel, Learned, Residual, Span
+from gateway.costmodel.predict import FEATURES, CostModel, Learned, Residual, Span
 from gateway.db.connection import connect
 from policies import MODEL, fleet_policy
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.costmodel.model import TARGETS, CostModel
+from gateway.costmodel.predict import TARGETS, CostModel
 from gateway.costmodel.train import (
     MIN_OBSERVATIONS,
     Observation,
@@ -165,7 +165,7 @@ def test_the_closed_form_ridge_is_scikit_learns_ridge() -> None:
 
 
 def test_retraining_computes_the_priors_and_features_the_request_path_predicts_with() -> None:
-    from gateway.costmodel.model import Span, batch_terms, features, request_terms
+    from gateway.costmodel.predict import Span, batch_terms, features, request_terms
     from gateway.costmodel.train import _columns, design
 
     slots = POLICY.pools["gpu"].slots_per_backend

@@ -35,13 +35,13 @@ from gateway.db.schema import (
 from gateway.ops import views
 from gateway.policy.load import load_policy
 from gateway.promotion import evidence, rollout
-from gateway.promotion.summary import summarize
+from gateway.promotion.shadow_summary import summarize
 from gateway.records.minutes import summarize as minutes
 from gateway.records.minutes import targets_of
 from gateway.report import records as report_records
 from gateway.report.period import Period
-from gateway.whatif.sample import sample_windows
 from gateway.whatif.simulate import recorded_requests
+from gateway.whatif.windows import sample_windows
 from policies import fleet_policy
 
 

@@ -13,8 +13,8 @@ from shadowworld import ROOMY, shadow_rows
 
 from gateway.db.connection import MIGRATIONS
 from gateway.metrics import GatewayMetrics
+from gateway.policy.definition import Policy
 from gateway.policy.load import load_policy, parse_policy, to_yaml
-from gateway.policy.model import Policy
 from gateway.settings import variables
 from harness.gateways import GatewayServer, run_gateway
 from harness.metrics import parse_metrics

@@ -13,7 +13,7 @@ from waiting import until
 from gateway.fleet.ratelimit import Bucket, Draw, TokenBuckets, tenant_draws
 from gateway.fleet.sharedstate import SharedState
 from gateway.metrics import GatewayMetrics
-from gateway.policy.model import RateLimit
+from gateway.policy.definition import RateLimit
 from harness.gateways import run_gateway
 from policies import MODEL, fleet_policy
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from replayworld import mixed, mooncake, policy, requests, trace
 
-from gateway.policy.model import Policy
+from gateway.policy.definition import Policy
 from gateway.whatif.trace import TraceRequest
 from lab.bench import benchmark
 

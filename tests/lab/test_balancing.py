@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gateway.fleet.state import Fleet, PoolState
-from gateway.policy.model import Policy
+from gateway.policy.definition import Policy
 from gateway.routing.classify import RequestProfile
 from gateway.routing.ranking import Ranking
 from gateway.routing.router import decide

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 import yaml
 
+from gateway.policy.definition import Policy
 from gateway.policy.load import load_policy, parse_policy
-from gateway.policy.model import Policy
 from gateway.policy.validation import validate
-from gateway.whatif.summary import good, summarize
+from gateway.whatif.scorecard import good, summarize
 from gateway.whatif.timeline import Replay
 from gateway.whatif.trace import TraceRequest, read_trace
 from harness.gateways import run_gateway

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.fleet.state import Fleet
-from gateway.policy.model import Policy
+from gateway.policy.definition import Policy
 from gateway.whatif.trace import TraceRequest
 from gateway.whatif.world import SimulatedBackend, build_world
 from lab.oracle import marginal

@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+from gateway.policy.definition import Policy
 from gateway.policy.load import parse_policy, to_yaml
-from gateway.policy.model import Policy
-from gateway.whatif.summary import summarize
+from gateway.whatif.scorecard import summarize
 from gateway.whatif.timeline import Replay
 from gateway.whatif.trace import read_trace
 from lab.bench import benchmark, parking_targets

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.policy.model import Policy
+from gateway.policy.definition import Policy
 from gateway.policy.tariffs import Rate
 from gateway.whatif.trace import TraceRequest
 from lab.bench import benchmark

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from gateway.fleet.state import Fleet
-from gateway.policy.model import Policy
+from gateway.policy.definition import Policy
 from gateway.routing.router import decide
 from gateway.whatif.timeline import Replay, request_profile
 from gateway.whatif.trace import TraceRequest, conversation

@@ -22,7 +22,7 @@ from gateway.db.schema import parking_events
 from gateway.fleet.state import Fleet
 from gateway.parking.driver import Parker, last_gpu
 from gateway.parking.plan import Move
-from gateway.policy.model import Policy
+from gateway.policy.definition import Policy
 from harness.gateways import GatewayServer, run_gateway
 from harness.simulators import SimulatorProcess, start_simulator
 from policies import MODEL, fleet_policy

@@ -6,8 +6,8 @@ import pytest
 import yaml
 
 from gateway.errors import PolicyError
+from gateway.policy.definition import DEFAULT_NOISE_SHARE, NoiseFloor
 from gateway.policy.load import load_policy, parse_policy
-from gateway.policy.model import DEFAULT_NOISE_SHARE, NoiseFloor
 
 DEFAULT = Path(__file__).resolve().parents[2] / "policies" / "default.yaml"
 

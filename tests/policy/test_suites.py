@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from gateway.policy.model import GoLive
+from gateway.policy.definition import GoLive
 from gateway.policy.suites import SHIPPED, pin, refused, unpinned
 
 

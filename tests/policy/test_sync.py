@@ -11,8 +11,8 @@ from waiting import wait_for
 
 from gateway.policy import versions
 from gateway.policy.apply import rollback
+from gateway.policy.definition import Policy
 from gateway.policy.load import parse_policy, render_policy
-from gateway.policy.model import Policy
 from harness.gateways import GatewayServer, run_gateway
 from policies import MODEL, fleet_policy, pool
 

@@ -5,7 +5,7 @@ import random
 import numpy as np
 import pytest
 
-from gateway.policy.model import Promotion
+from gateway.policy.definition import Promotion
 from gateway.promotion.judge import (
     DEPARTURE_MARGIN,
     FAIL,

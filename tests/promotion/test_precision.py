@@ -22,15 +22,15 @@ from gateway.db.connection import connect
 from gateway.errors import Conflict, PolicyError
 from gateway.policy import versions
 from gateway.policy.apply import apply
+from gateway.policy.definition import Policy
 from gateway.policy.load import render_policy, to_yaml
-from gateway.policy.model import Policy
 from gateway.policy.suites import SHIPPED
 from gateway.promotion import rollout
 from gateway.promotion.departures import NEAR_TIE_KL, Tolerance, departs
 from gateway.promotion.precision.check import TOP_LOGPROBS, Reply, greedy, measure_pair, read_suite
+from gateway.promotion.precision.comparison import Plan, Suite
 from gateway.promotion.precision.figures import Outcome, gate, judge_check
 from gateway.promotion.precision.limits import ALPHA, MAX_DEPARTURE_RATE, Limits
-from gateway.promotion.precision.plan import Plan, Suite
 from gateway.promotion.precision.rates import words_needed
 from gateway.promotion.precision.results import newest, store
 from gateway.promotion.precision.retries import kept, outcomes_of, pooled

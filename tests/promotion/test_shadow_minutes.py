@@ -19,7 +19,7 @@ from gateway.compare.failures import ERROR, UPSTREAM
 from gateway.db.connection import connect
 from gateway.db.schema import ShadowRecord, request_records, shadow_minutes
 from gateway.metrics import GatewayMetrics
-from gateway.policy.model import SloClass
+from gateway.policy.definition import SloClass
 from gateway.promotion.departures import at_risk, departs, judged, tolerance
 from gateway.promotion.evidence import (
     criteria,

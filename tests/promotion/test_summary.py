@@ -11,7 +11,7 @@ from rows import shadow_record
 from gateway.db.connection import connect
 from gateway.metrics import GatewayMetrics
 from gateway.promotion.shadow_minutes import ShadowMinutes
-from gateway.promotion.summary import summarize, summarize_rows
+from gateway.promotion.shadow_summary import summarize, summarize_rows
 from gateway.shadow.records import ShadowWriter
 from gateway.stats import SKETCH_RELATIVE_ERROR
 

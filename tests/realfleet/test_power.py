@@ -23,7 +23,7 @@ import httpx
 import pytest
 from waiting import wait_for
 
-from gateway.policy.model import PowerMetrics
+from gateway.policy.definition import PowerMetrics
 from gateway.upstream import exposition
 from realfleet import power
 

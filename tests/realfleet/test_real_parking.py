@@ -18,7 +18,7 @@ from realworld import require_engine
 from switching import HOOK, switched, up
 from waiting import wait_for
 
-from gateway.policy.model import Policy
+from gateway.policy.definition import Policy
 from harness.gateways import GatewayServer, run_gateway
 from policies import pool
 from realfleet import engine

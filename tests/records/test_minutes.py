@@ -17,7 +17,7 @@ from rows import request_record
 from gateway.db.connection import connect
 from gateway.db.schema import RequestMinute, RequestRecord, request_minutes
 from gateway.metrics import GatewayMetrics
-from gateway.policy.model import SloClass
+from gateway.policy.definition import SloClass
 from gateway.records.minutes import MINUTE_S, Minutes, summarize
 from gateway.records.requests import RecordWriter, RequestEnergy
 

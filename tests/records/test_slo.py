@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from functools import partial
 
-from gateway.policy.model import SloClass
+from gateway.policy.definition import SloClass
 from gateway.records.slo import Budget, budget, judged_on, meets_slo, record_meets_slo
 
 INTERACTIVE = SloClass(ttft_ms=500, tpot_ms=50)

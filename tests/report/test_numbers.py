@@ -10,7 +10,7 @@ import pytest
 from reportworld import MODEL, build
 
 from gateway.compare.measures import SHOWN
-from gateway.costmodel.model import CostModel
+from gateway.costmodel.predict import CostModel
 from gateway.db.connection import connect
 from gateway.promotion.evidence import evaluate
 from gateway.report import generate

@@ -211,8 +211,8 @@ def test_unbounded_intervals_are_null_in_json() -> None:
 
 def test_the_report_shows_each_pools_newest_precision_check(tmp_path: Path) -> None:
     from gateway.policy.load import load_policy
+    from gateway.promotion.precision.comparison import Plan, Suite
     from gateway.promotion.precision.figures import Outcome, judge_check
-    from gateway.promotion.precision.plan import Plan, Suite
     from gateway.promotion.precision.results import store
 
     url = f"sqlite:///{tmp_path / 'gateway.db'}"

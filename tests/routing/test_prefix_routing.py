@@ -11,8 +11,8 @@ from pathlib import Path
 from openai import OpenAI
 from waiting import wait_for
 
+from gateway.policy.definition import Policy
 from gateway.policy.load import parse_policy, to_yaml
-from gateway.policy.model import Policy
 from harness.gateways import free_port, run_gateway
 from harness.simulators import start_simulator
 from policies import MODEL, fleet_policy

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from gateway.costmodel.model import CostModel, OutputLengths
+from gateway.costmodel.predict import CostModel, OutputLengths
 from gateway.fleet.state import Fleet
 from gateway.routing.classify import RequestProfile
 from gateway.routing.ranking import CostRanker

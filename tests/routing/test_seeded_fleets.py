@@ -21,12 +21,12 @@ from typing import Any, cast
 
 import yaml
 
-from gateway.costmodel.model import FEATURES, TARGETS, CostModel, Learned, OutputLengths, Residual
-from gateway.costmodel.model import Span as SeenSpan
+from gateway.costmodel.predict import FEATURES, TARGETS, CostModel, Learned, OutputLengths, Residual
+from gateway.costmodel.predict import Span as SeenSpan
 from gateway.errors import GatewayError
 from gateway.fleet.state import Fleet, Waiter
+from gateway.policy.definition import Policy
 from gateway.policy.load import parse_policy
-from gateway.policy.model import Policy
 from gateway.policy.tariffs import Rate
 from gateway.routing.classify import RequestProfile
 from gateway.routing.ranking import CostRanker

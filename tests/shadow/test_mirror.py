@@ -23,8 +23,8 @@ from gateway.db.connection import connect, upgrade
 from gateway.exchange import Exchange
 from gateway.fleet.state import Fleet
 from gateway.metrics import GatewayMetrics
+from gateway.policy.definition import SemanticSimilarity
 from gateway.policy.load import parse_policy, to_yaml
-from gateway.policy.model import SemanticSimilarity
 from gateway.promotion.departures import at_risk
 from gateway.routing.classify import RequestProfile
 from gateway.routing.router import RouteDecision

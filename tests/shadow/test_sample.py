@@ -6,7 +6,7 @@ import math
 
 from shadowworld import shadow_policy
 
-from gateway.policy.model import DEFAULT_NOISE_SHARE, NoiseFloor
+from gateway.policy.definition import DEFAULT_NOISE_SHARE, NoiseFloor
 from gateway.routing.classify import RequestProfile
 from gateway.shadow.sample import NOISE, sample, stable_fraction
 from policies import MODEL, fleet_policy

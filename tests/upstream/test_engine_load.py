@@ -21,8 +21,8 @@ from waiting import wait_for
 
 from gateway.fleet.engine_blocks import BLOCK_TOKENS
 from gateway.fleet.state import prefix_capacity
+from gateway.policy.definition import Policy
 from gateway.policy.load import parse_policy, to_yaml
-from gateway.policy.model import Policy
 from harness.gateways import GatewayServer, run_gateway
 from harness.metrics import metric_value
 from harness.simulators import start_simulator

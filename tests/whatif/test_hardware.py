@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from gateway.policy.model import Policy
+from gateway.policy.definition import Policy
 from gateway.whatif.hardware import GROUP, HardwareError, load_hardware
 from gateway.whatif.trace import TraceRequest
 from lab.bench import benchmark

@@ -7,10 +7,10 @@ from typing import Any, cast
 import pytest
 
 from gateway.costmodel.train import Observation, RetrainSchedule
-from gateway.policy.model import Policy
-from gateway.whatif.learner import OnlineLearner
+from gateway.policy.definition import Policy
+from gateway.whatif.replay_learner import OnlineLearner
+from gateway.whatif.scorecard import measure
 from gateway.whatif.strategy import learned
-from gateway.whatif.summary import measure
 from gateway.whatif.timeline import MODEL
 from gateway.whatif.trace import TraceRequest
 

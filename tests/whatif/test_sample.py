@@ -16,8 +16,8 @@ from gateway.db.schema import request_records
 from gateway.policy.load import load_policy
 from gateway.report.period import date_range, week
 from gateway.whatif.estimate import Cluster, ratio_estimate, t_975
-from gateway.whatif.sample import MINUTE_S, PER_STRATUM, draw_windows, sample_windows
 from gateway.whatif.simulate import recorded_requests, replay, replay_sample, simulate_sample
+from gateway.whatif.windows import MINUTE_S, PER_STRATUM, draw_windows, sample_windows
 
 ROOT = Path(__file__).resolve().parents[2]
 WEEK = week("2026-W48")

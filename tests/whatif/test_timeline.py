@@ -6,10 +6,10 @@ from dataclasses import replace
 from pathlib import Path
 
 from gateway.costmodel.train import Observation
-from gateway.policy.model import Policy
+from gateway.policy.definition import Policy
 from gateway.routing.ranking import preference_order
+from gateway.whatif.scorecard import DRAIN_S, measure, replayed, summarize
 from gateway.whatif.strategy import Strategy, learned
-from gateway.whatif.summary import DRAIN_S, measure, replayed, summarize
 from gateway.whatif.timeline import Replay
 from gateway.whatif.trace import TraceRequest, read_trace
 from lab.strategies import strategy_for

@@ -1,8 +1,8 @@
 """Running a precision check: its suite read, a healthy backend of each pool, the suite replayed.
 
-`run` is the edge: it plans the check (gateway/promotion/precision/plan.py), asks the candidate
-once and the reference twice for every prompt, measures both pairs and hands the outcomes to
-gateway/promotion/precision/figures.py. The result is returned, not stored.
+`run` is the edge: it plans the check (gateway/promotion/precision/comparison.py), asks the
+candidate once and the reference twice for every prompt, measures both pairs and hands the
+outcomes to gateway/promotion/precision/figures.py. The result is returned, not stored.
 """
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ from gateway.compare.meaning import similarity, windows
 from gateway.compare.measures import DEFAULT_COMPARATORS, MEASURES, compare
 from gateway.errors import InvalidRequest
 from gateway.policy.credentials import Access
-from gateway.policy.model import Backend, Policy
+from gateway.policy.definition import Backend, Policy
 from gateway.promotion.departures import benign
+from gateway.promotion.precision.comparison import DEFAULT_MAX_TOKENS, Suite, plan
 from gateway.promotion.precision.figures import Outcome, Row, judge_check
 from gateway.promotion.precision.labels import LABELS, states
 from gateway.promotion.precision.limits import DEFAULT_LIMITS, Limits
-from gateway.promotion.precision.plan import DEFAULT_MAX_TOKENS, Suite, plan
 from gateway.promotion.precision.retries import kept, pooled
 
 TOP_LOGPROBS = 5

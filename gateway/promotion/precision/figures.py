@@ -45,6 +45,7 @@ from typing import Any
 
 from gateway import stats
 from gateway.promotion.departures import Tolerance, compared, departs, tolerance, words_at_risk
+from gateway.promotion.precision.comparison import Plan, Suite
 from gateway.promotion.precision.limits import (
     DEFAULT_LIMITS,
     MIN_DISTINCT_PROMPTS,
@@ -52,7 +53,6 @@ from gateway.promotion.precision.limits import (
     Limits,
 )
 from gateway.promotion.precision.paired import Paired, wilson_interval
-from gateway.promotion.precision.plan import Plan, Suite
 from gateway.promotion.precision.rates import Rate, excess_interval, words_needed
 from gateway.promotion.precision.reasons import reasons
 

@@ -8,7 +8,7 @@ from pathlib import PurePath
 from typing import Any
 
 from gateway.errors import InvalidRequest
-from gateway.policy.model import Policy
+from gateway.policy.definition import Policy
 
 DEFAULT_MAX_TOKENS = 256  # what a check asks of a prompt that names no limit
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from math import exp  # the request path's call, without the module lookup
 from typing import Any, NamedTuple
 
-from gateway.policy.model import Policy, Pool
+from gateway.policy.definition import Policy, Pool
 from gateway.policy.physics import Physics, physics
 from gateway.policy.tariffs import Rate, own_rate
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
-from gateway.costmodel.model import TARGETS, CostModel, Prediction
+from gateway.costmodel.predict import TARGETS, CostModel, Prediction
 from gateway.costmodel.train import DEFAULT_SCHEDULE, Observation, RetrainSchedule, Score, train
-from gateway.policy.model import Policy
+from gateway.policy.definition import Policy
 
 # After this many observations of a pool its error counts toward the target.
 WARM_OBSERVATIONS = 500

@@ -7,7 +7,7 @@ from typing import Any
 
 from gateway.errors import GatewayError
 from gateway.fleet.state import BackendState, Fleet
-from gateway.policy.model import Policy, Pool
+from gateway.policy.definition import Policy, Pool
 from gateway.policy.tariffs import Rate, own_rate
 from gateway.routing.classify import RequestProfile, TokenEstimator, classify, tenant_of
 from gateway.routing.ranking import CostRanker
