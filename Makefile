@@ -82,12 +82,13 @@ tools:
 
 # Two workers: most tests wait on real servers, so two share two cores well. A module's tests
 # stay on one worker, so a module's fixtures (a replay, a precision check) are built once. The
-# benchmarks and what learns from wall-clock timing run after, alone on the machine.
+# benchmarks and what learns from wall-clock timing run after, alone on the machine. Each run
+# ends with its slowest tests, where the suite's time goes.
 TEST_WORKERS ?= 2
 
 unit: install tools engine
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadscope -m "not alone"
-	$(PY) -m pytest -m alone
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadscope -m "not alone" --durations=15
+	$(PY) -m pytest -m alone --durations=5
 
 ## The suite on a busy machine: a CPU hog at the lowest priority on every core (scripts/busy.sh).
 test-busy: install tools engine

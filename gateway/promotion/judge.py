@@ -372,6 +372,8 @@ def poisson_interval(count: int, exposure: int, alpha: float) -> tuple[float, fl
         # The log ratio is convex in r with its least at count / exposure: one crossing a side.
         for _ in range(100):
             mid = (inside + beyond) / 2
+            if mid in (inside, beyond):  # as near as floats go: nothing would move again
+                break
             if outside(mid):
                 beyond = mid
             else:
