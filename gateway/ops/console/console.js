@@ -353,7 +353,10 @@ async function act(call) {
 // The measures shown over many pairs, as the gateway declares them (served beside this file).
 let shownOnce = null;
 function shownMeasures() {
-  shownOnce = shownOnce || fetch("measures.json").then((r) => r.json());
+  shownOnce = shownOnce || fetch("measures.json").then((r) => r.json()).catch((error) => {
+    shownOnce = null; // asked again on the next refresh
+    throw error;
+  });
   return shownOnce;
 }
 
