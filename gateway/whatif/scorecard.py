@@ -100,6 +100,27 @@ def good(passage: Passage) -> bool:
     )
 
 
+def latencies(served: Sequence[Passage]) -> dict[str, float | None]:
+    """Return the served requests' TTFT and TPOT at p50 and p99, in ms."""
+    ttft = [p.ttft_s * 1e3 for p in served if p.ttft_s is not None]
+    tpot = [p.tpot_s * 1e3 for p in served if p.tpot_s is not None]
+    return {
+        "ttft_p50_ms": latency_percentile(ttft, 50),
+        "ttft_p99_ms": latency_percentile(ttft, 99),
+        "tpot_p50_ms": latency_percentile(tpot, 50),
+        "tpot_p99_ms": latency_percentile(tpot, 99),
+    }
+
+
+def live_pools(replay: Replay) -> list[str]:
+    """Return the live pools that serve a model the replay's requests ask for."""
+    return [
+        n
+        for n, pool in replay.policy.pools.items()
+        if pool.live and set(replay.models) & set(pool.models)
+    ]
+
+
 def summarize(replay: Replay) -> dict[str, object]:
     """Return a replay's figures, as the benchmark writes them for one strategy."""
     policy = replay.policy
@@ -125,14 +146,10 @@ def summarize(replay: Replay) -> dict[str, object]:
         paid_s = sim.device.time - replay.released_s(sim.state.name)
         fleet_cost += paid_s * price.usd_per_hour / 3600
     cost = sum(pool_cost.values())
-    ttft = [p.ttft_s * 1e3 for p in served if p.ttft_s is not None]
-    tpot = [p.tpot_s * 1e3 for p in served if p.tpot_s is not None]
     pools = Counter(p.pool for p in served)
     prompt = sum(p.request.prompt_tokens for p in served)
     cached = sum(p.job.cached_tokens for p in served if p.job is not None)
-    live = [
-        n for n, pool in policy.pools.items() if pool.live and set(replay.models) & set(pool.models)
-    ]
+    live = live_pools(replay)
     tokens: Counter[str] = Counter()
     concurrency: Counter[str] = Counter()
     for p in served:
@@ -153,10 +170,7 @@ def summarize(replay: Replay) -> dict[str, object]:
         "fleet_cost_usd_per_1k_tokens": round(fleet_cost / tokens_k, 9),
         "slo_attainment": round(sum(p.meets_slo() for p in passages) / total, 5),
         "goodput": round(sum(good(p) for p in passages) / total, 5),
-        "ttft_p50_ms": latency_percentile(ttft, 50),
-        "ttft_p99_ms": latency_percentile(ttft, 99),
-        "tpot_p50_ms": latency_percentile(tpot, 50),
-        "tpot_p99_ms": latency_percentile(tpot, 99),
+        **latencies(served),
         "pool_shares": {name: round(pools[name] / total, 4) for name in live},
         # Diagnostics: what each pool's tokens cost, and how busy a request found its backend.
         "cost_usd_per_1k_tokens_by_pool": {

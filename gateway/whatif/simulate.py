@@ -29,7 +29,7 @@ from gateway.db.schema import request_records
 from gateway.policy.definition import Policy
 from gateway.whatif.conditions import ReplayRates
 from gateway.whatif.estimate import Cluster, ratio_estimate
-from gateway.whatif.scorecard import good, latency_percentile, replayed, summarize
+from gateway.whatif.scorecard import good, latencies, live_pools, replayed, summarize
 from gateway.whatif.strategy import learned
 from gateway.whatif.timeline import FleetReading, Passage, Replay
 from gateway.whatif.trace import TraceRequest
@@ -154,19 +154,9 @@ def window_figures(run: Replay, sample: WindowSample, marks: list[float]) -> dic
         figures[name] = None if estimate is None else round(estimate.estimate, digits)
         if estimate is not None:
             intervals[name] = estimate.rounded(digits)
-    ttft = [p.ttft_s * 1e3 for p in served if p.ttft_s is not None]
-    tpot = [p.tpot_s * 1e3 for p in served if p.tpot_s is not None]
-    figures["ttft_p50_ms"] = latency_percentile(ttft, 50)
-    figures["ttft_p99_ms"] = latency_percentile(ttft, 99)
-    figures["tpot_p50_ms"] = latency_percentile(tpot, 50)
-    figures["tpot_p99_ms"] = latency_percentile(tpot, 99)
-    live = [
-        n
-        for n, pool in run.policy.pools.items()
-        if pool.live and set(run.models) & set(pool.models)
-    ]
+    figures.update(latencies(served))
     shares: dict[str, float] = {}
-    for pool in live:
+    for pool in live_pools(run):
         clusters = [
             Cluster(w.stratum, tally[f"served:{pool}"], tally["requests"])
             for w, tally in zip(sample.windows, totals, strict=True)
