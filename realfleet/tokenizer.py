@@ -17,6 +17,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cache
+from typing import Any
 
 from realfleet.corpus import SPECIAL
 
@@ -80,6 +81,33 @@ class Tokenizer:
             for piece in PIECES.findall(part):
                 out += _piece_ids(self, piece)
         return out
+
+    def hugging_face(self) -> dict[str, Any]:
+        """Return this tokenizer as a Hugging Face `tokenizer.json`, for clients that count tokens
+        with `transformers` (load generators such as aiperf): byte-level BPE with GPT-2's
+        pre-tokenizer, the merges in rank order and the control markers as special tokens."""
+        ids = self.ids
+        byte_level = {"add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+        marker = {"single_word": False, "lstrip": False, "rstrip": False, "normalized": False}
+        markers = [{"id": ids[s], "content": s, **marker, "special": True} for s in SPECIAL]
+        bpe = {"type": "BPE", "dropout": None, "unk_token": None, "fuse_unk": False,
+               "continuing_subword_prefix": None, "end_of_word_suffix": None,
+               "byte_fallback": False, "ignore_merges": False}  # fmt: skip
+        return {
+            "version": "1.0",
+            "truncation": None,
+            "padding": None,
+            "added_tokens": markers,
+            "normalizer": None,
+            "pre_tokenizer": {"type": "ByteLevel", **byte_level},
+            "post_processor": None,
+            "decoder": {"type": "ByteLevel", **byte_level},
+            "model": {
+                **bpe,
+                "vocab": {t: i for t, i in ids.items() if t not in SPECIAL},
+                "merges": [[a, b] for a, b in self.merges],
+            },
+        }
 
     def decode(self, ids: Iterable[int]) -> str:
         """Return the text of `ids` (control markers as their text)."""

@@ -17,6 +17,7 @@ import gguf
 import httpx
 import numpy as np
 import pytest
+import tokenizers
 import yaml
 from realworld import require_engine
 
@@ -37,6 +38,18 @@ def test_the_suites_are_what_the_corpus_makes() -> None:
     facts = [json.loads(line) for line in (ROOT / "suites/facts.jsonl").read_text().splitlines()]
     assert len(facts) >= 205 and all(line["expected"] for line in facts)
     assert len({line["messages"][0]["content"] for line in facts}) == len(facts)
+
+
+def test_the_tokenizer_reads_the_same_for_hugging_face_clients() -> None:
+    # Load generators (aiperf) count a trace's tokens with `transformers`: the exported
+    # tokenizer.json must give the ids the engine computes, markers and digits included.
+    _, tok, _ = weights.read(weights.SHIPPED)
+    exported = tokenizers.Tokenizer.from_str(json.dumps(tok.hugging_face()))
+    texts = [line for name in corpus.SUITES for line in corpus.suite_lines(name)]
+    texts.append(f"{corpus.START}user\nWhat is 1234 + 56?  Tabs\tand  spaces{corpus.END}\n")
+    for text in texts:
+        assert exported.encode(text, add_special_tokens=False).ids == tok.encode(text), text
+        assert exported.decode(tok.encode(text), skip_special_tokens=False) == text
 
 
 def test_the_derived_parts_are_q8_0_and_noise_at_the_stated_ratio(
