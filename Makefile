@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: run real engine report test test-busy install lint typecheck unit tools fuzz clean
+.PHONY: run real engine aiperf report test test-busy install lint typecheck unit tools fuzz clean
 
 # Each target installs what it runs, into the one environment: `make run` the gateway and the
 # simulator alone (no torch, which only trains the real fleet's model); `make real` the real
@@ -53,6 +53,13 @@ engine: | $(PY)
 ## embedding model and the power exporter, with the gateway on 127.0.0.1:8080; Ctrl-C stops all.
 real: $(REAL) engine
 	VENV=$(VENV) bash scripts/run-real.sh
+
+## NVIDIA's aiperf, the load generator of bench/aiperf_fleet.py, in an environment of its own: it
+## pins its own stack (transformers among it), which neither the gateway nor its tests need.
+AIPERF_VENV := $(HOME)/.cache/shadow-gateway/aiperf-0.13.0
+aiperf:
+	test -x $(AIPERF_VENV)/bin/aiperf || { python3 -m venv $(AIPERF_VENV) \
+	  && $(AIPERF_VENV)/bin/pip install --quiet aiperf==0.13.0; }
 
 ## A demo week of traffic through the real gateway, rendered to reports/demo/report.html.
 report: $(DEMO)

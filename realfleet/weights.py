@@ -211,15 +211,24 @@ def read(path: Path) -> tuple[Shape, Tokenizer, dict[str, np.ndarray]]:
         rope_base=float(field("llama.rope.freq_base")),
         norm_eps=float(field("llama.attention.layer_norm_rms_epsilon")),
     )
-    tokens: tuple[str, ...] = tuple(field("tokenizer.ggml.tokens"))
-    merges = tuple((a, b) for a, b in (m.split(" ", 1) for m in field("tokenizer.ggml.merges")))
     tensors = {
         t.name: gguf.quants.dequantize(t.data, t.tensor_type)
         .reshape([int(n) for n in reversed(t.shape)])
         .astype(np.float32)
         for t in reader.tensors
     }
-    return shape, Tokenizer(tokens, merges), tensors
+    return shape, _tokenizer(reader), tensors
+
+
+def tokenizer(path: Path) -> Tokenizer:
+    """Read a model file's tokenizer alone."""
+    return _tokenizer(gguf.GGUFReader(str(path)))
+
+
+def _tokenizer(reader: gguf.GGUFReader) -> Tokenizer:
+    tokens: tuple[str, ...] = tuple(reader.fields["tokenizer.ggml.tokens"].contents())
+    merges = reader.fields["tokenizer.ggml.merges"].contents()
+    return Tokenizer(tokens, tuple((a, b) for a, b in (m.split(" ", 1) for m in merges)))
 
 
 def derive(folder: Path, source: Path = SHIPPED) -> dict[str, Part]:

@@ -43,7 +43,7 @@ def test_the_suites_are_what_the_corpus_makes() -> None:
 def test_the_tokenizer_reads_the_same_for_hugging_face_clients() -> None:
     # Load generators (aiperf) count a trace's tokens with `transformers`: the exported
     # tokenizer.json must give the ids the engine computes, markers and digits included.
-    _, tok, _ = weights.read(weights.SHIPPED)
+    tok = weights.tokenizer(weights.SHIPPED)
     exported = tokenizers.Tokenizer.from_str(json.dumps(tok.hugging_face()))
     texts = [line for name in corpus.SUITES for line in corpus.suite_lines(name)]
     texts.append(f"{corpus.START}user\nWhat is 1234 + 56?  Tabs\tand  spaces{corpus.END}\n")
@@ -121,7 +121,7 @@ def servers(parts: dict[str, weights.Part]) -> Iterator[dict[str, engine.Server]
 
 
 def test_llama_cpp_tokenizes_as_the_model_was_trained(servers: dict[str, engine.Server]) -> None:
-    _, tok, _ = weights.read(weights.SHIPPED)
+    tok = weights.tokenizer(weights.SHIPPED)
     texts = [corpus.chat(p) for name in corpus.SUITES for p in corpus.suite(name)]
     with httpx.Client(base_url=servers["f16"].url, timeout=30) as http:
         for text in texts:
