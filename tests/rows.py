@@ -126,10 +126,14 @@ def store_rows(db: sa.Engine, table: sa.Table, ages_days: list[float], now: floa
 
 
 def store_shadow_minutes(
-    db: sa.Engine, targets: shadows.TargetsOf = lambda _: None, since: float = 0.0
+    db: sa.Engine,
+    targets: shadows.TargetsOf = lambda _: None,
+    since: float = 0.0,
+    route: str | None = None,
 ) -> None:
-    """Store the minutes of the shadow records stored from `since`, as the writer folds them."""
-    minutes = shadows.summarize(evidence.shadow_rows(db, since), targets)
+    """Store the minutes of the shadow records stored from `since` (of one route), as the writer
+    folds them. Each record is folded once: minutes stored twice would count its copy twice."""
+    minutes = shadows.summarize(evidence.shadow_rows(db, since, route=route), targets)
     if minutes:
         with db.begin() as conn:
             conn.execute(shadow_minutes.insert(), [m.row() for m in minutes])

@@ -90,7 +90,7 @@ def shadow_history(
         if requests:
             conn.execute(request_records.insert(), requests)
     # The minutes the writer folds as the copies are recorded, under the default policy.
-    store_shadow_minutes(db, slo_targets(DEFAULT), since=rows[0]["ts"])
+    store_shadow_minutes(db, slo_targets(DEFAULT), since=rows[0]["ts"], route=route)
 
 
 def test_departures_are_counted_per_word_at_risk_and_records_without_the_length_left_out() -> None:
