@@ -12,6 +12,7 @@ sent fails, and a prompt fails every time it is asked, as a part that cannot run
 | `empty`   | the upstream's, with its text emptied                                         |
 | `null`    | the upstream's, with `content: null`                                          |
 | `cut`     | the upstream's, cut after half its words, `finish_reason` left as it was      |
+| `digits`  | the upstream's, its last digit changed (0→1, …, 9→0), the part sure of it     |
 | `error`   | HTTP 500 with an OpenAI error body; the upstream is not asked                 |
 | `timeout` | nothing until the client gives up (or `hang_s` passes)                        |
 
@@ -33,7 +34,7 @@ from typing import Any
 
 import httpx
 
-MODES = ("empty", "null", "cut", "error", "timeout")
+MODES = ("empty", "null", "cut", "digits", "error", "timeout")
 
 
 def broken(answer: dict[str, Any], mode: str) -> dict[str, Any]:
@@ -49,16 +50,48 @@ def broken(answer: dict[str, Any], mode: str) -> dict[str, Any]:
         elif mode == "cut" and isinstance(text, str):
             words = text.split(" ")
             holder[key] = " ".join(words[: len(words) // 2])
+        elif mode == "digits" and isinstance(text, str):
+            holder[key] = _digit_changed(text)
         logprobs = choice.get("logprobs")
-        if isinstance(logprobs, dict) and isinstance(logprobs.get("content"), list):
+        if mode == "digits":
+            _digit_chosen(logprobs)
+        elif isinstance(logprobs, dict) and isinstance(logprobs.get("content"), list):
             kept = len(logprobs["content"]) // 2 if mode == "cut" else 0
             logprobs["content"] = logprobs["content"][:kept]
     usage = answer.get("usage")
+    if mode == "digits":  # as many tokens as the upstream's
+        return answer
     if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
         done = usage["completion_tokens"] // 2 if mode == "cut" else 0
         usage["total_tokens"] = usage.get("prompt_tokens", 0) + done
         usage["completion_tokens"] = done
     return answer
+
+
+def _digit_changed(text: str) -> str:
+    """Return `text` with its last digit one more (9 to 0), or as it is without one."""
+    for i in reversed(range(len(text))):
+        if text[i].isdigit():
+            return text[:i] + str((int(text[i]) + 1) % 10) + text[i + 1 :]
+    return text
+
+
+def _digit_chosen(logprobs: Any) -> None:
+    """Change the last token holding a digit as the text's was changed, as a part that believes
+    it would report it: its distribution's two tokens trade places, so the changed one is what
+    it was sure of and the upstream's own the alternative it rejected."""
+    entries = (logprobs or {}).get("content") or []
+    for entry in reversed(entries):
+        token = entry.get("token", "")
+        changed = _digit_changed(token)
+        if changed == token:
+            continue
+        swap = {token: changed, changed: token}
+        for choice in [entry, *(entry.get("top_logprobs") or ())]:
+            if choice.get("token") in swap:
+                choice["token"] = swap[choice["token"]]
+                choice["bytes"] = list(choice["token"].encode())
+        return
 
 
 class Shim(ThreadingHTTPServer):

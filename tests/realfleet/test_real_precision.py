@@ -2,7 +2,9 @@
 
 The Q8_0 part's answers depart from the f16 reference's no more than the reference's two
 replicas depart from each other, and it passes; the analog part (8 dB of weight noise) gets
-facts wrong, and fails. Both on all 240 prompts of suites/facts.jsonl, as `make real` runs them.
+facts wrong, and fails; so does the Q8_0 part behind a proxy that changes a digit in one answer
+of twenty (realfleet/shim.py). All on the 240 prompts of suites/facts.jsonl, as `make real`
+runs them.
 """
 
 from __future__ import annotations
@@ -16,18 +18,28 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from command import ROOT
+from threadserver import serving
 
 from gateway.promotion.precision.limits import MIN_DISTINCT_PROMPTS
 from harness.databases import scratch_database
 from realfleet import fleet
+from realfleet.shim import Shim
 
 SUITE = "suites/facts.jsonl"
 
 
-def check(real: fleet.RealFleet, pool: str, tmp: Path) -> tuple[int, dict[str, Any], str]:
+def check(
+    real: fleet.RealFleet, pool: str, tmp: Path, url: str | None = None
+) -> tuple[int, dict[str, Any], str]:
+    """Run the gate's check of `pool` (its one backend at `url` where given)."""
+    doc = yaml.safe_load(real.policy())
+    if url is not None:
+        (backend,) = doc["pools"][pool]["backends"]
+        backend["url"] = url
     policy = tmp / "policy.yaml"
-    policy.write_text(real.policy())
+    policy.write_text(yaml.safe_dump(doc, sort_keys=False))
     out = tmp / f"{pool}.json"
     with scratch_database(None, tmp) as url:
         done = subprocess.run(
@@ -43,7 +55,13 @@ def check(real: fleet.RealFleet, pool: str, tmp: Path) -> tuple[int, dict[str, A
 def checks(
     real_fleet: fleet.RealFleet, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[str, tuple[int, dict[str, Any], str]]]:
-    yield {pool: check(real_fleet, pool, tmp_path_factory.mktemp(pool)) for pool in ("asic", "cim")}
+    done = {
+        pool: check(real_fleet, pool, tmp_path_factory.mktemp(pool)) for pool in ("asic", "cim")
+    }
+    with serving(Shim(real_fleet.url("asic-0"), "digits", share=0.05)) as shim:
+        done["digits"] = check(real_fleet, "asic", tmp_path_factory.mktemp("digits"), shim.url)
+        assert shim.failed == 12  # one prompt of twenty, of 240
+    yield done
 
 
 def test_the_suite_is_large_enough_for_the_gate() -> None:
@@ -68,3 +86,13 @@ def test_the_analog_part_fails_on_the_real_fleet(checks: dict) -> None:
     assert scored["turned_wrong"] > 0.1 * scored["questions"]
     assert scored["noise_turned_wrong"] == 0
     assert any("labelled questions" in reason for reason in result["reasons"])
+
+
+def test_a_part_that_changes_a_digit_in_one_answer_of_twenty_fails(checks: dict) -> None:
+    # The int8 part passes alone; behind the proxy, 12 of its 240 answers have their first
+    # digit changed (those with one: sums, conversions, dates, populations), each a confident
+    # token replaced where the reference was sure.
+    code, result, stderr = checks["digits"]
+    assert (code, result.get("verdict")) == (1, "fail"), stderr
+    assert 0 < result["labelled"]["turned_wrong"] <= 12
+    assert result["labelled"]["noise_turned_wrong"] == 0
