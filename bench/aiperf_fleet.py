@@ -9,6 +9,7 @@ the GPU pool alone (gpu-0 and gpu-1, f16, four slots of 2,048 tokens each; as
 bench/real_fleet_cache.py). The conversations are a Mooncake-format trace with sessions
 (`conversations`): each opens with a prompt of its own (`--first-tokens`, its 512-token blocks
 named by `hash_ids`), then each turn adds a question (`--turn-tokens`) after a think time;
+a conversation starts every `--every-ms`, on the trace's schedule (aiperf's `--fixed-schedule`).
 aiperf sends every turn with the conversation's earlier turns before it, and names the
 conversation in `X-Session-Affinity` and `X-Correlation-ID` (aiperf's defaults), which the
 gateway reads as a session key (gateway/fleet/sessions.py). Token counts are the served
@@ -28,19 +29,17 @@ over the arm).
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import contextlib
 import json
 import os
 import random
-import re
 import statistics
 import subprocess
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
-
-import httpx
 
 from bench.real_fleet_cache import ENGINES, serving
 from realfleet import corpus, fleet, weights
@@ -59,29 +58,36 @@ FIGURES = {  # aiperf's metric: the name kept here
 
 
 def conversations(
-    count: int, turns: int, first_tokens: int, turn_tokens: int, output_tokens: int,
-    *, seed: int, first_block: int = 0,
+    count: int, turns: float, every_ms: float, *, seed: int, first_block: int = 0,
+    output_tokens: int = 32, context: int = 2048,
 ) -> list[dict[str, Any]]:  # fmt: skip
-    """Return a Mooncake-format trace of `count` sessions of `turns` turns each.
+    """Return a Mooncake-format trace of `count` conversations, arriving `every_ms` apart on
+    average (Poisson), of `turns` turns on average (geometric, each turn after the first
+    adding a question of 40-80 tokens after a think time of 0.2-1 s from the answer before it).
 
-    A session's first turn is a prompt of `first_tokens` in blocks named from `first_block` on,
-    none shared with another session; each later turn adds `turn_tokens` (±25 %) after a think
-    time of 0.2-1 s.
+    A conversation opens with a prompt of 300-1,400 tokens in 512-token blocks named from
+    `first_block` on, none shared with another; it ends before its prompt and answer would
+    outgrow `context`. The same seed gives the same shapes and times whatever `first_block`.
     """
     rng = random.Random(f"aiperf-conversations-{seed}")
-    blocks = -(-first_tokens // BLOCK)
-    lines = []
+    lines, at, block = [], 0.0, first_block
     for s in range(count):
-        session = f"s{seed}-{s}"
-        ids = list(range(first_block + s * blocks, first_block + (s + 1) * blocks))
-        lines.append({"session_id": session, "input_length": first_tokens,
-                      "output_length": output_tokens, "hash_ids": ids})  # fmt: skip
-        for _ in range(turns - 1):
-            lines.append({
-                "session_id": session, "delay": rng.randint(200, 1000),
-                "input_length": rng.randint(turn_tokens * 3 // 4, turn_tokens * 5 // 4),
-                "output_length": output_tokens,
-            })  # fmt: skip
+        session = f"s{first_block}-{s}"
+        first = rng.randint(300, 1400)
+        blocks = -(-first // BLOCK)
+        lines.append({"session_id": session, "timestamp": round(at), "input_length": first,
+                      "output_length": output_tokens,
+                      "hash_ids": list(range(block, block + blocks))})  # fmt: skip
+        block += blocks
+        held = first + output_tokens
+        while rng.random() > 1 / turns:
+            asked = rng.randint(40, 80)
+            if held + asked + output_tokens > context * 0.9:  # room for the chat template
+                break
+            held += asked + output_tokens
+            lines.append({"session_id": session, "delay": rng.randint(200, 1000),
+                          "input_length": asked, "output_length": output_tokens})  # fmt: skip
+        at += rng.expovariate(1 / every_ms)
     return lines
 
 
@@ -100,35 +106,20 @@ def place_tokenizer(hf_home: Path) -> None:
     (snapshot / "tokenizer_config.json").write_text(json.dumps(config))
 
 
-def engine_prompt_tokens(urls: Sequence[str]) -> tuple[float, float]:
-    """Return the engines' prompt tokens computed and taken from their caches, summed."""
-    computed = cached = 0.0
-    for url in urls:
-        text = httpx.get(f"{url}/metrics", timeout=10).text
-        computed += _counter(text, "llamacpp:prompt_tokens_total")
-        cached += _counter(text, "llamacpp:prompt_tokens_cached_total")
-    return computed, cached
-
-
-def _counter(text: str, name: str) -> float:
-    match = re.search(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.MULTILINE)
-    return float(match.group(1)) if match else 0.0
-
-
 def profile(
-    urls: Sequence[str], trace: Path, out: Path, hf_home: Path, concurrency: int, seed: int
+    urls: Sequence[str], trace: Path, out: Path, hf_home: Path, seed: int
 ) -> dict[str, Any]:
     """Run `aiperf profile` over the trace against `urls`; return its summary's figures.
 
-    The request count is the trace's: past it aiperf would start its conversations again, and
-    find their prompts cached."""
-    requests = len(trace.read_text().splitlines())
+    On the trace's schedule (`--fixed-schedule`): each conversation starts at its timestamp
+    and is sent once, where a closed loop would start conversations again and find their
+    prompts cached."""
     command = [
         str(AIPERF), "profile", "--model", corpus.MODEL, "--endpoint-type", "chat", "--streaming",
         *(a for url in urls for a in ("--url", url)), "--url-strategy", "round_robin",
         "--input-file", str(trace), "--custom-dataset-type", "mooncake_trace",
-        "--concurrency", str(concurrency), "--tokenizer", TOKENIZER, "--random-seed", str(seed),
-        "--request-count", str(requests), "--extra-inputs", "ignore_eos:true",
+        "--fixed-schedule", "--tokenizer", TOKENIZER, "--random-seed", str(seed),
+        "--extra-inputs", "ignore_eos:true",
         "--ui-type", "none", "--artifact-dir", str(out),
     ]  # fmt: skip
     env = {**os.environ, "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1"}
@@ -137,7 +128,30 @@ def profile(
         raise RuntimeError(f"aiperf failed ({done.returncode}):\n{done.stdout[-3000:]}\n"
                            f"{done.stderr[-3000:]}")  # fmt: skip
     summary = json.loads(next(out.rglob("profile_export_aiperf.json")).read_text())
-    return figures(summary)
+    per_request = next(out.rglob("profile_export.jsonl")).read_text().splitlines()
+    turns = [turn(json.loads(line)) for line in per_request]
+    sent = sum(t["engine_prompt_tokens"] or 0 for t in turns)
+    cached = sum(t["engine_cached_tokens"] or 0 for t in turns)
+    return {**figures(summary), "cached_share": cached / sent if sent else 0.0, "turns": turns}
+
+
+def turn(record: Mapping[str, Any]) -> dict[str, Any]:
+    """Return one request of aiperf's per-request export: its conversation, turn, tokens sent,
+    the engine's count of them and of those it found cached, and its TTFT."""
+    metrics = record.get("metrics") or {}
+
+    def value(name: str) -> Any:
+        return (metrics.get(name) or {}).get("value")
+
+    return {
+        "conversation": record["metadata"]["conversation_id"],
+        "turn": record["metadata"]["turn_index"],
+        "input_tokens": value("input_sequence_length"),
+        "engine_prompt_tokens": value("usage_prompt_tokens"),
+        "engine_cached_tokens": value("usage_prompt_cache_read_tokens"),
+        "ttft_ms": value("time_to_first_token"),
+        "error": record.get("error"),
+    }
 
 
 def figures(summary: Mapping[str, Any]) -> dict[str, Any]:
@@ -163,40 +177,33 @@ def figures(summary: Mapping[str, Any]) -> dict[str, Any]:
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = {
         "aiperf": str(AIPERF), "conversations": args.conversations, "turns": args.turns,
-        "first_tokens": args.first_tokens, "turn_tokens": args.turn_tokens,
-        "output_tokens": args.output_tokens, "concurrency_per_arm": args.concurrency, "runs": [],
+        "every_ms": args.every_ms, "runs": [],
     }  # fmt: skip
     with contextlib.ExitStack() as stack:
         work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="aiperf-fleet-")))
         place_tokenizer(work / "hf")
         real = stack.enter_context(fleet.running())
         gateway = stack.enter_context(serving(real, work))
-        engines = [real.url(name) for name in ENGINES]
-        urls = {"gateway": [gateway.url], "round-robin": engines}
+        urls = {"gateway": [gateway.url], "round-robin": [real.url(e) for e in ENGINES]}
         block = 0
         for run in range(args.runs):
-            order = ARMS if run % 2 == 0 else ARMS[::-1]
-            arms: dict[str, Any] = {}
-            for arm in order:
-                seed = 2 * run + ARMS.index(arm)
+            traces = {}
+            for arm in ARMS:  # the same shapes and times, prompts of their own
                 lines = conversations(
-                    args.conversations, args.turns, args.first_tokens, args.turn_tokens,
-                    args.output_tokens, seed=seed, first_block=block,
-                )  # fmt: skip
-                block = 1 + max(i for line in lines for i in line.get("hash_ids", [block]))
-                trace = work / f"trace-{run}-{arm}.jsonl"
-                trace.write_text("".join(json.dumps(line) + "\n" for line in lines))
-                before = engine_prompt_tokens(engines)
-                load = os.getloadavg()[0]
-                found = profile(urls[arm], trace, work / f"out-{run}-{arm}", work / "hf",
-                                args.concurrency, seed)  # fmt: skip
-                computed, cached = (
-                    b - a for a, b in zip(before, engine_prompt_tokens(engines), strict=True)
+                    args.conversations, args.turns, args.every_ms, seed=run, first_block=block
                 )
-                found["cached_share"] = cached / (computed + cached) if computed + cached else 0.0
-                found["load_average_1min"] = [load, os.getloadavg()[0]]
-                arms[arm] = found
-            result["runs"].append({"order": list(order), **arms})
+                block = 1 + max(i for line in lines for i in line.get("hash_ids", [block]))
+                traces[arm] = work / f"trace-{run}-{arm}.jsonl"
+                traces[arm].write_text("".join(json.dumps(line) + "\n" for line in lines))
+            load = os.getloadavg()[0]
+            with concurrent.futures.ThreadPoolExecutor(len(ARMS)) as pool:
+                running = {
+                    arm: pool.submit(profile, urls[arm], traces[arm], work / f"out-{run}-{arm}",
+                                     work / "hf", 2 * run + i)
+                    for i, arm in enumerate(ARMS)
+                }  # fmt: skip
+                arms = {arm: future.result() for arm, future in running.items()}
+            result["runs"].append({"load_average_1min": [load, os.getloadavg()[0]], **arms})
             print(f"run {run}: " + "; ".join(_line(arms[a], a) for a in ARMS), flush=True)
     result["headline"] = headline(result["runs"])
     return result
@@ -233,12 +240,11 @@ def _spread(values: Sequence[float]) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.aiperf_fleet", description=__doc__)
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--conversations", type=int, default=16)
-    parser.add_argument("--turns", type=int, default=6)
-    parser.add_argument("--first-tokens", type=int, default=900)
-    parser.add_argument("--turn-tokens", type=int, default=60)
-    parser.add_argument("--output-tokens", type=int, default=32)
-    parser.add_argument("--concurrency", type=int, default=2, help="conversations at once")
+    parser.add_argument("--conversations", type=int, default=40)
+    parser.add_argument("--turns", type=float, default=5, help="turns a conversation, on average")
+    parser.add_argument(
+        "--every-ms", type=float, default=1500, help="ms between conversations, on average"
+    )
     parser.add_argument("--out", type=Path, default=Path("bench/results/aiperf-fleet.json"))
     args = parser.parse_args(argv)
     if not AIPERF.exists():

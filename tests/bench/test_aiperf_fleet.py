@@ -13,20 +13,32 @@ from gateway.whatif.trace import MOONCAKE_BLOCK_TOKENS
 from realfleet import corpus, weights
 
 
-def test_conversations_are_mooncake_sessions_whose_first_prompts_share_no_block() -> None:
-    lines = aiperf_fleet.conversations(4, 3, 900, 60, 32, seed=1, first_block=10)
-    assert aiperf_fleet.BLOCK == MOONCAKE_BLOCK_TOKENS
-    assert [line["session_id"] for line in lines] == [f"s1-{s}" for s in range(4) for _ in "abc"]
-    first = [line for line in lines if "hash_ids" in line]
-    assert len(first) == 4
-    for line in first:  # whole blocks but the last, as the format counts them
-        assert len(line["hash_ids"]) == -(-line["input_length"] // MOONCAKE_BLOCK_TOKENS) == 2
-    ids = [i for line in first for i in line["hash_ids"]]
-    assert len(set(ids)) == len(ids) and min(ids) == 10
-    later = [line for line in lines if "hash_ids" not in line]
-    assert all(45 <= line["input_length"] <= 75 and 200 <= line["delay"] <= 1000 for line in later)
-    assert all(line["output_length"] == 32 for line in lines)
-    assert aiperf_fleet.conversations(4, 3, 900, 60, 32, seed=1, first_block=10) == lines
+def test_conversations_are_mooncake_sessions_of_their_own_that_fit_the_context() -> None:
+    lines = aiperf_fleet.conversations(200, 5, 1500, seed=1, first_block=10)
+    sessions: dict[str, list[dict]] = {}
+    for line in lines:
+        sessions.setdefault(line["session_id"], []).append(line)
+    assert len(sessions) == 200
+    firsts = [turns[0] for turns in sessions.values()]
+    for line in firsts:  # whole blocks but the last, as the format counts them
+        assert len(line["hash_ids"]) == -(-line["input_length"] // MOONCAKE_BLOCK_TOKENS)
+        assert 300 <= line["input_length"] <= 1400
+    ids = [i for line in firsts for i in line["hash_ids"]]
+    assert len(set(ids)) == len(ids) and min(ids) == 10  # no conversation shares a block
+    starts = [line["timestamp"] for line in firsts]
+    assert starts[0] == 0 and starts == sorted(starts)
+    assert 1300 < starts[-1] / 199 < 1700  # 1.5 s apart on average
+    assert 4 < len(lines) / 200 < 6  # five turns a conversation on average
+    for turns in sessions.values():
+        later = turns[1:]
+        assert all("hash_ids" not in t and "timestamp" not in t for t in later)
+        assert all(40 <= t["input_length"] <= 80 and 200 <= t["delay"] <= 1000 for t in later)
+        assert sum(t["input_length"] + t["output_length"] for t in turns) <= 2048 * 0.9
+    # Another arm's trace: the same shapes and times, blocks of its own.
+    other = aiperf_fleet.conversations(200, 5, 1500, seed=1, first_block=10_000)
+    shape = ("timestamp", "input_length", "delay", "output_length")
+    assert [[t.get(k) for k in shape] for t in other] == [[t.get(k) for k in shape] for t in lines]
+    assert min(i for t in other for i in t.get("hash_ids", [10_000])) == 10_000
 
 
 def test_the_tokenizer_is_placed_where_transformers_finds_it_offline(tmp_path: Path) -> None:
