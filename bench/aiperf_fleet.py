@@ -213,7 +213,7 @@ def _line(found: Mapping[str, Any], arm: str) -> str:
     return (
         f"{arm} TTFT p50 {found.get('ttft_p50_ms', float('nan')):.1f} ms "
         f"p99 {found.get('ttft_p99_ms', float('nan')):.1f} ms, cached {found['cached_share']:.1%}, "
-        f"errors {found.get('request_error_rate', 0):.1%}"
+        f"errors {found.get('request_error_rate', 0):.2f}%"
     )
 
 

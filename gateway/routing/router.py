@@ -13,6 +13,7 @@ stopped choosing keeps sending it evidence.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -86,6 +87,14 @@ def match_route(profile: RequestProfile, policy: Policy) -> Route:
     )
 
 
+# The prompt's size is estimated from its characters (classify.py) and may read high: prompts
+# the estimate put a tenth over the real fleet's context fitted it (bench.aiperf_fleet). Where
+# no pool holds a request by the estimate, one it overflows by less than this share is left to
+# the engine, which counts exactly and whose refusal the client then sees (a larger pool, where
+# one exists, is preferred by the estimate: gateway/upstream/forward.py retries there).
+ESTIMATE_HIGH_BY = 0.2
+
+
 def tokens_needed(profile: RequestProfile, policy: Policy, prompt_tokens: int | None = None) -> int:
     """Return the context a request needs: its prompt plus the output it may generate.
 
@@ -95,6 +104,18 @@ def tokens_needed(profile: RequestProfile, policy: Policy, prompt_tokens: int | 
     if profile.endpoint == "embeddings":
         return prompt
     return prompt + (profile.max_tokens or policy.assumed_max_tokens)
+
+
+def context_needed(profile: RequestProfile, policy: Policy, route: Route, fleet: Fleet) -> int:
+    """Return the context a pool must have to be sent the request: `tokens_needed`, unless no
+    pool of the route (its fallback included) serving the model has that much; then the fewest
+    tokens the estimate allows (`ESTIMATE_HIGH_BY`), for the engine to count."""
+    need = tokens_needed(profile, policy)
+    pools = _candidates(route, fleet, with_fallback=True)
+    if any(p.spec.max_context >= need for p in pools if profile.model in p.spec.models):
+        return need
+    least = math.floor(profile.prompt_tokens * (1 - ESTIMATE_HIGH_BY))
+    return tokens_needed(profile, policy, prompt_tokens=least)
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,7 +207,7 @@ def decide(
     supplies it so the decision stays a function of its inputs.
     """
     route = match_route(profile, policy)
-    need = tokens_needed(profile, policy)
+    need = context_needed(profile, policy, route, fleet)
     kv = tokens_at_most(profile, policy) * policy.kv_bytes_per_token(profile.model)
     trace: list[tuple[str, str]] = []
     fit: list[PoolState] = []
@@ -275,8 +296,9 @@ def decide(
     if NoHealthyBackend in errors:
         raise NoHealthyBackend(f"no healthy backend can serve route {route.name!r} ({why})")
     if ContextTooLong in errors:
+        output = tokens_needed(profile, policy) - profile.prompt_tokens
         raise ContextTooLong(
-            f"~{profile.prompt_tokens} prompt tokens plus {need - profile.prompt_tokens} output "
+            f"~{profile.prompt_tokens} prompt tokens plus {output} output "
             f"tokens exceed the context or KV-cache memory of every pool of route "
             f"{route.name!r} ({why})",
             param="messages" if profile.endpoint == "chat" else "prompt",
@@ -315,7 +337,7 @@ def pick_backend(
     exclude: frozenset[str] = frozenset(),
 ) -> BackendState | None:
     """Return a backend with a free slot now, the route's fallback included, skipping `exclude`."""
-    need = tokens_needed(profile, policy)
+    need = context_needed(profile, policy, route, fleet)
     kv = tokens_at_most(profile, policy) * policy.kv_bytes_per_token(profile.model)
     for pool in _candidates(route, fleet, with_fallback=True):
         if _unfit(pool, profile, need, kv) is None:

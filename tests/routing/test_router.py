@@ -167,6 +167,18 @@ def test_prompt_over_every_context_is_refused() -> None:
         decide(profile(prompt=200_000), policy, Fleet(policy))
 
 
+def test_a_prompt_the_estimate_puts_just_over_every_context_is_left_to_the_engine() -> None:
+    # The estimate may read a fifth high: 135,000 estimated tokens may be 108,000, which the
+    # GPU's 131,072 hold, so the engine counts (and refuses, sending it on, if not); 170,000
+    # overflow it even a fifth fewer.
+    policy = fleet_policy()
+    decision = decide(profile(prompt=135_000), policy, Fleet(policy))
+    assert decision.backend is not None and decision.backend.pool == "gpu"
+    assert pick_backend(profile(prompt=135_000), decision.route, policy, Fleet(policy))
+    with pytest.raises(ContextTooLong, match="~170000 prompt tokens plus 100 output tokens"):
+        decide(profile(prompt=170_000), policy, Fleet(policy))
+
+
 def test_every_backend_ejected_is_unavailable() -> None:
     policy = fleet_policy()
     fleet = Fleet(policy)
