@@ -7,23 +7,23 @@ round-robin over the same engines from the client, as a deployment without the g
 Starts the fleet of policies/real.yaml and a `gateway serve` process whose chat route serves
 the GPU pool alone (gpu-0 and gpu-1, f16, four slots of 2,048 tokens each; as
 bench/real_fleet_cache.py). The conversations are a Mooncake-format trace with sessions
-(`conversations`): each opens with a prompt of its own (`--first-tokens`, its 512-token blocks
-named by `hash_ids`), then each turn adds a question (`--turn-tokens`) after a think time;
-a conversation starts every `--every-ms`, on the trace's schedule (aiperf's `--fixed-schedule`).
-aiperf sends every turn with the conversation's earlier turns before it, and names the
-conversation in `X-Session-Affinity` and `X-Correlation-ID` (aiperf's defaults), which the
-gateway reads as a session key (gateway/fleet/sessions.py). Token counts are the served
+(`conversations`): each opens with a prompt of its own of 300-1,400 tokens (its 512-token
+blocks named by `hash_ids`), then adds a question of 40-80 tokens a turn after a think time, for
+`--turns` turns on average; they arrive `--every-ms` apart on average, on the trace's schedule
+(aiperf's `--fixed-schedule`). aiperf sends every turn after the conversation's earlier questions
+and names the conversation in `X-Session-Affinity` and `X-Correlation-ID` (its defaults), which
+the gateway reads as a session key (gateway/fleet/sessions.py). Token counts are the served
 model's: aiperf counts them with the model's own tokenizer (realfleet/tokenizer.py
 `hugging_face`), placed where `transformers` finds it offline (`HF_HOME`, `HF_HUB_OFFLINE=1`).
 
-Two arms per run, one after the other, first in turn (the machine is the same for both, and
-aiperf's own processes load it alike): `gateway` (one `--url`, the gateway) and `round-robin`
-(both engines' URLs, `--url-strategy round_robin`: aiperf spreads the requests over them). Each
-arm's trace names blocks of its own and aiperf draws its text with a seed of its own, so no arm
-finds another's prompts in an engine's cache. Per arm: aiperf's TTFT, inter-token latency and
-request latency (its `profile_export_aiperf.json`), and the share of prompt tokens the engines
-took from their caches (their `llamacpp:prompt_tokens_total` and `..._cached_total` counters
-over the arm).
+Two arms run at once on the same engines, each its own aiperf with a trace of the same shapes
+and times and prompts of its own (no arm finds another's prompts in an engine's cache):
+`gateway` (one `--url`, the gateway) and `round-robin` (both engines' URLs, `--url-strategy
+round_robin`). aiperf 0.13.0 advances its round-robin at a conversation's first turn only
+(`credit/issuer.py`): the client keeps every conversation on one engine, which is session
+affinity, every cache hit a router can find on this traffic. Per arm: aiperf's TTFT,
+inter-token latency and request latency (`profile_export_aiperf.json`), each request's prompt
+and cached tokens as the engine counted them (its `usage`), and errors.
 """
 
 from __future__ import annotations
