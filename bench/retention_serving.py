@@ -16,7 +16,9 @@ The round is the gateway's own (`Pruner` in `gateway serve`): on PostgreSQL it d
 partitions and deletes the day of the tables kept unpartitioned (request and shadow minutes,
 backend energy, drops) in batches; on SQLite it deletes all of them in batches. Each run takes
 the next day of the week, so `--runs 3` takes its first three. A run's figure is the worst
-during-load p99 over the before-load p99; the result is their median and range.
+during-load p99 over the before-load p99; the result is their median and range. With
+`--control`, the window covers the whole week (the round runs and finds nothing to delete) and
+"during" is one load: how far the p99 moves from one load to the next without retention.
 """
 
 from __future__ import annotations
@@ -131,15 +133,24 @@ def answers(base: str) -> bool:
 
 
 def one_round(
-    url: str, upstream: str, day: float, seconds: int, connections: int, script: str
+    url: str,
+    upstream: str,
+    day: float,
+    seconds: int,
+    connections: int,
+    script: str,
+    control: bool = False,
 ) -> dict[str, Any]:
-    """Serve while retention deletes the day starting at `day`; return the loads' figures."""
+    """Serve while retention deletes the day starting at `day` (with `control`, while a round
+    runs that finds nothing past its window, and for one load); return the loads' figures."""
     db = connect(url)
     cutoff = day + DAY_S
     rows = count(db, day, cutoff)
     interval_s = WARMUP_S + seconds + SLACK_S + 2.0
     # The window ends at the day's end when the round runs (interval_s after start).
     days = (time.time() + interval_s - cutoff) / DAY_S
+    if control:
+        days, cutoff = 365.0, 0.0
     result: dict[str, Any] = {"day": day, "rows": rows}
     with gateway(url, upstream, days, interval_s) as base:
         started = time.monotonic()
@@ -156,7 +167,7 @@ def one_round(
 
         threading.Thread(target=watch, daemon=True).start()
         result["during"] = []
-        while not done.is_set():
+        while not done.is_set() or not result["during"]:
             result["during"].append(wrk(base + CHAT, connections, seconds, script))
             if len(result["during"]) > 200:
                 raise RuntimeError("the retention round did not end")
@@ -169,7 +180,9 @@ def one_round(
     return result
 
 
-def run(url: str, week_label: str, runs: int, seconds: int, connections: int) -> dict[str, Any]:
+def run(
+    url: str, week_label: str, runs: int, seconds: int, connections: int, control: bool = False
+) -> dict[str, Any]:
     period = week(week_label)
     script_path = Path(tempfile.mkstemp(suffix=".lua")[1])
     script_path.write_text(wrk_script(stream=False))
@@ -177,12 +190,15 @@ def run(url: str, week_label: str, runs: int, seconds: int, connections: int) ->
     with instant_upstream() as (_, upstream):
         for i in range(runs):
             day = period.since + i * DAY_S
-            rounds.append(one_round(url, upstream, day, seconds, connections, str(script_path)))
+            rounds.append(
+                one_round(url, upstream, day, seconds, connections, str(script_path), control)
+            )
             print(json.dumps(rounds[-1]), file=sys.stderr, flush=True)
     ratios = [r["p99_ratio"] for r in rounds]
     return {
         "database": sa.make_url(url).get_backend_name(),
         "week": week_label,
+        "control": control,
         "connections": connections,
         "seconds": seconds,
         "p99_ratio": {
@@ -200,10 +216,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=3, help="rounds, a day of the week each")
     parser.add_argument("--seconds", type=int, default=20, help="length of each wrk load")
     parser.add_argument("--connections", type=int, default=8)
+    parser.add_argument(
+        "--control",
+        action="store_true",
+        help="the same loads with nothing past the window: how far p99 moves between two loads",
+    )
     parser.add_argument("--out", help="write the result as JSON here too")
     args = parser.parse_args(argv)
     label = args.week or last_complete_week(time.time()).label
-    result = run(args.database, label, args.runs, args.seconds, args.connections)
+    result = run(args.database, label, args.runs, args.seconds, args.connections, args.control)
     text = json.dumps(result, indent=2)
     print(text)
     if args.out:
