@@ -181,7 +181,13 @@ def one_round(
 
 
 def run(
-    url: str, week_label: str, runs: int, seconds: int, connections: int, control: bool = False
+    url: str,
+    week_label: str,
+    runs: int,
+    seconds: int,
+    connections: int,
+    control: bool = False,
+    first_day: int = 0,
 ) -> dict[str, Any]:
     period = week(week_label)
     script_path = Path(tempfile.mkstemp(suffix=".lua")[1])
@@ -189,7 +195,7 @@ def run(
     rounds = []
     with instant_upstream() as (_, upstream):
         for i in range(runs):
-            day = period.since + i * DAY_S
+            day = period.since + (first_day + i) * DAY_S
             rounds.append(
                 one_round(url, upstream, day, seconds, connections, str(script_path), control)
             )
@@ -221,10 +227,21 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="the same loads with nothing past the window: how far p99 moves between two loads",
     )
+    parser.add_argument(
+        "--first-day", type=int, default=0, help="the week's day the first run deletes (0: Monday)"
+    )
     parser.add_argument("--out", help="write the result as JSON here too")
     args = parser.parse_args(argv)
     label = args.week or last_complete_week(time.time()).label
-    result = run(args.database, label, args.runs, args.seconds, args.connections, args.control)
+    result = run(
+        args.database,
+        label,
+        args.runs,
+        args.seconds,
+        args.connections,
+        args.control,
+        args.first_day,
+    )
     text = json.dumps(result, indent=2)
     print(text)
     if args.out:
