@@ -22,8 +22,10 @@ the same rows.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -110,7 +112,9 @@ def run(url: str, at: str, runs: int, policy: Path) -> dict[str, Any]:
     command = [sys.executable, "-c", BACK_IN_TIME, repr(offset), "serve", "--port", str(port)]
     views: dict[str, list[float]] = {path: [] for path in GETS}
     answers: dict[str, Any] = {}
-    with server(command, 0, base + "/healthz", env):
+    with contextlib.ExitStack() as cleanup:
+        cleanup.callback(shutil.rmtree, work, True)
+        cleanup.enter_context(server(command, 0, base + "/healthz", env))
         for _ in range(runs):
             for path in GETS:
                 seconds, answer = call(base, path)

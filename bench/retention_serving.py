@@ -27,6 +27,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -121,6 +122,7 @@ def gateway(url: str, upstream: str, days: float, interval_s: float) -> Iterator
             proc.wait()
         log.close()
         print((work / "gateway.log").read_text()[-1500:], file=sys.stderr)
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def answers(base: str) -> bool:
