@@ -123,6 +123,7 @@ def test_a_pair_marks_where_its_answers_part_in_each_text(tmp_path: Path) -> Non
             candidate_pool="cim",
             primary_text="The cat sat on the mat.",
             candidate_text="The cat sat, as cats do, on a mat.",
+            text_expires_at=time.time() + 3600,  # as the mirror sets it beside stored texts
             exact_match=False,
             first_divergence=3,  # the 4th word token: "on" against ","
             json_diff={"changed": ["/a"]},
