@@ -187,13 +187,15 @@ def run(
     rng: np.random.Generator,
     *,
     look_hours: float,
-) -> tuple[str, float | None]:
-    """Simulate one candidate's shadow stream; return its decision and the day it came."""
+) -> tuple[str, float | None, Evidence]:
+    """Simulate one candidate's shadow stream; return its decision, the day it came, and the
+    evidence it was decided on (the last look's, where it holds)."""
+    evidence = Evidence(ROUTE, CANDIDATE_POOL)
     for now, _, evidence in weeks(scenario, traffic, rng, look_hours=look_hours):
         outcome = judge(evidence, criteria, now).outcome
         if outcome in (PROMOTE, REJECT):
-            return outcome, now / 86400
-    return "hold", None
+            return outcome, now / 86400, evidence
+    return "hold", None, evidence
 
 
 def weeks(
@@ -460,9 +462,11 @@ def calibrate(
         rates = {is_sampled: t.rates for is_sampled, t in kinds.items()}
         outcomes: dict[str, int] = {}
         days = []
+        decided_on = []
         for _ in range(runs):
-            outcome, day = run(scenario, kinds, criteria, rng, look_hours=look_hours)
+            outcome, day, evidence = run(scenario, kinds, criteria, rng, look_hours=look_hours)
             outcomes[outcome] = outcomes.get(outcome, 0) + 1
+            decided_on.append(evidence)
             if day is not None:
                 days.append(day)
         results[name] = {
@@ -474,6 +478,7 @@ def calibrate(
             "median_days_to_decision": float(np.median(days)) if days else None,
             "outcomes": outcomes,
             "days": scenario.days,
+            "judged": judged(decided_on),
             "rates": {
                 kind: rates[is_sampled].as_dict()
                 for kind, is_sampled in (("temperature_0", False), ("sampled", True))
@@ -484,6 +489,36 @@ def calibrate(
     if fleet == "simulated":
         result["answer_lengths"] = "natural" if natural_lengths else "real"
     return result
+
+
+def judged(decided_on: Sequence[Evidence]) -> dict[str, Any]:
+    """Return what the judge read at the look each run was decided on (its last, where it
+    held), the median over the runs: the copies, the share that failed, and each kind of
+    traffic's departures per 1,000 words at risk, the candidate's and the floor's, with the
+    tolerance the floor's copies gave (the first run's)."""
+
+    def median(values: Sequence[float]) -> float:
+        return float(np.median(values))
+
+    read: dict[str, Any] = {
+        "copies": median([e.sent for e in decided_on]),
+        "failed_share": median([e.failures.candidate / e.sent for e in decided_on if e.sent]),
+    }
+    for kind, agreement in (("temperature_0", "greedy"), ("sampled", "sampled")):
+        pairs = [getattr(e, agreement) for e in decided_on]
+        if not any(a.compared for a in pairs):
+            continue
+        read[kind] = {
+            "pairs": median([a.compared for a in pairs]),
+            "candidate_per_1000_words": median(
+                [1000 * a.departed / a.words for a in pairs if a.words]
+            ),
+            "noise_floor_per_1000_words": median(
+                [1000 * a.noise_departed / a.noise_words for a in pairs if a.noise_words]
+            ),
+            "tolerance": pairs[0].tolerance,
+        }
+    return read
 
 
 def target(name: str, truth: str) -> tuple[str, str, float]:
