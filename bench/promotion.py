@@ -8,17 +8,21 @@
    compares shadow copies, at temperature 0 and sampled at 0.7; on the real fleet with every
    labelled answer marked right or wrong.
 2. Weeks: shadow traffic at the conversation trace's rate (19,366 requests an hour), 5% of it
-   copied to the candidate and a quarter of those to the noise floor, 0.2% of copies failing;
-   every 6 hours the judge (gateway/promotion/judge.py) decides on counts drawn at the measured
-   rates: how many pairs depart, and the words at risk of those that do and those that do not
-   at their measured means. A run's decision is the first promote or reject it says; one that
-   says neither holds.
+   copied to the candidate and a quarter of that to the noise floor, 0.2% of copies failing
+   (an upstream error, on either). Each copy is a shadow record as the mirror writes one, its
+   pair drawn from the measured pairs (`Drawn`); the records are folded into rows as the shadow
+   minutes fold them (gateway/promotion/shadow_minutes.py, a row per look and key), and every
+   6 hours the judge (gateway/promotion/judge.py) decides on the evidence `from_minutes` reads
+   of every row so far: the live judge's read, so the tolerance is the floor's copies' own and a
+   failed copy departs and misses its SLO as it does live. A run's decision is the first
+   promote or reject it says; one that says neither holds.
 
 Every scenario's candidate is cheaper on 90% of requests and meets the SLO as the primary does
 (but `worse_latency`), so that quality alone decides. The quality null is a candidate that
 departs exactly `departure_margin` more often per word at risk than the noise floor, over as
-many words per pair: the most a judge may let through, so it must promote it at most alpha of
-the time.
+many words per pair (the floor's own pairs, each that does not depart departing instead with a
+chance of the margin times its words at risk): the most a judge may let through, so it must
+promote it at most alpha of the time.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -34,8 +38,15 @@ from typing import Any
 import numpy as np
 
 from bench import pairs
-from bench.pairs import Rates
+from bench.pairs import Measured, Rates
+from gateway.compare.failures import ERROR
+from gateway.compare.measures import MEASURES
+from gateway.promotion.departures import Tolerance, at_risk, departs
+from gateway.promotion.evidence import from_minutes
 from gateway.promotion.judge import PROMOTE, REJECT, Criteria, Evidence, judge
+from gateway.promotion.shadow_minutes import summarize_alike
+from gateway.records.slo import Budget, Targets
+from gateway.shadow.kinds import CANDIDATE, NOISE
 from simulator.profile import load_profile
 
 REQUESTS_PER_HOUR = 19_366
@@ -46,6 +57,80 @@ ERROR_RATE = 0.002
 # prompts that either pool can meet or miss (the rest both meet, or both miss).
 ONLY_PRIMARY_MISSES = ONLY_CANDIDATE_MISSES = 0.002
 BOTH_MISS = 0.005
+
+Row = Mapping[str, Any]
+Copies = tuple[dict[str, Any], int]  # a shadow record, and how many copies it stands for
+ROUTE, PRIMARY_POOL, CANDIDATE_POOL = "chat", "gpu", "candidate"
+# Every copy's SLO class, and the times of a side that meets it and of one that misses it.
+SLO = Budget(ttft_ms=1000.0, tpot_ms=100.0)
+MET = {"ttft_ms": 300.0, "tpot_ms": 30.0, "e2e_ms": 3270.0}
+MISSED = {"ttft_ms": 3000.0, "tpot_ms": 30.0, "e2e_ms": 5970.0}
+
+
+def _timed(primary: Mapping[str, float], candidate: Mapping[str, float]) -> dict[str, float]:
+    return {f"{side}_{name}": value for side, times in (("primary", primary), ("candidate",
+            candidate)) for name, value in times.items()}  # fmt: skip
+
+
+# (primary met, candidate met) as the cells are drawn: only the primary misses, only the
+# candidate, both, neither.
+SLO_CELLS = (_timed(MISSED, MET), _timed(MET, MISSED), _timed(MISSED, MISSED), _timed(MET, MET))
+# A request's energy and cost on the primary, and on a candidate cheaper or dearer than it.
+CHEAPER = {"primary_energy_j": 20.0, "candidate_energy_j": 8.0,
+           "primary_cost_usd": 1e-4, "candidate_cost_usd": 4e-5}  # fmt: skip
+DEARER = {**CHEAPER, "candidate_energy_j": 30.0, "candidate_cost_usd": 1.5e-4}
+# What a shadow record holds beside its pair's measures (gateway/shadow/records.py).
+COPY: dict[str, Any] = {
+    "decision_id": "",
+    "route": ROUTE,
+    "kind": CANDIDATE,
+    "endpoint": "chat",
+    "stream": True,
+    "primary_pool": PRIMARY_POOL,
+    "candidate_pool": CANDIDATE_POOL,
+    "primary_status": 200,
+    "candidate_status": 200,
+    "candidate_error": None,
+    "failure": None,
+    "primary_failure": None,
+    "primary_prompt_tokens": 200,
+    "primary_completion_tokens": 100,
+    "candidate_prompt_tokens": 200,
+    "candidate_completion_tokens": 100,
+    "primary_energy_j": None,
+    "candidate_energy_j": None,
+    "primary_cost_usd": None,
+    "candidate_cost_usd": None,
+    "slo_class": None,
+}
+# What a pair measured for the calibration gives a shadow record: the mirror's measures, and
+# how the copy failed (the real fleet's empty or cut-short answers) or was cut after a tie.
+PAIR_COLUMNS = (
+    *(name for name in MEASURES if name != "measures"),
+    "candidate_error",
+    "failure",
+    "cut_after_tie",
+)
+# A copy the candidate's pool answered with an error.
+FAILED_COPY = {
+    **dict.fromkeys(PAIR_COLUMNS),
+    "candidate_status": 502,
+    "candidate_error": "upstream_error",
+    "failure": ERROR,
+    "candidate_completion_tokens": None,
+}
+# A pair whose answers part in meaning whatever the tolerance a floor sets (the quality null's).
+DEPARTING = {
+    "exact_match": False,
+    "normalized_match": False,
+    "near_tie": False,
+    "kl_divergence": None,
+    "json_diff": None,
+    "cut_after_tie": None,
+    "embedding_cosine": None,
+    "semantic_similarity": 0.0,
+    "similarity": 0.0,
+}
 
 
 @dataclass(frozen=True)
@@ -97,84 +182,183 @@ LOOSER = {"subtle": ("reject_rate", ">=", 0.80), "sampled": ("promote_rate", ">=
 
 def run(
     scenario: Scenario,
-    rates: Mapping[bool, Rates],
+    traffic: Mapping[bool, Traffic],
     criteria: Criteria,
     rng: np.random.Generator,
     *,
     look_hours: float,
-) -> tuple[str, float | None]:
-    """Simulate one candidate's shadow stream; return its decision and the day it came."""
-    e = Evidence("chat", "candidate", first_ts=0.0)
-    per_look = REQUESTS_PER_HOUR * SHADOW_RATE * look_hours
-    only_candidate_misses = ONLY_CANDIDATE_MISSES + scenario.slo_loss
-    cells = [  # (primary met, candidate met): chances
-        ONLY_PRIMARY_MISSES,
-        only_candidate_misses,
-        BOTH_MISS,
-        1 - ONLY_PRIMARY_MISSES - only_candidate_misses - BOTH_MISS,
-    ]
-    for look in range(1, int(scenario.days * 24 / look_hours) + 1):
-        n = int(rng.poisson(per_look))
-        errors = int(rng.binomial(n, ERROR_RATE))
-        ok = n - errors
-        e.sent += n
-        e.errors += errors
-        # A copy that errs fails where the primary's answer did not (the primary's failed).
-        e.failures.pairs += n
-        e.failures.candidate += errors
-        e.failures.only_candidate += errors
-        sampled = int(rng.binomial(ok, scenario.sampled_share))
-        noise = int(rng.binomial(ok, NOISE_SHARE))
-        noise_sampled = int(rng.binomial(noise, scenario.sampled_share))
-        for is_sampled, count, floor in (
-            (False, ok - sampled, noise - noise_sampled),
-            (True, sampled, noise_sampled),
-        ):
-            if not count:
-                continue
-            r = rates[is_sampled]
-            a = e.sampled if is_sampled else e.greedy
-            if scenario.excess is None:
-                departed, words = _drawn(
-                    rng, count, r.candidate, r.candidate_words_departed, r.candidate_words_kept
-                )
-            else:  # the floor's words per pair, departing the margin more often per word
-                words = round(count * r.noise_words)
-                departed = int(rng.binomial(words, r.noise / r.noise_words + scenario.excess))
-            noise_departed, noise_words = _drawn(
-                rng, floor, r.noise, r.noise_words_departed, r.noise_words_kept
-            )
-            a.compared += count
-            a.departed += departed
-            a.words += words
-            a.exact += int(rng.binomial(count, r.candidate_exact))
-            a.noise_compared += floor
-            a.noise_departed += noise_departed
-            a.noise_words += noise_words
-            a.noise_exact += int(rng.binomial(floor, r.noise_exact))
-            a.tolerance = r.tolerance.describe()
-        e.priced += ok
-        e.cheaper += int(rng.binomial(ok, scenario.cheaper))
-        drawn = rng.multinomial(ok, cells)
-        primary_missed, candidate_missed, neither = int(drawn[0]), int(drawn[1]), int(drawn[3])
-        e.slo.pairs += ok
-        e.slo.only_candidate += primary_missed
-        e.slo.only_primary += candidate_missed
-        e.slo.primary_met += candidate_missed + neither
-        e.slo.candidate_met += primary_missed + neither
-        now = look * look_hours * 3600
-        outcome = judge(e, criteria, now).outcome
+) -> tuple[str, float | None, Evidence]:
+    """Simulate one candidate's shadow stream; return its decision, the day it came, and the
+    evidence it was decided on (the last look's, where it holds)."""
+    evidence = Evidence(ROUTE, CANDIDATE_POOL)
+    for now, _, evidence in weeks(scenario, traffic, rng, look_hours=look_hours):
+        outcome = judge(evidence, criteria, now).outcome
         if outcome in (PROMOTE, REJECT):
-            return outcome, now / 86400
-    return "hold", None
+            return outcome, now / 86400, evidence
+    return "hold", None, evidence
 
 
-def _drawn(
-    rng: np.random.Generator, pairs: int, departing: float, departed: float, kept: float
-) -> tuple[int, int]:
-    """Draw how many of `pairs` depart; return them and the pairs' words at risk."""
-    count = int(rng.binomial(pairs, departing))
-    return count, round(count * departed + (pairs - count) * kept)
+def weeks(
+    scenario: Scenario,
+    traffic: Mapping[bool, Traffic],
+    rng: np.random.Generator,
+    *,
+    look_hours: float,
+) -> Iterator[tuple[float, list[Copies], Evidence]]:
+    """Yield, at every look, its time, the shadow copies recorded since the last one, and the
+    evidence the live judge reads of every copy so far: the copies folded into rows as the
+    shadow minutes are (`summarize_alike`, a row per look and key), read back by `from_minutes`."""
+    span = look_hours * 3600
+    rows: list[Row] = []
+    for look in range(int(scenario.days * 24 / look_hours)):
+        copies = _look(scenario, traffic, rng, look * span, REQUESTS_PER_HOUR * look_hours)
+        rows += [m.row() for m in summarize_alike(copies, slo_targets, span)]
+        yield (look + 1) * span, copies, from_minutes(rows)[ROUTE, CANDIDATE_POOL]
+
+
+def slo_targets(slo_class: str | None) -> Targets:
+    """Return the targets every copy of the bench is held to."""
+    return SLO
+
+
+def _look(
+    scenario: Scenario,
+    traffic: Mapping[bool, Traffic],
+    rng: np.random.Generator,
+    ts: float,
+    requests: float,
+) -> list[Copies]:
+    """Draw the shadow copies of `requests` requests at `ts`, the candidate's and the noise
+    floor's, each kind of traffic apart: a copy answered, with a measured pair, or failed."""
+    sent = int(rng.poisson(requests * SHADOW_RATE))
+    cells = [ONLY_PRIMARY_MISSES, ONLY_CANDIDATE_MISSES + scenario.slo_loss, BOTH_MISS]
+    cells.append(1 - sum(cells))
+    copies: list[Copies] = []
+    for kind, n in ((CANDIDATE, sent), (NOISE, int(rng.binomial(sent, NOISE_SHARE)))):
+        failed = int(rng.binomial(n, ERROR_RATE))
+        sampled = int(rng.binomial(n - failed, scenario.sampled_share))
+        failed_sampled = int(rng.binomial(failed, scenario.sampled_share))
+        for is_sampled, answered, errors in (
+            (False, n - failed - sampled, failed - failed_sampled),
+            (True, sampled, failed_sampled),
+        ):
+            base = {**COPY, "ts": ts, "kind": kind, "sampled": is_sampled}
+            t = traffic[is_sampled]
+            if kind == NOISE:  # only its pairs count: they are the floor
+                floor = {**base, **SLO_CELLS[3]}
+                copies += [({**floor, **pair}, k) for pair, k in t.noise.draw(rng, answered)]
+                copies += [({**floor, **FAILED_COPY}, errors)] if errors else []
+                continue
+            # The judge reads counts, not which pair missed its SLO or cost less: the draws
+            # are independent of each other, so they are laid side by side in runs (`_alike`).
+            missed = rng.multinomial(answered, cells)
+            cheaper = int(rng.binomial(answered, scenario.cheaper))
+            runs = _alike(
+                t.candidate.draw(rng, answered),
+                list(zip(SLO_CELLS, (int(k) for k in missed), strict=True)),
+                [(CHEAPER, cheaper), (DEARER, answered - cheaper)],
+            )
+            copies += [({**base, **pair, **slo, **cost}, k) for (pair, slo, cost), k in runs]
+            # A copy that failed misses its SLO, beside the primary's answer as the cells have it.
+            primary_missed = int(rng.binomial(errors, ONLY_PRIMARY_MISSES + BOTH_MISS))
+            for slo, k in ((SLO_CELLS[2], primary_missed), (SLO_CELLS[1], errors - primary_missed)):
+                copies += [({**base, **FAILED_COPY, **slo}, k)] if k else []
+    return copies
+
+
+def _alike(*runs: Sequence[tuple[Any, int]]) -> list[tuple[tuple[Any, ...], int]]:
+    """Lay runs of values of equal total length side by side; return the stretches where every
+    one holds one value, as (the values, the stretch's length)."""
+    queues = [[(value, n) for value, n in reversed(run) if n] for run in runs]
+    stretches: list[tuple[tuple[Any, ...], int]] = []
+    while all(queues):
+        step = min(queue[-1][1] for queue in queues)
+        stretches.append((tuple(queue[-1][0] for queue in queues), step))
+        for queue in queues:
+            value, n = queue.pop()
+            if n > step:
+                queue.append((value, n - step))
+    if any(queues):
+        raise ValueError(f"runs of unequal lengths: {runs}")
+    return stretches
+
+
+@dataclass(frozen=True)
+class Drawn:
+    """Measured pairs to draw shadow copies' measures from: each distinct pair once, with the
+    chance of drawing it."""
+
+    pairs: tuple[Row, ...]
+    chances: np.ndarray
+
+    @classmethod
+    def of(cls, *parts: tuple[Sequence[Row], float]) -> Drawn:
+        """Return each part's pairs, the part drawn its share of the time, alike pairs as one."""
+        chances: dict[tuple[Any, ...], float] = {}
+        pairs: dict[tuple[Any, ...], Row] = {}
+        for part, share in parts:
+            for row in part:
+                pair = {name: row.get(name) for name in PAIR_COLUMNS}
+                if isinstance(pair["json_diff"], dict):  # as a shadow record stores it
+                    pair["json_diff"] = json.dumps(pair["json_diff"], sort_keys=True)
+                key = tuple(pair.values())
+                pairs.setdefault(key, pair)
+                chances[key] = chances.get(key, 0.0) + share / len(part)
+        weights = np.array(list(chances.values()))
+        return cls(tuple(pairs[key] for key in chances), weights / weights.sum())
+
+    def beyond(self, excess: float, held_to: Tolerance) -> Drawn:
+        """Return these pairs departing `excess` more often per word at risk: each pair that
+        does not depart departs instead with a chance of `excess` times its words at risk."""
+        pairs: list[Row] = []
+        chances: list[float] = []
+        for pair, chance in zip(self.pairs, self.chances, strict=True):
+            extra = 0.0 if departs(pair, held_to) else min(1.0, excess * (at_risk(pair) or 0))
+            pairs += [pair, {**pair, **DEPARTING}]
+            chances += [chance * (1 - extra), chance * extra]
+        return Drawn(tuple(pairs), np.array(chances))
+
+    def draw(self, rng: np.random.Generator, n: int) -> list[tuple[Row, int]]:
+        """Draw `n` pairs; return each drawn pair and how many times."""
+        if not n:
+            return []
+        counts = rng.multinomial(n, self.chances)
+        return [(self.pairs[i], int(counts[i])) for i in np.flatnonzero(counts)]
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """One kind of traffic of a scenario (temperature 0, or sampled): the pairs its candidate's
+    copies and the noise floor's are drawn from, and the rates they were measured at."""
+
+    candidate: Drawn
+    noise: Drawn
+    rates: Rates
+
+
+def traffic(
+    scenario: Scenario, measured: Mapping[tuple[str, bool, float], Measured], is_sampled: bool
+) -> Traffic:
+    """Return what a scenario's copies of one kind of traffic are drawn from."""
+    clean = measured[(scenario.candidate, is_sampled, 0.0)]
+    rates = clean.rates()
+    candidate = Drawn.of((clean.candidate, 1.0))
+    if scenario.harmful_rate:
+        share = scenario.harmful_rate
+        wrong = measured[(scenario.candidate, is_sampled, 1.0)]
+        rates = mixed(rates, wrong.rates(), share)
+        candidate = Drawn.of((clean.candidate, 1 - share), (wrong.candidate, share))
+    noise = Drawn.of((clean.noise, 1.0))
+    if scenario.excess is not None:  # the quality null: exactly the margin above the floor
+        rates = replace(
+            rates,
+            candidate=rates.noise + scenario.excess * rates.noise_words,
+            candidate_exact=rates.noise_exact,
+            candidate_words_departed=rates.noise_words,
+            candidate_words_kept=rates.noise_words,
+        )
+        candidate = noise.beyond(scenario.excess, rates.tolerance)
+    return Traffic(candidate, noise, rates)
 
 
 def measure(
@@ -185,38 +369,28 @@ def measure(
     samples: int,
     logs: Path | None,
     natural_lengths: bool = False,
-) -> dict[tuple[str, bool, float], Rates]:
+) -> dict[tuple[str, bool, float], Measured]:
     """Measure every candidate the fleet's scenarios name, at temperature 0 and sampled.
 
-    Keys: (candidate, sampled, harmful rate). The simulated fleet measures answers with and
-    without a harmful error apart and mixes their rates at the scenario's share.
+    Keys: (candidate, sampled, harmful share). The simulated fleet measures the answers of a
+    part that carries a harmful error (1.0) apart from its clean ones (0.0); a scenario mixes
+    them at its share.
     """
     chosen = SCENARIOS[fleet].values()
-    measured: dict[tuple[str, bool, float], Rates] = {}
+    measured: dict[tuple[str, bool, float], Measured] = {}
     if fleet == "simulated":
         # As long as the real fleet's answers, so the two calibrations judge alike: a part's
         # chance to leave the reference's answer grows with the answer's length. Or the
         # simulator's own lengths, to see the judge on longer answers.
         lengths = () if natural_lengths else pairs.real_lengths()
-        answered: dict[tuple[str, bool, float], Rates] = {}
-
-        def rates(candidate: str, is_sampled: bool, harmful: float) -> Rates:
-            if (candidate, is_sampled, harmful) not in answered:
-                temperature = pairs.SAMPLED_TEMPERATURE if is_sampled else 0.0
-                m = pairs.simulated(
-                    candidate, temperature, pairs_measured, seed, harmful, lengths=lengths
-                )
-                answered[(candidate, is_sampled, harmful)] = m.rates()
-            return answered[(candidate, is_sampled, harmful)]
-
         for s in chosen:
             for is_sampled in (False, True):
-                clean = rates(s.candidate, is_sampled, 0.0)
-                measured[(s.candidate, is_sampled, s.harmful_rate)] = (
-                    mixed(clean, rates(s.candidate, is_sampled, 1.0), s.harmful_rate)
-                    if s.harmful_rate
-                    else clean
-                )
+                for harmful in (0.0, 1.0) if s.harmful_rate else (0.0,):
+                    if (s.candidate, is_sampled, harmful) not in measured:
+                        temperature = pairs.SAMPLED_TEMPERATURE if is_sampled else 0.0
+                        measured[(s.candidate, is_sampled, harmful)] = pairs.simulated(
+                            s.candidate, temperature, pairs_measured, seed, harmful, lengths=lengths
+                        )
         return measured
     if logs is not None:
         logs.mkdir(parents=True, exist_ok=True)
@@ -225,7 +399,7 @@ def measure(
             temperature = pairs.SAMPLED_TEMPERATURE if is_sampled else 0.0
             found = asyncio.run(pairs.real(urls, temperature, samples, seed))
             for part, m in found.items():
-                measured[(part, is_sampled, 0.0)] = m.rates()
+                measured[(part, is_sampled, 0.0)] = m
     return measured
 
 
@@ -282,26 +456,17 @@ def calibrate(
     )
     results: dict[str, Any] = {}
     for name, scenario in SCENARIOS[fleet].items():
-        rates = {
-            is_sampled: measured[(scenario.candidate, is_sampled, scenario.harmful_rate)]
-            for is_sampled in (False, True)
+        kinds = {
+            is_sampled: traffic(scenario, measured, is_sampled) for is_sampled in (False, True)
         }
-        if scenario.excess is not None:  # the quality null: exactly the margin above the floor
-            rates = {
-                k: replace(
-                    r,
-                    candidate=r.noise + scenario.excess * r.noise_words,
-                    candidate_exact=r.noise_exact,
-                    candidate_words_departed=r.noise_words,
-                    candidate_words_kept=r.noise_words,
-                )
-                for k, r in rates.items()
-            }
+        rates = {is_sampled: t.rates for is_sampled, t in kinds.items()}
         outcomes: dict[str, int] = {}
         days = []
+        decided_on = []
         for _ in range(runs):
-            outcome, day = run(scenario, rates, criteria, rng, look_hours=look_hours)
+            outcome, day, evidence = run(scenario, kinds, criteria, rng, look_hours=look_hours)
             outcomes[outcome] = outcomes.get(outcome, 0) + 1
+            decided_on.append(evidence)
             if day is not None:
                 days.append(day)
         results[name] = {
@@ -313,6 +478,7 @@ def calibrate(
             "median_days_to_decision": float(np.median(days)) if days else None,
             "outcomes": outcomes,
             "days": scenario.days,
+            "judged": judged(decided_on),
             "rates": {
                 kind: rates[is_sampled].as_dict()
                 for kind, is_sampled in (("temperature_0", False), ("sampled", True))
@@ -323,6 +489,36 @@ def calibrate(
     if fleet == "simulated":
         result["answer_lengths"] = "natural" if natural_lengths else "real"
     return result
+
+
+def judged(decided_on: Sequence[Evidence]) -> dict[str, Any]:
+    """Return what the judge read at the look each run was decided on (its last, where it
+    held), the median over the runs: the copies, the share that failed, and each kind of
+    traffic's departures per 1,000 words at risk, the candidate's and the floor's, with the
+    tolerance the floor's copies gave (the first run's)."""
+
+    def median(values: Sequence[float]) -> float:
+        return float(np.median(values))
+
+    read: dict[str, Any] = {
+        "copies": median([e.sent for e in decided_on]),
+        "failed_share": median([e.failures.candidate / e.sent for e in decided_on if e.sent]),
+    }
+    for kind, agreement in (("temperature_0", "greedy"), ("sampled", "sampled")):
+        pairs = [getattr(e, agreement) for e in decided_on]
+        if not any(a.compared for a in pairs):
+            continue
+        read[kind] = {
+            "pairs": median([a.compared for a in pairs]),
+            "candidate_per_1000_words": median(
+                [1000 * a.departed / a.words for a in pairs if a.words]
+            ),
+            "noise_floor_per_1000_words": median(
+                [1000 * a.noise_departed / a.noise_words for a in pairs if a.noise_words]
+            ),
+            "tolerance": pairs[0].tolerance,
+        }
+    return read
 
 
 def target(name: str, truth: str) -> tuple[str, str, float]:

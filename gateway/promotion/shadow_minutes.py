@@ -129,13 +129,22 @@ def summarize(
     rows: Iterable[Row], targets: TargetsOf, span_s: float = MINUTE_S
 ) -> list[ShadowMinute]:
     """Fold stored shadow records (`RECORD_COLUMNS`) into minutes (or spans of `span_s`)."""
+    return summarize_alike(((r, 1) for r in rows), targets, span_s)
+
+
+def summarize_alike(
+    copies: Iterable[tuple[Row, int]], targets: TargetsOf, span_s: float = MINUTE_S
+) -> list[ShadowMinute]:
+    """Fold shadow records, each standing for a number of copies alike, into minutes (or spans
+    of `span_s`): the rows `summarize` gives of the records repeated, without a call per copy.
+    The judge's calibration (bench/promotion.py) writes its weeks so."""
     tallies: dict[Key, Tally] = {}
-    for r in rows:
+    for r, n in copies:
         key = key_of(r, span_s)
         tally = tallies.get(key)
         if tally is None:
             tally = tallies[key] = Tally()
-        tally.copy(r, targets(r.get("slo_class")))
+        tally.copy(r, targets(r.get("slo_class")), n)
     return [minute_row(tally, key, span_s) for key, tally in sorted(tallies.items())]
 
 

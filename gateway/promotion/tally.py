@@ -200,77 +200,76 @@ class Tally:
     def __getitem__(self, figure: str) -> float:
         return self.figures[_INDEX[figure]]
 
-    def copy(self, r: Row, targets: Targets | None) -> None:
+    def copy(self, r: Row, targets: Targets | None, n: int = 1) -> None:
         """Count one shadow copy (a shadow record's columns, with its primary's energy and cost),
-        judged against `targets`, its request's SLO class's."""
+        judged against `targets`, its request's SLO class's; or `n` copies alike."""
         f = self.figures
-        f[_SENT] += 1
+        f[_SENT] += n
         ts = r["ts"]
         self.first_ts, self.last_ts = min(self.first_ts, ts), max(self.last_ts, ts)
         failure, primary_failure = copy_failure(r), r.get("primary_failure")
         if failure is not None:
-            f[_FAILED] += 1
-            f[_ONLY] += primary_failure is None
-            _add(self.failures, failure)
+            f[_FAILED] += n
+            f[_ONLY] += n * (primary_failure is None)
+            _add(self.failures, failure, n)
         if primary_failure is not None:
-            f[_PRIMARY_FAILED] += 1
-            f[_ONLY_PRIMARY] += failure is None
+            f[_PRIMARY_FAILED] += n
+            f[_ONLY_PRIMARY] += n * (failure is None)
         primary_met, copy_met = met(r, "primary", targets), met(r, "candidate", targets)
-        f[_P_MET] += primary_met
-        f[_MET] += copy_met
-        f[_ONLY_P_MET] += primary_met and not copy_met
-        f[_ONLY_MET] += copy_met and not primary_met
+        f[_P_MET] += n * primary_met
+        f[_MET] += n * copy_met
+        f[_ONLY_P_MET] += n * (primary_met and not copy_met)
+        f[_ONLY_MET] += n * (copy_met and not primary_met)
         if judged(r):
             words = at_risk(r)
             counts = self.pairs.setdefault(pair_class(r), [0, 0, 0])
-            counts[0] += 1
+            counts[0] += n
             if words is not None:
-                counts[1] += 1
-                counts[2] += words
+                counts[1] += n
+                counts[2] += n * words
             if r["kind"] == NOISE and not failure:
-                f[_FLOOR] += 1
+                f[_FLOOR] += n
                 for name, bucket in floor_of(r):
-                    _add(self.floor.setdefault(name, {}), bucket)
+                    _add(self.floor.setdefault(name, {}), bucket, n)
         if r["candidate_error"] is not None:
-            _add(self.errors, r["candidate_error"])
+            _add(self.errors, r["candidate_error"], n)
             return
-        f[_ANSWERED] += 1
+        f[_ANSWERED] += n
         similarity = r["similarity"]
         if r["exact_match"] is False or (similarity is not None and similarity < 1):
-            self._worst(
-                [[1.0 if similarity is None else similarity, bool(r["normalized_match"]),
-                  bool(r["exact_match"]), r["decision_id"]]]
-            )  # fmt: skip
+            least = [1.0 if similarity is None else similarity, bool(r["normalized_match"]),
+                     bool(r["exact_match"]), r["decision_id"]]  # fmt: skip
+            self._worst([least] * min(n, WORST))
         for name in LATENCIES:
             value = r[name]
             if value is not None:
-                _add(self.latency.setdefault(name, {}), sketch_bucket(value))
+                _add(self.latency.setdefault(name, {}), sketch_bucket(value), n)
         for name in SUMMED:
             value = r.get(name)
             if value is not None:
                 summed = self.measures.setdefault(name, [0, 0.0])
-                summed[0] += 1
-                summed[1] += float(value)
+                summed[0] += n
+                summed[1] += n * float(value)
         for side in ("primary", "candidate"):
             tokens = _tokens(r, side)
             for measure in ("energy_j", "cost_usd"):
                 value = r[f"{side}_{measure}"]
                 if value is not None and tokens:
                     summed = self.measures.setdefault(f"{side}_{measure}_tokened", [0, 0.0])
-                    summed[0] += tokens
-                    summed[1] += value
+                    summed[0] += n * tokens
+                    summed[1] += n * value
         p_energy, c_energy = r["primary_energy_j"], r["candidate_energy_j"]
         if p_energy is not None and c_energy is not None:
-            f[_E_PAIRS] += 1
-            f[_P_ENERGY] += p_energy
-            f[_C_ENERGY] += c_energy
+            f[_E_PAIRS] += n
+            f[_P_ENERGY] += n * p_energy
+            f[_C_ENERGY] += n * c_energy
         p_cost, c_cost = r["primary_cost_usd"], r["candidate_cost_usd"]
         if p_cost is not None and c_cost is not None:
-            f[_PRICED] += 1
-            f[_CHEAPER] += c_cost < p_cost
-            f[_C_PAIRS] += 1
-            f[_P_COST] += p_cost
-            f[_C_COST] += c_cost
+            f[_PRICED] += n
+            f[_CHEAPER] += n * (c_cost < p_cost)
+            f[_C_PAIRS] += n
+            f[_P_COST] += n * p_cost
+            f[_C_COST] += n * c_cost
 
     def _worst(self, more: list[list[Any]]) -> None:
         if more:

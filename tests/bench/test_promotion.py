@@ -4,14 +4,29 @@ and on the real fleet, judged on a virtual clock over one or two weeks."""
 from __future__ import annotations
 
 import json
+from dataclasses import fields
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 from realworld import require_engine
 
 from bench import pairs
-from bench.promotion import DEPARTURE_MARGIN, SCENARIOS, calibrate, headline
-from gateway.promotion.judge import bernoulli_interval
+from bench.promotion import (
+    CANDIDATE_POOL,
+    DEPARTURE_MARGIN,
+    ROUTE,
+    SCENARIOS,
+    Scenario,
+    calibrate,
+    headline,
+    slo_targets,
+    traffic,
+    weeks,
+)
+from gateway.promotion.evidence import gather
+from gateway.promotion.judge import Evidence, Histogram, bernoulli_interval
 
 RESULTS = Path(__file__).resolve().parents[2] / "docs/results"
 
@@ -21,6 +36,57 @@ def simulated() -> dict:
     # As many pairs as the real fleet's calibration: sampled answers match on 86% of its
     # prompts, so fewer would leave the floor too few differing pairs to measure a tolerance.
     return calibrate("simulated", runs=10, seed=3, pairs_measured=840)
+
+
+@pytest.mark.parametrize(
+    "scenario",
+    [
+        # answers wrong, failed and late, on both kinds of traffic
+        Scenario("cim", "reject", harmful_rate=0.3, sampled_share=0.5, slo_loss=0.03),
+        # the floor's own pairs, departing the margin more often per word
+        Scenario("gpu", "not promote", excess=DEPARTURE_MARGIN, sampled_share=0.2),
+    ],
+)
+def test_the_bench_judges_what_gather_reads_of_its_shadow_copies(scenario: Scenario) -> None:
+    """At every look the bench judges the evidence the live gateway's `gather` reads of the
+    same shadow records, one record a copy: its weeks are folded as the shadow minutes are."""
+    measured = {
+        (scenario.candidate, is_sampled, harmful): pairs.simulated(
+            scenario.candidate,
+            pairs.SAMPLED_TEMPERATURE if is_sampled else 0.0,
+            60,
+            0,
+            harmful,
+            lengths=pairs.real_lengths(),
+        )
+        for is_sampled in (False, True)
+        for harmful in (0.0, 1.0)
+    }
+    kinds = {is_sampled: traffic(scenario, measured, is_sampled) for is_sampled in (False, True)}
+    records: list[dict[str, Any]] = []
+    looks = weeks(scenario, kinds, np.random.default_rng(0), look_hours=1.0)
+    for _, (_, copies, evidence) in zip(range(3), looks, strict=False):
+        records += [record for record, n in copies for _ in range(n)]
+        gathered = gather(records, slo_targets)[ROUTE, CANDIDATE_POOL]
+        assert _read(evidence) == _read(gathered)
+    e = gathered
+    # Every path of the fold was taken: failed copies, departures on both kinds of traffic.
+    assert e.failures.only_candidate > 0 and e.slo.only_primary > e.failures.only_candidate
+    assert e.greedy.departed > e.failures.only_candidate and e.sampled.departed > 0
+    assert e.greedy.noise_departed > 0 and 0 < e.cheaper < e.priced
+
+
+def _read(e: Evidence) -> dict[str, Any]:
+    """Return evidence as comparable values: a histogram's counts, a mean to 12 digits."""
+    read = {}
+    for field in fields(e):
+        value = getattr(e, field.name)
+        if isinstance(value, Histogram):
+            value = value.counts
+        elif isinstance(value, float):
+            value = round(value, 12)
+        read[field.name] = value
+    return read
 
 
 def test_every_simulated_scenario_meets_its_target(simulated: dict) -> None:

@@ -38,6 +38,7 @@ from gateway.promotion.shadow_minutes import (
     ShadowMinutes,
     compact,
     summarize,
+    summarize_alike,
 )
 from gateway.promotion.tally import BUCKETS, FAILED, Tally, met, pair_class, representative
 from gateway.shadow.records import CopyEnergy, ShadowWriter
@@ -417,6 +418,17 @@ def figures(evidence: dict[tuple[str, str], Evidence]) -> dict[tuple[str, str], 
         )
         for key, e in evidence.items()
     }  # fmt: skip
+
+
+def test_a_record_standing_for_copies_alike_folds_as_the_record_repeated() -> None:
+    rng = random.Random(5)
+    alike = [(r, rng.randint(1, 9)) for r in week(5)[::5]]
+    repeated = [r for r, n in alike for _ in range(n)]
+    folded = [m.row() for m in summarize_alike(alike, targets)]
+    expected = [m.row() for m in summarize(repeated, targets)]
+    assert figures(from_minutes(folded, paraphrase)) == figures(from_minutes(expected, paraphrase))
+    counted = ("sent", "failures", "errors", "latency", "pairs", "floor", "worst")
+    assert [[r[c] for c in counted] for r in folded] == [[r[c] for c in counted] for r in expected]
 
 
 def test_settled_hours_compact_into_an_hour_row_per_key_that_judges_the_same(
