@@ -365,6 +365,10 @@ class PoolModel:
             )
             if tpot > step_before:
                 slowed = others * (output - 1) * (tpot - step_before)
+        if others > 0:
+            # Its prompt's chunks share the steps the others decode in (chunked prefill): each
+            # of them waits through its prefill's compute too.
+            slowed += others * prefill
         service_prior = prefill_prior + (output - 1 if output > 1 else 0) * step_prior
         service = service_prior * exp(
             c0
