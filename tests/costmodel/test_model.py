@@ -82,7 +82,11 @@ def by_definition(
         step_before = phys.tpot_s(others) * r["tpot"].factor(before)
         slowed = others * (output - 1) * max(tpot - step_before, 0.0)
     if others > 0:
-        slowed += others * prefill  # its prompt's chunks share the steps the others decode in
+        # Its prompt's chunks share the steps the others decode in: its prefill in a batch of one.
+        alone = features(
+            request_terms(prompt, output, context, fit.span), batch_terms(1, phys.slots, fit.span)
+        )
+        slowed += others * phys.ttft_s(prompt) * r["ttft"].factor(alone)
     service_prior = phys.ttft_s(prompt) + max(output - 1, 0) * phys.tpot_s(concurrent)
     service = service_prior * r["e2e"].factor(phi)
     watts = phys.watts(concurrent)
