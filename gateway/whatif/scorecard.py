@@ -226,7 +226,8 @@ def phases(replay: Replay, marks: Sequence[float]) -> list[dict[str, object]]:
             tally["cost_usd"] += held_s * pool.price.usd_per_hour / 3600 / pool.slots_per_backend
             tally["tokens"] += passage.request.output_tokens
             pools[i][passage.pool] += 1
-    read = {reading.at_s: reading for reading in replay.readings}
+    # The readings come in the marks' order (by index: START_S + t - START_S need not be t).
+    read = dict(zip(sorted(marks), replay.readings, strict=False))
     ended = FleetReading(
         math.inf,
         {name: sim.energy_above_idle_j for name, sim in replay.world.items()},
