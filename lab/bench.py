@@ -15,7 +15,7 @@ from gateway.policy.load import load_policy
 from gateway.whatif.conditions import ReplayRates
 from gateway.whatif.hardware import Hardware, load_hardware
 from gateway.whatif.replay_learner import WARM_OBSERVATIONS
-from gateway.whatif.scorecard import measure
+from gateway.whatif.scorecard import phases, replayed, summarize
 from gateway.whatif.timeline import MODEL
 from gateway.whatif.trace import TraceRequest, read_trace
 from lab.scenario import PLAIN, Scenario, load_scenario
@@ -41,14 +41,28 @@ def benchmark(
     scenario.check(policy)
     models = sorted({r.model or MODEL for r in requests} or {MODEL})
     hardware = hardware or load_hardware()
+    # Where the scenario changes something during the trace: each strategy's figures are also
+    # given per stretch between them (`phases`), to tell where a router loses.
+    last = max((r.arrival_s for r in requests), default=0.0)
+    marks = [t for t in scenario.boundaries() if 0 < t < last]
 
     def replay(name: str, serving: Policy) -> dict[str, Any]:
         rates = ReplayRates(serving, scenario)
         # The seed also sets which pool round-robin starts with.
         strategy = strategy_for(name, serving, seed=seed, retrain_every=retrain_every, rates=rates)
-        return measure(
-            strategy, requests, seed=seed, conditions=scenario, rates=rates, hardware=hardware
+        run = replayed(
+            strategy,
+            requests,
+            seed=seed,
+            conditions=scenario,
+            rates=rates,
+            hardware=hardware,
+            marks=marks,
         )
+        result = summarize(run)
+        if marks:
+            result["phases"] = phases(run, marks)
+        return result
 
     results: dict[str, dict[str, Any]] = {}
     for name in strategies:

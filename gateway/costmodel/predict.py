@@ -365,6 +365,27 @@ class PoolModel:
             )
             if tpot > step_before:
                 slowed = others * (output - 1) * (tpot - step_before)
+        if others > 0:
+            # Its prompt's chunks share the steps the others decode in (chunked prefill): each
+            # of them waits through its prefill's compute, the prefill predicted in a batch of
+            # one (in this batch's, the prediction holds its wait behind the others' prompts).
+            alone = by_concurrent[1]
+            w = (alone if alone is not None else self._entry(1))[2 : 2 + len(REQUEST_TERMS)]
+            slowed += (
+                others
+                * prefill_prior
+                * exp(
+                    w[0]
+                    + w[1] * log_prompt
+                    + w[2] * log_output
+                    + w[3] * log_context
+                    + w[4] * past_low
+                    + w[5] * past_high
+                    + w[6] * pp
+                    + w[7] * oo
+                    + w[8] * po
+                )
+            )
         service_prior = prefill_prior + (output - 1 if output > 1 else 0) * step_prior
         service = service_prior * exp(
             c0

@@ -16,15 +16,17 @@ Mooncake measure serving by, the same for every policy a replay runs.
 
 from __future__ import annotations
 
+import bisect
+import math
 import random
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 
 from gateway.stats import percentile
 from gateway.whatif.conditions import STEADY, Conditions, ReplayRates
 from gateway.whatif.hardware import Hardware
 from gateway.whatif.strategy import Strategy
-from gateway.whatif.timeline import START_S, Passage, Replay
+from gateway.whatif.timeline import START_S, FleetReading, Passage, Replay
 from gateway.whatif.trace import TraceRequest
 
 GOODPUT_TTFT_S = 2.0
@@ -192,6 +194,74 @@ def summarize(replay: Replay) -> dict[str, object]:
     if replay.strategy.learner is not None:
         summary["cost_model"] = replay.strategy.learner.report()
     return summary
+
+
+def phases(replay: Replay, marks: Sequence[float]) -> list[dict[str, object]]:
+    """Return the figures of each stretch of a replay between consecutive `marks` (trace
+    seconds, at which it was replayed with the fleet's counters read; the last stretch runs to
+    the end of its window): of the requests that arrived in it, their cost per 1,000 generated
+    tokens (their slot time, and the energy above idle the fleet drew in the stretch, at its
+    rates), that energy per request, their SLO attainment and where they went.
+
+    The routing benchmark cuts a scenario at its events' and tariffs' boundaries, so where a
+    router loses can be told apart: before a device slows down, while it is slow, after."""
+    policy = replay.policy
+    starts = sorted(marks)
+    if not starts or starts[0] > 0:
+        starts = [0.0, *starts]
+    ends = [*starts[1:], math.inf]
+    tallies: list[defaultdict[str, float]] = [defaultdict(float) for _ in starts]
+    pools: list[Counter[str]] = [Counter() for _ in starts]
+    for passage in replay.passages:
+        arrived = passage.arrival_s - START_S
+        i = max(bisect.bisect_right(starts, arrived) - 1, 0)
+        tally = tallies[i]
+        tally["requests"] += 1
+        tally["slo_met"] += passage.meets_slo()
+        job = passage.job
+        if passage.served and job is not None and passage.pool is not None:
+            assert job.finished_at is not None and job.admitted_at is not None
+            pool = policy.pools[passage.pool]
+            held_s = job.finished_at - job.admitted_at
+            tally["cost_usd"] += held_s * pool.price.usd_per_hour / 3600 / pool.slots_per_backend
+            tally["tokens"] += passage.request.output_tokens
+            pools[i][passage.pool] += 1
+    # The readings come in the marks' order (by index: START_S + t - START_S need not be t).
+    read = dict(zip(sorted(marks), replay.readings, strict=False))
+    ended = FleetReading(
+        math.inf,
+        {name: sim.energy_above_idle_j for name, sim in replay.world.items()},
+        {name: sim.energy_usd for name, sim in replay.world.items()},
+        {name: sim.carbon_g for name, sim in replay.world.items()},
+    )
+    live = live_pools(replay)
+    found: list[dict[str, object]] = []
+    for start, end, tally, served in zip(starts, ends, tallies, pools, strict=True):
+        before, after = read.get(start), read.get(end, ended)
+        energy = usd = 0.0
+        for name in replay.world:
+            energy += after.energy_above_idle_j[name] - (
+                before.energy_above_idle_j[name] if before else 0.0
+            )
+            usd += after.energy_usd[name] - (before.energy_usd[name] if before else 0.0)
+        requests, tokens_k = int(tally["requests"]), tally["tokens"] / 1000
+        # A stretch no request arrived in measures nothing: None, not 0.
+        found.append(
+            {
+                "start_s": start,
+                "end_s": None if end == math.inf else end,
+                "requests": requests,
+                "cost_usd_per_1k_tokens": (
+                    round((tally["cost_usd"] + usd) / tokens_k, 9) if tokens_k else None
+                ),
+                "energy_j_per_request": round(energy / requests, 3) if requests else None,
+                "slo_attainment": round(tally["slo_met"] / requests, 5) if requests else None,
+                "pool_shares": {
+                    name: round(served[name] / requests, 4) if requests else None for name in live
+                },
+            }
+        )
+    return found
 
 
 def parking_summary(replay: Replay) -> dict[str, object]:

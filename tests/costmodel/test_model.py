@@ -81,6 +81,12 @@ def by_definition(
         )
         step_before = phys.tpot_s(others) * r["tpot"].factor(before)
         slowed = others * (output - 1) * max(tpot - step_before, 0.0)
+    if others > 0:
+        # Its prompt's chunks share the steps the others decode in: its prefill in a batch of one.
+        alone = features(
+            request_terms(prompt, output, context, fit.span), batch_terms(1, phys.slots, fit.span)
+        )
+        slowed += others * phys.ttft_s(prompt) * r["ttft"].factor(alone)
     service_prior = phys.ttft_s(prompt) + max(output - 1, 0) * phys.tpot_s(concurrent)
     service = service_prior * r["e2e"].factor(phi)
     watts = phys.watts(concurrent)
@@ -196,6 +202,28 @@ def test_a_pool_of_many_slots_is_tabulated_as_decisions_need_it_not_when_a_model
     assert tabulated == []
     first = model.predict("gpu", MODEL, 600, 100, 5000, context=9000)
     again = model.predict("gpu", MODEL, 600, 100, 5000, context=9000)
-    assert sorted(tabulated) == [4999, 5000]  # its batch, and the batch without it
+    # Its batch, the batch without it, and a batch of one (its prefill's toll on the others).
+    assert sorted(tabulated) == [1, 4999, 5000]
     assert_same(again, first)
     assert_same(first, by_definition(model, "gpu", 600, 100, 5000, 0.0, None, 9000))
+
+
+def test_a_prompt_joining_a_busy_backend_pays_for_the_steps_its_prefill_lengthens() -> None:
+    """Under chunked prefill every sequence decoding beside a prompt waits through its chunks:
+    a one-token answer (no decode steps of its own to slow anyone) still costs the others its
+    prefill each: on a backend with eight others its slot time is eight prefills more than its
+    own, and a longer prompt's toll grows with it."""
+    model = CostModel(POLICY)
+    pm = model.pool_model("gpu", MODEL)
+    per_slot_s = pm.pool.price.usd_per_hour / 3600 / pm.physics.slots
+    alone = model.predict("gpu", MODEL, 1500, 1, 1)
+    crowded = model.predict("gpu", MODEL, 1500, 1, 9)
+    toll = (
+        crowded.marginal_cost_usd
+        - crowded.e2e_s * per_slot_s
+        - (crowded.marginal_energy_j * crowded.rate.usd_per_j)
+    )
+    assert toll == pytest.approx(8 * crowded.ttft_s * per_slot_s, rel=1e-9)
+    assert toll > 5 * alone.e2e_s * per_slot_s  # eight others' wait: most of what it costs
+    longer = model.predict("gpu", MODEL, 3000, 1, 9)
+    assert longer.marginal_cost_usd - longer.e2e_s * per_slot_s > 1.5 * toll

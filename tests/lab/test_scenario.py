@@ -133,6 +133,39 @@ def test_tariffs_price_the_energy_drawn_while_they_hold_and_move_routers_that_re
         assert moved["cost_usd_per_1k_tokens"] < static["cost_usd_per_1k_tokens"] / 5
 
 
+def test_each_phase_of_a_scenario_is_measured_on_the_requests_that_arrived_in_it(
+    policy: Policy,
+) -> None:
+    """Cut at the tariff's start, the fixed order's stretch before it costs what the plain
+    trace's first half does, the one after it far more; the oracle moves to the GPU there."""
+    policy = unexplored(policy)
+    peak = Scenario.model_validate(
+        {
+            "tariffs": [
+                {"pool": "asic", "start_s": 20, "end_s": 3600, "usd_per_kwh": 240.0,
+                 "g_co2_per_kwh": 500.0},
+            ]
+        }
+    )  # fmt: skip
+    results = benchmark(policy, steady(80), strategies=("static", "oracle"), scenario=peak)
+    static, oracle = results["static"]["phases"], results["oracle"]["phases"]
+    assert [(p["start_s"], p["end_s"], p["requests"]) for p in static] == [
+        (0.0, 20, 40),
+        (20, None, 40),
+    ]
+    before, after = static
+    assert after["cost_usd_per_1k_tokens"] > 10 * before["cost_usd_per_1k_tokens"]
+    assert before["pool_shares"] == after["pool_shares"]
+    assert oracle[1]["pool_shares"]["gpu"] == 1.0
+    assert oracle[1]["cost_usd_per_1k_tokens"] < after["cost_usd_per_1k_tokens"] / 5
+    # The stretches add up to the whole: their energy, weighed by their requests.
+    whole = results["static"]["energy_j_per_request"] * 80
+    assert sum(p["energy_j_per_request"] * p["requests"] for p in static) == pytest.approx(
+        whole, rel=1e-3
+    )
+    assert "phases" not in benchmark(policy, steady(10), strategies=("static",))["static"]
+
+
 def test_every_strategy_draws_over_the_same_window_when_the_scenario_outlasts_the_trace(
     policy: Policy,
 ) -> None:
