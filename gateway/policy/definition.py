@@ -21,7 +21,7 @@ from gateway.compare.measures import DEFAULT_COMPARATORS
 PositiveFloat = Annotated[float, Field(gt=0)]
 PositiveInt = Annotated[int, Field(gt=0)]
 NonNegativeFloat = Annotated[float, Field(ge=0)]
-# A driver, runtime or firmware version: a label of the backend's metrics, so short and printable.
+# A driver, engine or firmware version: a label of the backend's metrics, so short and printable.
 Version = Annotated[
     str, Field(min_length=1, max_length=64, pattern=r"^[\x21-\x7e]( ?[\x21-\x7e])*$")
 ]
@@ -299,6 +299,16 @@ class PoolParking(Strict):
         return [arg.format(name=name, url=url, pool=pool) for arg in argv]
 
 
+def engine_version_of(runtime: str, engine: object) -> str | None:
+    """Return the engine version a former `runtime` string gives ('vllm 0.6.3' of a vllm pool:
+    '0.6.3'): what follows the engine's name when it starts with it, else the whole string
+    (which names an engine the pool's `engine` does not); None when it is the name alone."""
+    name, _, rest = runtime.strip().partition(" ")
+    if isinstance(engine, str) and re.sub(r"[^a-z0-9]", "", name.lower()) == engine:
+        return rest.strip() or None
+    return runtime.strip() or None
+
+
 class Pool(Strict):
     """A set of backends of one hardware kind sharing one capability entry."""
 
@@ -342,9 +352,6 @@ class Pool(Strict):
     driver: Version | None = Field(
         default=None, description="Driver version of the backends, e.g. '550.90.07'."
     )
-    runtime: Version | None = Field(
-        default=None, description="Inference engine and its version, e.g. 'vllm 0.6.3'."
-    )
     firmware: Version | None = Field(default=None, description="Firmware version of the devices.")
     tariff: str | None = Field(
         default=None,
@@ -359,13 +366,39 @@ class Pool(Strict):
         "(llama-server's -c / -np) and each choice of an answer is counted (its usage counts "
         "one). null: the gateway's own bookkeeping only.",
     )
+    engine_version: Version | None = Field(
+        default=None,
+        description="Version of the serving engine, e.g. '0.6.3'. With engine null (one whose "
+        "load series the gateway does not read), it names that engine too, e.g. "
+        "'vendor-sdk 1.18'.",
+    )
     parking: PoolParking | None = Field(
         default=None,
         description="Park the backends the forecast load does not need, through this hook. "
         "null: every backend stays on.",
     )
 
-    @field_validator("driver", "runtime", "firmware", mode="before")
+    @model_validator(mode="before")
+    @classmethod
+    def _no_runtime(cls, data: Any) -> Any:
+        """Refuse the former `runtime`, the engine and its version in one string."""
+        if isinstance(data, dict) and "runtime" in data:
+            version = engine_version_of(str(data["runtime"]), data.get("engine"))
+            write = (
+                f"engine_version: '{version}'"
+                if version is not None
+                else f"no engine_version, since {data['runtime']!r} gives none"
+            )
+            raise PydanticCustomError(
+                "renamed",
+                "runtime ({runtime}) is no longer read: a pool's serving engine is `engine` "
+                "and its version `engine_version` (here {write}); `gateway db upgrade` rewrites "
+                "the stored policies so (docs/policy.md#versions)",
+                {"key": "runtime", "runtime": repr(data["runtime"]), "write": write},
+            )
+        return data
+
+    @field_validator("driver", "engine_version", "firmware", mode="before")
     @classmethod
     def _quoted(cls, value: object) -> object:
         if isinstance(value, int | float) and not isinstance(value, bool):
@@ -383,8 +416,12 @@ class Pool(Strict):
         return self
 
     def versions(self) -> dict[str, str | None]:
-        """Return the driver, runtime and firmware versions the policy gives (None: not given)."""
-        return {"driver": self.driver, "runtime": self.runtime, "firmware": self.firmware}
+        """Return the driver, engine and firmware versions the policy gives (None: not given)."""
+        return {
+            "driver": self.driver,
+            "engine_version": self.engine_version,
+            "firmware": self.firmware,
+        }
 
     def kv_capacity_bytes(self) -> float:
         """Return the KV-cache memory of one backend, in bytes."""

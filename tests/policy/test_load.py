@@ -234,3 +234,42 @@ def test_a_pool_may_run_llamacpp_and_an_engine_the_gateway_cannot_read_is_named(
     with pytest.raises(PolicyError) as info:
         parse_policy(yaml.safe_dump(doc))
     assert "pools.cim.engine" in str(info.value) and "'llamacpp'" in str(info.value)
+
+
+def test_a_pools_serving_engine_is_its_name_and_its_version() -> None:
+    doc = default_doc()
+    doc["pools"]["gpu"] |= {"engine": "vllm", "engine_version": "0.6.3"}
+    gpu = parse_policy(yaml.safe_dump(doc)).pools["gpu"]
+    assert (gpu.engine, gpu.engine_version) == ("vllm", "0.6.3")
+    assert gpu.versions() == {"driver": None, "engine_version": "0.6.3", "firmware": None}
+    doc["pools"]["gpu"]["engine_version"] = 0.10  # YAML's number: its digits would be lost
+    with pytest.raises(PolicyError, match=r"pools\.gpu\.engine_version: .* quoted string"):
+        parse_policy(yaml.safe_dump(doc))
+
+
+@pytest.mark.parametrize(
+    ("engine", "runtime", "write"),
+    [
+        ("vllm", "vllm 0.6.3", "engine_version: '0.6.3'"),
+        ("llamacpp", "llama.cpp 0.3.36", "engine_version: '0.3.36'"),
+        (None, "vendor-sdk 1.18", "engine_version: 'vendor-sdk 1.18'"),
+        ("vllm", "vllm", "no engine_version, since 'vllm' gives none"),
+    ],
+)
+def test_the_former_runtime_is_refused_at_its_line_with_the_version_to_write(
+    engine: str | None, runtime: str, write: str
+) -> None:
+    text = DEFAULT.read_text().replace(
+        "    engine: vllm ", f"    engine: {engine or 'null'}\n    runtime: {runtime!r}  #", 1
+    )
+    with pytest.raises(PolicyError) as refused:
+        parse_policy(text, "old.yaml")
+    (problem,) = refused.value.problems
+    line = next(n for n, t in enumerate(text.splitlines(), 1) if t.startswith("    runtime:"))
+    assert problem.location == f"old.yaml:{line}:14"
+    assert problem.path == "pools.gpu.runtime"
+    assert problem.message == (
+        f"runtime ({runtime!r}) is no longer read: a pool's serving engine is `engine` and its "
+        f"version `engine_version` (here {write}); `gateway db upgrade` rewrites the stored "
+        "policies so (docs/policy.md#versions)"
+    )
