@@ -393,8 +393,9 @@ def test_console_traffic_reads_its_window_of_minutes_by_index(filled: sa.Engine)
     assert "ix_request_minutes_ts" in minutes
 
 
+@pytest.mark.parametrize("policy", ["file", "stored with runtime"])
 def test_upgrade_summarizes_the_request_records_stored_before_it(
-    database: str, repo_root: Path, monkeypatch: pytest.MonkeyPatch
+    database: str, repo_root: Path, monkeypatch: pytest.MonkeyPatch, policy: str
 ) -> None:
     config = alembic_config(database)
     (adds,) = (
@@ -422,7 +423,11 @@ def test_upgrade_summarizes_the_request_records_stored_before_it(
     with db.begin() as conn:
         conn.execute(request_records.insert(), records)
     policy_file = repo_root / "policies" / "default.yaml"
-    monkeypatch.setenv("GATEWAY_POLICY", str(policy_file))
+    if policy == "file":
+        monkeypatch.setenv("GATEWAY_POLICY", str(policy_file))
+    else:  # the active version an older gateway stored, its SLO classes read all the same
+        old = policy_file.read_text().replace("    engine: vllm", '    runtime: "vllm 0.6.3"', 1)
+        versions.record(db, old, "ops", "applied")
 
     upgrade(database)
 

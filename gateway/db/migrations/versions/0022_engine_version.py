@@ -32,13 +32,23 @@ Convert = Callable[[str, Any], str | None]
 
 
 def upgrade() -> None:
-    from gateway.policy.definition import engine_version_of
-
-    rewrite_stored(op.get_bind(), "runtime", "engine_version", engine_version_of)
+    rewrite_stored(op.get_bind(), "runtime", "engine_version", _engine_version_of)
 
 
 def downgrade() -> None:
     rewrite_stored(op.get_bind(), "engine_version", "runtime", runtime_of)
+
+
+def upgraded(text: str) -> str:
+    """Return a policy text as this revision writes it: what an earlier revision that reads the
+    stored policy with today's loader reads (0016)."""
+    return renamed(text, "runtime", "engine_version", _engine_version_of)
+
+
+def _engine_version_of(runtime: str, engine: Any) -> str | None:
+    from gateway.policy.definition import engine_version_of
+
+    return engine_version_of(runtime, engine)
 
 
 def runtime_of(version: str, engine: Any) -> str:
