@@ -5,8 +5,8 @@ serve the route's models with comparators that exist, a noise floor a policy giv
 samples to be a share of. Each rule gives the field path it concerns and a sentence that names
 the bad value and what was expected; the loader places them in the file.
 
-`memory_errors` checks physics rather than references: a pool whose models, KV cache and runtime
-margin do not fit one backend's memory describes hardware that cannot exist. It is checked when
+`memory_errors` checks physics rather than references: a pool whose models, KV cache and headroom
+do not fit one backend's memory describes hardware that cannot exist. It is checked when
 a policy is validated or applied (gateway/policy/validation.py), not when a stored version is
 loaded, so replicas upgraded over a version stored before the check keep serving it.
 """
@@ -17,7 +17,7 @@ import itertools
 
 from gateway.compare.measures import COMPARATORS, SIMILARITY
 from gateway.policy.definition import DEFAULT_PARAMS_B, Comparison, Policy, Route
-from gateway.policy.physics import RUNTIME_MARGIN, footprint
+from gateway.policy.physics import HEADROOM, footprint
 
 # A field path and what is wrong (or doubtful) there.
 Finding = tuple[tuple[str | int, ...], str]
@@ -196,7 +196,7 @@ def reference_errors(policy: Policy) -> list[Finding]:
 
 
 def memory_errors(policy: Policy) -> list[Finding]:
-    """Find pools whose models' weights, KV cache and runtime margin exceed a backend's memory."""
+    """Find pools whose models' weights, KV cache and headroom exceed a backend's memory."""
     errors: list[Finding] = []
     for name, pool in policy.pools.items():
         need = footprint(pool, policy)
@@ -214,8 +214,8 @@ def memory_errors(policy: Policy) -> list[Finding]:
         errors.append(
             (
                 ("pools", name, "memory_gb"),
-                f"pool {name!r} holds {', '.join(held)} and {kv} plus a runtime margin of "
-                f"{need.margin / 1e9:.1f} GB ({RUNTIME_MARGIN:.0%} of memory): "
+                f"pool {name!r} holds {', '.join(held)} and {kv} plus "
+                f"{need.headroom / 1e9:.1f} GB of headroom ({HEADROOM:.0%} of memory): "
                 f"{need.total / 1e9:.1f} GB, more than its {pool.memory_gb:g} GB; serve fewer "
                 "or smaller models there, at a lower precision, with less KV cache, or on "
                 "backends with more memory",

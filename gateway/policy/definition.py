@@ -317,8 +317,8 @@ class Pool(Strict):
     models: list[str] = Field(min_length=1)
     max_context: int = Field(gt=0, description="Longest prompt plus output, in tokens.")
     memory_gb: PositiveFloat = Field(
-        description="Memory of one backend, in GB: its models' weights, its KV cache and a 10% "
-        "runtime margin must fit in it."
+        description="Memory of one backend, in GB: its models' weights, its KV cache and 10% "
+        "headroom must fit in it."
     )
     slots_per_backend: int = Field(gt=0, description="Concurrent requests one backend takes.")
     precision: str = "bf16"

@@ -1,7 +1,7 @@
 """Check a policy before it is applied: the loader's errors, plus warnings an operator should read.
 
 Errors make a policy invalid: it is never applied. They are the loader's, and the memory check (a
-pool whose models, KV cache and runtime margin do not fit a backend's memory,
+pool whose models, KV cache and headroom do not fit a backend's memory,
 gateway/policy/consistency.py). Warnings name things that load but are probably not what the
 operator meant: a route that can never match because an earlier one takes all of its requests, a
 model a route matches but none of its pools serves, a prompt range longer than every pool's context,
