@@ -8,15 +8,23 @@ the bad value and what was expected; the loader places them in the file.
 `memory_errors` checks physics rather than references: a pool whose models, KV cache and headroom
 do not fit one backend's memory describes hardware that cannot exist. It is checked when
 a policy is validated or applied (gateway/policy/validation.py), not when a stored version is
-loaded, so replicas upgraded over a version stored before the check keep serving it.
+loaded, so replicas upgraded over a version stored before the check keep serving it. So is
+`retired`, a key the policy no longer takes that the loader still reads (a pool's `runtime`).
 """
 
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 from gateway.compare.measures import COMPARATORS, SIMILARITY
-from gateway.policy.definition import DEFAULT_PARAMS_B, Comparison, Policy, Route
+from gateway.policy.definition import (
+    DEFAULT_PARAMS_B,
+    Comparison,
+    Policy,
+    Route,
+    retired_runtime,
+)
 from gateway.policy.physics import HEADROOM, footprint
 
 # A field path and what is wrong (or doubtful) there.
@@ -363,3 +371,16 @@ def _shadow_errors(
                 )
             )
     return errors
+
+
+def retired(doc: Any) -> list[Finding]:
+    """Find the retired keys a policy document still has: a pool's `runtime` (its engine and
+    version in one string, now `engine` and `engine_version`). The loader reads it as 0022
+    rewrites it, so a gateway serving a file that has it starts (and logs this); validation
+    and apply refuse it, so no new version is stored with it."""
+    pools = doc.get("pools") if isinstance(doc, dict) else None
+    return [
+        (("pools", name, "runtime"), retired_runtime(pool["runtime"], pool.get("engine")))
+        for name, pool in (pools.items() if isinstance(pools, dict) else ())
+        if isinstance(pool, dict) and "runtime" in pool
+    ]

@@ -309,6 +309,16 @@ def engine_version_of(runtime: str, engine: object) -> str | None:
     return runtime.strip() or None
 
 
+def retired_runtime(runtime: object, engine: object) -> str:
+    """Say what a pool's former `runtime` is now, and what to write instead."""
+    version = engine_version_of(str(runtime), engine)
+    write = f"engine_version: '{version}'" if version is not None else "no engine_version"
+    return (
+        f"runtime ({runtime!r}) is retired: a pool's serving engine is `engine` and its version "
+        f"`engine_version`; write {write} instead (docs/policy.md#versions)"
+    )
+
+
 class Pool(Strict):
     """A set of backends of one hardware kind sharing one capability entry."""
 
@@ -380,22 +390,20 @@ class Pool(Strict):
 
     @model_validator(mode="before")
     @classmethod
-    def _no_runtime(cls, data: Any) -> Any:
-        """Refuse the former `runtime`, the engine and its version in one string."""
+    def _runtime_is_engine_version(cls, data: Any) -> Any:
+        """Read the former `runtime` as `engine_version`, as migration 0022 rewrites it, so a
+        gateway serving a file that still has it starts; validation refuses it
+        (gateway/policy/consistency.py `retired`), so no new version is stored with it."""
         if isinstance(data, dict) and "runtime" in data:
-            version = engine_version_of(str(data["runtime"]), data.get("engine"))
-            write = (
-                f"engine_version: '{version}'"
-                if version is not None
-                else f"no engine_version, since {data['runtime']!r} gives none"
-            )
-            raise PydanticCustomError(
-                "renamed",
-                "runtime ({runtime}) is no longer read: a pool's serving engine is `engine` "
-                "and its version `engine_version` (here {write}); `gateway db upgrade` rewrites "
-                "the stored policies so (docs/policy.md#versions)",
-                {"key": "runtime", "runtime": repr(data["runtime"]), "write": write},
-            )
+            runtime, engine = data["runtime"], data.get("engine")
+            if "engine_version" in data:
+                raise PydanticCustomError(
+                    "renamed",
+                    "{retired}; not both",
+                    {"key": "runtime", "retired": retired_runtime(runtime, engine)},
+                )
+            data = {k: v for k, v in data.items() if k != "runtime"}
+            data["engine_version"] = engine_version_of(str(runtime), engine)
         return data
 
     @field_validator("driver", "engine_version", "firmware", mode="before")

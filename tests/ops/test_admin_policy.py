@@ -75,7 +75,8 @@ def test_a_policy_naming_the_former_runtime_is_422_saying_what_to_write(tmp_path
         assert response.status_code == 422
         (error,) = response.json()["errors"]
         assert error["path"] == "pools.gpu.runtime"
-        assert "(here engine_version: '0.6.3')" in error["message"]
+        assert "is retired" in error["message"]
+        assert "write engine_version: '0.6.3' instead" in error["message"]
         assert gw.gateway.policy_version == 1
         fixed = text.replace("runtime: vllm 0.6.3", "engine_version: 0.6.3")
         applied = http.put("/admin/policy", json={"yaml": fixed, "message": "x"}, headers=AUTH)

@@ -8,6 +8,7 @@ import yaml
 from gateway.errors import PolicyError
 from gateway.policy.definition import DEFAULT_NOISE_SHARE, NoiseFloor
 from gateway.policy.load import load_policy, parse_policy
+from gateway.policy.validation import validate
 
 DEFAULT = Path(__file__).resolve().parents[2] / "policies" / "default.yaml"
 
@@ -247,29 +248,41 @@ def test_a_pools_serving_engine_is_its_name_and_its_version() -> None:
         parse_policy(yaml.safe_dump(doc))
 
 
-@pytest.mark.parametrize(
-    ("engine", "runtime", "write"),
-    [
-        ("vllm", "vllm 0.6.3", "engine_version: '0.6.3'"),
-        ("llamacpp", "llama.cpp 0.3.36", "engine_version: '0.3.36'"),
-        (None, "vendor-sdk 1.18", "engine_version: 'vendor-sdk 1.18'"),
-        ("vllm", "vllm", "no engine_version, since 'vllm' gives none"),
-    ],
-)
-def test_the_former_runtime_is_refused_at_its_line_with_the_version_to_write(
-    engine: str | None, runtime: str, write: str
-) -> None:
-    text = DEFAULT.read_text().replace(
+def old_policy(engine: str | None, runtime: str) -> str:
+    """policies/default.yaml as a policy of before 0022 gave its GPUs' engine and version."""
+    return DEFAULT.read_text().replace(
         "    engine: vllm ", f"    engine: {engine or 'null'}\n    runtime: {runtime!r}  #", 1
     )
-    with pytest.raises(PolicyError) as refused:
-        parse_policy(text, "old.yaml")
-    (problem,) = refused.value.problems
+
+
+@pytest.mark.parametrize(
+    ("engine", "runtime", "version"),
+    [
+        ("vllm", "vllm 0.6.3", "0.6.3"),
+        ("llamacpp", "llama.cpp 0.3.36", "0.3.36"),
+        (None, "vendor-sdk 1.18", "vendor-sdk 1.18"),
+        ("vllm", "vllm", None),
+    ],
+)
+def test_the_former_runtime_is_read_as_its_engine_version_and_refused_where_it_is(
+    engine: str | None, runtime: str, version: str | None
+) -> None:
+    text = old_policy(engine, runtime)
+    # A gateway serving a file that still has it starts, reading it as migration 0022 would.
+    gpu = parse_policy(text, "old.yaml").pools["gpu"]
+    assert (gpu.engine, gpu.engine_version) == (engine, version)
+    # Validation (and so every apply) refuses it, at its line, saying what to write instead.
+    (problem,) = validate(text, "old.yaml").errors
     line = next(n for n, t in enumerate(text.splitlines(), 1) if t.startswith("    runtime:"))
-    assert problem.location == f"old.yaml:{line}:14"
-    assert problem.path == "pools.gpu.runtime"
+    assert (problem.location, problem.path) == (f"old.yaml:{line}:14", "pools.gpu.runtime")
+    write = f"engine_version: '{version}'" if version else "no engine_version"
     assert problem.message == (
-        f"runtime ({runtime!r}) is no longer read: a pool's serving engine is `engine` and its "
-        f"version `engine_version` (here {write}); `gateway db upgrade` rewrites the stored "
-        "policies so (docs/policy.md#versions)"
+        f"runtime ({runtime!r}) is retired: a pool's serving engine is `engine` and its version "
+        f"`engine_version`; write {write} instead (docs/policy.md#versions)"
     )
+
+
+def test_a_pool_giving_both_runtime_and_engine_version_is_refused_on_load() -> None:
+    text = old_policy("vllm", "vllm 0.6.3").replace("  #", '\n    engine_version: "0.6.4"  #', 1)
+    with pytest.raises(PolicyError, match=r"pools\.gpu\.runtime: runtime \('vllm 0\.6\.3'\) is"):
+        parse_policy(text, "old.yaml")

@@ -1,9 +1,10 @@
 """A pool's serving engine and its version are `engine` and `engine_version`: the former
-`runtime` ('vllm 0.6.3', the engine and its version in one string) is refused by the policy
-loader, so every stored policy version that has one is rewritten here, in place, comments and
-layout kept: `runtime: "vllm 0.6.3"` of a vllm pool becomes `engine_version: "0.6.3"`
-(gateway/policy/definition.py `engine_version_of`), and each rewritten version's hash is its new
-content's. A rollback to any version then loads. Downgrading writes them back.
+`runtime` ('vllm 0.6.3', the engine and its version in one string) is retired (the loader reads
+it, validation and apply refuse it), so every stored policy version that has one is rewritten
+here, in place, comments and layout kept: `runtime: "vllm 0.6.3"` of a vllm pool becomes
+`engine_version: "0.6.3"` (gateway/policy/definition.py `engine_version_of`), and each
+rewritten version's hash is its new content's. A rollback to any version then passes
+validation. Downgrading writes them back.
 
 Revision ID: 0022
 Revises: 0021
@@ -37,12 +38,6 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     rewrite_stored(op.get_bind(), "engine_version", "runtime", runtime_of)
-
-
-def upgraded(text: str) -> str:
-    """Return a policy text as this revision writes it: what an earlier revision that reads the
-    stored policy with today's loader reads (0016)."""
-    return renamed(text, "runtime", "engine_version", _engine_version_of)
 
 
 def _engine_version_of(runtime: str, engine: Any) -> str | None:
