@@ -283,6 +283,8 @@ def test_the_former_runtime_is_read_as_its_engine_version_and_refused_where_it_i
 
 
 def test_a_pool_giving_both_runtime_and_engine_version_is_refused_on_load() -> None:
-    text = old_policy("vllm", "vllm 0.6.3").replace("  #", '\n    engine_version: "0.6.4"  #', 1)
+    text = old_policy("vllm", "vllm 0.6.3").replace(
+        "runtime: 'vllm 0.6.3'", "runtime: 'vllm 0.6.3'\n    engine_version: '0.6.4'", 1
+    )
     with pytest.raises(PolicyError, match=r"pools\.gpu\.runtime: runtime \('vllm 0\.6\.3'\) is"):
         parse_policy(text, "old.yaml")
