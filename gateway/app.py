@@ -6,15 +6,21 @@ lifespan that starts and stops the gateway's parts.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
+
+import yaml
 
 from gateway.ingress.api import Ingress
 from gateway.ops.guard import Guard
 from gateway.ops.routes import ops_app
+from gateway.policy.consistency import retired
 from gateway.policy.definition import Policy
-from gateway.policy.load import parse_policy, read_text
+from gateway.policy.load import PolicyLoader, parse_policy, read_text
 from gateway.runtime import Gateway
 from gateway.settings import Settings
+
+log = logging.getLogger(__name__)
 
 
 class GatewayApp:
@@ -45,4 +51,8 @@ def create_app(settings: Settings | None = None, policy: Policy | None = None) -
         return GatewayApp(Gateway(settings, policy))
     text = read_text(settings.policy_path)
     policy = parse_policy(text, str(settings.policy_path))
+    for path, message in retired(yaml.load(text, Loader=PolicyLoader)):
+        # Served as read, so an upgrade never stops a gateway; applying it would be refused.
+        where = ".".join(map(str, path))
+        log.warning("%s: %s: %s; served as read", settings.policy_path, where, message)
     return GatewayApp(Gateway(settings, policy, policy_text=text))

@@ -88,15 +88,25 @@ MAX_DIFF_PATHS = 50
 EPSILON = 1e-6  # the least probability a KL bucket holds: log(p / q) stays finite
 
 
-def _described(comment: str | None = None, *, shown: str | None = None, rate: bool = False) -> Any:
-    """A measure's field: what the table says of it (`comment`), and, for a measure the summary,
+def _described(
+    comment: str | None = None,
+    *,
+    shown: str | None = None,
+    rate: bool = False,
+    judged: bool = False,
+) -> Any:
+    """A measure's field: what the table says of it (`comment`); for a measure the summary,
     the report and the console show over many pairs, its label (`shown`) and whether it is
-    shown as the share of pairs where it holds (`rate`) or as its mean."""
+    shown as the share of pairs where it holds (`rate`) or as its mean; and whether the
+    departure rule decides by it (`judged`, gateway/promotion/departures.py), which makes it
+    the evidence a precision check keeps of each departing pair."""
     metadata: dict[str, Any] = {}
     if comment is not None:
         metadata["comment"] = comment
     if shown is not None:
         metadata["shown"] = Shown(shown, rate)
+    if judged:
+        metadata["judged"] = True
     return field(default=None, metadata=metadata)
 
 
@@ -117,29 +127,30 @@ class Diff:
     """The measures of one pair of answers; None where a measure did not apply.
 
     The one definition of them: a shadow record stores each as a column of its own (the field's
-    metadata is what the table says of it, gateway/db/schema.py), and the summary, the console
-    and the report list them from here.
+    metadata is what the table says of it, gateway/db/schema.py), the summary, the console
+    and the report list them from here (`SHOWN`), and a precision check keeps of each departing
+    pair those the departure rule reads (`JUDGED`).
     """
 
-    exact_match: bool | None = _described(shown="exact match", rate=True)
+    exact_match: bool | None = _described(shown="exact match", rate=True, judged=True)
     normalized_match: bool | None = _described(shown="normalized match", rate=True)
-    similarity: float | None = _described(shown="similarity")
+    similarity: float | None = _described(shown="similarity", judged=True)
     similarity_method: str | None = field(default=None, metadata={"width": 16})
     first_divergence: int | None = None
     reference_words: int | None = _described("Word tokens in the primary's answer.")
     length_ratio: float | None = None
-    json_diff: dict[str, Any] | None = None
-    embedding_cosine: float | None = None
+    json_diff: dict[str, Any] | None = _described(judged=True)  # noqa: RUF009 (None by default)
+    embedding_cosine: float | None = _described(judged=True)
     token_divergence: int | None = _described("First token that differs (logprobs).")
     near_tie: bool | None = _described(
-        "The candidate's token there is a primary top-k.", shown="near ties", rate=True
+        "The candidate's token there is a primary top-k.", shown="near ties", rate=True, judged=True
     )
     kl_divergence: float | None = _described(
-        "Mean KL from top-k logprobs, in nats.", shown="KL divergence"
+        "Mean KL from top-k logprobs, in nats.", shown="KL divergence", judged=True
     )
     # Needs an embedding model, so the shadow path sets it after the comparators have run.
     semantic_similarity: float | None = _described(
-        "Cosine of the answers' embeddings.", shown="semantic similarity"
+        "Cosine of the answers' embeddings.", shown="semantic similarity", judged=True
     )
     measures: dict[str, Any] = field(default_factory=dict)
 
@@ -155,6 +166,8 @@ class Diff:
 MEASURES = tuple(f.name for f in fields(Diff))
 # The measures shown over many pairs, in Diff's order: (name, how it is shown).
 SHOWN = tuple((f.name, f.metadata["shown"]) for f in fields(Diff) if "shown" in f.metadata)
+# The measures the departure rule decides by, in Diff's order.
+JUDGED = tuple(f.name for f in fields(Diff) if f.metadata.get("judged"))
 Comparator = Callable[[Answer, Answer], Mapping[str, Any]]
 COMPARATORS: dict[str, Comparator] = {}
 SIMILARITY = ("rouge_l", "edit_ratio")

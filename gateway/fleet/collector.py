@@ -1,10 +1,11 @@
 """The fleet's gauges: slots, waiters and health per pool, read from the live state when scraped.
 
 Each backend also has an info series, `gateway_backend_info{pool, backend, kind, precision,
-driver, runtime, firmware} 1`, with the versions its pool's policy entry gives (empty when not
-given). Versions are labels of their own series rather than of the load gauges, so an upgrade
-starts one new info series instead of breaking every backend series in two; a query joins them
-(`* on (pool, backend) group_left (driver) gateway_backend_info`).
+engine, engine_version, driver, firmware} 1`, with the serving engine and the versions its pool's
+policy entry gives (empty when not given). Versions are labels of their own series rather than
+of the load gauges, so an upgrade starts one new info series instead of breaking every backend
+series in two; a query joins them (`* on (pool, backend) group_left (engine_version)
+gateway_backend_info`).
 """
 
 from __future__ import annotations
@@ -71,12 +72,13 @@ class FleetCollector(Collector):
         )
         info = InfoMetricFamily(
             f"{NAMESPACE}_backend",
-            "What a backend runs on, from its pool's policy entry: driver, runtime, firmware.",
+            "What a backend runs on, from its pool's policy entry: serving engine and its "
+            "version, driver, firmware.",
             labels=["pool", "backend"],
         )
         for pool in self.fleet().pools.values():
             spec = pool.spec
-            hardware = {"kind": spec.kind, "precision": spec.precision}
+            hardware = {"kind": spec.kind, "precision": spec.precision, "engine": spec.engine or ""}
             hardware |= {k: v or "" for k, v in spec.versions().items()}
             in_flight.add_metric([pool.name], sum(b.in_flight for b in pool.backends))
             free.add_metric([pool.name], sum(max(b.free_slots, 0) for b in pool.healthy()))

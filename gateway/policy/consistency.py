@@ -5,19 +5,27 @@ serve the route's models with comparators that exist, a noise floor a policy giv
 samples to be a share of. Each rule gives the field path it concerns and a sentence that names
 the bad value and what was expected; the loader places them in the file.
 
-`memory_errors` checks physics rather than references: a pool whose models, KV cache and runtime
-margin do not fit one backend's memory describes hardware that cannot exist. It is checked when
+`memory_errors` checks physics rather than references: a pool whose models, KV cache and headroom
+do not fit one backend's memory describes hardware that cannot exist. It is checked when
 a policy is validated or applied (gateway/policy/validation.py), not when a stored version is
-loaded, so replicas upgraded over a version stored before the check keep serving it.
+loaded, so replicas upgraded over a version stored before the check keep serving it. So is
+`retired`, a key the policy no longer takes that the loader still reads (a pool's `runtime`).
 """
 
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 from gateway.compare.measures import COMPARATORS, SIMILARITY
-from gateway.policy.definition import DEFAULT_PARAMS_B, Comparison, Policy, Route
-from gateway.policy.physics import RUNTIME_MARGIN, footprint
+from gateway.policy.definition import (
+    DEFAULT_PARAMS_B,
+    Comparison,
+    Policy,
+    Route,
+    retired_runtime,
+)
+from gateway.policy.physics import HEADROOM, footprint
 
 # A field path and what is wrong (or doubtful) there.
 Finding = tuple[tuple[str | int, ...], str]
@@ -196,7 +204,7 @@ def reference_errors(policy: Policy) -> list[Finding]:
 
 
 def memory_errors(policy: Policy) -> list[Finding]:
-    """Find pools whose models' weights, KV cache and runtime margin exceed a backend's memory."""
+    """Find pools whose models' weights, KV cache and headroom exceed a backend's memory."""
     errors: list[Finding] = []
     for name, pool in policy.pools.items():
         need = footprint(pool, policy)
@@ -214,8 +222,8 @@ def memory_errors(policy: Policy) -> list[Finding]:
         errors.append(
             (
                 ("pools", name, "memory_gb"),
-                f"pool {name!r} holds {', '.join(held)} and {kv} plus a runtime margin of "
-                f"{need.margin / 1e9:.1f} GB ({RUNTIME_MARGIN:.0%} of memory): "
+                f"pool {name!r} holds {', '.join(held)} and {kv} plus "
+                f"{need.headroom / 1e9:.1f} GB of headroom ({HEADROOM:.0%} of memory): "
                 f"{need.total / 1e9:.1f} GB, more than its {pool.memory_gb:g} GB; serve fewer "
                 "or smaller models there, at a lower precision, with less KV cache, or on "
                 "backends with more memory",
@@ -363,3 +371,16 @@ def _shadow_errors(
                 )
             )
     return errors
+
+
+def retired(doc: Any) -> list[Finding]:
+    """Find the retired keys a policy document still has: a pool's `runtime` (its engine and
+    version in one string, now `engine` and `engine_version`). The loader reads it as 0022
+    rewrites it, so a gateway serving a file that has it starts (and logs this); validation
+    and apply refuse it, so no new version is stored with it."""
+    pools = doc.get("pools") if isinstance(doc, dict) else None
+    return [
+        (("pools", name, "runtime"), retired_runtime(pool["runtime"], pool.get("engine")))
+        for name, pool in (pools.items() if isinstance(pools, dict) else ())
+        if isinstance(pool, dict) and "runtime" in pool
+    ]

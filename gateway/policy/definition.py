@@ -21,7 +21,7 @@ from gateway.compare.measures import DEFAULT_COMPARATORS
 PositiveFloat = Annotated[float, Field(gt=0)]
 PositiveInt = Annotated[int, Field(gt=0)]
 NonNegativeFloat = Annotated[float, Field(ge=0)]
-# A driver, runtime or firmware version: a label of the backend's metrics, so short and printable.
+# A driver, engine or firmware version: a label of the backend's metrics, so short and printable.
 Version = Annotated[
     str, Field(min_length=1, max_length=64, pattern=r"^[\x21-\x7e]( ?[\x21-\x7e])*$")
 ]
@@ -299,6 +299,26 @@ class PoolParking(Strict):
         return [arg.format(name=name, url=url, pool=pool) for arg in argv]
 
 
+def engine_version_of(runtime: str, engine: object) -> str | None:
+    """Return the engine version a former `runtime` string gives ('vllm 0.6.3' of a vllm pool:
+    '0.6.3'): what follows the engine's name when it starts with it, else the whole string
+    (which names an engine the pool's `engine` does not); None when it is the name alone."""
+    name, _, rest = runtime.strip().partition(" ")
+    if isinstance(engine, str) and re.sub(r"[^a-z0-9]", "", name.lower()) == engine:
+        return rest.strip() or None
+    return runtime.strip() or None
+
+
+def retired_runtime(runtime: object, engine: object) -> str:
+    """Say what a pool's former `runtime` is now, and what to write instead."""
+    version = engine_version_of(str(runtime), engine)
+    write = f"engine_version: '{version}'" if version is not None else "no engine_version"
+    return (
+        f"runtime ({runtime!r}) is retired: a pool's serving engine is `engine` and its version "
+        f"`engine_version`; write {write} instead (docs/policy.md#versions)"
+    )
+
+
 class Pool(Strict):
     """A set of backends of one hardware kind sharing one capability entry."""
 
@@ -307,8 +327,8 @@ class Pool(Strict):
     models: list[str] = Field(min_length=1)
     max_context: int = Field(gt=0, description="Longest prompt plus output, in tokens.")
     memory_gb: PositiveFloat = Field(
-        description="Memory of one backend, in GB: its models' weights, its KV cache and a 10% "
-        "runtime margin must fit in it."
+        description="Memory of one backend, in GB: its models' weights, its KV cache and 10% "
+        "headroom must fit in it."
     )
     slots_per_backend: int = Field(gt=0, description="Concurrent requests one backend takes.")
     precision: str = "bf16"
@@ -342,9 +362,6 @@ class Pool(Strict):
     driver: Version | None = Field(
         default=None, description="Driver version of the backends, e.g. '550.90.07'."
     )
-    runtime: Version | None = Field(
-        default=None, description="Inference engine and its version, e.g. 'vllm 0.6.3'."
-    )
     firmware: Version | None = Field(default=None, description="Firmware version of the devices.")
     tariff: str | None = Field(
         default=None,
@@ -359,13 +376,37 @@ class Pool(Strict):
         "(llama-server's -c / -np) and each choice of an answer is counted (its usage counts "
         "one). null: the gateway's own bookkeeping only.",
     )
+    engine_version: Version | None = Field(
+        default=None,
+        description="Version of the serving engine, e.g. '0.6.3'. With engine null (one whose "
+        "load series the gateway does not read), it names that engine too, e.g. "
+        "'vendor-sdk 1.18'.",
+    )
     parking: PoolParking | None = Field(
         default=None,
         description="Park the backends the forecast load does not need, through this hook. "
         "null: every backend stays on.",
     )
 
-    @field_validator("driver", "runtime", "firmware", mode="before")
+    @model_validator(mode="before")
+    @classmethod
+    def _runtime_is_engine_version(cls, data: Any) -> Any:
+        """Read the former `runtime` as `engine_version`, as migration 0022 rewrites it, so a
+        gateway serving a file that still has it starts; validation refuses it
+        (gateway/policy/consistency.py `retired`), so no new version is stored with it."""
+        if isinstance(data, dict) and "runtime" in data:
+            runtime, engine = data["runtime"], data.get("engine")
+            if "engine_version" in data:
+                raise PydanticCustomError(
+                    "renamed",
+                    "{retired}; not both",
+                    {"key": "runtime", "retired": retired_runtime(runtime, engine)},
+                )
+            data = {k: v for k, v in data.items() if k != "runtime"}
+            data["engine_version"] = engine_version_of(str(runtime), engine)
+        return data
+
+    @field_validator("driver", "engine_version", "firmware", mode="before")
     @classmethod
     def _quoted(cls, value: object) -> object:
         if isinstance(value, int | float) and not isinstance(value, bool):
@@ -383,8 +424,12 @@ class Pool(Strict):
         return self
 
     def versions(self) -> dict[str, str | None]:
-        """Return the driver, runtime and firmware versions the policy gives (None: not given)."""
-        return {"driver": self.driver, "runtime": self.runtime, "firmware": self.firmware}
+        """Return the driver, engine and firmware versions the policy gives (None: not given)."""
+        return {
+            "driver": self.driver,
+            "engine_version": self.engine_version,
+            "firmware": self.firmware,
+        }
 
     def kv_capacity_bytes(self) -> float:
         """Return the KV-cache memory of one backend, in bytes."""

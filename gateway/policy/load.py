@@ -108,7 +108,9 @@ def parse_policy(text: str, source: str = "<policy>") -> Policy:
         problems = []
         for err in exc.errors():
             loc = tuple(err["loc"])
-            quiet = err["type"] == "missing" or loc[-1:] == ("api_key_env",)
+            if err["type"] == "renamed" and "key" in err.get("ctx", {}):
+                loc = (*loc, err["ctx"]["key"])  # placed at the refused key, which it names
+            quiet = err["type"] in ("missing", "renamed") or loc[-1:] == ("api_key_env",)
             value = "" if quiet else f" (got {err['input']!r})"
             problems.append(at(loc, f"{err['msg']}{value}"))
         raise _invalid(problems) from exc

@@ -1,7 +1,7 @@
 """The physics of a pool: what its memory holds, and a prior of roofline timing and power.
 
 Memory: one backend holds the weights of every model its pool serves (params × bytes per
-parameter of the pool's precision), its KV cache, and a runtime margin; `footprint` adds them up
+parameter of the pool's precision), its KV cache, and headroom; `footprint` adds them up
 for the policy's memory check (gateway/policy/consistency.py).
 
 Prefill is compute-bound: 2·params FLOPs per prompt token at a fraction of peak compute. Decode is
@@ -30,7 +30,7 @@ POWER_EXPONENT = 0.5
 # what vLLM leaves by default (gpu_memory_utilization 0.9), and grows with the device as
 # activations and fragmentation do, where a fixed figure would be too much for an 8 GB part and
 # too little for a backend of several GPUs.
-RUNTIME_MARGIN = 0.10
+HEADROOM = 0.10
 
 BYTES_PER_PARAM = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5}
 
@@ -88,16 +88,16 @@ def physics(pool: Pool, params_b: float, kv_bytes_per_token: float) -> Physics:
 
 @dataclass(frozen=True, slots=True)
 class Footprint:
-    """What one backend of a pool must hold, in bytes: each model's weights, KV cache, margin."""
+    """What one backend of a pool must hold, in bytes: each model's weights, KV cache, headroom."""
 
     weights: dict[str, float]  # by model, largest first
     kv_cache: float
-    margin: float
+    headroom: float
     memory: float
 
     @property
     def total(self) -> float:
-        return sum(self.weights.values()) + self.kv_cache + self.margin
+        return sum(self.weights.values()) + self.kv_cache + self.headroom
 
     def fits(self) -> bool:
         # A relative tolerance, so that figures adding up to the memory exactly are not refused
@@ -106,9 +106,9 @@ class Footprint:
 
 
 def footprint(pool: Pool, policy: Policy) -> Footprint:
-    """Return the memory one backend of `pool` needs for its models, KV cache and runtime."""
+    """Return the memory one backend of `pool` needs for its models, KV cache and headroom."""
     size = bytes_per_param(pool.precision)
     weights = {model: policy.params_b(model) * 1e9 * size for model in pool.models}
     ordered = dict(sorted(weights.items(), key=lambda item: -item[1]))
     memory = pool.memory_gb * 1e9
-    return Footprint(ordered, pool.kv_capacity_bytes(), memory * RUNTIME_MARGIN, memory)
+    return Footprint(ordered, pool.kv_capacity_bytes(), memory * HEADROOM, memory)

@@ -1,24 +1,27 @@
 """Check a policy before it is applied: the loader's errors, plus warnings an operator should read.
 
-Errors make a policy invalid: it is never applied. They are the loader's, and the memory check (a
-pool whose models, KV cache and runtime margin do not fit a backend's memory,
-gateway/policy/consistency.py). Warnings name things that load but are probably not what the
-operator meant: a route that can never match because an earlier one takes all of its requests, a
-model a route matches but none of its pools serves, a prompt range longer than every pool's context,
-an SLO target that no allowed pool can meet even by the capability matrix's own figures, a route
-without a fallback or whose fallback is not a GPU pool, a fallback missing some of a route's models,
-a pool no route uses.
+Errors make a policy invalid: it is never applied. They are the loader's, the memory check (a
+pool whose models, KV cache and headroom do not fit a backend's memory,
+gateway/policy/consistency.py), and a retired key the loader still reads (a pool's `runtime`).
+Warnings name things that load but are probably not what the operator meant: a route that can
+never match because an earlier one takes all of its requests, a model a route matches but none
+of its pools serves, a prompt range longer than every pool's context, an SLO target that no
+allowed pool can meet even by the capability matrix's own figures, a route without a fallback
+or whose fallback is not a GPU pool, a fallback missing some of a route's models, a pool no
+route uses.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import yaml
+
 from gateway.errors import PolicyError, Problem
-from gateway.policy.consistency import Finding, memory_errors
+from gateway.policy.consistency import Finding, memory_errors, retired
 from gateway.policy.credentials import Access
 from gateway.policy.definition import Match, Policy, Route
-from gateway.policy.load import locator, parse_policy
+from gateway.policy.load import PolicyLoader, locator, parse_policy
 from gateway.policy.physics import physics
 
 
@@ -62,7 +65,8 @@ def validate(
         problems = exc.problems or [Problem(source, "(top level)", str(exc))]
         return Validation(None, problems)
     at = locator(text, source)
-    refused = [at(path, message) for path, message in memory_errors(policy)]
+    old = retired(yaml.load(text, Loader=PolicyLoader))
+    refused = [at(path, message) for path, message in [*old, *memory_errors(policy)]]
     found = [at(path, message) for path, message in warnings(policy)]
     if access is None:
         return Validation(policy, refused, found)

@@ -402,7 +402,8 @@ def fleet_numbers(traffic: Sequence[Row]) -> dict[str, Any]:
 
 
 def hardware(policy: Policy) -> list[dict[str, Any]]:
-    """Return what each pool of the policy runs on: kind, precision, memory and versions."""
+    """Return what each pool of the policy runs on: kind, precision, memory, serving engine and
+    versions."""
     return [
         {
             "pool": name,
@@ -411,6 +412,7 @@ def hardware(policy: Policy) -> list[dict[str, Any]]:
             "backends": len(pool.backends),
             "precision": pool.precision,
             "memory_gb": pool.memory_gb,
+            "engine": pool.engine,
             **pool.versions(),
         }
         for name, pool in policy.pools.items()

@@ -144,6 +144,12 @@ def when(ts: float | None) -> str:
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
+def engine(pool: Mapping[str, Any]) -> str:
+    """Format a pool's serving engine with its version ('vllm 0.6.3')."""
+    named = " ".join(v for v in (pool["engine"], pool["engine_version"]) if v)
+    return named or "–"
+
+
 # The units a change may be written in, beside number, percent and usd.
 UNITS = {"energy": energy, "joules": joules, "grams": grams, "hours": hours}
 FORMATS = {"usd": usd, **UNITS}
@@ -167,6 +173,7 @@ FILTERS = {
     "signed": signed,
     "ms": ms,
     "joules": joules,
+    "engine": engine,
 }
 
 
@@ -248,7 +255,7 @@ def markdown(report: Mapping[str, Any]) -> str:
         )
     lines += [
         "",
-        _row("pool", "kind", "backends", "precision", "memory", "driver", "runtime", "firmware"),
+        _row("pool", "kind", "backends", "precision", "memory", "engine", "driver", "firmware"),
         _row(*["---"] * 8),
     ]
     for h in fleet["hardware"]:
@@ -259,7 +266,8 @@ def markdown(report: Mapping[str, Any]) -> str:
                 number(h["backends"]),
                 h["precision"],
                 f"{number(h['memory_gb'])} GB",
-                *(h[k] or "–" for k in ("driver", "runtime", "firmware")),
+                engine(h),
+                *(h[k] or "–" for k in ("driver", "firmware")),
             )
         )
     lines += ["", _row("SLO class", "requests", "met", "attainment"), _row(*["---"] * 4)]

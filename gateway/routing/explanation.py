@@ -67,12 +67,12 @@ def explain(
 
 
 def hardware(pool: Pool) -> dict[str, Any]:
-    """Return what a pool runs on: kind, precision, driver, runtime, firmware and engine."""
+    """Return what a pool runs on: kind, precision, serving engine and the versions given."""
     return {
         "kind": pool.kind,
         "precision": pool.precision,
-        **pool.versions(),
         "engine": pool.engine,
+        **pool.versions(),
     }
 
 

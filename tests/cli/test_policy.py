@@ -100,8 +100,8 @@ def test_validate_and_apply_refuse_models_that_do_not_fit_a_pools_memory(tmp_pat
     assert f"{old}:" in result.stderr and "pools.gpu.memory_gb" in result.stderr
     assert (
         "pool 'gpu' holds llama-3.1-70b-instruct (140.0 GB in bf16), llama-3.1-8b-instruct "
-        "(16.0 GB), bge-large-en-v1.5 (0.7 GB) and 40.0 GB of KV cache plus a runtime margin of "
-        "8.0 GB (10% of memory): 204.7 GB, more than its 80 GB" in result.stderr
+        "(16.0 GB), bge-large-en-v1.5 (0.7 GB) and 40.0 GB of KV cache plus 8.0 GB of "
+        "headroom (10% of memory): 204.7 GB, more than its 80 GB" in result.stderr
     )
     url = f"sqlite:///{tmp_path / 'gateway.db'}"
     upgrade(url)

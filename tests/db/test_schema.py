@@ -33,7 +33,8 @@ from gateway.db.schema import (
     table,
 )
 from gateway.ops import views
-from gateway.policy.load import load_policy
+from gateway.policy import versions
+from gateway.policy.load import content_hash, load_policy, parse_policy
 from gateway.promotion import evidence, rollout
 from gateway.promotion.shadow_summary import summarize
 from gateway.records.minutes import summarize as minutes
@@ -274,6 +275,48 @@ def test_migration_0002_adds_and_removes_the_shadow_tables(database: str) -> Non
     )
 
 
+def test_upgrade_writes_each_stored_policys_runtime_as_its_engine_version(
+    database: str, repo_root: Path
+) -> None:
+    config = alembic_config(database)
+    command.downgrade(config, "0021")
+    new = (repo_root / "policies" / "default.yaml").read_text()
+    engine = "    engine: vllm                  # its load series are read on the metrics scrape\n"
+    gpu = new.index(engine)
+    big = new.index(engine, gpu + 1)
+
+    def edited(first: str, second: str) -> str:
+        """The policy with a line before the 8B GPUs' engine and the 70B's engine replaced."""
+        return new[:gpu] + first + new[gpu:big] + second + new[big + len(engine) :]
+
+    # The 8B GPUs run vLLM; the 70B's vendor server is one the gateway does not read.
+    vendor = "    engine: null\n    runtime: 'vendor-sdk 1.18'\n"
+    old = edited('    runtime: "vllm 0.6.3"         # as /version says\n', vendor)
+    db = connect(database)
+    stored = [versions.record(db, text, "ops", "applied") for text in (old, new)]
+
+    upgrade(database)
+
+    upgraded, unchanged = (versions.get(db, v.version) for v in stored)
+    assert unchanged == stored[1] and versions.active_version(db) == unchanged.version
+    assert upgraded.content == edited(
+        '    engine_version: "0.6.3"       # as /version says\n',
+        '    engine: null\n    engine_version: "vendor-sdk 1.18"\n',
+    )
+    assert upgraded.hash == content_hash(upgraded.content)
+    pools = list(parse_policy(upgraded.content).pools.values())
+    assert [(p.engine, p.engine_version) for p in pools[:2]] == [
+        ("vllm", "0.6.3"),
+        (None, "vendor-sdk 1.18"),
+    ]
+
+    command.downgrade(config, "0021")  # written back: the engine's name and its version
+    assert versions.get(db, upgraded.version).content == old.replace(
+        "'vendor-sdk 1.18'", '"vendor-sdk 1.18"'
+    )
+    db.dispose()
+
+
 def test_migrations_match_the_table_definitions(database: str) -> None:
     upgrade(database)  # idempotent on an up-to-date database
     assert schema_drift(database) == []
@@ -350,8 +393,9 @@ def test_console_traffic_reads_its_window_of_minutes_by_index(filled: sa.Engine)
     assert "ix_request_minutes_ts" in minutes
 
 
+@pytest.mark.parametrize("policy", ["file", "stored with runtime"])
 def test_upgrade_summarizes_the_request_records_stored_before_it(
-    database: str, repo_root: Path, monkeypatch: pytest.MonkeyPatch
+    database: str, repo_root: Path, monkeypatch: pytest.MonkeyPatch, policy: str
 ) -> None:
     config = alembic_config(database)
     (adds,) = (
@@ -379,7 +423,11 @@ def test_upgrade_summarizes_the_request_records_stored_before_it(
     with db.begin() as conn:
         conn.execute(request_records.insert(), records)
     policy_file = repo_root / "policies" / "default.yaml"
-    monkeypatch.setenv("GATEWAY_POLICY", str(policy_file))
+    if policy == "file":
+        monkeypatch.setenv("GATEWAY_POLICY", str(policy_file))
+    else:  # the active version an older gateway stored, its SLO classes read all the same
+        old = policy_file.read_text().replace("    engine: vllm", '    runtime: "vllm 0.6.3"', 1)
+        versions.record(db, old, "ops", "applied")
 
     upgrade(database)
 

@@ -67,6 +67,24 @@ def test_an_invalid_policy_is_422_with_located_errors_and_changes_nothing(tmp_pa
         assert [v["version"] for v in listed["versions"]] == [1]
 
 
+def test_a_policy_naming_the_former_runtime_is_422_saying_what_to_write(tmp_path: Path) -> None:
+    policy = fleet_policy(gpu_extra={"engine": "vllm"})
+    text = render_policy(policy).replace("engine: vllm", "engine: vllm\n    runtime: vllm 0.6.3", 1)
+    with run_gateway(policy, tmp_path, admin_token=TOKEN) as gw, gw.http() as http:
+        response = http.put("/admin/policy", json={"yaml": text, "message": "x"}, headers=AUTH)
+        assert response.status_code == 422
+        (error,) = response.json()["errors"]
+        assert error["path"] == "pools.gpu.runtime"
+        assert "is retired" in error["message"]
+        assert "write engine_version: '0.6.3' instead" in error["message"]
+        assert gw.gateway.policy_version == 1
+        fixed = text.replace("runtime: vllm 0.6.3", "engine_version: 0.6.3")
+        applied = http.put("/admin/policy", json={"yaml": fixed, "message": "x"}, headers=AUTH)
+        assert (
+            applied.status_code == 200 and gw.gateway.policy.pools["gpu"].engine_version == "0.6.3"
+        )
+
+
 def test_validate_reports_errors_and_warnings_without_applying(tmp_path: Path) -> None:
     with run_gateway(fleet_policy(), tmp_path, admin_token=TOKEN) as gw, gw.http() as http:
         good = http.post(

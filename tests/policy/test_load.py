@@ -8,6 +8,7 @@ import yaml
 from gateway.errors import PolicyError
 from gateway.policy.definition import DEFAULT_NOISE_SHARE, NoiseFloor
 from gateway.policy.load import load_policy, parse_policy
+from gateway.policy.validation import validate
 
 DEFAULT = Path(__file__).resolve().parents[2] / "policies" / "default.yaml"
 
@@ -234,3 +235,56 @@ def test_a_pool_may_run_llamacpp_and_an_engine_the_gateway_cannot_read_is_named(
     with pytest.raises(PolicyError) as info:
         parse_policy(yaml.safe_dump(doc))
     assert "pools.cim.engine" in str(info.value) and "'llamacpp'" in str(info.value)
+
+
+def test_a_pools_serving_engine_is_its_name_and_its_version() -> None:
+    doc = default_doc()
+    doc["pools"]["gpu"] |= {"engine": "vllm", "engine_version": "0.6.3"}
+    gpu = parse_policy(yaml.safe_dump(doc)).pools["gpu"]
+    assert (gpu.engine, gpu.engine_version) == ("vllm", "0.6.3")
+    assert gpu.versions() == {"driver": None, "engine_version": "0.6.3", "firmware": None}
+    doc["pools"]["gpu"]["engine_version"] = 0.10  # YAML's number: its digits would be lost
+    with pytest.raises(PolicyError, match=r"pools\.gpu\.engine_version: .* quoted string"):
+        parse_policy(yaml.safe_dump(doc))
+
+
+def old_policy(engine: str | None, runtime: str) -> str:
+    """policies/default.yaml as a policy of before 0022 gave its GPUs' engine and version."""
+    return DEFAULT.read_text().replace(
+        "    engine: vllm ", f"    engine: {engine or 'null'}\n    runtime: {runtime!r}  #", 1
+    )
+
+
+@pytest.mark.parametrize(
+    ("engine", "runtime", "version"),
+    [
+        ("vllm", "vllm 0.6.3", "0.6.3"),
+        ("llamacpp", "llama.cpp 0.3.36", "0.3.36"),
+        (None, "vendor-sdk 1.18", "vendor-sdk 1.18"),
+        ("vllm", "vllm", None),
+    ],
+)
+def test_the_former_runtime_is_read_as_its_engine_version_and_refused_where_it_is(
+    engine: str | None, runtime: str, version: str | None
+) -> None:
+    text = old_policy(engine, runtime)
+    # A gateway serving a file that still has it starts, reading it as migration 0022 would.
+    gpu = parse_policy(text, "old.yaml").pools["gpu"]
+    assert (gpu.engine, gpu.engine_version) == (engine, version)
+    # Validation (and so every apply) refuses it, at its line, saying what to write instead.
+    (problem,) = validate(text, "old.yaml").errors
+    line = next(n for n, t in enumerate(text.splitlines(), 1) if t.startswith("    runtime:"))
+    assert (problem.location, problem.path) == (f"old.yaml:{line}:14", "pools.gpu.runtime")
+    write = f"engine_version: '{version}'" if version else "no engine_version"
+    assert problem.message == (
+        f"runtime ({runtime!r}) is retired: a pool's serving engine is `engine` and its version "
+        f"`engine_version`; write {write} instead (docs/policy.md#versions)"
+    )
+
+
+def test_a_pool_giving_both_runtime_and_engine_version_is_refused_on_load() -> None:
+    text = old_policy("vllm", "vllm 0.6.3").replace(
+        "runtime: 'vllm 0.6.3'", "runtime: 'vllm 0.6.3'\n    engine_version: '0.6.4'", 1
+    )
+    with pytest.raises(PolicyError, match=r"pools\.gpu\.runtime: runtime \('vllm 0\.6\.3'\) is"):
+        parse_policy(text, "old.yaml")

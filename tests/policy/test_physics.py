@@ -39,13 +39,13 @@ def test_precision_sets_weight_bytes() -> None:
     assert bytes_per_param("analog-int4") == 0.5
 
 
-def test_a_backend_holds_every_models_weights_its_kv_cache_and_a_tenth_for_the_runtime() -> None:
+def test_a_backend_holds_every_models_weights_its_kv_cache_and_a_tenth_of_headroom() -> None:
     gpu, big = footprint(POLICY.pools["gpu"], POLICY), footprint(POLICY.pools["gpu-70b"], POLICY)
     assert gpu.weights == {
         "llama-3.1-8b-instruct": 16e9,
         "bge-large-en-v1.5": pytest.approx(0.67e9),
     }
-    assert (gpu.kv_cache, gpu.margin, gpu.memory) == (40e9, pytest.approx(8e9), 80e9)
+    assert (gpu.kv_cache, gpu.headroom, gpu.memory) == (40e9, pytest.approx(8e9), 80e9)
     assert gpu.total == pytest.approx(64.67e9) and gpu.fits()
     # 140 GB of 70B weights in bf16 on four 80 GB GPUs: 140 + 140 GB of KV cache + 32 GB.
     assert big.weights == {"llama-3.1-70b-instruct": 140e9} and big.fits()

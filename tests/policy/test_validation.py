@@ -93,8 +93,8 @@ ERRORS: dict[str, tuple[Edit, str]] = {
         lambda d: d.update(models={BIG: {"params_b": 70}}),
         f"pools.gpu.memory_gb: pool 'gpu' holds {BIG} (140.0 GB in bf16), {MODEL} (16.0 GB, 8B "
         "assumed, not in models), bge-large-en-v1.5 (16.0 GB, 8B assumed, not in models) and "
-        "70.5 GB of KV cache (half its memory: kv_cache_gb is not given) plus a runtime margin "
-        "of 14.1 GB (10% of memory): 256.6 GB, more than its 141 GB",
+        "70.5 GB of KV cache (half its memory: kv_cache_gb is not given) plus 14.1 GB "
+        "of headroom (10% of memory): 256.6 GB, more than its 141 GB",
     ),
     "KV cache that does not fit beside the weights": (
         lambda d: d["pools"]["asic"].update(kv_cache_gb=100),

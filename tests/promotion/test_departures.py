@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from gateway.compare.measures import JUDGED, MEASURES
 from gateway.promotion.departures import (
     MIN_DIFFERING,
     NEAR_TIE_KL,
@@ -19,6 +20,32 @@ from gateway.promotion.departures import (
 
 def pair(**measures: object) -> dict:
     return {"exact_match": False, "candidate_error": None, **measures}
+
+
+class Read(dict):
+    """A pair's row that notes which of its keys the rule read."""
+
+    def __init__(self, **row: object) -> None:
+        super().__init__(row)
+        self.read: set[str] = set()
+
+    def get(self, key: str, default: object = None) -> object:
+        self.read.add(key)
+        return super().get(key, default)
+
+    def __getitem__(self, key: str) -> object:
+        self.read.add(key)
+        return super().__getitem__(key)
+
+
+def test_the_rule_decides_by_the_measures_diff_declares_judged_and_no_other() -> None:
+    # A pair no early answer decides: the rule reads everything it can decide by.
+    row = Read(**pair(json_diff=None, near_tie=False, similarity=0.5))
+    departs(row, tolerance([]))
+    # What a precision check keeps of a departing pair (gateway/promotion/precision/figures.py)
+    # is JUDGED, so it is what decided; the rest the rule reads are the check's marks.
+    assert row.read & set(MEASURES) == set(JUDGED)
+    assert row.read - set(MEASURES) == {"failure", "cut_after_tie"}
 
 
 def test_an_exact_match_never_departs_whatever_else_was_measured() -> None:

@@ -29,7 +29,7 @@ from gateway.promotion import rollout
 from gateway.promotion.departures import NEAR_TIE_KL, Tolerance, departs
 from gateway.promotion.precision.check import TOP_LOGPROBS, Reply, greedy, measure_pair, read_suite
 from gateway.promotion.precision.comparison import Plan, Suite
-from gateway.promotion.precision.figures import Outcome, gate, judge_check
+from gateway.promotion.precision.figures import KEPT, Outcome, gate, judge_check
 from gateway.promotion.precision.limits import ALPHA, MAX_DEPARTURE_RATE, Limits
 from gateway.promotion.precision.rates import words_needed
 from gateway.promotion.precision.results import newest, store
@@ -181,7 +181,8 @@ def test_a_cim_part_that_gets_facts_wrong_fails_and_says_why(cim_check: Ran) -> 
     assert r["departures"] and all(not d["near_tie"] or d["kl_divergence"] > NEAR_TIE_KL
                                    for d in r["departures"])  # fmt: skip
     assert "depart in meaning from the reference's" in r["reasons"][0]
-    assert r["departures"] and all("line" in d for d in r["departures"])
+    # Each departure keeps what the rule decided it by, never the answers' texts.
+    assert r["departures"] and all(set(d) == {"line", *KEPT} for d in r["departures"])
     assert r["policy"] == "policy version 1"  # the database's active version, no --policy
     db = connect(cim_check.database)
     assert [(c["pool"], c["verdict"]) for c in newest(db)] == [("cim", "fail")]

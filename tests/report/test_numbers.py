@@ -65,9 +65,9 @@ def test_the_fleet_section_says_what_each_pool_runs_on(written, tmp_path: Path) 
         ("asic", "asic", None),
         ("cim", "cim", None),
     ]
-    versions = {"driver": "550.90.07", "runtime": "vllm 0.6.3", "firmware": "96.00.99.00.01"}
+    versions = {"driver": "550.90.07", "engine_version": "0.6.3", "firmware": "96.00.99.00.01"}
     pools = dict(world.policy.pools)
-    pools["gpu-70b"] = pools["gpu-70b"].model_copy(update=versions)
+    pools["gpu-70b"] = pools["gpu-70b"].model_copy(update={"engine": "vllm", **versions})
     policy = world.policy.model_copy(update={"pools": pools})
     out = tmp_path / "versions"
     generate(db, policy, world.period, out, now=world.period.until + 3600)
@@ -81,12 +81,14 @@ def test_the_fleet_section_says_what_each_pool_runs_on(written, tmp_path: Path) 
         "backends": 1,
         "precision": "bf16",
         "memory_gb": 320,
+        "engine": "vllm",
         **versions,
     }
     assert hardware["cim"]["live"] is False and hardware["cim"]["precision"] == "analog-int4"
-    row = "| gpu-70b | gpu | 1 | bf16 | 320 GB | 550.90.07 | vllm 0.6.3 | 96.00.99.00.01 |"
+    row = "| gpu-70b | gpu | 1 | bf16 | 320 GB | vllm 0.6.3 | 550.90.07 | 96.00.99.00.01 |"
     assert row in (out / "report.md").read_text()
-    assert "<td>vllm 0.6.3</td>" in (out / "report.html").read_text()
+    assert "<td>vllm 0.6.3</td><td>550.90.07</td>" in (out / "report.html").read_text()
+    assert "| asic | asic | 1 | int8 | 32 GB | – | – | – |" in (out / "report.md").read_text()
 
 
 def test_slo_attainment_counts_successes_within_every_measured_target(written) -> None:

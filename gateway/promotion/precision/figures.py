@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway import stats
+from gateway.compare.measures import JUDGED
 from gateway.promotion.departures import Tolerance, compared, departs, tolerance, words_at_risk
 from gateway.promotion.precision.comparison import Plan, Suite
 from gateway.promotion.precision.limits import (
@@ -60,15 +61,9 @@ PASS, FAIL = "pass", "fail"
 # Edges of the length bands, in words of the reference's answer: a short fact, an explanation,
 # a long answer (`bands`).
 BANDS = (32, 128)
-# What a check keeps of each pair in its result: the measures, never the answers' texts.
-KEPT = (
-    "exact_match",
-    "similarity",
-    "semantic_similarity",
-    "near_tie",
-    "kl_divergence",
-    "cut_after_tie",
-)
+# What a check keeps of each departing pair in its result: the measures the departure rule
+# decided by, and whether the answer was cut short after a benign flip; never the answers' texts.
+KEPT = (*JUDGED, "cut_after_tie")
 
 Row = dict[str, Any]
 
@@ -309,6 +304,4 @@ def gate(suite: Suite, unlabelled: str | None = None) -> dict[str, Any]:
 
 
 def _kept(row: Mapping[str, Any]) -> dict[str, Any]:
-    kept = {name: row.get(name) for name in KEPT}
-    kept["json_diff"] = row.get("json_diff")
-    return kept
+    return {name: row.get(name) for name in KEPT}
