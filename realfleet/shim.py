@@ -58,9 +58,9 @@ def broken(answer: dict[str, Any], mode: str) -> dict[str, Any]:
         elif isinstance(logprobs, dict) and isinstance(logprobs.get("content"), list):
             kept = len(logprobs["content"]) // 2 if mode == "cut" else 0
             logprobs["content"] = logprobs["content"][:kept]
-    usage = answer.get("usage")
     if mode == "digits":  # as many tokens as the upstream's
         return answer
+    usage = answer.get("usage")
     if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
         done = usage["completion_tokens"] // 2 if mode == "cut" else 0
         usage["total_tokens"] = usage.get("prompt_tokens", 0) + done
