@@ -447,8 +447,29 @@ def _comparable(row: dict[str, Any]) -> tuple[Any, ...]:
     )
 
 
+@contextlib.contextmanager
+def one_text_kept(db: sa.Engine) -> Iterator[None]:
+    """Keep the texts of one copy of SMALL's while the block runs, as `store_text` would."""
+    copy = shadow_record(10**9, ts=NOW - 60, route=SMALL, candidate_pool="asic").row()
+    texts = {"primary_text": "a", "candidate_text": "b", "text_expires_at": NOW + DAY}
+    with db.begin() as conn:
+        conn.execute(shadow_records.insert(), [copy | texts])
+    try:
+        yield
+    finally:
+        with db.begin() as conn:
+            conn.execute(
+                shadow_records.delete().where(shadow_records.c.decision_id == copy["decision_id"])
+            )
+
+
 def test_console_pairs_and_request_count_read_by_index(filled: sa.Engine) -> None:
-    (pairs,) = plans(filled, lambda: views.shadow_pairs(filled, SMALL, "asic", 20))
+    # With no answer text kept (store_text is off by default), the pairs view reads the oldest
+    # expiry by its index and stops; with one kept, the route's newest copies by theirs.
+    (probe,) = plans(filled, lambda: views.shadow_pairs(filled, SMALL, "asic", 20))
+    assert "ix_shadow_records_text_expires_at" in probe
+    with one_text_kept(filled):
+        probe, pairs = plans(filled, lambda: views.shadow_pairs(filled, SMALL, "asic", 20))
     summed, recent = plans(
         filled, lambda: report_records.count_requests(filled, NOW - DAY, NOW, now=NOW)
     )
