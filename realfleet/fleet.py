@@ -152,9 +152,21 @@ def running(
             )
         for server in servers.values():
             engine.wait_ready(server)
-        exporter = _exporter(servers, chosen["power"], logs / "power.log" if logs else None)
-        _wait_exporter(exporter, chosen["power"])
-        yield RealFleet(servers, exporter, chosen)
+        for attempt in range(3):
+            started = _exporter(servers, chosen["power"], logs / "power.log" if logs else None)
+            exporter = started
+            try:
+                _wait_exporter(exporter, chosen["power"])
+                break
+            except RuntimeError:
+                if ports or attempt == 2:
+                    raise
+                started.terminate()
+                started.wait()
+                # Its free port was chosen before the engines started, and another process
+                # (another fleet's engine, a client's ephemeral port) may have taken it since.
+                chosen["power"] = engine.free_port()
+        yield RealFleet(servers, started, chosen)
     finally:
         if exporter is not None:
             exporter.terminate()
