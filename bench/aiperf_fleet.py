@@ -34,14 +34,13 @@ import contextlib
 import json
 import os
 import random
-import statistics
 import subprocess
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.real_fleet_cache import ENGINES, serving
+from bench.real_fleet_cache import ENGINES, serving, spread
 from realfleet import corpus, fleet, weights
 
 AIPERF = Path(
@@ -225,16 +224,12 @@ def headline(runs: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, float]]:
         if key == "cached_share":
             for arm in ARMS:
                 values = [r[arm][key] for r in runs]
-                out[f"{arm}_cached_share"] = _spread(values)
+                out[f"{arm}_cached_share"] = spread(values)
             continue
         ratios = [r["gateway"][key] / r["round-robin"][key] for r in runs if r["round-robin"][key]]
         if ratios:
-            out[f"{key}_gateway_over_round_robin"] = _spread(ratios)
+            out[f"{key}_gateway_over_round_robin"] = spread(ratios)
     return out
-
-
-def _spread(values: Sequence[float]) -> dict[str, float]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
 def main(argv: list[str] | None = None) -> None:

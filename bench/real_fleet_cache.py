@@ -294,7 +294,8 @@ KEYS = ("cached_share", "computed_tokens_per_request", "ttft_p50_ms", "ttft_p90_
         "same_engine_as_previous_turn")  # fmt: skip
 
 
-def _spread(values: Sequence[float]) -> dict[str, float]:
+def spread(values: Sequence[float]) -> dict[str, float]:
+    """Return the median of run-by-run figures and their range."""
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
@@ -302,9 +303,9 @@ def headline(result: Mapping[str, Any]) -> dict[str, dict[str, dict[str, float]]
     """Return, per arm and figure, the median over the runs and its range; and the gateway's
     latencies over round-robin's, run by run (the arms shared each run's machine)."""
     runs = result["runs"]
-    out = {arm: {k: _spread([r[arm]["summary"][k] for r in runs]) for k in KEYS} for arm in ARMS}
+    out = {arm: {k: spread([r[arm]["summary"][k] for r in runs]) for k in KEYS} for arm in ARMS}
     out["gateway_over_round_robin"] = {
-        k: _spread([r["gateway"]["summary"][k] / r["round-robin"]["summary"][k] for r in runs])
+        k: spread([r["gateway"]["summary"][k] / r["round-robin"]["summary"][k] for r in runs])
         for k in KEYS
         if k.endswith("_ms")
     }
