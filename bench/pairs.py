@@ -12,6 +12,10 @@ questions each side got right. Two sources:
   noise floor), Q8_0, and with analog read noise at two strengths; semantic similarity is
   all-MiniLM-L6-v2's, on the fleet's embedding engine. Every candidate answer to a labelled
   question is marked right or wrong against the question's label.
+- `held_out`: the same fleet on what no threshold was fitted on: an everyday suite
+  (bench/everyday.py) and parts the fit never saw (`HELD_OUT_PARTS`: a Q6_K quantization,
+  analog noise at seeds of their own, and the replica behind realfleet/shim.py failing a share
+  of prompts plainly: a digit changed, empty, cut in half, an error).
 
 Either way each pair is read and compared by gateway/compare and held to its noise floor's
 tolerance by gateway/promotion/departures.py, exactly as the judge's live evidence is.
@@ -22,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -31,13 +36,17 @@ from typing import Any
 
 import httpx
 
+from bench import everyday
+from bench.near_tie import analog_parts, quantized_parts
 from gateway.compare.answers import Answer, TokenChoice
 from gateway.compare.meaning import similarity, windows
 from gateway.compare.measures import MEASURES, compare
+from gateway.policy.load import load_policy
 from gateway.promotion.departures import Tolerance, at_risk, departs, tolerance
 from gateway.promotion.precision.check import Endpoint, Reply, ask, measure_pair
 from gateway.promotion.precision.labels import states
 from realfleet import corpus, engine, fleet
+from realfleet.shim import Shim
 from simulator.answers import Answer as SimulatedAnswer
 from simulator.answers import Question, compose
 from simulator.embeddings import embed
@@ -63,9 +72,10 @@ class Measured:
     candidate: list[Row] = field(default_factory=list)
     noise: list[Row] = field(default_factory=list)
 
-    def rates(self) -> Rates:
-        """Return the shares the judge's evidence is drawn at, and what the labels say of them."""
-        held_to = tolerance(self.noise)
+    def rates(self, paraphrase: float | None = None) -> Rates:
+        """Return the shares the judge's evidence is drawn at, and what the labels say of them,
+        held to the tolerance of the embedding model's `paraphrase` similarity where declared."""
+        held_to = tolerance(self.noise, paraphrase)
 
         def share(rows: Sequence[Row], test: Callable[[Row], bool]) -> float:
             return sum(map(test, rows)) / len(rows) if rows else 0.0
@@ -272,6 +282,63 @@ def real_fleet(logs: Path | None = None) -> Iterator[dict[str, str]]:
             yield {**urls, "subtle-0": subtle.url}
 
 
+# Held out: the parts no threshold was fitted on, by the backend that serves each. Analog noise
+# at seeds the fit never used (it used 7 to 9), one per calibration seed; the shims stand in
+# front of the replica, so every answer they leave is the reference's own.
+HELD_OUT_QUANT = "q6_k"
+HELD_OUT_ANALOG_DB = (10.0, 8.0)
+HELD_OUT_SHIMS = {"digits": ("digits", 0.05), "empty": ("empty", 0.10),
+                  "cut": ("cut", 0.10), "errors": ("error", 0.02)}  # fmt: skip
+HELD_OUT_PARTS = {
+    "f16": REPLICA,
+    "q8_0": "asic-0",
+    "q6_k": "q6_k-0",
+    **{f"analog_{db:g}db": f"analog-{db:g}db-0" for db in HELD_OUT_ANALOG_DB},
+    **{name: f"shim-{name}" for name in HELD_OUT_SHIMS},
+}
+
+
+def real_paraphrase() -> float | None:
+    """Return the paraphrase similarity the real fleet's policy declares for its embedding model."""
+    declared = load_policy(fleet.POLICY).models.get(fleet.EMBEDDING_MODEL)
+    return None if declared is None else declared.paraphrase_similarity
+
+
+def held_out_seed(seed: int) -> int:
+    """Return the analog noise seed of a calibration seed: 11, 12, 13, ..., never the fit's."""
+    return 11 + seed
+
+
+@contextlib.contextmanager
+def held_out_fleet(seed: int, logs: Path | None = None) -> Iterator[dict[str, str]]:
+    """Start the real fleet, an engine per held-out part and the shims; yield each URL."""
+    with contextlib.ExitStack() as stack:
+        folder = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        running = stack.enter_context(fleet.running(logs=logs))
+        files = {
+            "q6_k-0": quantized_parts(folder, [HELD_OUT_QUANT])[HELD_OUT_QUANT.replace("_", "")],
+            **{
+                f"analog-{db:g}db-0": path
+                for db in HELD_OUT_ANALOG_DB
+                for path in analog_parts(folder, [db], [held_out_seed(seed)]).values()
+            },
+        }
+        urls = {name: running.url(name) for name in running.servers}
+        for name, path in files.items():
+            spec = engine.ServerSpec(path, corpus.MODEL, context=2048, slots=2)
+            log = logs / f"{name}.log" if logs else None
+            urls[name] = stack.enter_context(engine.serving(spec, log)).url
+        for name, (mode, share) in HELD_OUT_SHIMS.items():
+            shim = stack.enter_context(Shim(urls[REPLICA], mode, share).running())
+            urls[f"shim-{name}"] = shim.url
+        yield urls
+
+
+def held_out_prompts(seed: int) -> list[dict[str, Any]]:
+    """Return the everyday suite of a calibration seed (bench/everyday.py's seeds in turn)."""
+    return everyday.suite(everyday.SEEDS[seed % len(everyday.SEEDS)])
+
+
 def prompts() -> list[dict[str, Any]]:
     """Return every line of the real fleet's labelled suite and of its stories."""
     return [
@@ -297,13 +364,21 @@ def body(line: Mapping[str, Any], temperature: float, seed: int) -> dict[str, An
 
 
 async def real(
-    urls: Mapping[str, str], temperature: float, samples: int, seed: int, concurrency: int = 4
+    urls: Mapping[str, str],
+    temperature: float,
+    samples: int,
+    seed: int,
+    concurrency: int = 4,
+    *,
+    parts: Mapping[str, str] = REAL_PARTS,
+    lines: Sequence[Mapping[str, Any]] | None = None,
 ) -> dict[str, Measured]:
-    """Ask every prompt of the suite `samples` times of the reference, its replica and every
-    candidate part; return each part's pairs with the reference and the noise floor's."""
-    lines = prompts()
+    """Ask every prompt of the suite (`lines`, else the labelled suite and the stories)
+    `samples` times of the reference, its replica and every candidate part (by the backend
+    serving it); return each part's pairs with the reference and the noise floor's."""
+    lines = prompts() if lines is None else lines
     gate = asyncio.Semaphore(concurrency)
-    measured = {part: Measured() for part in REAL_PARTS}
+    measured = {part: Measured() for part in parts}
     embedder = Endpoint("embed", urls[EMBEDDER])
     embedding_model = fleet.EMBEDDING_MODEL
 
@@ -313,7 +388,7 @@ async def real(
             async with gate:
                 # Independent draws on every side, as two unseeded requests are.
                 base = (seed * 1000 + sample) * 10_000 + index * 10
-                names = [REFERENCE, REPLICA, *REAL_PARTS.values()]
+                names = [REFERENCE, REPLICA, *parts.values()]
                 replies: list[Reply] = await asyncio.gather(
                     *(
                         ask(
@@ -325,7 +400,7 @@ async def real(
                         for k, name in enumerate(names)
                     )
                 )
-                primary, again, *parts = replies
+                primary, again, *answers = replies
                 if primary.answer is None:
                     raise RuntimeError(f"the reference failed a prompt: {primary.error}")
                 noise, _ = await measure_pair(
@@ -333,7 +408,7 @@ async def real(
                 )
                 expected = line.get("expected")
                 right = expected is not None and states(primary.answer.text or "", expected)
-                for part, reply in zip(REAL_PARTS, parts, strict=True):
+                for part, reply in zip(parts, answers, strict=True):
                     pair, _ = await measure_pair(
                         client, embedder, embedding_model, primary.answer, reply
                     )

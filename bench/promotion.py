@@ -1,6 +1,7 @@
 """Calibrate the judge: measured pairs of answers, weeks of shadow traffic on a virtual clock.
 
     python -m bench.promotion --fleet real --seed 0 --out docs/results/promotion-real-seed0.json
+    python -m bench.promotion --fleet held-out --seed 0 --out R.json
     python -m bench.promotion --fleet simulated --seed 0 --out docs/results/promotion-seed0.json
     python -m bench.promotion --fleet simulated --natural-lengths --seed 0 --out R.json
 
@@ -137,7 +138,7 @@ DEPARTING = {
 class Scenario:
     """A candidate, its traffic, how long the judge watches it, and what a sound judge says."""
 
-    candidate: str  # a simulator profile (simulated) or a part of bench.pairs.REAL_PARTS (real)
+    candidate: str  # a simulator profile, or a part of bench.pairs' REAL_PARTS or HELD_OUT_PARTS
     truth: str  # "promote", "reject" or "not promote"
     harmful_rate: float = 0.0  # simulated: the share of its answers with a harmful error
     excess: float | None = None  # the quality null: departs this much per word above the floor
@@ -167,6 +168,20 @@ SCENARIOS = {
         "subtle": Scenario("subtle", "reject", days=14.0),
         "sampled": Scenario("q8_0", "promote", sampled_share=0.7, days=14.0),
     },
+    # Parts and prompts no threshold was fitted on (bench/pairs.py, `held_out`).
+    "held-out": {
+        "aa": Scenario("f16", "promote"),
+        "quality_null": Scenario("f16", "not promote", excess=DEPARTURE_MARGIN),
+        "benign": Scenario("q8_0", "promote"),
+        "benign_q6_k": Scenario("q6_k", "promote"),
+        "sampled": Scenario("q6_k", "promote", sampled_share=0.7, days=14.0),
+        "analog_10db": Scenario("analog_10db", "reject", days=14.0),
+        "analog_8db": Scenario("analog_8db", "reject", days=14.0),
+        "digits": Scenario("digits", "reject", days=14.0),
+        "empty": Scenario("empty", "reject", days=14.0),
+        "cut": Scenario("cut", "reject", days=14.0),
+        "errors": Scenario("errors", "reject", days=14.0),
+    },
 }
 # What each truth is held to: the share of runs that must end so.
 TARGETS = {
@@ -187,11 +202,13 @@ def run(
     rng: np.random.Generator,
     *,
     look_hours: float,
+    paraphrase: float | None = None,
 ) -> tuple[str, float | None, Evidence]:
     """Simulate one candidate's shadow stream; return its decision, the day it came, and the
     evidence it was decided on (the last look's, where it holds)."""
     evidence = Evidence(ROUTE, CANDIDATE_POOL)
-    for now, _, evidence in weeks(scenario, traffic, rng, look_hours=look_hours):
+    looks = weeks(scenario, traffic, rng, look_hours=look_hours, paraphrase=paraphrase)
+    for now, _, evidence in looks:
         outcome = judge(evidence, criteria, now).outcome
         if outcome in (PROMOTE, REJECT):
             return outcome, now / 86400, evidence
@@ -204,16 +221,19 @@ def weeks(
     rng: np.random.Generator,
     *,
     look_hours: float,
+    paraphrase: float | None = None,
 ) -> Iterator[tuple[float, list[Copies], Evidence]]:
     """Yield, at every look, its time, the shadow copies recorded since the last one, and the
     evidence the live judge reads of every copy so far: the copies folded into rows as the
-    shadow minutes are (`summarize_alike`, a row per look and key), read back by `from_minutes`."""
+    shadow minutes are (`summarize_alike`, a row per look and key), read back by `from_minutes`
+    with the embedding model's `paraphrase` similarity, as a route declaring it reads them."""
     span = look_hours * 3600
     rows: list[Row] = []
     for look in range(int(scenario.days * 24 / look_hours)):
         copies = _look(scenario, traffic, rng, look * span, REQUESTS_PER_HOUR * look_hours)
         rows += [m.row() for m in summarize_alike(copies, slo_targets, span)]
-        yield (look + 1) * span, copies, from_minutes(rows)[ROUTE, CANDIDATE_POOL]
+        evidence = from_minutes(rows, lambda route: paraphrase)
+        yield (look + 1) * span, copies, evidence[ROUTE, CANDIDATE_POOL]
 
 
 def slo_targets(slo_class: str | None) -> Targets:
@@ -337,16 +357,20 @@ class Traffic:
 
 
 def traffic(
-    scenario: Scenario, measured: Mapping[tuple[str, bool, float], Measured], is_sampled: bool
+    scenario: Scenario,
+    measured: Mapping[tuple[str, bool, float], Measured],
+    is_sampled: bool,
+    paraphrase: float | None = None,
 ) -> Traffic:
-    """Return what a scenario's copies of one kind of traffic are drawn from."""
+    """Return what a scenario's copies of one kind of traffic are drawn from, its rates measured
+    against the tolerance of the embedding model's `paraphrase` similarity where declared."""
     clean = measured[(scenario.candidate, is_sampled, 0.0)]
-    rates = clean.rates()
+    rates = clean.rates(paraphrase)
     candidate = Drawn.of((clean.candidate, 1.0))
     if scenario.harmful_rate:
         share = scenario.harmful_rate
         wrong = measured[(scenario.candidate, is_sampled, 1.0)]
-        rates = mixed(rates, wrong.rates(), share)
+        rates = mixed(rates, wrong.rates(paraphrase), share)
         candidate = Drawn.of((clean.candidate, 1 - share), (wrong.candidate, share))
     noise = Drawn.of((clean.noise, 1.0))
     if scenario.excess is not None:  # the quality null: exactly the margin above the floor
@@ -394,10 +418,16 @@ def measure(
         return measured
     if logs is not None:
         logs.mkdir(parents=True, exist_ok=True)
-    with pairs.real_fleet(logs) as urls:
+    held_out = fleet == "held-out"
+    running = pairs.held_out_fleet(seed, logs) if held_out else pairs.real_fleet(logs)
+    parts = pairs.HELD_OUT_PARTS if held_out else pairs.REAL_PARTS
+    lines = pairs.held_out_prompts(seed) if held_out else pairs.prompts()
+    with running as urls:
         for is_sampled in (False, True):
             temperature = pairs.SAMPLED_TEMPERATURE if is_sampled else 0.0
-            found = asyncio.run(pairs.real(urls, temperature, samples, seed))
+            found = asyncio.run(
+                pairs.real(urls, temperature, samples, seed, parts=parts, lines=lines)
+            )
             for part, m in found.items():
                 measured[(part, is_sampled, 0.0)] = m
     return measured
@@ -455,16 +485,23 @@ def calibrate(
         natural_lengths=natural_lengths,
     )
     results: dict[str, Any] = {}
+    # The paraphrase similarity the fleet's embedding model declares, as a live route reads it
+    # (`evidence.paraphrases`): the real fleet's policy declares all-MiniLM-L6-v2's; the
+    # simulated fleet's model none, so there its floor sets the tolerance.
+    paraphrase = None if fleet == "simulated" else pairs.real_paraphrase()
     for name, scenario in SCENARIOS[fleet].items():
         kinds = {
-            is_sampled: traffic(scenario, measured, is_sampled) for is_sampled in (False, True)
+            is_sampled: traffic(scenario, measured, is_sampled, paraphrase)
+            for is_sampled in (False, True)
         }
         rates = {is_sampled: t.rates for is_sampled, t in kinds.items()}
         outcomes: dict[str, int] = {}
         days = []
         decided_on = []
         for _ in range(runs):
-            outcome, day, evidence = run(scenario, kinds, criteria, rng, look_hours=look_hours)
+            outcome, day, evidence = run(
+                scenario, kinds, criteria, rng, look_hours=look_hours, paraphrase=paraphrase
+            )
             outcomes[outcome] = outcomes.get(outcome, 0) + 1
             decided_on.append(evidence)
             if day is not None:

@@ -26,9 +26,11 @@ Whole (non-streamed) answers are changed; a streamed request in a changing mode 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import threading
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -133,6 +135,17 @@ class Shim(ThreadingHTTPServer):
         with self._lock:
             n = self._ordinals.setdefault(asked, len(self._ordinals))
         return math.floor((n + 1) * self.share) > math.floor(n * self.share)
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[Shim]:
+        """Serve on a thread of its own while the block runs; shut down and close after."""
+        thread = threading.Thread(target=self.serve_forever, daemon=True)
+        thread.start()
+        try:
+            yield self
+        finally:
+            self.shutdown()
+            self.server_close()
 
     def count(self) -> None:
         with self._lock:

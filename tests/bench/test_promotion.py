@@ -47,9 +47,14 @@ def simulated() -> dict:
         Scenario("gpu", "not promote", excess=DEPARTURE_MARGIN, sampled_share=0.2),
     ],
 )
-def test_the_bench_judges_what_gather_reads_of_its_shadow_copies(scenario: Scenario) -> None:
+@pytest.mark.parametrize("paraphrase", [None, 0.83])
+def test_the_bench_judges_what_gather_reads_of_its_shadow_copies(
+    scenario: Scenario, paraphrase: float | None
+) -> None:
     """At every look the bench judges the evidence the live gateway's `gather` reads of the
-    same shadow records, one record a copy: its weeks are folded as the shadow minutes are."""
+    same shadow records, one record a copy: its weeks are folded as the shadow minutes are, and
+    held to the paraphrase figure a route's embedding model declares (the real fleet's) as a
+    live route is."""
     measured = {
         (scenario.candidate, is_sampled, harmful): pairs.simulated(
             scenario.candidate,
@@ -62,13 +67,18 @@ def test_the_bench_judges_what_gather_reads_of_its_shadow_copies(scenario: Scena
         for is_sampled in (False, True)
         for harmful in (0.0, 1.0)
     }
-    kinds = {is_sampled: traffic(scenario, measured, is_sampled) for is_sampled in (False, True)}
+    kinds = {
+        is_sampled: traffic(scenario, measured, is_sampled, paraphrase)
+        for is_sampled in (False, True)
+    }
     records: list[dict[str, Any]] = []
-    looks = weeks(scenario, kinds, np.random.default_rng(0), look_hours=1.0)
+    looks = weeks(scenario, kinds, np.random.default_rng(0), look_hours=1.0, paraphrase=paraphrase)
     for _, (_, copies, evidence) in zip(range(3), looks, strict=False):
         records += [record for record, n in copies for _ in range(n)]
-        gathered = gather(records, slo_targets)[ROUTE, CANDIDATE_POOL]
+        gathered = gather(records, slo_targets, lambda route: paraphrase)[ROUTE, CANDIDATE_POOL]
         assert _read(evidence) == _read(gathered)
+    if paraphrase is not None:  # the tolerance read starts at the declared figure
+        assert f"below {paraphrase:.3f}" in gathered.greedy.tolerance
     e = gathered
     # Every path of the fold was taken: failed copies, departures on both kinds of traffic.
     assert e.failures.only_candidate > 0 and e.slo.only_primary > e.failures.only_candidate

@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from rows import request_record, shadow_record
-from threadserver import serving
 
 from gateway.db.connection import connect
 from gateway.db.schema import request_records, shadow_minutes, shadow_records
@@ -316,7 +315,7 @@ def test_a_canary_answering_empty_is_rolled_back_on_its_reverse_sample(
     # The canary answers every request with status 200 and no text: no error for the request
     # records to count, but its reverse shadow sample shows the answers failed.
     promotion = {**PROMOTION, "guard_min_requests": 40}
-    with serving(Shim(sims.urls("asic")[0], "empty", share=1.0)) as shim:
+    with Shim(sims.urls("asic")[0], "empty", share=1.0).running() as shim:
         routes = [{"name": "chat", "match": {"models": [MODEL]}, "pools": ["gpu"]}]
         policy = fleet_policy(
             sims.urls("gpu"), [shim.url], sims.urls("cim"), routes=routes, promotion=promotion

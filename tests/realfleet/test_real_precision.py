@@ -20,7 +20,6 @@ from typing import Any
 import pytest
 import yaml
 from command import ROOT
-from threadserver import serving
 
 from gateway.promotion.precision.limits import MIN_DISTINCT_PROMPTS
 from harness.databases import scratch_database
@@ -58,7 +57,7 @@ def checks(
     done = {
         pool: check(real_fleet, pool, tmp_path_factory.mktemp(pool)) for pool in ("asic", "cim")
     }
-    with serving(Shim(real_fleet.url("asic-0"), "digits", share=0.05)) as shim:
+    with Shim(real_fleet.url("asic-0"), "digits", share=0.05).running() as shim:
         done["digits"] = check(real_fleet, "asic", tmp_path_factory.mktemp("digits"), shim.url)
         assert shim.failed == 12  # one prompt of twenty, of 240
     yield done

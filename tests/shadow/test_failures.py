@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 from shadowworld import settle, shadow_policy, shadow_rows
-from threadserver import serving
 
 from gateway.promotion.evidence import criteria, gather, load_evidence, paraphrases, slo_targets
 from gateway.promotion.evidence import shadow_rows as shadow_rows_of
@@ -62,7 +61,7 @@ def copied(gw, copies: int) -> list[dict]:
     [("empty", "empty"), ("null", "null"), ("cut", "cut_short"), ("error", "error")],
 )
 def test_each_failed_copy_is_recorded_with_its_kind(sims, tmp_path: Path, mode, kind) -> None:
-    with serving(Shim(sims.urls("gpu")[0], mode, share=1.0)) as shim:
+    with Shim(sims.urls("gpu")[0], mode, share=1.0).running() as shim:
         policy = shadow_policy(sims.urls("gpu"), sims.urls("asic"), [shim.url])
         with run_gateway(policy, tmp_path) as gw:
             ask(gw, [f"Question {i} about analog arrays." for i in range(3)])
@@ -79,7 +78,7 @@ def test_each_failed_copy_is_recorded_with_its_kind(sims, tmp_path: Path, mode, 
 
 
 def test_a_copy_that_times_out_is_recorded_and_counted(sims, tmp_path: Path) -> None:
-    with serving(Shim(sims.urls("gpu")[0], "timeout", share=1.0)) as shim:
+    with Shim(sims.urls("gpu")[0], "timeout", share=1.0).running() as shim:
         policy = shadow_policy(sims.urls("gpu"), sims.urls("asic"), [shim.url], timeout_s=0.5)
         with run_gateway(policy, tmp_path) as gw:
             ask(gw, ["Why do analog arrays drift?"], concurrency=1)
@@ -96,7 +95,7 @@ def test_a_part_failing_a_tenth_of_its_answers_is_rejected_within_300_copies(
 ) -> None:
     # The candidate is a replica of the primary's pool behind the proxy: with share 0 it is
     # the identical replica, which must not be rejected.
-    with serving(Shim(sims.urls("gpu")[0], mode, share=share)) as shim:
+    with Shim(sims.urls("gpu")[0], mode, share=share).running() as shim:
         policy = shadow_policy(sims.urls("gpu"), sims.urls("asic"), [shim.url])
         with run_gateway(policy, tmp_path) as gw:
             copied(gw, 300)
