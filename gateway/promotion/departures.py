@@ -104,8 +104,8 @@ class Tolerance:
             f"from {self.noise_pairs} noise-floor pairs"
             if self.noise_pairs
             else (
-                f"the starts (fewer than {MIN_PAIRS:,} noise-floor pairs, {MIN_DIFFERING} of"
-                " them differing, to move them)"
+                f"the starts (a noise floor moves them from {MIN_PAIRS:,} pairs,"
+                f" {MIN_DIFFERING} of them differing)"
             )
         )
         return (

@@ -229,7 +229,7 @@ def test_a_failed_copy_departs_at_its_first_word() -> None:
 def test_too_few_noise_pairs_give_the_default_tolerance() -> None:
     few = [pair(semantic_similarity=0.5, similarity=0.5) for _ in range(MIN_PAIRS - 1)]
     assert tolerance(few) == Tolerance()
-    assert "fewer than 2,000 noise-floor pairs, 100 of them differing" in tolerance(few).describe()
+    assert "the starts (a noise floor moves them from 2,000 pairs" in tolerance(few).describe()
     rare = [pair(semantic_similarity=0.5, similarity=0.5) for _ in range(MIN_DIFFERING - 1)]
     assert tolerance([*rare, *[pair(exact_match=True)] * MIN_PAIRS]) == Tolerance()
 
