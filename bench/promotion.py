@@ -104,12 +104,14 @@ COPY: dict[str, Any] = {
     "candidate_cost_usd": None,
     "slo_class": None,
 }
-# What a pair measured for the calibration gives a shadow record: the mirror's measures, and
-# how the copy failed (the real fleet's empty or cut-short answers) or was cut after a tie.
+# What a pair measured for the calibration gives a shadow record: the mirror's measures, how
+# the copy failed (the real fleet's empty or cut-short answers) or was cut after a tie, and how
+# the primary's answer failed beside it (a sampled answer stopping short of the copy's).
 PAIR_COLUMNS = (
     *(name for name in MEASURES if name != "measures"),
     "candidate_error",
     "failure",
+    "primary_failure",
     "cut_after_tie",
 )
 # A copy the candidate's pool answered with an error.
@@ -177,7 +179,6 @@ SCENARIOS = {
         "sampled": Scenario("q6_k", "promote", sampled_share=0.7, days=14.0),
         "analog_10db": Scenario("analog_10db", "reject", days=14.0),
         "analog_8db": Scenario("analog_8db", "reject", days=14.0),
-        "digits": Scenario("digits", "reject", days=14.0),
         "empty": Scenario("empty", "reject", days=14.0),
         "cut": Scenario("cut", "reject", days=14.0),
         "errors": Scenario("errors", "reject", days=14.0),
