@@ -55,12 +55,14 @@ def _started_apart(
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     os.nice(HELPER_NICE)
-    # A spawned process starts with logging unset: what it logs would be lost.
-    if formatter is not None:
+    # A spawned process starts with logging unset (unless importing the main module set it):
+    # what it logs would be lost.
+    root = logging.getLogger()
+    if formatter is not None and not root.handlers:
         handler = logging.StreamHandler()
         handler.setFormatter(formatter)
-        logging.getLogger().addHandler(handler)
-    logging.getLogger().setLevel(level)
+        root.addHandler(handler)
+    root.setLevel(level)
     if initializer is not None:
         initializer(*initargs)
 
