@@ -256,7 +256,9 @@ def test_a_stopped_pruner_ends_its_round_after_the_batch_it_is_on(db: sa.Engine)
 
     async def scenario() -> None:
         # The pause after the first batch outlasts the test: only the stop can end it.
-        pruner = Pruner(db, Windows(30, 0), interval_s=0.02, batch_rows=10, pause_s=3600)
+        pruner = Pruner(
+            db, Windows(30, 0), interval_s=0.02, batch_rows=10, pause_s=3600, wall=lambda: NOW
+        )
         pruner.start()
         await until(lambda: len(kept(db, request_records)) == 15, message="no batch deleted")
         await pruner.stop()
