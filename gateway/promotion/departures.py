@@ -28,15 +28,22 @@ answers of one pool differ:
 - where the answers' semantic similarity was measured (the fleet's embedding route), a pair
   departs when it falls below the meaning tolerance. It starts at the similarity the embedding
   model gives paraphrases of an answer (`paraphrase_similarity`, declared with the model in the
-  policy; `SAME_MEANING` for a model that declares none) and the noise floor may only tighten
-  it: to the 1st percentile of the floor's differing pairs where that is higher, up to
-  `SAME_MEANING`. A floor pair far below cannot loosen it, so one odd A/A pair cannot turn a
-  reject into a promote;
+  policy), or at `SAME_MEANING` for a model that declares none;
 - embedding answers are one vector each: the same rule on their cosine, from `SAME_VECTOR`;
 - otherwise the words decide: a near tie whose KL was not measured does not depart (words
   cannot tell a flip from a changed fact, and without KL nothing says the tie was not benign),
-  else a pair whose word similarity (ROUGE-L) falls below the word tolerance (the floor's 1st
-  percentile, at most `SAME_WORDS`) does.
+  else a pair whose word similarity (ROUGE-L) falls below the word tolerance, from
+  `SAME_WORDS`, does.
+
+The noise floor moves a tolerance from its start once it has `MIN_PAIRS` compared pairs,
+`MIN_DIFFERING` of them differing. A start no one declared (`SAME_MEANING` where the model has
+no paraphrase figure, `SAME_WORDS`) it loosens to the 1st percentile of all its compared pairs,
+an exact match counting as 1: one floor pair in a hundred must fall below a similarity for the
+tolerance to loosen to it, so a handful of odd pairs among thousands (or the same few drawn
+again and again) cannot. A declared start (the paraphrase similarity, and `SAME_VECTOR`, the
+cosine two parts' embeddings of one input keep) it only tightens, to the 1st percentile of its
+differing pairs where that is higher, up to `SAME_MEANING`. Sampled traffic has a floor of its
+own, whose samples differ by design: their many differing pairs loosen its tolerances.
 
 The one rule for every place pairs are counted: the judge's quality checks
 (gateway/promotion/evidence.py), the rollout's agreement guard (gateway/promotion/rollout.py)
@@ -74,10 +81,10 @@ SAME_WORDS = 0.95
 # their geometric middle, 0.0078, rounded. Held to other prompts and parts in docs/precision.md.
 NEAR_TIE_KL = 0.008
 PERCENTILE = 0.01
-# A percentile of the noise floor is trusted from this many differing pairs (or this many
-# pairs in all, when a pool almost never differs from itself); before, the starts apply.
-MIN_DIFFERING = 100
+# A noise floor moves a tolerance from its start once it has this many compared pairs, and this
+# many of them differing on the tolerance's similarity; before, the starts apply.
 MIN_PAIRS = 2000
+MIN_DIFFERING = 100
 
 Row = Mapping[str, Any]
 
@@ -96,7 +103,10 @@ class Tolerance:
         source = (
             f"from {self.noise_pairs} noise-floor pairs"
             if self.noise_pairs
-            else "the default (too few noise-floor pairs to measure one)"
+            else (
+                f"the starts (a noise floor moves them from {MIN_PAIRS:,} pairs,"
+                f" {MIN_DIFFERING} of them differing)"
+            )
         )
         return (
             f"semantic similarity below {self.meaning:.3f}, or without embeddings ROUGE-L below"
@@ -107,8 +117,9 @@ class Tolerance:
 
 def tolerance(noise: Iterable[Row], paraphrase: float | None = None) -> Tolerance:
     """Return the tolerance the noise floor's compared pairs allow. With the embedding model's
-    `paraphrase` similarity, the meaning tolerance starts there and the floor only tightens it;
-    without, the floor's 1st percentile sets it, at most `SAME_MEANING`."""
+    `paraphrase` similarity the meaning tolerance starts there and the floor may only tighten
+    it; without, it starts at `SAME_MEANING` and the floor may loosen it, as it may the word
+    tolerance, but only to the 1st percentile of all its pairs (an exact match counting as 1)."""
     rows = [r for r in noise if not r.get("failure") and not r.get("primary_failure")]
     differing = [r for r in rows if not r.get("exact_match")]
     meaning = Counter(v for r in differing if (v := r.get("semantic_similarity")) is not None)
@@ -132,16 +143,15 @@ def tolerance_of(
     not fail, and how many of its differing pairs have each semantic similarity, embeddings'
     cosine (where no semantic similarity was measured) and word similarity. What the shadow
     minutes keep of a floor (gateway/promotion/tally.py), read without a row per pair."""
-    trusted = pairs >= MIN_PAIRS
     return Tolerance(
         meaning=(
-            _floor(meaning, SAME_MEANING, trusted)
+            _loosened(meaning, pairs, SAME_MEANING)
             if paraphrase is None
-            else _tightened(meaning, paraphrase, max(paraphrase, SAME_MEANING), trusted)
+            else _tightened(meaning, pairs, paraphrase, max(paraphrase, SAME_MEANING))
         ),
-        words=_floor(words, SAME_WORDS, trusted),
-        noise_pairs=(pairs if trusted or max(_n(meaning), _n(vectors)) >= MIN_DIFFERING else 0),
-        vectors=_tightened(vectors, SAME_VECTOR, SAME_VECTOR, trusted),
+        words=_loosened(words, pairs, SAME_WORDS),
+        noise_pairs=pairs if any(_moves(v, pairs) for v in (meaning, vectors, words)) else 0,
+        vectors=_tightened(vectors, pairs, SAME_VECTOR, SAME_VECTOR),
     )
 
 
@@ -210,30 +220,43 @@ def _n(values: Mapping[float, int]) -> int:
     return sum(values.values())
 
 
-def _floor(values: Mapping[float, int], ceiling: float, trusted: bool) -> float:
-    if not values or (_n(values) < MIN_DIFFERING and not trusted):
-        return ceiling
-    return min(_percentile(values), ceiling)
+def _moves(values: Mapping[float, int], pairs: int) -> bool:
+    """Say whether a floor of `pairs` compared pairs, `values` the similarities of those that
+    differ, is large enough to move a tolerance from its start."""
+    return pairs >= MIN_PAIRS and _n(values) >= MIN_DIFFERING
 
 
-def _percentile(values: Mapping[float, int]) -> float:
-    """Return the 1st percentile of values given with their counts (the lower one)."""
-    n = _n(values)
+def _loosened(values: Mapping[float, int], pairs: int, start: float) -> float:
+    """Return the floor's 1st percentile over all its `pairs` where it is below the start, a
+    pair without a similarity in `values` (an exact match) at 1: one pair in a hundred of the
+    floor must fall below a similarity for the tolerance to loosen to it."""
+    if not _moves(values, pairs):
+        return start
+    return min(_percentile(values, pairs), start)
+
+
+def _tightened(values: Mapping[float, int], pairs: int, start: float, ceiling: float) -> float:
+    """Return the 1st percentile of the floor's differing pairs between the start and the
+    ceiling: a floor may tighten a declared tolerance, never loosen it, and never past what two
+    answers of like meaning keep."""
+    if not _moves(values, pairs):
+        return start
+    return min(max(start, _percentile(values)), ceiling)
+
+
+def _percentile(values: Mapping[float, int], pairs: int = 0) -> float:
+    """Return the 1st percentile (the lower one) of values given with their counts, among
+    `pairs` in all where more are given, the rest at 1."""
+    n = max(pairs, _n(values))
     rank = min(n - 1, math.floor(PERCENTILE * n))
     seen = 0
     for value in sorted(values):
         seen += values[value]
         if seen > rank:
             return value
+    if n > seen:
+        return 1.0
     raise ValueError("no values")
-
-
-def _tightened(values: Mapping[float, int], start: float, ceiling: float, trusted: bool) -> float:
-    """Return the floor's percentile between the start and the ceiling: a floor may tighten a
-    tolerance, never loosen it, and never past what two answers of like meaning keep."""
-    if not values or (_n(values) < MIN_DIFFERING and not trusted):
-        return start
-    return min(max(start, _percentile(values)), ceiling)
 
 
 def decided(row: Row) -> bool | None:

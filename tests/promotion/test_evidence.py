@@ -165,22 +165,35 @@ def test_a_failed_copy_counts_against_the_candidate_and_a_failed_primary_for_it(
     assert (e.slo.only_primary, e.slo.only_candidate) == (2, 1)
 
 
-def test_one_odd_noise_floor_pair_cannot_turn_a_reject_into_a_promote() -> None:
-    # An analog part: one answer in 25 reads 0.6 alike to the primary's (a changed fact), the
-    # rest match; 2,500 A/A pairs match. The embedding model's paraphrases score 0.83 and up.
-    candidate = [
-        row(i, exact_match=i % 25 != 0, first_divergence=3, reference_words=12,
-            semantic_similarity=None if i % 25 else 0.6, ts=i * 300.0)
-        for i in range(3000)
-    ]  # fmt: skip
-    floor = [row(10_000 + i, "noise", exact_match=True, reference_words=12) for i in range(2500)]
-    odd = row(20_000, "noise", exact_match=False, first_divergence=1, reference_words=12,
-              semantic_similarity=0.45)  # fmt: skip
+def test_a_handful_of_odd_noise_floor_pairs_cannot_turn_a_reject_into_a_promote() -> None:
+    """An analog part: one answer in 25 a changed fact, 0.6 alike to the primary's in meaning
+    and in words, the rest matching; 2,500 A/A pairs match, but for one or a handful at 0.45.
+    Rejected whether the embedding model declares a paraphrase figure (0.83) or not, and
+    judged on meaning or on words alone: the odd pairs loosen no tolerance."""
     criteria = Criteria()
-    for noise in (floor, [*floor[:-1], odd]):
-        (e,) = gather([*candidate, *noise], lambda _: None, lambda route: 0.83).values()
-        assert e.greedy.tolerance.startswith("semantic similarity below 0.830")
-        assert judge(e, criteria, now=NOW).outcome == REJECT
+    for embedded in (True, False):
+        meaning = 0.6 if embedded else None
+        candidate = [
+            row(i, exact_match=i % 25 != 0, first_divergence=3, reference_words=12,
+                near_tie=None if i % 25 else False, similarity=None if i % 25 else 0.6,
+                semantic_similarity=None if i % 25 else meaning, ts=i * 300.0)
+            for i in range(3000)
+        ]  # fmt: skip
+        floor = [
+            row(10_000 + i, "noise", exact_match=True, reference_words=12) for i in range(2500)
+        ]
+        odd = [
+            row(20_000 + i, "noise", exact_match=False, first_divergence=1, reference_words=12,
+                near_tie=False, similarity=0.45, semantic_similarity=0.45 if embedded else None)
+            for i in range(5)
+        ]  # fmt: skip
+        for paraphrase in (0.83, None):
+            for noise in (floor, [*floor[:-1], odd[0]], [*floor[:-5], *odd]):
+                figure = lambda _, declared=paraphrase: declared  # noqa: E731
+                (e,) = gather([*candidate, *noise], lambda _: None, figure).values()
+                start = "semantic similarity below 0.830" if paraphrase else "below 0.980"
+                assert start in e.greedy.tolerance and "ROUGE-L below 0.950" in e.greedy.tolerance
+                assert judge(e, criteria, now=NOW).outcome == REJECT, (embedded, paraphrase)
 
 
 def test_the_judge_counts_a_confident_change_and_not_a_flip_at_a_near_tie() -> None:

@@ -318,6 +318,35 @@ def test_tolerances_read_from_minutes_are_within_a_bucket_of_the_exact_ones() ->
     assert measured  # some tolerance came from a floor's percentile, not a start
 
 
+def test_a_floors_counts_give_the_tolerance_its_pairs_give_few_odd_or_many_differing() -> None:
+    """The rule read from a floor's counts is the rule on its pairs: a handful of odd pairs
+    among 2,500 matching ones loosens nothing, a sampled floor's many differing pairs loosen
+    the word and meaning tolerances to its 1st percentile over all its pairs."""
+    exact = {"exact_match": True}
+
+    def odd(x: float) -> dict[str, Any]:
+        return {"exact_match": False, "near_tie": False, "similarity": x, "semantic_similarity": x}
+
+    floors = {
+        "one odd": [(odd(0.45), 1), (exact, 2499)],
+        "a handful": [(odd(0.45), 5), (exact, 2495)],
+        "sampled": [(odd(0.3 + 0.001 * i), 1) for i in range(400)] + [(exact, 2100)],
+    }
+    for name, floor in floors.items():
+        tally, rows = Tally(), []
+        for n, (measures, k) in enumerate(floor):
+            r = shadow_record(n, kind="noise", candidate_pool="gpu", **measures).row()
+            tally.copy(r, None, k)
+            rows += [r] * k
+        for paraphrase in (None, 0.83):
+            have = tally.floor_tolerance(paraphrase)
+            assert have == tolerance(rows, paraphrase), (name, paraphrase)
+            loose = name == "sampled"
+            assert (have.words < 0.95) == loose and (have.meaning < 0.83) == (
+                loose and not paraphrase
+            )
+
+
 def test_a_pairs_class_departs_as_the_pair_does_away_from_the_tolerance() -> None:
     """What decides a departure is in a pair's class: a rule that reads more of a pair than
     departures.decided and departures.deciding say fails here."""
