@@ -30,21 +30,39 @@ def helper_process(
     """Start a process of one worker for work apart from serving.
 
     Spawned, not forked: the serving process has threads and an event loop running. It runs
-    below the serving process, and ignores Ctrl-C and SIGTERM, which reach the whole process
-    group: the serving process ends it after its last use (a flush at shutdown).
+    below the serving process, logs as it does, and ignores Ctrl-C and SIGTERM, which reach the
+    whole process group: the serving process ends it after its last use (a flush at shutdown).
     """
+    root = logging.getLogger()
+    # The handler `gateway` sets up (logging.basicConfig), not a test runner's capture.
+    formatter = next(
+        (h.formatter for h in root.handlers if type(h.formatter) is logging.Formatter), None
+    )
     return ProcessPoolExecutor(
         max_workers=1,
         mp_context=multiprocessing.get_context("spawn"),
         initializer=_started_apart,
-        initargs=(initializer, initargs),
+        initargs=(initializer, initargs, root.level, formatter),
     )
 
 
-def _started_apart(initializer: Callable[..., object] | None, initargs: tuple[Any, ...]) -> None:
+def _started_apart(
+    initializer: Callable[..., object] | None,
+    initargs: tuple[Any, ...],
+    level: int,
+    formatter: logging.Formatter | None,
+) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     os.nice(HELPER_NICE)
+    # A spawned process starts with logging unset (unless importing the main module set it):
+    # what it logs would be lost.
+    root = logging.getLogger()
+    if formatter is not None and not root.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(formatter)
+        root.addHandler(handler)
+    root.setLevel(level)
     if initializer is not None:
         initializer(*initargs)
 

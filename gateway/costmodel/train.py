@@ -51,8 +51,11 @@ RIDGE_ALPHA = 1.0
 MEDIAN_PASSES = 6
 MEDIAN_FLOOR = 1e-3
 # Devices drift (thermal throttling, a firmware change, a failing part): recent observations
-# count more, halving in weight every HALF_LIFE older ones of the same pool and model.
-HALF_LIFE = 150
+# count more, halving in weight every HALF_LIFE observations the whole fleet made since. Counted
+# on the fleet's clock, not the pool's: a pool the router stopped choosing while it was slow is
+# seen again only through `explore`, a few requests a minute, and counted in its own
+# observations its slow spell would stay the newest thing it knew long after it recovered.
+HALF_LIFE = 600
 # φ over arrays of observations, a column a feature (`features`).
 MANY = Arithmetic(np.log1p, np.log, np.minimum, np.maximum)
 
@@ -197,20 +200,25 @@ def train(
     """Fit residuals on observations (oldest first); return the model and its scores."""
     prior = CostModel(policy)
     groups: dict[tuple[str, str], list[Observation]] = {}
-    for o in observations:
+    # Each observation's place in the fleet's sequence: its age is counted on the fleet's clock.
+    places: dict[tuple[str, str], list[int]] = {}
+    for place, o in enumerate(observations):
         if o.pool in policy.pools:
             groups.setdefault((o.pool, o.model), []).append(o)
+            places.setdefault((o.pool, o.model), []).append(place)
+    newest = len(observations) - 1
     trained: dict[tuple[str, str], Learned] = {}
     scores: dict[str, dict[str, dict[str, Score]]] = {}
     for (pool, model), group in groups.items():
         slots = policy.pools[pool].slots_per_backend
         columns = _columns(group, slots, prior.pool_model(pool, model).physics)
+        ages = newest - np.array(places[(pool, model)], dtype=float)
         span = span_of(columns, np.arange(len(group)))
         residuals: dict[str, Residual] = {}
         for target in TARGETS:
             observed, base = columns[target], columns[f"prior_{target}"]
             usable = (observed > 0) & (base != 0)  # NaN, a missing measurement, compares False
-            score, residual = _fit(columns, np.flatnonzero(usable), target, span)
+            score, residual = _fit(columns, ages, np.flatnonzero(usable), target, span)
             scores.setdefault(pool, {}).setdefault(model, {})[target] = score
             if residual is not None:
                 residuals[target] = residual
@@ -219,10 +227,11 @@ def train(
 
 
 def _fit(
-    columns: Mapping[str, np.ndarray], rows: np.ndarray, target: str, span: Span
+    columns: Mapping[str, np.ndarray], ages: np.ndarray, rows: np.ndarray, target: str, span: Span
 ) -> tuple[Score, Residual | None]:
     """Fit one target on some rows of a group, scored on their newest fifth; the residual
-    served is refit on them all, its quadratic terms within the group's `span`."""
+    served is refit on them all, its quadratic terms within the group's `span`. `ages` are the
+    group's rows' ages in fleet observations."""
     n = len(rows)
     if n < MIN_OBSERVATIONS:
         return Score(n, None, None), None
@@ -234,7 +243,7 @@ def _fit(
     phi = design(columns, span_of(columns, rows[:split]))[rows]
     # Age counts back from the newest row the fit sees: the held-out rows must not make the
     # training rows look old, or the scored fit would be the prior.
-    coef = median_ridge(phi[:split], logs[:split], _recency(split))
+    coef = median_ridge(phi[:split], logs[:split], _recency(ages[rows[:split]]))
     held_log = phi[split:] @ coef
     predicted = base[split:] * np.exp(held_log)
     residuals = logs[split:] - held_log
@@ -248,7 +257,7 @@ def _fit(
         _mape(base[split:], observed[split:]),
     )
     # Refit on everything for serving; the held-out error stays the honest estimate.
-    weights = median_ridge(design(columns, span)[rows], logs, _recency(n))
+    weights = median_ridge(design(columns, span)[rows], logs, _recency(ages[rows]))
     return score, Residual(tuple(float(w) for w in weights), max(bound, 0.0))
 
 
@@ -276,9 +285,10 @@ def median_ridge(
     return beta
 
 
-def _recency(n: int) -> np.ndarray:
-    """Weights for n observations, oldest first: halving every HALF_LIFE back from the newest."""
-    return np.asarray(0.5 ** (np.arange(n)[::-1] / HALF_LIFE))
+def _recency(ages: np.ndarray) -> np.ndarray:
+    """Weigh observations by their ages (in the fleet's observations): 1 for the newest,
+    halving every HALF_LIFE older."""
+    return np.asarray(0.5 ** ((ages - ages.min()) / HALF_LIFE))
 
 
 def observations_from_rows(rows: Iterable[Mapping[str, Any]]) -> list[Observation]:

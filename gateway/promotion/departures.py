@@ -227,8 +227,8 @@ def _moves(values: Mapping[float, int], pairs: int) -> bool:
 
 
 def _loosened(values: Mapping[float, int], pairs: int, start: float) -> float:
-    """Return the floor's 1st percentile over all its `pairs` (those without a similarity in
-    `values`, exact matches, at 1) where it is below the start: one pair in a hundred of the
+    """Return the floor's 1st percentile over all its `pairs` where it is below the start, a
+    pair without a similarity in `values` (an exact match) at 1: one pair in a hundred of the
     floor must fall below a similarity for the tolerance to loosen to it."""
     if not _moves(values, pairs):
         return start

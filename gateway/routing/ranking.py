@@ -32,6 +32,10 @@ class Ranking:
     pools: list[PoolState]
     predictions: dict[str, Prediction] = field(default_factory=dict)
     slo_unmeetable: bool = False
+    # Pools predicted to miss the SLO while others meet it, cheapest first: left out of
+    # `pools`, but a route's `explore` share may still try them, since a pool predicted slow
+    # is seen again only if something is sent there.
+    dropped: list[PoolState] = field(default_factory=list)
     # The first pool is full, and predicted to meet the SLO once its queue lets the request
     # in, still the cheapest: wait there rather than take a dearer pool's free slot.
     wait_for_first: bool = False
@@ -182,12 +186,13 @@ class CostRanker:
         objective = OBJECTIVES.get(route.objective)
         if objective is None:
             return Ranking(list(pools), predictions, backends=chosen, kv_bytes=kv_bytes)
-        feasible = []
+        feasible, dropped = [], []
         for pool in pools:
             miss = slo_miss(profile, predictions[pool.name])
             if miss is None:
                 feasible.append(pool)
             else:
+                dropped.append(pool)
                 trace.append((pool.name, f"predicted to miss the SLO: {miss}"))
         if not feasible:
             fastest = sorted(pools, key=lambda p: predictions[p.name].e2e_upper_s)
@@ -199,6 +204,7 @@ class CostRanker:
         # The pools come in the route's order (the router's candidates) and the sort is stable:
         # a tie keeps it.
         feasible.sort(key=lambda p: objective(predictions[p.name]))
+        dropped.sort(key=lambda p: objective(predictions[p.name]))
         first = feasible[0]
         # A pool full of other clients' requests, or whose engine says it has no room, frees a
         # slot only when a scrape says so, not when one of ours ends: never worth waiting for.
@@ -207,7 +213,12 @@ class CostRanker:
         if wait:
             trace.append((first.name, "full, but cheapest with its wait and within the SLO"))
         return Ranking(
-            feasible, predictions, wait_for_first=wait, backends=chosen, kv_bytes=kv_bytes
+            feasible,
+            predictions,
+            wait_for_first=wait,
+            backends=chosen,
+            kv_bytes=kv_bytes,
+            dropped=dropped,
         )
 
 

@@ -7,7 +7,8 @@ that have no healthy backend; serve from the first that has a free slot; otherwi
 first such pool's queue within the SLO budget; otherwise use the route's fallback.
 
 `rank_pools` is the seam where a cost model replaces the preference order. A route that
-`explore`s sends that share of its requests to the runner-up of the ranking, so a pool the model
+`explore`s sends that share of its requests to the runner-up of the ranking, or to a pool the
+ranking dropped as predicted to miss the SLO when no other pool is left, so a pool the model
 stopped choosing keeps sending it evidence.
 """
 
@@ -227,11 +228,14 @@ def decide(
         ranked = [canary, *(p for p in ranked if p is not canary)]
     elif (
         route.explore
-        and len(ranked) > 1
+        and len(ranked) + len(ranking.dropped) > 1
         and not ranking.slo_unmeetable
         and (draw * EXPLORE_SPREAD) % 1.0 > 1.0 - route.explore
     ):
-        ranked = [ranked[1], ranked[0], *ranked[2:]]
+        # The runner-up, or where every other pool is predicted to miss the SLO, the cheapest
+        # of those: a pool that was slow is seen to recover only through what is sent to it.
+        runner_up = ranked[1] if len(ranked) > 1 else ranking.dropped[0]
+        ranked = [runner_up, *(p for p in ranked if p is not runner_up)]
         ranking.wait_for_first = False
         trace.append(
             (ranked[0].name, f"explored: {route.explore:.0%} of requests keep its figures fresh")

@@ -95,6 +95,42 @@ def test_held_out_error_scores_the_learned_fit_not_the_prior_on_long_histories()
     assert asic["ttft"].prior_mape is not None and asic["ttft"].prior_mape > 0.3
 
 
+def slowed(o: Observation, factor: float) -> Observation:
+    assert o.ttft_s is not None and o.tpot_s is not None and o.energy_j is not None
+    return o._replace(
+        ttft_s=o.ttft_s * factor,
+        tpot_s=o.tpot_s * factor,
+        e2e_s=o.e2e_s * factor,
+        energy_j=o.energy_j * factor,
+    )
+
+
+def test_a_pool_seldom_chosen_since_it_recovered_is_not_held_to_its_slow_spell() -> None:
+    # The ASIC runs three times slower while the fleet makes 1,500 observations, a third of
+    # them its own; then it recovers, and the router, which stopped choosing it, sends it one
+    # request in fifty of the next 4,000. Its model follows what those few say: on the pool's
+    # own count the slow spell would be the 300 newest observations but 80.
+    slow = [slowed(o, 3.0) for o in observations("asic", 500, seed=2)]
+    well = observations("asic", 80, seed=3)
+    others = iter(observations("gpu", 5000, seed=4))
+    history = []
+    for o in slow:
+        history += [o, next(others), next(others)]
+    for o in well:
+        history += [o, *(next(others) for _ in range(49))]
+    model, _ = train(POLICY, history)
+    truth = observations("asic", 200, seed=9)
+    errors = [
+        abs(
+            model.predict("asic", MODEL, o.prompt_tokens, o.completion_tokens, o.concurrent).e2e_s
+            - o.e2e_s
+        )
+        / o.e2e_s
+        for o in truth
+    ]
+    assert sum(errors) / len(errors) < 0.15
+
+
 def test_energy_is_learned_as_the_median_share_when_some_requests_end_alone() -> None:
     # A fifth of the requests see the others leave and end alone, paying three times the share;
     # the rest pay what the prior says times 1.2. The model predicts what most pay.

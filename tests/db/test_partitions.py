@@ -23,7 +23,7 @@ from waiting import wait_for
 from gateway.db import partitions
 from gateway.db.connection import alembic_config, connect, upgrade
 from gateway.db.partitions import AHEAD_DAYS, day_name, day_of, default_name
-from gateway.db.retention import Windows, drop_days, prune
+from gateway.db.retention import Pruner, Windows, drop_days, prune
 from gateway.db.schema import request_records, shadow_records
 from gateway.metrics import GatewayMetrics
 from gateway.records.requests import RecordWriter, RequestEnergy
@@ -160,6 +160,28 @@ def test_retention_drops_the_days_past_the_window_and_keeps_the_day_across_its_e
         assert dropped[table.name] == [
             day_name(table.name, today - n * DAY) for n in range(40, 30, -1) if n != 35
         ]
+        assert days_of(db, table)[0] == today - 30 * DAY
+        assert deleted[table.name] == 1  # the default partition's, one by one
+
+
+def test_a_pruners_round_drops_the_days_and_deletes_the_default_partitions_rows_apart(
+    db: sa.Engine,
+) -> None:
+    today = day_of(time.time())
+    now = today + 0.25 * DAY
+    make_days(db, today - 33 * DAY, today)
+    with db.begin() as conn:  # a day never made: its rows are the default partition's
+        for table in TABLES:
+            conn.execute(sa.text(f"DROP TABLE {day_name(table.name, today - 32 * DAY)}"))
+    for table in TABLES:
+        store_rows(db, table, [33.0, 32.0, 1.0], now=now)
+    pruner = Pruner(db, Windows(30, 30), interval_s=3600, wall=lambda: now)
+
+    deleted = asyncio.run(pruner.prune())
+
+    assert pruner.pid is not None
+    for table in TABLES:
+        assert where(db, table) == {"age-1": day_name(table.name, day_of(now - DAY))}
         assert days_of(db, table)[0] == today - 30 * DAY
         assert deleted[table.name] == 1  # the default partition's, one by one
 

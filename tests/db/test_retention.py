@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -230,8 +231,40 @@ def test_pruner_runs_rounds_in_the_background_until_stopped(db: sa.Engine) -> No
         # intervals. A slower machine can only miss that, never fail a pruner that stopped.
         await asyncio.sleep(0.1)
 
-    asyncio.run(scenario())  # and returns once every worker thread, a late round's too, ended
+    asyncio.run(scenario())
     assert kept(db, shadow_records) == ["age-1", "age-50"]
+
+
+def test_a_round_deletes_from_a_process_of_its_own_never_the_serving_one(db: sa.Engine) -> None:
+    store_rows(db, request_records, [40.0] * 25 + [1.0])
+    batches = deletes(db)  # what this process, the serving one, deletes
+
+    async def scenario() -> Pruner:
+        pruner = Pruner(db, Windows(30, 30), interval_s=0.02, batch_rows=10, wall=lambda: NOW)
+        pruner.start()
+        await until(lambda: len(kept(db, request_records)) == 1, message="the pruner never pruned")
+        await pruner.stop()
+        return pruner
+
+    pruner = asyncio.run(scenario())
+    assert batches == []
+    assert pruner.pid is not None and pruner.pid != os.getpid()
+
+
+def test_a_stopped_pruner_ends_its_round_after_the_batch_it_is_on(db: sa.Engine) -> None:
+    store_rows(db, request_records, [40.0] * 25)
+
+    async def scenario() -> None:
+        # The pause after the first batch outlasts the test: only the stop can end it.
+        pruner = Pruner(
+            db, Windows(30, 0), interval_s=0.02, batch_rows=10, pause_s=3600, wall=lambda: NOW
+        )
+        pruner.start()
+        await until(lambda: len(kept(db, request_records)) == 15, message="no batch deleted")
+        await pruner.stop()
+
+    asyncio.run(scenario())  # returns once the round's process has ended
+    assert len(kept(db, request_records)) == 15
 
 
 def test_gateway_serve_prunes_on_its_interval(database: str, tmp_path: Path) -> None:

@@ -35,8 +35,8 @@ def profile(**kw: object) -> RequestProfile:
     return RequestProfile(**fields)  # type: ignore[arg-type]
 
 
-def world(objective: str = "min_energy", **policy_kw: object):
-    routes = [dict(ROUTES[0], objective=objective)]
+def world(objective: str = "min_energy", explore: float = 0.0, **policy_kw: object):
+    routes = [dict(ROUTES[0], objective=objective, explore=explore)]
     policy = fleet_policy(
         routes=routes,
         asic_extra={
@@ -85,6 +85,23 @@ def test_pool_predicted_to_miss_the_slo_is_dropped() -> None:
     assert decision.backend is not None and decision.backend.pool == "gpu"
     assert any("predicted to miss the SLO" in r for _, r in decision.trace)
     assert not decision.slo_unmeetable
+
+
+def test_exploring_reaches_a_pool_predicted_to_miss_the_slo_when_it_is_the_only_other() -> None:
+    """A pool dropped as slow is seen to recover only through what is sent to it: the route's
+    explore share goes there, and the rest stays on the pool predicted to meet the SLO."""
+    policy, fleet, ranker = world("min_energy")
+    predicted = decide(profile(), policy, fleet, ranker).predictions
+    tight = (predicted["gpu"].ttft_upper_s + predicted["asic"].ttft_upper_s) / 2 * 1000
+    policy, fleet, ranker = world("min_energy", explore=0.1)
+    draws = [i / 1000 for i in range(1000)]
+    decisions = [decide(profile(ttft_ms=tight), policy, fleet, ranker, draw=d) for d in draws]
+    pools = [d.backend.pool for d in decisions if d.backend is not None]
+    assert len(pools) == len(draws)
+    assert 0.08 < pools.count("asic") / len(pools) < 0.12  # a tenth, spread over the draws
+    explored = next(d for d in decisions if d.backend is not None and d.backend.pool == "asic")
+    assert ("asic", "explored: 10% of requests keep its figures fresh") in explored.trace
+    assert any("predicted to miss the SLO" in r for p, r in explored.trace if p == "asic")
 
 
 def test_when_no_pool_meets_the_slo_the_fastest_serves_and_it_is_flagged() -> None:
