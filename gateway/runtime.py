@@ -21,7 +21,7 @@ from gateway.costmodel import store
 from gateway.costmodel.learner import Learner
 from gateway.costmodel.predict import CostModel, OutputLengths
 from gateway.costmodel.train import Observation, RetrainSchedule
-from gateway.db.connection import connect
+from gateway.db.connection import connect, reachable_apart
 from gateway.db.retention import Pruner, Windows
 from gateway.db.schema import BackendEnergy, RequestRecord, backend_energy, request_records
 from gateway.energy.meter import EnergyMeter
@@ -123,9 +123,7 @@ class Gateway:
         # Records are inserted by a process of their own, off the serving process's interpreter
         # and below its priority.
         self.writer = (
-            WriterProcess(settings.database_url)
-            if WriterProcess.serves(settings.database_url)
-            else None
+            WriterProcess(settings.database_url) if reachable_apart(settings.database_url) else None
         )
         spill: dict[str, Any] = {
             "flush_interval_s": settings.record_flush_interval_s,

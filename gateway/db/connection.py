@@ -34,6 +34,13 @@ def connect(url: str) -> sa.Engine:
     return db
 
 
+def reachable_apart(url: str) -> bool:
+    """Say whether another process can open this database (an in-memory SQLite one it cannot)."""
+    parsed = sa.make_url(url)
+    in_memory = parsed.database in (None, "", ":memory:")
+    return parsed.get_backend_name() != "sqlite" or not in_memory
+
+
 def alembic_config(url: str) -> Config:
     """Return an Alembic configuration for this project's migrations against url."""
     from alembic.config import Config

@@ -58,7 +58,7 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 
 from gateway.db import partitions
-from gateway.db.connection import connect
+from gateway.db.connection import connect, reachable_apart
 from gateway.db.schema import (
     backend_energy,
     cost_models,
@@ -194,7 +194,7 @@ def drop_days(db: sa.Engine, windows: Windows, now: float) -> dict[str, list[str
 
 class Pruner:
     """Prune on an interval in `gateway serve`, each round in a process of its own; off when the
-    interval is 0, and on SQLite when every window is 0.
+    interval is 0, on SQLite when every window is 0, and for an in-memory database.
 
     The first round runs one interval after start; `gateway db prune` runs one at once.
     """
@@ -218,9 +218,14 @@ class Pruner:
         # Seen by each round's process: once set, its round ends after the batch it is on.
         self._stopping = multiprocessing.get_context("spawn").Event()
         self.pid: int | None = None  # the process of the last round
-        # On PostgreSQL the rounds also make the days ahead, which every window needs.
+        # On PostgreSQL the rounds also make the days ahead, which every window needs. An
+        # in-memory database ends with the serving process, and a round's process cannot open it.
         partitioned = db.dialect.name == "postgresql"
-        self.enabled = interval_s > 0 and (partitioned or bool(windows.cutoffs(0.0)))
+        self.enabled = (
+            interval_s > 0
+            and reachable_apart(self._url)
+            and (partitioned or bool(windows.cutoffs(0.0)))
+        )
         self.periodic = Periodic("retention", interval_s, self.prune)
 
     async def keep_ahead(self) -> None:

@@ -52,13 +52,6 @@ class WriterProcess:
     It starts with the first batch, so a gateway that writes nothing starts none.
     """
 
-    @staticmethod
-    def serves(url: str) -> bool:
-        """Say whether another process can reach this database (an in-memory one it cannot)."""
-        parsed = sa.make_url(url)
-        in_memory = parsed.database in (None, "", ":memory:")
-        return parsed.get_backend_name() != "sqlite" or not in_memory
-
     def __init__(self, url: str):
         self._url = url
         self._pool: ProcessPoolExecutor | None = None

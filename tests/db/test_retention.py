@@ -173,6 +173,13 @@ def test_the_job_is_off_when_its_interval_is_zero_or_on_sqlite_every_window(
     assert Pruner(db, Windows(0, 30), interval_s=3600).enabled
 
 
+def test_the_job_is_off_for_an_in_memory_database() -> None:
+    # A round's process would open an empty database of its own and fail every round.
+    memory = connect("sqlite://")
+    assert not Pruner(memory, Windows(30, 30), interval_s=3600).enabled
+    memory.dispose()
+
+
 def test_a_stopped_round_ends_after_the_batch_it_is_on(db: sa.Engine) -> None:
     store_rows(db, request_records, [40.0] * 25)
     stopping = threading.Event()

@@ -12,7 +12,7 @@ from pathlib import Path
 from rows import request_record, sample, stored
 from waiting import until
 
-from gateway.db.connection import connect, upgrade
+from gateway.db.connection import connect, reachable_apart, upgrade
 from gateway.metrics import GatewayMetrics
 from gateway.periodic import HELPER_NICE, helper_process
 from gateway.records.requests import RecordWriter
@@ -40,10 +40,10 @@ def test_a_serving_gateway_inserts_its_records_from_a_process_of_its_own(
 
 
 def test_an_in_memory_database_keeps_its_inserts_in_the_serving_process() -> None:
-    assert not WriterProcess.serves("sqlite://")
-    assert not WriterProcess.serves("sqlite:///:memory:")
-    assert WriterProcess.serves("sqlite:////var/lib/gateway/gateway.db")
-    assert WriterProcess.serves("postgresql+psycopg://gateway@db:5432/gateway")
+    assert not reachable_apart("sqlite://")
+    assert not reachable_apart("sqlite:///:memory:")
+    assert reachable_apart("sqlite:////var/lib/gateway/gateway.db")
+    assert reachable_apart("postgresql+psycopg://gateway@db:5432/gateway")
 
 
 def test_a_batch_in_flight_when_the_writer_process_dies_is_kept_and_written_once(
