@@ -15,10 +15,12 @@ it, and its retention interval so that the round starts a few seconds into the s
 The round is the gateway's own (`Pruner` in `gateway serve`): on PostgreSQL it drops the day's
 partitions and deletes the day of the tables kept unpartitioned (request and shadow minutes,
 backend energy, drops) in batches; on SQLite it deletes all of them in batches. Each run takes
-the next day of the week, so `--runs 3` takes its first three. A run's figure is the worst
-during-load p99 over the before-load p99; the result is their median and range. With
-`--control`, the window covers the whole week (the round runs and finds nothing to delete) and
-"during" is one load: how far the p99 moves from one load to the next without retention.
+the next day of the week, so `--runs 3` takes its first three. A run's figures are the worst
+and the median during-load p99 over the before-load p99, and the median during-load throughput
+over the before-load's; the result is their median and range. With `--control`, the window
+covers the whole week (the round runs and finds nothing to delete) and "during" is
+`--control-loads` loads, as many as a round's: how far the worst of that many loads moves from
+the first without retention.
 """
 
 from __future__ import annotations
@@ -141,17 +143,18 @@ def one_round(
     seconds: int,
     connections: int,
     script: str,
-    control: bool = False,
+    control_loads: int = 0,
 ) -> dict[str, Any]:
-    """Serve while retention deletes the day starting at `day` (with `control`, while a round
-    runs that finds nothing past its window, and for one load); return the loads' figures."""
+    """Serve while retention deletes the day starting at `day` (with `control_loads`, for that
+    many loads while a round runs that finds nothing past its window); return the loads'
+    figures."""
     db = connect(url)
     cutoff = day + DAY_S
     rows = count(db, day, cutoff)
     interval_s = WARMUP_S + seconds + SLACK_S + 2.0
     # The window ends at the day's end when the round runs (interval_s after start).
     days = (time.time() + interval_s - cutoff) / DAY_S
-    if control:
+    if control_loads:
         days, cutoff = 365.0, 0.0
     result: dict[str, Any] = {"day": day, "rows": rows}
     with gateway(url, upstream, days, interval_s) as base:
@@ -169,7 +172,7 @@ def one_round(
 
         threading.Thread(target=watch, daemon=True).start()
         result["during"] = []
-        while not done.is_set() or not result["during"]:
+        while not done.is_set() or len(result["during"]) < max(1, control_loads):
             result["during"].append(wrk(base + CHAT, connections, seconds, script))
             if len(result["during"]) > 200:
                 raise RuntimeError("the retention round did not end")
@@ -177,9 +180,17 @@ def one_round(
         result["round_ended_after_s"] = round(round_s["done_after_start_s"], 1)
     result["rows_left"] = count(db, day, cutoff)
     db.dispose()
-    worst = max(load["p99_ms"] for load in result["during"])
-    result["p99_ratio"] = round(worst / result["before"]["p99_ms"], 3)
+    before, during = result["before"], result["during"]
+    p99s = [load["p99_ms"] for load in during]
+    result["p99_ratio"] = round(max(p99s) / before["p99_ms"], 3)
+    result["p99_ratio_median_load"] = round(statistics.median(p99s) / before["p99_ms"], 3)
+    rates = [load["rps"] for load in during]
+    result["throughput_ratio"] = round(statistics.median(rates) / before["rps"], 3)
     return result
+
+
+def spread(values: list[float]) -> dict[str, Any]:
+    return {"median": statistics.median(values), "range": [min(values), max(values)]}
 
 
 def run(
@@ -188,7 +199,7 @@ def run(
     runs: int,
     seconds: int,
     connections: int,
-    control: bool = False,
+    control_loads: int = 0,
     first_day: int = 0,
 ) -> dict[str, Any]:
     period = week(week_label)
@@ -199,19 +210,18 @@ def run(
         for i in range(runs):
             day = period.since + (first_day + i) * DAY_S
             rounds.append(
-                one_round(url, upstream, day, seconds, connections, str(script_path), control)
+                one_round(url, upstream, day, seconds, connections, str(script_path), control_loads)
             )
             print(json.dumps(rounds[-1]), file=sys.stderr, flush=True)
-    ratios = [r["p99_ratio"] for r in rounds]
     return {
         "database": sa.make_url(url).get_backend_name(),
         "week": week_label,
-        "control": control,
+        "control_loads": control_loads,
         "connections": connections,
         "seconds": seconds,
-        "p99_ratio": {
-            "median": statistics.median(ratios),
-            "range": [min(ratios), max(ratios)],
+        **{
+            figure: spread([r[figure] for r in rounds])
+            for figure in ("p99_ratio", "p99_ratio_median_load", "throughput_ratio")
         },
         "rounds": rounds,
     }
@@ -225,9 +235,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=int, default=20, help="length of each wrk load")
     parser.add_argument("--connections", type=int, default=8)
     parser.add_argument(
-        "--control",
-        action="store_true",
-        help="the same loads with nothing past the window: how far p99 moves between two loads",
+        "--control-loads",
+        type=int,
+        default=0,
+        help="instead, this many loads with nothing past the window: how far p99 moves",
     )
     parser.add_argument(
         "--first-day", type=int, default=0, help="the week's day the first run deletes (0: Monday)"
@@ -241,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         args.runs,
         args.seconds,
         args.connections,
-        args.control,
+        args.control_loads,
         args.first_day,
     )
     text = json.dumps(result, indent=2)
