@@ -39,6 +39,7 @@ from minutes against the one computed from records.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -220,7 +221,9 @@ class ShadowMinutes:
         self._tallies: dict[Key, Tally] = {}
         # Copies held for their energy: (decision id, kind, candidate backend) → (row, class, due).
         self._held: dict[tuple[str, str, str | None], tuple[dict[str, Any], str | None, float]] = {}
-        self._primaries: dict[str, tuple[float | None, float | None]] = {}
+        # Oldest first; an OrderedDict drops its oldest at once, where a dict that lost its first
+        # keys walks past their empty slots to find the next (a scan per request when full).
+        self._primaries: OrderedDict[str, tuple[float | None, float | None]] = OrderedDict()
         self._max_primaries = max_primaries
 
     def copy(self, row: dict[str, Any], slo_class: str | None, now: float) -> None:
@@ -243,7 +246,7 @@ class ShadowMinutes:
         """Keep a request's energy and cost, for the copies of it."""
         primaries = self._primaries
         if len(primaries) >= self._max_primaries:  # the oldest have had their copies folded
-            del primaries[next(iter(primaries))]
+            primaries.popitem(last=False)
         primaries[decision_id] = (energy_j, cost)
 
     def compact(self, db: sa.Engine, now: float) -> int:

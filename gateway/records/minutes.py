@@ -25,6 +25,7 @@ the policy then in force.
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -197,7 +198,7 @@ class Minutes:
         self._targets = targets
         self._cells: dict[Key, Cell] = {}
         # Requests whose energy is still to come: decision id → (key, tokens, predicted energy).
-        self._awaited: dict[str, tuple[Key, int | None, float | None]] = {}
+        self._awaited: OrderedDict[str, tuple[Key, int | None, float | None]] = OrderedDict()
         self._max_awaited = max_awaited
 
     def request(self, record: Any) -> None:
@@ -242,8 +243,10 @@ class Minutes:
             )
         elif record.backend is not None:
             awaited = self._awaited
-            if len(awaited) >= self._max_awaited:  # one whose energy never came: forget it
-                del awaited[next(iter(awaited))]
+            # The oldest, whose energy never came, goes: an OrderedDict drops it at once, where a
+            # dict that lost its first keys walks past their empty slots to find the next.
+            if len(awaited) >= self._max_awaited:
+                awaited.popitem(last=False)
             awaited[record.decision_id] = (
                 key,
                 tokens(record.prompt_tokens, record.completion_tokens),

@@ -449,6 +449,20 @@ def figures(evidence: dict[tuple[str, str], Evidence]) -> dict[tuple[str, str], 
     }  # fmt: skip
 
 
+def test_primaries_beyond_the_cap_forget_the_oldest_energy_only() -> None:
+    shadows = ShadowMinutes(targets, max_primaries=2)
+    now = 1_700_000_040.0
+    for n in range(3):
+        shadows.primary_energy(f"{n:032x}", 2.0 + n, 1e-4)
+    for n in range(3):  # each copy's own energy is in its record; its primary's is held
+        row = shadow_record(n, ts=now, candidate_energy_j=1.0, candidate_cost_usd=5e-5).row()
+        shadows.copy(row, None, now)
+
+    (minute,) = shadows.take(math.inf)
+    # The first primary's energy was dropped for the two after it: its copy has no pair.
+    assert (minute.energy_pairs, minute.priced, minute.primary_energy_j) == (2, 2, 7.0)
+
+
 def test_a_record_standing_for_copies_alike_folds_as_the_record_repeated() -> None:
     rng = random.Random(5)
     alike = [(r, rng.randint(1, 9)) for r in week(5)[::5]]

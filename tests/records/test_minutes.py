@@ -98,6 +98,19 @@ def test_requests_and_their_later_energy_fold_into_the_minutes_of_the_stored_rec
     assert sum(s["errors"] for s in got.values()) == sum(r.status != 200 for r in records)
 
 
+def test_awaited_energy_beyond_the_cap_forgets_the_oldest_request_only() -> None:
+    minutes = Minutes(targets, max_awaited=2)
+    records = [dataclasses.replace(request_record(n), ts=T0 + n) for n in range(3)]
+    for record in records:
+        minutes.request(record)
+    for n, record in enumerate(records):  # the first's comes after two newer were awaited
+        minutes.energy(record.decision_id, 2.0 + n, None)
+
+    (row,) = minutes.take()
+    assert row.requests == 3
+    assert (row.energy_n, row.energy_j) == (2, 7.0)
+
+
 def test_a_minute_is_written_once_settled_and_the_open_ones_at_stop(database: str) -> None:
     db = connect(database)
     now = [T0]
