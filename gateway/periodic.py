@@ -22,12 +22,18 @@ log = logging.getLogger(__name__)
 # saturated loop also wants (weights 110 against 1,024), several times what writing every
 # record takes, and all of an idle one.
 HELPER_NICE = 10
+# Work that can wait hours (retention's deletes) takes only what the others leave: at nice 19 it
+# gets about a seventieth of a core a saturated loop also wants (weights 15 against 1,024).
+IDLE_NICE = 19
 
 
 def helper_process(
-    initializer: Callable[..., object] | None = None, initargs: tuple[Any, ...] = ()
+    initializer: Callable[..., object] | None = None,
+    initargs: tuple[Any, ...] = (),
+    *,
+    nice: int = HELPER_NICE,
 ) -> ProcessPoolExecutor:
-    """Start a process of one worker for work apart from serving.
+    """Start a process of one worker for work apart from serving, `nice` below it.
 
     Spawned, not forked: the serving process has threads and an event loop running. It runs
     below the serving process, logs as it does, and ignores Ctrl-C and SIGTERM, which reach the
@@ -38,12 +44,19 @@ def helper_process(
     formatter = next(
         (h.formatter for h in root.handlers if type(h.formatter) is logging.Formatter), None
     )
-    return ProcessPoolExecutor(
+    executor = ProcessPoolExecutor(
         max_workers=1,
         mp_context=multiprocessing.get_context("spawn"),
         initializer=_started_apart,
         initargs=(initializer, initargs, root.level, formatter),
     )
+    # Started now and lowered from here, before its interpreter imports anything: a spawned
+    # process's imports are a second of CPU, at the serving process's priority if it lowered
+    # itself only once they were done.
+    executor.submit(int)
+    for pid in executor._processes:  # the worker, started by the submit
+        os.setpriority(os.PRIO_PROCESS, pid, min(os.getpriority(os.PRIO_PROCESS, 0) + nice, 19))
+    return executor
 
 
 def _started_apart(
@@ -54,7 +67,6 @@ def _started_apart(
 ) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    os.nice(HELPER_NICE)
     # A spawned process starts with logging unset (unless importing the main module set it):
     # what it logs would be lost.
     root = logging.getLogger()
