@@ -1,4 +1,5 @@
-"""A day's retention while the gateway serves: the serving p99 before and during the round.
+"""A day's retention while the gateway serves: the serving p99 and throughput during the round
+against before and after it.
 
     python -m bench.records --requests 10000000 --shadows 2000000 --database URL
     python -m bench.retention_serving --database URL --runs 3 --out R.json
@@ -6,21 +7,23 @@
 `python -m gateway serve` runs on the database at URL holding a week (bench.records), pinned to
 core 0 as in bench.hot_path, every backend on the instant upstream (bench/instant_upstream.py,
 with wrk on core 1), its retention window set so that the week's next day is all that lies past
-it, and its retention interval so that the round starts a few seconds into the second load:
+it, and its retention interval so that the round starts a few seconds after the loads before it:
 
-1. before: wrk, `--connections` connections of non-streaming chat for `--seconds`;
-2. during: wrk again, in loads of `--seconds` one after the other, until the round has deleted
-   the day (its rows gone from every table retention looks after, polled once a second).
+1. before: wrk, `--settled-loads` loads of `--connections` connections of non-streaming chat
+   for `--seconds` each;
+2. during: wrk again, load after load, until the round has deleted the day (its rows gone from
+   every table retention looks after, polled once a second);
+3. after: `--settled-loads` loads more, the round done.
 
 The round is the gateway's own (`Pruner` in `gateway serve`): on PostgreSQL it drops the day's
 partitions and deletes the day of the tables kept unpartitioned (request and shadow minutes,
 backend energy, drops) in batches; on SQLite it deletes all of them in batches. Each run takes
-the next day of the week, so `--runs 3` takes its first three. A run's figures are the worst
-and the median during-load p99 over the before-load p99, and the median during-load throughput
-over the before-load's; the result is their median and range. With `--control`, the window
-covers the whole week (the round runs and finds nothing to delete) and "during" is
-`--control-loads` loads, as many as a round's: how far the worst of that many loads moves from
-the first without retention.
+the next day of the week, so `--runs 3` takes its first three. A run's figures are the median
+during-load p99 and throughput over the median of the loads before and after (one load alone
+moves too much to be the reference), and the worst during-load p99 over the worst of those; the
+result is their median and range. With `--control-loads N`, the window covers the whole week
+(the round runs and finds nothing to delete) and "during" is N loads: how far the same figures
+move without retention.
 """
 
 from __future__ import annotations
@@ -143,24 +146,29 @@ def one_round(
     seconds: int,
     connections: int,
     script: str,
+    settled_loads: int,
     control_loads: int = 0,
 ) -> dict[str, Any]:
     """Serve while retention deletes the day starting at `day` (with `control_loads`, for that
-    many loads while a round runs that finds nothing past its window); return the loads'
-    figures."""
+    many loads while a round runs that finds nothing past its window), `settled_loads` loads
+    before the round and as many after it; return the loads' figures."""
     db = connect(url)
     cutoff = day + DAY_S
     rows = count(db, day, cutoff)
-    interval_s = WARMUP_S + seconds + SLACK_S + 2.0
+    interval_s = WARMUP_S + settled_loads * seconds + SLACK_S + 2.0
     # The window ends at the day's end when the round runs (interval_s after start).
     days = (time.time() + interval_s - cutoff) / DAY_S
     if control_loads:
         days, cutoff = 365.0, 0.0
     result: dict[str, Any] = {"day": day, "rows": rows}
+
+    def loads(n: int) -> list[dict[str, Any]]:
+        return [wrk(base + CHAT, connections, seconds, script) for _ in range(n)]
+
     with gateway(url, upstream, days, interval_s) as base:
         started = time.monotonic()
         wrk(base + CHAT, connections, WARMUP_S, script)
-        result["before"] = wrk(base + CHAT, connections, seconds, script)
+        result["before"] = loads(settled_loads)
         done = threading.Event()
         round_s: dict[str, float] = {}
 
@@ -173,20 +181,26 @@ def one_round(
         threading.Thread(target=watch, daemon=True).start()
         result["during"] = []
         while not done.is_set() or len(result["during"]) < max(1, control_loads):
-            result["during"].append(wrk(base + CHAT, connections, seconds, script))
+            result["during"].extend(loads(1))
             if len(result["during"]) > 200:
                 raise RuntimeError("the retention round did not end")
+        result["after"] = loads(settled_loads)
         result["round_started_after_s"] = interval_s
         result["round_ended_after_s"] = round(round_s["done_after_start_s"], 1)
     result["rows_left"] = count(db, day, cutoff)
     db.dispose()
-    before, during = result["before"], result["during"]
-    p99s = [load["p99_ms"] for load in during]
-    result["p99_ratio"] = round(max(p99s) / before["p99_ms"], 3)
-    result["p99_ratio_median_load"] = round(statistics.median(p99s) / before["p99_ms"], 3)
-    rates = [load["rps"] for load in during]
-    result["throughput_ratio"] = round(statistics.median(rates) / before["rps"], 3)
+    settled, during = result["before"] + result["after"], result["during"]
+    for figure, name in (("p99_ms", "p99_ratio"), ("rps", "throughput_ratio")):
+        ratio = median_of(during, figure) / median_of(settled, figure)
+        result[name] = round(ratio, 3)
+    result["worst_p99_ratio"] = round(
+        max(load["p99_ms"] for load in during) / max(load["p99_ms"] for load in settled), 3
+    )
     return result
+
+
+def median_of(loads: list[dict[str, Any]], figure: str) -> float:
+    return float(statistics.median(load[figure] for load in loads))
 
 
 def spread(values: list[float]) -> dict[str, Any]:
@@ -199,6 +213,7 @@ def run(
     runs: int,
     seconds: int,
     connections: int,
+    settled_loads: int = 3,
     control_loads: int = 0,
     first_day: int = 0,
 ) -> dict[str, Any]:
@@ -210,18 +225,28 @@ def run(
         for i in range(runs):
             day = period.since + (first_day + i) * DAY_S
             rounds.append(
-                one_round(url, upstream, day, seconds, connections, str(script_path), control_loads)
+                one_round(
+                    url,
+                    upstream,
+                    day,
+                    seconds,
+                    connections,
+                    str(script_path),
+                    settled_loads,
+                    control_loads,
+                )
             )
             print(json.dumps(rounds[-1]), file=sys.stderr, flush=True)
     return {
         "database": sa.make_url(url).get_backend_name(),
         "week": week_label,
+        "settled_loads": settled_loads,
         "control_loads": control_loads,
         "connections": connections,
         "seconds": seconds,
         **{
             figure: spread([r[figure] for r in rounds])
-            for figure in ("p99_ratio", "p99_ratio_median_load", "throughput_ratio")
+            for figure in ("p99_ratio", "throughput_ratio", "worst_p99_ratio")
         },
         "rounds": rounds,
     }
@@ -234,6 +259,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=3, help="rounds, a day of the week each")
     parser.add_argument("--seconds", type=int, default=20, help="length of each wrk load")
     parser.add_argument("--connections", type=int, default=8)
+    parser.add_argument(
+        "--settled-loads", type=int, default=3, help="loads before the round, and after it"
+    )
     parser.add_argument(
         "--control-loads",
         type=int,
@@ -252,6 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         args.runs,
         args.seconds,
         args.connections,
+        args.settled_loads,
         args.control_loads,
         args.first_day,
     )
