@@ -22,18 +22,12 @@ log = logging.getLogger(__name__)
 # saturated loop also wants (weights 110 against 1,024), several times what writing every
 # record takes, and all of an idle one.
 HELPER_NICE = 10
-# Work that can wait hours (retention's deletes) takes only what the others leave: at nice 19 it
-# gets about a seventieth of a core a saturated loop also wants (weights 15 against 1,024).
-IDLE_NICE = 19
 
 
 def helper_process(
-    initializer: Callable[..., object] | None = None,
-    initargs: tuple[Any, ...] = (),
-    *,
-    nice: int = HELPER_NICE,
+    initializer: Callable[..., object] | None = None, initargs: tuple[Any, ...] = ()
 ) -> ProcessPoolExecutor:
-    """Start a process of one worker for work apart from serving, `nice` below it.
+    """Start a process of one worker for work apart from serving.
 
     Spawned, not forked: the serving process has threads and an event loop running. It runs
     below the serving process, logs as it does, and ignores Ctrl-C and SIGTERM, which reach the
@@ -54,8 +48,9 @@ def helper_process(
     # process's imports are a second of CPU, at the serving process's priority if it lowered
     # itself only once they were done.
     executor.submit(int)
+    lowered = min(os.getpriority(os.PRIO_PROCESS, 0) + HELPER_NICE, 19)
     for pid in executor._processes:  # the worker, started by the submit
-        os.setpriority(os.PRIO_PROCESS, pid, min(os.getpriority(os.PRIO_PROCESS, 0) + nice, 19))
+        os.setpriority(os.PRIO_PROCESS, pid, lowered)
     return executor
 
 

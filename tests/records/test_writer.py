@@ -15,7 +15,7 @@ from waiting import until
 
 from gateway.db.connection import connect, reachable_apart, upgrade
 from gateway.metrics import GatewayMetrics
-from gateway.periodic import HELPER_NICE, IDLE_NICE, helper_process
+from gateway.periodic import HELPER_NICE, helper_process
 from gateway.records.requests import RecordWriter
 from gateway.records.writer import WriterProcess
 from harness.gateways import run_gateway
@@ -101,12 +101,12 @@ def _helper_state() -> tuple[object, object, int]:
 def test_a_helper_process_runs_low_before_it_imports_its_work() -> None:
     # The worker imports its initializer's module to unpickle it, before any code of its own
     # runs: a second of CPU, to be spent below the serving process too.
-    helper = helper_process(priority_at_import.start, nice=IDLE_NICE)
+    helper = helper_process(priority_at_import.start)
     try:
         at_import = helper.submit(priority_at_import.noted).result(timeout=120)
     finally:
         helper.shutdown()
-    assert at_import == min(os.getpriority(os.PRIO_PROCESS, 0) + IDLE_NICE, 19)
+    assert at_import == min(os.getpriority(os.PRIO_PROCESS, 0) + HELPER_NICE, 19)
 
 
 def test_helper_processes_run_below_the_serving_process_and_leave_stopping_to_it() -> None:
