@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import sys
 import time
 from collections import deque
@@ -27,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.compare.measures import Diff
-from gateway.db.schema import RequestRecord, ShadowRecord
+from gateway.db.schema import RequestMinute, RequestRecord, ShadowMinute, ShadowRecord
 from gateway.policy.load import load_policy
 from gateway.promotion.shadow_minutes import ShadowMinutes
 from gateway.records.minutes import Minutes, targets_of
@@ -113,6 +114,8 @@ def run(requests: int, rate: float, shadow_rate: float, window: int) -> dict[str
     pending: deque[tuple[float, str]] = deque()
     every = round(1 / shadow_rate) if shadow_rate else 0
     spent: list[float] = []  # CPU seconds per chunk of requests
+    handed: list[RequestMinute] = []
+    copied: list[ShadowMinute] = []
     handed_at = 0.0
     start = 1_796_000_000.0
     cycle = itertools.cycle(keys)
@@ -139,15 +142,19 @@ def run(requests: int, rate: float, shadow_rate: float, window: int) -> dict[str
                 minutes.energy(decision_id, 41.0, 0.0002)
                 shadows.primary_energy(decision_id, 41.0, 0.0002)
             if now - handed_at >= 1.0:
-                minutes.take(now - 120.0)
-                shadows.take(now)
+                handed += minutes.take(now - 120.0)
+                copied += shadows.take(now)
                 handed_at = now
         spent.append(time.process_time() - t0)
     chunks = window // CHUNK
     early = sum(spent[:chunks]) / (chunks * CHUNK)
     steady = sum(spent[-chunks:]) / (chunks * CHUNK)
+    handed += minutes.take()
+    copied += shadows.take(math.inf)
     return {
         "requests": requests,
+        "requests_folded": sum(row.requests for row in handed),
+        "copies_folded": sum(row.sent for row in copied),
         "rate": rate,
         "shadow_rate": shadow_rate,
         "keys": len(keys),
