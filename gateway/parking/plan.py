@@ -56,7 +56,7 @@ PACK = 0.6
 HOLD_S = 60.0
 # Fitted on Azure's code trace, seed 3, the two fleets of docs/routing.md rows 5 and 6: at 0.25
 # the released fleet met the SLO by 0.03 points and the asleep one missed it by 1.5; a peak kept
-# 300 s let the bursts that come back after five quiet minutes find too few backends on.
+# 300 s served 99.06 % asleep against 600 s's 99.34 %, the bursts coming back after quiet minutes.
 PREFILL_SHARE = 0.2
 PROMPT_PEAK_S = 600.0
 SLOT_EWMA = 0.05  # weight of each new request's slot time in the pool's mean
