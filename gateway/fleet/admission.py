@@ -31,9 +31,10 @@ if TYPE_CHECKING:
 
 
 class Traffic(Protocol):
-    """What parking is told of the requests served: each routed to a pool, each slot's hold."""
+    """What parking is told of the requests served: each routed to a pool with its prompt's
+    length, each slot's hold."""
 
-    def arrived(self, pool: str, now: float) -> None: ...
+    def arrived(self, pool: str, now: float, prompt_tokens: int = 0, model: str = "") -> None: ...
 
     def finished(self, pool: str, slot_s: float) -> None: ...
 
@@ -115,10 +116,11 @@ class Admission:
         slot.backend.in_flight -= 1
         slot.backend.kv_reserved -= slot.kv_bytes
 
-    def routed(self, pool: str) -> None:
-        """Count a request routed to `pool`, whether it takes a slot at once or waits."""
+    def routed(self, pool: str, prompt_tokens: int = 0, model: str = "") -> None:
+        """Count a request routed to `pool` (its prompt's length, its model), whether it takes a
+        slot at once or waits."""
         if self.traffic is not None:
-            self.traffic.arrived(pool, self.clock())
+            self.traffic.arrived(pool, self.clock(), prompt_tokens, model)
 
     def release(self, slot: Slot) -> None:
         """Give a slot back (once, however often asked); the oldest waiter of its pool gets it

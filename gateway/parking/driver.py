@@ -268,7 +268,7 @@ class Parker:
         self._busy: dict[str, asyncio.Task[None]] = {}  # url -> the hook call under way
         self._draining_since: dict[str, float] = {}  # url -> clock
         self._parked: dict[str, tuple[float, list[float]]] = {}  # url -> clock, power read
-        self._told: dict[str, list[float]] = {}  # pool -> arrivals, finished, their slot s
+        self._told: dict[str, list[float]] = {}  # pool -> arrivals, finished, slot s, prefill s
         self._adopted = False
         self._tasks = Tasks()
         self.periodic = Periodic("parking", round_s, self.round)
@@ -281,9 +281,12 @@ class Parker:
 
     # What admission tells it.
 
-    def arrived(self, pool: str, now: float) -> None:
-        self.planner.arrived(pool, now)
-        self._tally(pool)[0] += 1
+    def arrived(self, pool: str, now: float, prompt_tokens: int = 0, model: str = "") -> None:
+        prefill_s = self.planner.prefill_s(pool, prompt_tokens, model or None)
+        self.planner.arrived(pool, now, prefill_s)
+        tally = self._tally(pool)
+        tally[0] += 1
+        tally[3] += prefill_s
 
     def finished(self, pool: str, slot_s: float) -> None:
         self.planner.finished(pool, slot_s)
@@ -294,7 +297,7 @@ class Parker:
     def _tally(self, pool: str) -> list[float]:
         tally = self._told.get(pool)
         if tally is None:
-            tally = self._told[pool] = [0.0, 0.0, 0.0]
+            tally = self._told[pool] = [0.0, 0.0, 0.0, 0.0]
         return tally
 
     # The round.
@@ -605,11 +608,13 @@ class Parker:
         now = self.clock()
         for pool, told in pools.items():
             try:
-                arrivals, finished, slot_s = (float(x) for x in told)
+                arrivals, finished, slot_s, prefill_s = (float(x) for x in told)
             except (TypeError, ValueError):
                 continue
+            # Each arrival with the notice's mean prefill: the plan sums them over its windows.
+            each = prefill_s / arrivals if arrivals >= 1 else 0.0
             for _ in range(min(int(arrivals), MAX_TOLD)):
-                self.planner.arrived(str(pool), now)
+                self.planner.arrived(str(pool), now, each)
             if finished >= 1:
                 for _ in range(min(int(finished), MAX_TOLD)):
                     self.planner.finished(str(pool), slot_s / finished)

@@ -146,7 +146,7 @@ class Forwarder:
         kv = decision.kv_bytes
         if decision.backend is not None:
             ex.first_pool = decision.backend.pool
-            self.admission.routed(ex.first_pool)
+            self.admission.routed(ex.first_pool, ex.profile.prompt_tokens, ex.profile.model)
             slot = await self.admission.take(decision.backend, kv)
             if slot is not None:
                 return slot
@@ -156,7 +156,7 @@ class Forwarder:
             assert decision.queue_pool is not None
             pool = decision.queue_pool
             ex.first_pool = pool.name
-            self.admission.routed(ex.first_pool)
+            self.admission.routed(ex.first_pool, ex.profile.prompt_tokens, ex.profile.model)
         waited = self.clock()
         try:
             return await self.admission.wait(pool, decision.queue_budget_s, kv)

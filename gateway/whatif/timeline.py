@@ -428,17 +428,24 @@ class Replay:
         passage.route = decision.route
         if decision.backend is not None:
             if self.parking is not None:
-                self.parking.arrived(decision.backend.pool, now)
+                self._arrived(decision.backend.pool, passage, now)
             self._admit(passage, self.world[decision.backend.name], now)
             return
         pool = decision.queue_pool
         assert pool is not None
         if self.parking is not None:
-            self.parking.arrived(pool.name, now)
+            self._arrived(pool.name, passage, now)
         passage.queued_in = pool.name
         self._waiting[pool.name].append(passage)
         deadline = now + decision.queue_budget_s
         heapq.heappush(self._deadlines, (deadline, next(self._order), passage))
+
+    def _arrived(self, pool: str, passage: Passage, now: float) -> None:
+        """Tell the parking plan of a request routed to `pool`, as admission tells it live."""
+        assert self.parking is not None
+        profile = passage.profile
+        prefill_s = self.parking.prefill_s(pool, profile.prompt_tokens, profile.model)
+        self.parking.arrived(pool, now, prefill_s)
 
     def _expire(self, now: float) -> None:
         while self._deadlines and self._deadlines[0][0] <= now:

@@ -5,8 +5,16 @@ from __future__ import annotations
 import itertools
 
 from gateway.fleet.state import DRAINING, PARKED, Fleet
-from gateway.parking.plan import HOLD_S, PACK, SHORT_S, WINDOW_S, Parking
-from policies import fleet_policy
+from gateway.parking.plan import (
+    HOLD_S,
+    PACK,
+    PREFILL_SHARE,
+    PROMPT_PEAK_S,
+    SHORT_S,
+    WINDOW_S,
+    Parking,
+)
+from policies import BIG, MODEL, fleet_policy
 
 
 def fleet(gpus: int = 4, asics: int = 2) -> Fleet:
@@ -177,3 +185,56 @@ def test_a_released_pool_parks_no_sooner_than_its_wake_up_lasts() -> None:
     # Switched off sooner than a wake-up lasts, a backend needed again would cost more to
     # bring back (its idle draw and hours over the wake-up) than it saved.
     assert first_park(slow) == 300
+
+
+def serving(f: Fleet, pool: str) -> int:
+    return sum(b.parking == "" for b in f.pools[pool].backends)
+
+
+def planned(f: Fleet, parking: Parking, now: float) -> None:
+    """Plan at `now` and take the moves at once (a parked backend wakes at once)."""
+    for move in parking.plan(f, now):
+        move.backend.parking = PARKED if move.action == "park" else ""
+
+
+def test_a_pool_keeps_the_backends_its_prompts_prefill_needs_however_few_slots_they_hold() -> None:
+    policy = fleet_policy(gpu=[f"http://127.0.0.1:{10 + i}" for i in range(4)])
+    f, parking = Fleet(policy), Parking.of(policy)
+    for _ in range(50):
+        parking.finished("gpu", 0.5)  # short answers: one request a second holds half a slot
+    # One long prompt a second, each taking 2.5 backends' PREFILL_SHARE of a second to compute.
+    tokens = round(2.5 * PREFILL_SHARE / parking.prefill_s("gpu", 1, MODEL))
+    for second in range(int(10 * HOLD_S)):
+        parking.arrived("gpu", float(second), parking.prefill_s("gpu", tokens, MODEL))
+        planned(f, parking, float(second))
+    # By slots one backend would hold them all at PACK; their prefill takes three.
+    assert serving(f, "gpu") == 3
+    assert "prefill" in parking.needed(f.pools["gpu"], 10 * HOLD_S)[1]
+
+
+def test_a_burst_of_prompts_keeps_its_backends_on_for_the_prompt_peak() -> None:
+    policy = fleet_policy(gpu=[f"http://127.0.0.1:{10 + i}" for i in range(4)])
+    f, parking = Fleet(policy), Parking.of(policy)
+    # In one second, prompts taking three backends' PREFILL_SHARE over SHORT_S; then quiet.
+    burst = 3 * PREFILL_SHARE * SHORT_S
+    parking.arrived("gpu", 0.0, burst)
+    on: list[int] = []
+    for second in range(int(PROMPT_PEAK_S + 4 * HOLD_S)):
+        planned(f, parking, float(second))
+        on.append(serving(f, "gpu"))
+    # Quiet for minutes, the pool still holds the burst's three (the fourth is parked after a
+    # hold); once the peak has aged out it parks down to one, a hold apart.
+    assert on[int(HOLD_S) - 1] == 4 and on[int(HOLD_S)] == 3
+    assert set(on[int(HOLD_S) : int(PROMPT_PEAK_S)]) == {3}
+    assert on[-1] == 1
+
+
+def test_a_prompt_is_priced_at_its_models_prefill_on_the_pool() -> None:
+    sizes = {MODEL: {"params_b": 8}, BIG: {"params_b": 16}}
+    parking = Parking.of(fleet_policy(asic_extra={"compute_tflops": 400}, models=sizes))
+    eight, sixteen = parking.prefill_s("gpu", 1000, MODEL), parking.prefill_s("gpu", 1000, BIG)
+    assert 0 < eight < sixteen
+    # A model the pool does not list is priced as its largest; a pool not known, as nothing.
+    assert parking.prefill_s("gpu", 1000, "unknown-model") == sixteen
+    assert parking.prefill_s("asic", 1000, MODEL) > eight  # less compute than the GPU
+    assert Parking().prefill_s("gpu", 1000, MODEL) == 0.0
