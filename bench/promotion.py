@@ -148,11 +148,13 @@ class Scenario:
     slo_loss: float = 0.0  # share of requests where only the candidate misses, beyond noise
     cheaper: float = 0.9
     days: float = 7.0
+    kinds: tuple[str, ...] = ()  # held out: the prompt kinds of its traffic (every kind if none)
 
 
 DEPARTURE_MARGIN = Criteria().departure_margin
 # The simulated analog part, fit to the real one (bench/precision_fit.py).
 CIM_HARMFUL_RATE = load_profile("cim").precision.harmful_rate
+EVERYDAY, NUMBERS = pairs.EVERYDAY_KINDS, pairs.NUMBER_KINDS
 SCENARIOS = {
     "simulated": {
         "aa": Scenario("gpu", "promote"),
@@ -170,18 +172,22 @@ SCENARIOS = {
         "subtle": Scenario("subtle", "reject", days=14.0),
         "sampled": Scenario("q8_0", "promote", sampled_share=0.7, days=14.0),
     },
-    # Parts and prompts no threshold was fitted on (bench/pairs.py, `held_out`).
+    # Parts and prompts no threshold was fitted on (bench/pairs.py, `held_out`): traffic of
+    # everyday prompts, or of everyday questions answered by a number.
     "held-out": {
-        "aa": Scenario("f16", "promote"),
-        "quality_null": Scenario("f16", "not promote", excess=DEPARTURE_MARGIN),
-        "benign": Scenario("q8_0", "promote"),
-        "benign_q6_k": Scenario("q6_k", "promote"),
-        "sampled": Scenario("q6_k", "promote", sampled_share=0.7, days=14.0),
-        "analog_10db": Scenario("analog_10db", "reject", days=14.0),
-        "analog_8db": Scenario("analog_8db", "reject", days=14.0),
-        "empty": Scenario("empty", "reject", days=14.0),
-        "cut": Scenario("cut", "reject", days=14.0),
-        "errors": Scenario("errors", "reject", days=14.0),
+        "aa": Scenario("f16", "promote", kinds=EVERYDAY),
+        "quality_null": Scenario("f16", "not promote", excess=DEPARTURE_MARGIN, kinds=EVERYDAY),
+        "benign": Scenario("q8_0", "promote", kinds=EVERYDAY),
+        "benign_q6_k": Scenario("q6_k", "promote", kinds=EVERYDAY),
+        "sampled": Scenario("q6_k", "promote", sampled_share=0.7, days=14.0, kinds=EVERYDAY),
+        "analog_10db": Scenario("analog_10db", "reject", days=14.0, kinds=EVERYDAY),
+        "analog_8db": Scenario("analog_8db", "reject", days=14.0, kinds=EVERYDAY),
+        "empty": Scenario("empty", "reject", days=14.0, kinds=EVERYDAY),
+        "cut": Scenario("cut", "reject", days=14.0, kinds=EVERYDAY),
+        "errors": Scenario("errors", "reject", days=14.0, kinds=EVERYDAY),
+        "timeouts": Scenario("timeouts", "reject", days=14.0, kinds=EVERYDAY),
+        "benign_numbers": Scenario("q8_0", "promote", kinds=NUMBERS),
+        "digits": Scenario("digits", "reject", days=14.0, kinds=NUMBERS),
     },
 }
 # What each truth is held to: the share of runs that must end so.
@@ -365,12 +371,12 @@ def traffic(
 ) -> Traffic:
     """Return what a scenario's copies of one kind of traffic are drawn from, its rates measured
     against the tolerance of the embedding model's `paraphrase` similarity where declared."""
-    clean = measured[(scenario.candidate, is_sampled, 0.0)]
+    clean = measured[(scenario.candidate, is_sampled, 0.0)].of_kinds(scenario.kinds)
     rates = clean.rates(paraphrase)
     candidate = Drawn.of((clean.candidate, 1.0))
     if scenario.harmful_rate:
         share = scenario.harmful_rate
-        wrong = measured[(scenario.candidate, is_sampled, 1.0)]
+        wrong = measured[(scenario.candidate, is_sampled, 1.0)].of_kinds(scenario.kinds)
         rates = mixed(rates, wrong.rates(paraphrase), share)
         candidate = Drawn.of((clean.candidate, 1 - share), (wrong.candidate, share))
     noise = Drawn.of((clean.noise, 1.0))
@@ -525,6 +531,13 @@ def calibrate(
             },
         }
     result = summary(fleet, results, runs=runs, seed=seed, look_hours=look_hours)
+    if fleet == "held-out":
+        # Every part on the questions answered by a number, at temperature 0: how many of the
+        # reference's answers hold a digit, and how each part's answers compare with them.
+        result["numbers"] = {
+            part: measured[(part, False, 0.0)].of_kinds(NUMBERS).rates(paraphrase).as_dict()
+            for part in pairs.HELD_OUT_PARTS
+        }
     if fleet == "simulated":
         result["answer_lengths"] = "natural" if natural_lengths else "real"
     return result
