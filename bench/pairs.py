@@ -29,7 +29,7 @@ import contextlib
 import json
 import tempfile
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from random import Random
@@ -339,27 +339,31 @@ def held_out_seed(seed: int) -> int:
 
 
 @contextlib.contextmanager
-def held_out_fleet(seed: int, logs: Path | None = None) -> Iterator[dict[str, str]]:
-    """Start the real fleet, an engine per held-out part and the shims; yield each URL."""
+def held_out_fleet(
+    seed: int, logs: Path | None = None, parts: Collection[str] = tuple(HELD_OUT_PARTS)
+) -> Iterator[dict[str, str]]:
+    """Start the real fleet, an engine per held-out part of `parts` and their shims; yield
+    each URL."""
     with contextlib.ExitStack() as stack:
         folder = Path(stack.enter_context(tempfile.TemporaryDirectory()))
         running = stack.enter_context(fleet.running(logs=logs))
-        files = {
-            "q6_k-0": quantized_parts(folder, [HELD_OUT_QUANT])[HELD_OUT_QUANT.replace("_", "")],
-            **{
-                f"analog-{db:g}db-0": path
-                for db in HELD_OUT_ANALOG_DB
-                for path in analog_parts(folder, [db], [held_out_seed(seed)]).values()
-            },
-        }
+        files = {}
+        if HELD_OUT_QUANT in parts:
+            quantized = quantized_parts(folder, [HELD_OUT_QUANT])
+            files["q6_k-0"] = quantized[HELD_OUT_QUANT.replace("_", "")]
+        for db in HELD_OUT_ANALOG_DB:
+            if f"analog_{db:g}db" in parts:
+                (path,) = analog_parts(folder, [db], [held_out_seed(seed)]).values()
+                files[f"analog-{db:g}db-0"] = path
         urls = {name: running.url(name) for name in running.servers}
         for name, path in files.items():
             spec = engine.ServerSpec(path, corpus.MODEL, context=2048, slots=2)
             log = logs / f"{name}.log" if logs else None
             urls[name] = stack.enter_context(engine.serving(spec, log)).url
         for name, (mode, share) in HELD_OUT_SHIMS.items():
-            shim = stack.enter_context(Shim(urls[REPLICA], mode, share).running())
-            urls[f"shim-{name}"] = shim.url
+            if name in parts:
+                shim = stack.enter_context(Shim(urls[REPLICA], mode, share).running())
+                urls[f"shim-{name}"] = shim.url
         yield urls
 
 

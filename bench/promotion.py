@@ -2,6 +2,7 @@
 
     python -m bench.promotion --fleet real --seed 0 --out docs/results/promotion-real-seed0.json
     python -m bench.promotion --fleet held-out --seed 0 --out R.json
+    python -m bench.promotion --fleet held-out --scenario digits --scenario timeouts --out R.json
     python -m bench.promotion --fleet simulated --seed 0 --out docs/results/promotion-seed0.json
     python -m bench.promotion --fleet simulated --natural-lengths --seed 0 --out R.json
 
@@ -400,14 +401,16 @@ def measure(
     samples: int,
     logs: Path | None,
     natural_lengths: bool = False,
+    scenarios: Mapping[str, Scenario] | None = None,
 ) -> dict[tuple[str, bool, float], Measured]:
-    """Measure every candidate the fleet's scenarios name, at temperature 0 and sampled.
+    """Measure every candidate the fleet's scenarios (or `scenarios`) name, at temperature 0
+    and sampled.
 
     Keys: (candidate, sampled, harmful share). The simulated fleet measures the answers of a
     part that carries a harmful error (1.0) apart from its clean ones (0.0); a scenario mixes
     them at its share.
     """
-    chosen = SCENARIOS[fleet].values()
+    chosen = (SCENARIOS[fleet] if scenarios is None else scenarios).values()
     measured: dict[tuple[str, bool, float], Measured] = {}
     if fleet == "simulated":
         # As long as the real fleet's answers, so the two calibrations judge alike: a part's
@@ -426,8 +429,13 @@ def measure(
     if logs is not None:
         logs.mkdir(parents=True, exist_ok=True)
     held_out = fleet == "held-out"
-    running = pairs.held_out_fleet(seed, logs) if held_out else pairs.real_fleet(logs)
-    parts = pairs.HELD_OUT_PARTS if held_out else pairs.REAL_PARTS
+    named = {s.candidate for s in chosen}
+    parts = {
+        name: backend
+        for name, backend in (pairs.HELD_OUT_PARTS if held_out else pairs.REAL_PARTS).items()
+        if name in named
+    }
+    running = pairs.held_out_fleet(seed, logs, parts) if held_out else pairs.real_fleet(logs)
     lines = pairs.held_out_prompts(seed) if held_out else pairs.prompts()
     with running as urls:
         for is_sampled in (False, True):
@@ -479,10 +487,19 @@ def calibrate(
     samples: int = 3,
     look_hours: float = 6.0,
     logs: Path | None = None,
+    only: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """Run every scenario of `fleet` `runs` times; return the rates the judge is held to."""
+    """Run every scenario of `fleet` (those named in `only`, where given) `runs` times; return
+    the rates the judge is held to."""
     criteria = Criteria()
     rng = np.random.default_rng(seed)
+    unknown = sorted(set(only) - set(SCENARIOS[fleet]))
+    if unknown:
+        raise ValueError(
+            f"no scenario {', '.join(unknown)} on the {fleet} fleet "
+            f"(scenarios: {', '.join(SCENARIOS[fleet])})"
+        )
+    chosen = {name: s for name, s in SCENARIOS[fleet].items() if not only or name in only}
     measured = measure(
         fleet,
         seed,
@@ -490,6 +507,7 @@ def calibrate(
         samples=samples,
         logs=logs,
         natural_lengths=natural_lengths,
+        scenarios=chosen,
     )
     results: dict[str, Any] = {}
     # The held-out weeks read the paraphrase similarity the real fleet's policy declares for
@@ -497,7 +515,7 @@ def calibrate(
     # weeks read none, as their thresholds were fitted: there the floor sets the tolerance, and
     # at the declared 0.83 fewer of the analog part's wrong facts depart (docs/promotion.md).
     paraphrase = pairs.real_paraphrase() if fleet == "held-out" else None
-    for name, scenario in SCENARIOS[fleet].items():
+    for name, scenario in chosen.items():
         kinds = {
             is_sampled: traffic(scenario, measured, is_sampled, paraphrase)
             for is_sampled in (False, True)
@@ -537,6 +555,7 @@ def calibrate(
         result["numbers"] = {
             part: measured[(part, False, 0.0)].of_kinds(NUMBERS).rates(paraphrase).as_dict()
             for part in pairs.HELD_OUT_PARTS
+            if (part, False, 0.0) in measured
         }
     if fleet == "simulated":
         result["answer_lengths"] = "natural" if natural_lengths else "real"
@@ -636,6 +655,12 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="simulated: answers of the simulator's own lengths, not the real fleet's",
     )
+    parser.add_argument(
+        "--scenario",
+        action="append",
+        default=[],
+        help="run this scenario (again for more), measuring only the parts they name; all if none",
+    )
     parser.add_argument("--out", type=Path, required=True, help="where to write the JSON result")
     args = parser.parse_args(argv)
     result = calibrate(
@@ -646,6 +671,7 @@ def main(argv: list[str] | None = None) -> None:
         samples=args.samples,
         logs=args.logs,
         natural_lengths=args.natural_lengths,
+        only=args.scenario,
     )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
