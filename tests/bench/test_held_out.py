@@ -105,7 +105,7 @@ def test_a_part_that_hangs_counts_against_itself_as_a_timeout(f16: str) -> None:
         )
         assert shim.failed == 2
     rows = measured["timeouts"].candidate
-    failed = [(r["failure"], r["candidate_error"]) for r in rows if r["failure"]]
+    failed = [(r["failure"], r["candidate_error"]) for r in rows if r.get("failure")]
     assert failed == [("timeout", "timeout")] * 2
     assert measured["timeouts"].rates().failed_kinds == {"timeout": 2}
     scenario = promotion.Scenario("timeouts", "reject", days=14.0)
