@@ -11,8 +11,9 @@ suite asks for. Nothing fitted reads this module or its output (bench/near_tie.p
 apart).
 
 Those answers hold no number, so a part that changes one is not seen on them. `numbers` writes,
-from the same seed, everyday questions whose answer is a number: quantities in recipes, times,
-distances, counts and conversions (`NUMBER_KINDS`), each labelled with it.
+from the same seed, everyday questions whose answer is a number: quantities for recipes, times,
+distances, counts and conversions (`NUMBER_KINDS`), each labelled with it: the model's own
+questions after an everyday lead-in, none of them a question of the fitted suites.
 
     python -m bench.everyday --seed 1 --numbers --out numbers-1.jsonl
 """
@@ -22,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -96,69 +96,54 @@ KINDS = {
 }
 
 
-INGREDIENTS = ["eggs", "cups of flour", "onions", "spoons of sugar", "carrots", "cloves of garlic",
-               "potatoes", "apples"]  # fmt: skip
-THINGS = ["apples", "books", "plates", "chairs", "stamps", "shirts", "candles", "pencils"]
-RIDES = ["bus", "train", "ferry", "tram"]
-# Units: (larger, smaller, how many of the smaller in one of the larger).
-Unit = tuple[str, str, int]
-LENGTHS: list[Unit] = [("kilometres", "metres", 1000), ("metres", "centimetres", 100)]
+# The fleet's model answers a number only to the questions it was taught ("What is 12 plus
+# 30?", "How many grams are in 4 kilograms?"; realfleet/corpus.py): asked with words after them,
+# or in words of its own, it mostly answers with a country or a story. So a question here is one
+# of those after an everyday lead-in, which the model reads past, and its core is never a
+# question of the fitted suites. How many of the reference's answers hold a digit is measured
+# with every held-out run (bench/promotion.py, "numbers").
+Unit = tuple[str, str, int]  # (larger, smaller, how many of the smaller in one of the larger)
 WEIGHTS: list[Unit] = [("kilograms", "grams", 1000)]
-VOLUMES: list[Unit] = [("litres", "millilitres", 1000)]
+LENGTHS: list[Unit] = [("kilometres", "metres", 1000), ("metres", "centimetres", 100),
+                       ("feet", "inches", 12)]  # fmt: skip
 TIMES: list[Unit] = [("hours", "minutes", 60), ("minutes", "seconds", 60), ("days", "hours", 24),
                      ("weeks", "days", 7)]  # fmt: skip
-# What a template's answer is, of the two numbers drawn (2 to 19) and its unit's factor.
-SUM: Callable[[int, int, int], int] = lambda a, b, f: a + b  # noqa: E731
-PRODUCT: Callable[[int, int, int], int] = lambda a, b, f: a * b  # noqa: E731
-CONVERTED: Callable[[int, int, int], int] = lambda a, b, f: a * f  # noqa: E731
-# By kind: (template, the units it draws from, its answer).
-NUMBER_KINDS: dict[str, list[tuple[str, list[Unit], Callable[[int, int, int], int]]]] = {
-    "quantity": [
-        ("A recipe needs {a} {item} for one batch. How many {item} do I need for {b} batches?",
-         [], PRODUCT),
-        ("I have {a} {item} and the soup needs {b} more. How many {item} is that in all?",
-         [], SUM),
-        ("The sauce takes {a} {big} of stock. How many {small} of stock is that?", VOLUMES,
-         CONVERTED),
-    ],
-    "time": [
-        ("The {ride} takes {a} minutes and the walk after it {b} minutes. How many minutes is "
-         "the whole trip?", [], SUM),
-        ("The bread bakes for {a} {big}. How many {small} is that?", TIMES[:2], CONVERTED),
-    ],
-    "distance": [
-        ("My run is {a} {big} long. How many {small} do I run?", LENGTHS, CONVERTED),
-        ("I walk {a} kilometres to work and {b} kilometres back. How far do I walk in a day, "
-         "in kilometres?", [], SUM),
-    ],
-    "count": [
-        ("I bought {a} {thing} and then {b} more. How many {thing} do I have?", [], SUM),
-        ("There are {a} boxes with {b} {thing} in each. How many {thing} are there?", [],
-         PRODUCT),
-    ],
-    "conversion": [
-        ("My suitcase weighs {a} {big}. How many {small} is that?", WEIGHTS, CONVERTED),
-        ("The holiday lasts {a} {big}. How many {small} is it?", TIMES[2:], CONVERTED),
-    ],
+SUM = "What is {a} plus {b}?"
+CONVERSION = "How many {small} are in {n} {big}?"
+# By kind: the lead-ins, the question and the units it draws from (none for a sum).
+NUMBER_KINDS: dict[str, tuple[list[str], str, list[Unit]]] = {
+    "quantity": (["For the recipe,", "For the bread,", "For the cake,", "At the market,"],
+                 CONVERSION, WEIGHTS),
+    "time": (["For the trip,", "For the roast,", "Before the train leaves,", "For my shift,"],
+             CONVERSION, TIMES),
+    "distance": (["For my run,", "On my walk,", "For the new shelf,", "For the garden fence,"],
+                 CONVERSION, LENGTHS),
+    "count": (["In the shop,", "At the party,", "For the school trip,", "In the library,"],
+              SUM, []),
+    "conversion": (["My child asks:", "For the homework,", "Quick question:", "For the plan,"],
+                   CONVERSION, [*WEIGHTS, *LENGTHS, *TIMES]),
 }  # fmt: skip
 
 
-def number_prompt(rng: random.Random) -> tuple[str, str, str]:
-    """Draw one question whose answer is a number: its kind, its text and the answer."""
+def number_prompt(rng: random.Random) -> tuple[str, str, str, str]:
+    """Draw one question whose answer is a number: its kind, its text, its core (the question
+    the model was taught) and the answer."""
     kind = rng.choice(sorted(NUMBER_KINDS))
-    template, units, answer = rng.choice(NUMBER_KINDS[kind])
-    a, b = rng.randrange(2, 20), rng.randrange(2, 20)
-    big, small, factor = rng.choice(units) if units else ("", "", 1)
-    text = template.format(
-        a=a,
-        b=b,
-        big=big,
-        small=small,
-        item=rng.choice(INGREDIENTS),
-        thing=rng.choice(THINGS),
-        ride=rng.choice(RIDES),
-    )
-    return kind, text + rng.choice(ASIDES), str(answer(a, b, factor))
+    leads, question, units = NUMBER_KINDS[kind]
+    if units:
+        big, small, factor = rng.choice(units)
+        n = rng.randrange(2, 13)
+        core, answer = question.format(small=small, n=n, big=big), n * factor
+    else:
+        a, b = rng.randrange(2, 50), rng.randrange(2, 50)
+        core, answer = question.format(a=a, b=b), a + b
+    text = f"{rng.choice(leads)} {core[0].lower()}{core[1:]}"
+    return kind, text, core, str(answer)
+
+
+def fitted_questions() -> set[str]:
+    """Return the questions of the real fleet's fitted suites (realfleet/corpus.py)."""
+    return {prompt.question for name in corpus.SUITES for prompt in corpus.suite(name)}
 
 
 def prompt(rng: random.Random) -> tuple[str, str]:
@@ -201,12 +186,17 @@ def suite(seed: int, count: int = PROMPTS) -> list[dict[str, Any]]:
 
 def numbers(seed: int, count: int = NUMBER_PROMPTS) -> list[dict[str, Any]]:
     """Return `count` different everyday questions with a number for an answer, drawn from
-    `seed`, as suite lines labelled with it (`expected`)."""
+    `seed`, none a fitted question after a lead-in, as suite lines labelled with the answer
+    (`expected`)."""
     rng = random.Random(f"numbers-{seed}")
+    fitted = fitted_questions()
     seen: dict[str, tuple[str, str]] = {}
+    cores: set[str] = set()
     while len(seen) < count:
-        kind, text, answer = number_prompt(rng)
-        seen.setdefault(text, (kind, answer))
+        kind, text, core, answer = number_prompt(rng)
+        if core not in fitted and core not in cores:
+            cores.add(core)
+            seen[text] = (kind, answer)
     return [
         {
             "model": corpus.MODEL,

@@ -45,6 +45,7 @@ def test_no_held_out_prompt_was_fitted_on() -> None:
 def test_the_questions_answered_by_a_number_come_after_the_everyday_prompts() -> None:
     # The digit-changing shim fails one prompt in twenty in the order they first arrive: with
     # the 240 everyday prompts first, one in twenty of the 60 after them.
+    fitted_questions = {p.question for name in corpus.SUITES for p in corpus.suite(name)}
     for seed in range(3):
         lines = pairs.held_out_prompts(seed)
         kinds = [line["kind"] for line in lines]
@@ -55,6 +56,11 @@ def test_the_questions_answered_by_a_number_come_after_the_everyday_prompts() ->
             assert re.fullmatch(r"\d+", line["expected"])
             question = line["messages"][-1]["content"]
             assert not re.search(rf"(?<!\d){line['expected']}(?!\d)", question), question
+            # After its lead-in, a question the model was taught, but none a fitted one.
+            taught = re.fullmatch(r".+?[,:] ((?:what is|how many) .*\?)", question)
+            assert taught is not None, question
+            core = taught.group(1)
+            assert core[0].upper() + core[1:] not in fitted_questions, question
     assert not set(pairs.EVERYDAY_KINDS) & set(pairs.NUMBER_KINDS)
 
 
@@ -124,3 +130,21 @@ def test_a_part_that_hangs_counts_against_itself_as_a_timeout(f16: str) -> None:
     assert evidence.slo.only_primary >= evidence.failures.kinds["timeout"]
     assert evidence.greedy.departed >= evidence.failures.kinds["timeout"]
     assert outcome == REJECT and day is not None and day <= 1.0
+
+
+def test_the_reference_answers_the_number_questions_with_numbers_a_part_can_change(
+    f16: str,
+) -> None:
+    """The digit-changing part is judged on answers that hold a number: the f16 model's answers
+    to the held-out number questions do, and are right, so each one the shim changes is wrong."""
+    lines = pairs.held_out_prompts(0)[everyday.PROMPTS :]
+    with Shim(f16, "digits", share=0.05).running() as shim:
+        urls = {pairs.REFERENCE: f16, pairs.REPLICA: f16, pairs.EMBEDDER: f16, "changes": shim.url}
+        measured = asyncio.run(
+            pairs.real(urls, 0.0, 1, 0, parts={"digits": "changes"}, lines=lines)
+        )
+        assert shim.failed == 3  # one in twenty of the 60
+    rates = measured["digits"].rates()
+    assert rates.primary_with_digit is not None and rates.primary_with_digit >= 0.95
+    assert rates.labelled == 60 and rates.primary_right >= 57
+    assert rates.turned_wrong == 3 and rates.candidate_exact == 57 / 60
