@@ -424,8 +424,8 @@ async def real(
 ) -> dict[str, Measured]:
     """Ask every prompt of the suite (`lines`, else the labelled suite and the stories)
     `samples` times of the reference, its replica and every candidate part (by the backend
-    serving it); return each part's pairs with the reference and the noise floor's. A part's
-    answer not come within `copy_timeout` (the fleet's, `copy_timeout_s`) is a timeout."""
+    serving it); return each part's pairs with the reference and the noise floor's. A part
+    that has not answered within `copy_timeout` (the fleet's, `copy_timeout_s`) timed out."""
     lines = prompts() if lines is None else lines
     gate = asyncio.Semaphore(concurrency)
     measured = {part: Measured() for part in parts}
