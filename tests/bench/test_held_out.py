@@ -104,10 +104,12 @@ def test_a_part_that_hangs_counts_against_itself_as_a_timeout(f16: str) -> None:
     """A copy with no answer within the copy's timeout is a failed copy of kind `timeout`: the
     weeks fold it as the live judge does (failed, departed, its SLO missed) and reject."""
     lines = pairs.held_out_prompts(0)[:10]
-    with Shim(f16, "timeout", share=0.2, hang_s=30.0).running() as shim:
+    # A copy timeout far above an answer's time on a busy machine (at 5 s, two answers of a
+    # loaded engine timed out too), and a hang longer than it.
+    with Shim(f16, "timeout", share=0.2, hang_s=60.0).running() as shim:
         urls = {pairs.REFERENCE: f16, pairs.REPLICA: f16, pairs.EMBEDDER: f16, "hangs": shim.url}
         measured = asyncio.run(
-            pairs.real(urls, 0.0, 1, 0, parts={"timeouts": "hangs"}, lines=lines, copy_timeout=5.0)
+            pairs.real(urls, 0.0, 1, 0, parts={"timeouts": "hangs"}, lines=lines, copy_timeout=20.0)
         )
         assert shim.failed == 2
     rows = measured["timeouts"].candidate
