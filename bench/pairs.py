@@ -12,10 +12,11 @@ questions each side got right. Two sources:
   noise floor), Q8_0, and with analog read noise at two strengths; semantic similarity is
   all-MiniLM-L6-v2's, on the fleet's embedding engine. Every candidate answer to a labelled
   question is marked right or wrong against the question's label.
-- `held_out`: the same fleet on what no threshold was fitted on: an everyday suite
-  (bench/everyday.py) and parts the fit never saw (`HELD_OUT_PARTS`: a Q6_K quantization,
-  analog noise at seeds of their own, and the replica behind realfleet/shim.py failing a share
-  of prompts plainly: empty, cut in half, an error).
+- `held_out`: the same fleet on what no threshold was fitted on: an everyday suite and its
+  questions answered by a number (bench/everyday.py) and parts the fit never saw
+  (`HELD_OUT_PARTS`: a Q6_K quantization, analog noise at seeds of their own, and the replica
+  behind realfleet/shim.py failing a share of prompts: empty, cut in half, an error, no answer
+  before the copy's timeout, or a digit changed).
 
 Either way each pair is read and compared by gateway/compare and held to its noise floor's
 tolerance by gateway/promotion/departures.py, exactly as the judge's live evidence is.
@@ -28,7 +29,7 @@ import contextlib
 import json
 import tempfile
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from random import Random
@@ -87,6 +88,7 @@ class Measured:
             return sum(found) / len(found) if found else 0.0
 
         labelled = [r for r in self.candidate if r.get("candidate_right") is not None]
+        with_digit = [r["primary_digit"] for r in self.candidate if "primary_digit" in r]
         turned_wrong = [r for r in labelled if r["primary_right"] and not r["candidate_right"]]
         return Rates(
             candidate=share(self.candidate, lambda r: departs(r, held_to)),
@@ -120,7 +122,19 @@ class Measured:
             departing_kinds=dict(
                 Counter(r.get("prompt_kind", "") for r in self.candidate if departs(r, held_to))
             ),
+            primary_with_digit=sum(with_digit) / len(with_digit) if with_digit else None,
+            failed_kinds=dict(Counter(r["failure"] for r in self.candidate if r.get("failure"))),
         )
+
+    def of_kinds(self, kinds: Sequence[str]) -> Measured:
+        """Return the pairs of the prompts of `kinds` alone (every pair where none is named)."""
+        if not kinds:
+            return self
+
+        def kept(rows: list[Row]) -> list[Row]:
+            return [r for r in rows if r.get("prompt_kind") in kinds]
+
+        return Measured(kept(self.candidate), kept(self.noise))
 
 
 @dataclass(frozen=True)
@@ -151,6 +165,8 @@ class Rates:
     turned_wrong_departed_by_words: int = 0
     departed_by_words: float = 0.0
     departing_kinds: dict[str, int] = field(default_factory=dict)  # real: by prompt kind
+    primary_with_digit: float | None = None  # real: the share of the primary's answers with one
+    failed_kinds: dict[str, int] = field(default_factory=dict)  # the copies that failed, by kind
 
     @property
     def candidate_words(self) -> float:
@@ -185,6 +201,8 @@ class Rates:
             "turned_wrong_departed_by_words": self.turned_wrong_departed_by_words,
             "departed_by_words": self.departed_by_words,
             "departing_kinds": self.departing_kinds,
+            "primary_answers_with_a_digit": self.primary_with_digit,
+            "failed_kinds": self.failed_kinds,
         }
 
 
@@ -288,10 +306,18 @@ def real_fleet(logs: Path | None = None) -> Iterator[dict[str, str]]:
 # front of the replica, so every answer they leave is the reference's own.
 HELD_OUT_QUANT = "q6_k"
 HELD_OUT_ANALOG_DB = (10.0, 8.0)
-# No shim changes a digit here: the everyday suites' answers (recipes, plans, letters) hold none,
-# so such a part answers every prompt as the reference does (measured: exact match on all 720
-# pairs). It is held to the labelled suite instead (tests/realfleet/test_real_precision.py).
-HELD_OUT_SHIMS = {"empty": ("empty", 0.10), "cut": ("cut", 0.10), "errors": ("error", 0.02)}
+# The shims by part: (mode, share of prompts). The everyday answers (recipes, plans, letters)
+# hold no digit, so the digit-changing part is judged on the questions answered by a number
+# (bench/everyday.py, `numbers`), asked after them: it changes one of every twenty of those.
+HELD_OUT_SHIMS = {
+    "empty": ("empty", 0.10),
+    "cut": ("cut", 0.10),
+    "errors": ("error", 0.02),
+    "timeouts": ("timeout", 0.02),
+    "digits": ("digits", 0.05),
+}
+EVERYDAY_KINDS = tuple(sorted(everyday.KINDS))
+NUMBER_KINDS = tuple(sorted(everyday.NUMBER_KINDS))
 HELD_OUT_PARTS = {
     "f16": REPLICA,
     "q8_0": "asic-0",
@@ -313,33 +339,46 @@ def held_out_seed(seed: int) -> int:
 
 
 @contextlib.contextmanager
-def held_out_fleet(seed: int, logs: Path | None = None) -> Iterator[dict[str, str]]:
-    """Start the real fleet, an engine per held-out part and the shims; yield each URL."""
+def held_out_fleet(
+    seed: int, logs: Path | None = None, parts: Collection[str] = tuple(HELD_OUT_PARTS)
+) -> Iterator[dict[str, str]]:
+    """Start the real fleet, an engine per held-out part of `parts` and their shims; yield
+    each URL."""
     with contextlib.ExitStack() as stack:
         folder = Path(stack.enter_context(tempfile.TemporaryDirectory()))
         running = stack.enter_context(fleet.running(logs=logs))
-        files = {
-            "q6_k-0": quantized_parts(folder, [HELD_OUT_QUANT])[HELD_OUT_QUANT.replace("_", "")],
-            **{
-                f"analog-{db:g}db-0": path
-                for db in HELD_OUT_ANALOG_DB
-                for path in analog_parts(folder, [db], [held_out_seed(seed)]).values()
-            },
-        }
+        files = {}
+        if HELD_OUT_QUANT in parts:
+            quantized = quantized_parts(folder, [HELD_OUT_QUANT])
+            files["q6_k-0"] = quantized[HELD_OUT_QUANT.replace("_", "")]
+        for db in HELD_OUT_ANALOG_DB:
+            if f"analog_{db:g}db" in parts:
+                (path,) = analog_parts(folder, [db], [held_out_seed(seed)]).values()
+                files[f"analog-{db:g}db-0"] = path
         urls = {name: running.url(name) for name in running.servers}
         for name, path in files.items():
             spec = engine.ServerSpec(path, corpus.MODEL, context=2048, slots=2)
             log = logs / f"{name}.log" if logs else None
             urls[name] = stack.enter_context(engine.serving(spec, log)).url
         for name, (mode, share) in HELD_OUT_SHIMS.items():
-            shim = stack.enter_context(Shim(urls[REPLICA], mode, share).running())
-            urls[f"shim-{name}"] = shim.url
+            if name in parts:
+                shim = stack.enter_context(Shim(urls[REPLICA], mode, share).running())
+                urls[f"shim-{name}"] = shim.url
         yield urls
 
 
 def held_out_prompts(seed: int) -> list[dict[str, Any]]:
-    """Return the everyday suite of a calibration seed (bench/everyday.py's seeds in turn)."""
-    return everyday.suite(everyday.SEEDS[seed % len(everyday.SEEDS)])
+    """Return the everyday suite of a calibration seed (bench/everyday.py's seeds in turn), then
+    its questions answered by a number."""
+    suite = everyday.SEEDS[seed % len(everyday.SEEDS)]
+    return everyday.suite(suite) + everyday.numbers(suite)
+
+
+def copy_timeout_s() -> float:
+    """Return the timeout a copy runs under on the real fleet: its default SLO class's, as the
+    mirror runs a copy under its request's class's (gateway/shadow/mirror.py)."""
+    policy = load_policy(fleet.POLICY)
+    return policy.slo_classes[policy.default_slo_class].timeout_s
 
 
 def primary_failed(primary: Answer, other: Reply) -> str | None:
@@ -381,17 +420,23 @@ async def real(
     *,
     parts: Mapping[str, str] = REAL_PARTS,
     lines: Sequence[Mapping[str, Any]] | None = None,
+    copy_timeout: float | None = None,
 ) -> dict[str, Measured]:
     """Ask every prompt of the suite (`lines`, else the labelled suite and the stories)
     `samples` times of the reference, its replica and every candidate part (by the backend
-    serving it); return each part's pairs with the reference and the noise floor's."""
+    serving it); return each part's pairs with the reference and the noise floor's. A part
+    that has not answered within `copy_timeout` (the fleet's, `copy_timeout_s`) timed out."""
     lines = prompts() if lines is None else lines
     gate = asyncio.Semaphore(concurrency)
     measured = {part: Measured() for part in parts}
     embedder = Endpoint("embed", urls[EMBEDDER])
     embedding_model = fleet.EMBEDDING_MODEL
+    copy_timeout = copy_timeout_s() if copy_timeout is None else copy_timeout
 
-    async with httpx.AsyncClient(timeout=120) as client:
+    async with (
+        httpx.AsyncClient(timeout=120) as client,
+        httpx.AsyncClient(timeout=copy_timeout) as copies,
+    ):
 
         async def one(index: int, line: Mapping[str, Any], sample: int) -> None:
             async with gate:
@@ -401,7 +446,7 @@ async def real(
                 replies: list[Reply] = await asyncio.gather(
                     *(
                         ask(
-                            client,
+                            copies if k > 1 else client,
                             Endpoint(name, urls[name]),
                             "/v1/chat/completions",
                             body(line, temperature, base + k),
@@ -416,14 +461,17 @@ async def real(
                     client, embedder, embedding_model, primary.answer, again
                 )
                 noise["primary_failure"] = primary_failed(primary.answer, again)
+                noise["prompt_kind"] = line.get("kind", "")
                 expected = line.get("expected")
                 right = expected is not None and states(primary.answer.text or "", expected)
+                with_digit = any(c.isdigit() for c in primary.answer.text or "")
                 for part, reply in zip(parts, answers, strict=True):
                     pair, _ = await measure_pair(
                         client, embedder, embedding_model, primary.answer, reply
                     )
                     pair["primary_failure"] = primary_failed(primary.answer, reply)
                     pair["prompt_kind"] = line.get("kind", "")
+                    pair["primary_digit"] = with_digit
                     if expected is not None:
                         text = reply.answer.text if reply.answer is not None else ""
                         pair["primary_right"] = right

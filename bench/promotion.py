@@ -2,6 +2,7 @@
 
     python -m bench.promotion --fleet real --seed 0 --out docs/results/promotion-real-seed0.json
     python -m bench.promotion --fleet held-out --seed 0 --out R.json
+    python -m bench.promotion --fleet held-out --scenario digits --scenario timeouts --out R.json
     python -m bench.promotion --fleet simulated --seed 0 --out docs/results/promotion-seed0.json
     python -m bench.promotion --fleet simulated --natural-lengths --seed 0 --out R.json
 
@@ -148,11 +149,13 @@ class Scenario:
     slo_loss: float = 0.0  # share of requests where only the candidate misses, beyond noise
     cheaper: float = 0.9
     days: float = 7.0
+    kinds: tuple[str, ...] = ()  # held out: the prompt kinds of its traffic (every kind if none)
 
 
 DEPARTURE_MARGIN = Criteria().departure_margin
 # The simulated analog part, fit to the real one (bench/precision_fit.py).
 CIM_HARMFUL_RATE = load_profile("cim").precision.harmful_rate
+EVERYDAY, NUMBERS = pairs.EVERYDAY_KINDS, pairs.NUMBER_KINDS
 SCENARIOS = {
     "simulated": {
         "aa": Scenario("gpu", "promote"),
@@ -170,18 +173,22 @@ SCENARIOS = {
         "subtle": Scenario("subtle", "reject", days=14.0),
         "sampled": Scenario("q8_0", "promote", sampled_share=0.7, days=14.0),
     },
-    # Parts and prompts no threshold was fitted on (bench/pairs.py, `held_out`).
+    # Parts and prompts no threshold was fitted on (bench/pairs.py, `held_out`): traffic of
+    # everyday prompts, or of everyday questions answered by a number.
     "held-out": {
-        "aa": Scenario("f16", "promote"),
-        "quality_null": Scenario("f16", "not promote", excess=DEPARTURE_MARGIN),
-        "benign": Scenario("q8_0", "promote"),
-        "benign_q6_k": Scenario("q6_k", "promote"),
-        "sampled": Scenario("q6_k", "promote", sampled_share=0.7, days=14.0),
-        "analog_10db": Scenario("analog_10db", "reject", days=14.0),
-        "analog_8db": Scenario("analog_8db", "reject", days=14.0),
-        "empty": Scenario("empty", "reject", days=14.0),
-        "cut": Scenario("cut", "reject", days=14.0),
-        "errors": Scenario("errors", "reject", days=14.0),
+        "aa": Scenario("f16", "promote", kinds=EVERYDAY),
+        "quality_null": Scenario("f16", "not promote", excess=DEPARTURE_MARGIN, kinds=EVERYDAY),
+        "benign": Scenario("q8_0", "promote", kinds=EVERYDAY),
+        "benign_q6_k": Scenario("q6_k", "promote", kinds=EVERYDAY),
+        "sampled": Scenario("q6_k", "promote", sampled_share=0.7, days=14.0, kinds=EVERYDAY),
+        "analog_10db": Scenario("analog_10db", "reject", days=14.0, kinds=EVERYDAY),
+        "analog_8db": Scenario("analog_8db", "reject", days=14.0, kinds=EVERYDAY),
+        "empty": Scenario("empty", "reject", days=14.0, kinds=EVERYDAY),
+        "cut": Scenario("cut", "reject", days=14.0, kinds=EVERYDAY),
+        "errors": Scenario("errors", "reject", days=14.0, kinds=EVERYDAY),
+        "timeouts": Scenario("timeouts", "reject", days=14.0, kinds=EVERYDAY),
+        "benign_numbers": Scenario("q8_0", "promote", kinds=NUMBERS),
+        "digits": Scenario("digits", "reject", days=14.0, kinds=NUMBERS),
     },
 }
 # What each truth is held to: the share of runs that must end so.
@@ -365,12 +372,12 @@ def traffic(
 ) -> Traffic:
     """Return what a scenario's copies of one kind of traffic are drawn from, its rates measured
     against the tolerance of the embedding model's `paraphrase` similarity where declared."""
-    clean = measured[(scenario.candidate, is_sampled, 0.0)]
+    clean = measured[(scenario.candidate, is_sampled, 0.0)].of_kinds(scenario.kinds)
     rates = clean.rates(paraphrase)
     candidate = Drawn.of((clean.candidate, 1.0))
     if scenario.harmful_rate:
         share = scenario.harmful_rate
-        wrong = measured[(scenario.candidate, is_sampled, 1.0)]
+        wrong = measured[(scenario.candidate, is_sampled, 1.0)].of_kinds(scenario.kinds)
         rates = mixed(rates, wrong.rates(paraphrase), share)
         candidate = Drawn.of((clean.candidate, 1 - share), (wrong.candidate, share))
     noise = Drawn.of((clean.noise, 1.0))
@@ -394,14 +401,16 @@ def measure(
     samples: int,
     logs: Path | None,
     natural_lengths: bool = False,
+    scenarios: Mapping[str, Scenario] | None = None,
 ) -> dict[tuple[str, bool, float], Measured]:
-    """Measure every candidate the fleet's scenarios name, at temperature 0 and sampled.
+    """Measure every candidate the fleet's scenarios (or `scenarios`) name, at temperature 0
+    and sampled.
 
     Keys: (candidate, sampled, harmful share). The simulated fleet measures the answers of a
     part that carries a harmful error (1.0) apart from its clean ones (0.0); a scenario mixes
     them at its share.
     """
-    chosen = SCENARIOS[fleet].values()
+    chosen = (SCENARIOS[fleet] if scenarios is None else scenarios).values()
     measured: dict[tuple[str, bool, float], Measured] = {}
     if fleet == "simulated":
         # As long as the real fleet's answers, so the two calibrations judge alike: a part's
@@ -420,8 +429,13 @@ def measure(
     if logs is not None:
         logs.mkdir(parents=True, exist_ok=True)
     held_out = fleet == "held-out"
-    running = pairs.held_out_fleet(seed, logs) if held_out else pairs.real_fleet(logs)
-    parts = pairs.HELD_OUT_PARTS if held_out else pairs.REAL_PARTS
+    named = {s.candidate for s in chosen}
+    parts = {
+        name: backend
+        for name, backend in (pairs.HELD_OUT_PARTS if held_out else pairs.REAL_PARTS).items()
+        if name in named
+    }
+    running = pairs.held_out_fleet(seed, logs, parts) if held_out else pairs.real_fleet(logs)
     lines = pairs.held_out_prompts(seed) if held_out else pairs.prompts()
     with running as urls:
         for is_sampled in (False, True):
@@ -473,10 +487,19 @@ def calibrate(
     samples: int = 3,
     look_hours: float = 6.0,
     logs: Path | None = None,
+    only: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """Run every scenario of `fleet` `runs` times; return the rates the judge is held to."""
+    """Run every scenario of `fleet` (those named in `only`, where given) `runs` times; return
+    the rates the judge is held to."""
     criteria = Criteria()
     rng = np.random.default_rng(seed)
+    unknown = sorted(set(only) - set(SCENARIOS[fleet]))
+    if unknown:
+        raise ValueError(
+            f"no scenario {', '.join(unknown)} on the {fleet} fleet "
+            f"(scenarios: {', '.join(SCENARIOS[fleet])})"
+        )
+    chosen = {name: s for name, s in SCENARIOS[fleet].items() if not only or name in only}
     measured = measure(
         fleet,
         seed,
@@ -484,6 +507,7 @@ def calibrate(
         samples=samples,
         logs=logs,
         natural_lengths=natural_lengths,
+        scenarios=chosen,
     )
     results: dict[str, Any] = {}
     # The held-out weeks read the paraphrase similarity the real fleet's policy declares for
@@ -491,7 +515,7 @@ def calibrate(
     # weeks read none, as their thresholds were fitted: there the floor sets the tolerance, and
     # at the declared 0.83 fewer of the analog part's wrong facts depart (docs/promotion.md).
     paraphrase = pairs.real_paraphrase() if fleet == "held-out" else None
-    for name, scenario in SCENARIOS[fleet].items():
+    for name, scenario in chosen.items():
         kinds = {
             is_sampled: traffic(scenario, measured, is_sampled, paraphrase)
             for is_sampled in (False, True)
@@ -525,6 +549,14 @@ def calibrate(
             },
         }
     result = summary(fleet, results, runs=runs, seed=seed, look_hours=look_hours)
+    if fleet == "held-out":
+        # Every part on the questions answered by a number, at temperature 0: how many of the
+        # reference's answers hold a digit, and how each part's answers compare with them.
+        result["numbers"] = {
+            part: measured[(part, False, 0.0)].of_kinds(NUMBERS).rates(paraphrase).as_dict()
+            for part in pairs.HELD_OUT_PARTS
+            if (part, False, 0.0) in measured
+        }
     if fleet == "simulated":
         result["answer_lengths"] = "natural" if natural_lengths else "real"
     return result
@@ -623,6 +655,12 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="simulated: answers of the simulator's own lengths, not the real fleet's",
     )
+    parser.add_argument(
+        "--scenario",
+        action="append",
+        default=[],
+        help="run this scenario (again for more), measuring only the parts they name; all if none",
+    )
     parser.add_argument("--out", type=Path, required=True, help="where to write the JSON result")
     args = parser.parse_args(argv)
     result = calibrate(
@@ -633,6 +671,7 @@ def main(argv: list[str] | None = None) -> None:
         samples=args.samples,
         logs=args.logs,
         natural_lengths=args.natural_lengths,
+        only=args.scenario,
     )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")

@@ -2,15 +2,25 @@
 
 `python -m bench.promotion --fleet held-out` reports the judge on prompts and parts kept apart
 from every fit (docs/promotion.md, "Calibration"): these tests fail if a fitted prompt, noise
-seed or part slips into it.
+seed or part slips into it, if the parts that change a number or hang leave it, or if a copy
+that hangs stops counting against its part as the live judge counts it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import re
+from collections.abc import Iterator
 
-from bench import near_tie, pairs, promotion
-from realfleet import corpus
+import numpy as np
+import pytest
+from realworld import require_engine
+
+from bench import everyday, near_tie, pairs, promotion
+from gateway.promotion.judge import REJECT, Criteria
+from realfleet import corpus, engine, weights
+from realfleet.shim import Shim
 
 
 def fitted_prompts() -> set[str]:
@@ -23,12 +33,35 @@ def test_no_held_out_prompt_was_fitted_on() -> None:
     fitted = fitted_prompts()
     for seed in range(3):
         lines = pairs.held_out_prompts(seed)
-        assert len(lines) == 240
+        assert len(lines) == everyday.PROMPTS + everyday.NUMBER_PROMPTS == 300
         asked = {json.dumps(line["messages"][-1]["content"]) for line in lines}
+        assert len(asked) == len(lines)
         assert not asked & fitted
         assert all(line["model"] == corpus.MODEL for line in lines)
     # Each seed its own suite.
     assert pairs.held_out_prompts(0) != pairs.held_out_prompts(1)
+
+
+def test_the_questions_answered_by_a_number_come_after_the_everyday_prompts() -> None:
+    # The digit-changing shim fails one prompt in twenty in the order they first arrive: with
+    # the 240 everyday prompts first, one in twenty of the 60 after them.
+    fitted_questions = {p.question for name in corpus.SUITES for p in corpus.suite(name)}
+    for seed in range(3):
+        lines = pairs.held_out_prompts(seed)
+        kinds = [line["kind"] for line in lines]
+        assert set(kinds[: everyday.PROMPTS]) <= set(pairs.EVERYDAY_KINDS)
+        assert set(kinds[everyday.PROMPTS :]) == set(pairs.NUMBER_KINDS)
+        for line in lines[everyday.PROMPTS :]:
+            # Labelled with a number that is the right answer, which the question does not hold.
+            assert re.fullmatch(r"\d+", line["expected"])
+            question = line["messages"][-1]["content"]
+            assert not re.search(rf"(?<!\d){line['expected']}(?!\d)", question), question
+            # After its lead-in, a question the model was taught, but none a fitted one.
+            taught = re.fullmatch(r".+?[,:] ((?:what is|how many) .*\?)", question)
+            assert taught is not None, question
+            core = taught.group(1)
+            assert core[0].upper() + core[1:] not in fitted_questions, question
+    assert not set(pairs.EVERYDAY_KINDS) & set(pairs.NUMBER_KINDS)
 
 
 def test_no_held_out_part_was_fitted_on() -> None:
@@ -41,3 +74,79 @@ def test_no_held_out_part_was_fitted_on() -> None:
     assert {s.candidate for s in scenarios.values()} == set(pairs.HELD_OUT_PARTS)
     for name in ("analog_10db", "analog_8db", *pairs.HELD_OUT_SHIMS):
         assert scenarios[name].truth == "reject"
+
+
+def test_the_issue_s_harmful_parts_are_held_out_at_their_shares() -> None:
+    # 5% of answers with a number changed, 2% timeouts, beside 2% errors.
+    assert pairs.HELD_OUT_SHIMS["digits"] == ("digits", 0.05)
+    assert pairs.HELD_OUT_SHIMS["timeouts"] == ("timeout", 0.02)
+    assert pairs.HELD_OUT_SHIMS["errors"] == ("error", 0.02)
+    assert pairs.HELD_OUT_PARTS["digits"] == "shim-digits"
+    assert pairs.HELD_OUT_PARTS["timeouts"] == "shim-timeouts"
+    scenarios = promotion.SCENARIOS["held-out"]
+    # The digit-changing part is judged on answers that hold numbers; a benign part too.
+    assert scenarios["digits"].kinds == scenarios["benign_numbers"].kinds == pairs.NUMBER_KINDS
+    assert scenarios["benign_numbers"].truth == "promote"
+    assert scenarios["timeouts"].kinds == scenarios["benign"].kinds == pairs.EVERYDAY_KINDS
+
+
+@pytest.fixture(scope="module")
+def f16() -> Iterator[str]:
+    """One llama-server of the fleet's f16 model: the reference, its replica, and behind the
+    shims."""
+    require_engine()
+    spec = engine.ServerSpec(weights.SHIPPED, corpus.MODEL, context=2048, slots=2)
+    with engine.serving(spec) as server:
+        yield server.url
+
+
+def test_a_part_that_hangs_counts_against_itself_as_a_timeout(f16: str) -> None:
+    """A copy with no answer within the copy's timeout is a failed copy of kind `timeout`: the
+    weeks fold it as the live judge does (failed, departed, its SLO missed) and reject."""
+    lines = pairs.held_out_prompts(0)[:10]
+    # A copy timeout far above an answer's time on a busy machine (at 5 s, two answers of a
+    # loaded engine timed out too), and a hang longer than it.
+    with Shim(f16, "timeout", share=0.2, hang_s=60.0).running() as shim:
+        urls = {pairs.REFERENCE: f16, pairs.REPLICA: f16, pairs.EMBEDDER: f16, "hangs": shim.url}
+        measured = asyncio.run(
+            pairs.real(urls, 0.0, 1, 0, parts={"timeouts": "hangs"}, lines=lines, copy_timeout=20.0)
+        )
+        assert shim.failed == 2
+    rows = measured["timeouts"].candidate
+    failed = [(r["failure"], r["candidate_error"]) for r in rows if r.get("failure")]
+    assert failed == [("timeout", "timeout")] * 2
+    assert measured["timeouts"].rates().failed_kinds == {"timeout": 2}
+    scenario = promotion.Scenario("timeouts", "reject", days=14.0)
+    kinds = {
+        is_sampled: promotion.traffic(
+            scenario, {("timeouts", is_sampled, 0.0): measured["timeouts"]}, is_sampled
+        )
+        for is_sampled in (False, True)
+    }
+    outcome, day, evidence = promotion.run(
+        scenario, kinds, Criteria(), np.random.default_rng(0), look_hours=6.0
+    )
+    # Counted against the candidate, by kind, beside the bench's 0.2% upstream errors.
+    assert evidence.failures.kinds["timeout"] > 0.15 * evidence.sent
+    assert evidence.failures.only_candidate >= evidence.failures.kinds["timeout"]
+    assert evidence.slo.only_primary >= evidence.failures.kinds["timeout"]
+    assert evidence.greedy.departed >= evidence.failures.kinds["timeout"]
+    assert outcome == REJECT and day is not None and day <= 1.0
+
+
+def test_the_reference_answers_the_number_questions_with_numbers_a_part_can_change(
+    f16: str,
+) -> None:
+    """The digit-changing part is judged on answers that hold a number: the f16 model's answers
+    to the held-out number questions do, and are right, so each one the shim changes is wrong."""
+    lines = pairs.held_out_prompts(0)[everyday.PROMPTS :]
+    with Shim(f16, "digits", share=0.05).running() as shim:
+        urls = {pairs.REFERENCE: f16, pairs.REPLICA: f16, pairs.EMBEDDER: f16, "changes": shim.url}
+        measured = asyncio.run(
+            pairs.real(urls, 0.0, 1, 0, parts={"digits": "changes"}, lines=lines)
+        )
+        assert shim.failed == 3  # one in twenty of the 60
+    rates = measured["digits"].rates()
+    assert rates.primary_with_digit is not None and rates.primary_with_digit >= 0.95
+    assert rates.labelled == 60 and rates.primary_right >= 57
+    assert rates.turned_wrong == 3 and rates.candidate_exact == 57 / 60

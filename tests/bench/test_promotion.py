@@ -99,6 +99,13 @@ def _read(e: Evidence) -> dict[str, Any]:
     return read
 
 
+def test_named_scenarios_are_run_alone() -> None:
+    result = calibrate("simulated", runs=2, seed=0, pairs_measured=60, only=["aa", "benign"])
+    assert set(result["scenarios"]) == set(result["targets_met"]) == {"aa", "benign"}
+    with pytest.raises(ValueError, match="no scenario digits on the simulated fleet"):
+        calibrate("simulated", runs=2, seed=0, pairs_measured=60, only=["digits"])
+
+
 def test_every_simulated_scenario_meets_its_target(simulated: dict) -> None:
     assert simulated["targets_met"] == dict.fromkeys(SCENARIOS["simulated"], True)
 

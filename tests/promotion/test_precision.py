@@ -814,6 +814,9 @@ def test_an_answer_the_client_could_not_use_departs_wherever_pairs_are_counted()
         row = asyncio.run(measured(reply))
         assert row["candidate_error"] is not None
         assert departs(row, Tolerance()), row
+    # No answer in time is a timeout, as the mirror records a copy that outlived its timeout.
+    assert asyncio.run(measured(Reply(None, "timeout")))["failure"] == "timeout"
+    assert asyncio.run(measured(Reply(None, "HTTP 500")))["failure"] == "error"
 
 
 def test_an_answer_cut_short_after_a_benign_flip_departs_and_is_judged_by_the_rate() -> None:

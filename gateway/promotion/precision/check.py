@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 
 from gateway.compare.answers import Answer, read_body
-from gateway.compare.failures import CUT_SHORT, ERROR, failure
+from gateway.compare.failures import CUT_SHORT, ERROR, TIMEOUT, failure
 from gateway.compare.meaning import similarity, windows
 from gateway.compare.measures import DEFAULT_COMPARATORS, MEASURES, compare
 from gateway.errors import InvalidRequest
@@ -133,7 +133,7 @@ async def ask(
     try:
         response = await client.post(endpoint.url + path, json=body, headers=endpoint.headers)
     except httpx.TimeoutException:
-        return Reply(None, "timeout")
+        return Reply(None, TIMEOUT)
     except httpx.HTTPError as exc:
         return Reply(None, f"connection failed ({type(exc).__name__})")
     if response.status_code != 200:
@@ -171,9 +171,11 @@ async def measure_pair(
 ) -> tuple[Row, bool]:
     """Measure one answer against the reference's; return its row and whether embedding failed."""
     # An answer the client could not use (null, empty, cut short) fails as an error would, and
-    # departs wherever pairs are counted (gateway/promotion/departures.py).
+    # departs wherever pairs are counted (gateway/promotion/departures.py); one that never came
+    # is a timeout, as the mirror records a copy that outlived its timeout.
     if other.answer is None:
-        return {**dict.fromkeys(MEASURES), "candidate_error": other.error, "failure": ERROR}, False
+        lost = TIMEOUT if other.error == TIMEOUT else ERROR
+        return {**dict.fromkeys(MEASURES), "candidate_error": other.error, "failure": lost}, False
     kind = failure(None, other.answer, reference)
     diff = None
     if kind == CUT_SHORT:
