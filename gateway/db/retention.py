@@ -21,7 +21,7 @@ everything on SQLite, is deleted in batches (`prune`).
 the serving process's priority, so deleting takes none of the serving process's interpreter lock
 or time; the serving process only starts the round, waits for its counts and, at shutdown, has
 it end after the batch it is on. On SQLite a day at 16.5 requests a second is minutes of deleting
-(docs/operations.md), which in a thread of the serving process cost it about 15 % of its requests.
+(docs/operations.md, "Retention while serving").
 
 Each batch deletes at most `batch_rows` rows in its own transaction, so no lock is held long on
 PostgreSQL and SQLite's record writer gets the database between two batches. Every replica of
