@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+from bench.parking_minutes import off_during
 from gateway.policy.definition import Policy
 from gateway.policy.load import parse_policy, to_yaml
 from gateway.whatif.scorecard import summarize
@@ -15,26 +16,12 @@ from lab.bench import benchmark, parking_targets
 from lab.strategies import strategy_for
 
 
-def off_spans(replay: Replay) -> dict[str, list[tuple[float, float]]]:
-    """Return, per backend, when it was switched off: from its "off" to the next wake-up."""
-    spans: dict[str, list[tuple[float, float]]] = {}
-    since: dict[str, float] = {}
-    for at, backend, what, _ in replay.moves:
-        if what == "off":
-            since[backend] = at
-        elif what == "wake" and backend in since:
-            spans.setdefault(backend, []).append((since.pop(backend), at))
-    for backend, at in since.items():
-        spans.setdefault(backend, []).append((at, float("inf")))
-    return spans
-
-
 def test_a_quiet_fleet_parks_a_gpu_saves_energy_and_runs_nothing_on_it_while_off(
     policy: Policy, trace: Path
 ) -> None:
     requests = read_trace(trace, limit=1500)
     replay = Replay(strategy_for("learned-parked", policy), requests).run()
-    spans = off_spans(replay)
+    spans = off_during(replay)
     assert spans, "the trace's head keeps far less than two GPUs busy"
     for passage in replay.passages:
         if passage.admitted_s is None or passage.backend is None:
@@ -107,7 +94,7 @@ def test_a_released_device_draws_nothing_and_its_hours_are_not_paid(
     # at their peak, and the plan keeps both on (gateway/parking/plan.py, PREFILL_SHARE).
     requests = read_trace(trace, limit=1500, rate_scale=0.5)
     replay = Replay(strategy_for("learned-parked", parking(policy, release)), requests).run()
-    spans = off_spans(replay)
+    spans = off_during(replay)
     assert spans, "the trace's head keeps far less than two GPUs busy"
     end = max(sim.device.time for sim in replay.world.values())
     off_s = {name: sum(min(b, end) - a for a, b in s) for name, s in spans.items()}
@@ -129,5 +116,5 @@ def test_a_released_device_draws_nothing_and_its_hours_are_not_paid(
     # Put to sleep instead, the same device draws its parked power and its hours are paid.
     sleep = {"hook": "vllm", "wake_s": 0.4}
     asleep = Replay(strategy_for("learned-parked", parking(policy, sleep)), requests).run()
-    assert off_spans(asleep) and asleep.parked_energy_j > 0
+    assert off_during(asleep) and asleep.parked_energy_j > 0
     assert all(asleep.released_s(name) == 0.0 for name in asleep.world)
