@@ -21,6 +21,7 @@ wants and a new one plugs in with `@comparator("name")`:
 |                    | top alternatives (None: no divergence, or no top alternatives)    |
 | `kl`               | `kl_divergence`: mean KL(primary || candidate) per model token up |
 |                    | to the first that differs, estimated from top-k logprobs (>= 0)   |
+| `numbers`          | `new_number`: the candidate states a number the primary does not  |
 
 Tokens here are words and punctuation marks (`\\w+|[^\\w\\s]`): no model tokenizer is
 needed, and the same split is used for both answers. ROUGE-L and the edit distance use
@@ -35,6 +36,14 @@ other way, not a wrong answer. Shadow copies ask for logprobs; a client's answer
 when the client asked. Without them on the primary, `near_tie` looks from the other side: the
 candidate's tokens are aligned on the primary's text, and where they leave it, the text going
 on with one of the candidate's own top alternatives is the near tie. `kl` needs both.
+
+`numbers` reads the numbers each answer states, by value ("4,000", "4000" and "4000.0" are one
+number; a list's ordinal, "2." or "2)" opening a line, numbers the answer's parts and is not
+one). A candidate that states a number the primary's answer does not has changed or added a
+fact, which an embedding of the two sentences barely sees ("4 kilograms is 4001 grams." embeds
+at 0.96 or more beside "... 4000 grams." on all-MiniLM-L6-v2); one that leaves a number out
+(answering "4000 grams." where the primary restated the question's 4 kilograms) has not. Numbers
+written in words, and a sign, are not read.
 
 `kl` estimates KL divergence as llama.cpp's `llama-perplexity --kl-divergence` does (its `Mean
 KLD`), but from the top-k logprobs the two answers returned instead of full-vocabulary logits.
@@ -77,6 +86,7 @@ import re
 import unicodedata
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
+from decimal import Decimal
 from typing import Any
 
 import orjson
@@ -148,6 +158,12 @@ class Diff:
     kl_divergence: float | None = _described(
         "Mean KL from top-k logprobs, in nats.", shown="KL divergence", judged=True
     )
+    new_number: bool | None = _described(
+        "The candidate states a number the primary does not.",
+        shown="new numbers",
+        rate=True,
+        judged=True,
+    )
     # Needs an embedding model, so the shadow path sets it after the comparators have run.
     semantic_similarity: float | None = _described(
         "Cosine of the answers' embeddings.", shown="semantic similarity", judged=True
@@ -181,6 +197,7 @@ DEFAULT_COMPARATORS = (
     "embedding_cosine",
     "near_tie",
     "kl",
+    "numbers",
 )
 _DIFF_FIELDS = frozenset(MEASURES) - {"measures"}
 
@@ -352,6 +369,33 @@ def _length_ratio(primary: Answer, candidate: Answer) -> Mapping[str, Any]:
     if a == 0:
         return {"length_ratio": 1.0 if b == 0 else None}
     return {"length_ratio": round(b / a, 6)}
+
+
+# A number as an answer writes it: digits, with thousands separators or a decimal part; and a
+# list's ordinal, which numbers the answer's parts rather than stating a number.
+NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
+ORDINAL = re.compile(r"^[ \t]*\d+[.)](?=\s)", re.MULTILINE)
+THOUSANDS = re.compile(r",(?=\d{3}(?!\d))")
+
+
+def numbers(text: str) -> set[str]:
+    """Return the numbers a text states, each by its value where it reads as one ("4,000" and
+    "4000.0" as "4000"), else as written ("1.2.3", "4,5")."""
+    stated = set()
+    for match in NUMBER.finditer(ORDINAL.sub(" ", text)):
+        written = THOUSANDS.sub("", match.group())
+        if written.count(".") <= 1 and "," not in written:
+            written = format(Decimal(written).normalize(), "f")
+        stated.add(written)
+    return stated
+
+
+@comparator("numbers")
+def _numbers(primary: Answer, candidate: Answer) -> Mapping[str, Any]:
+    texts = _texts(primary, candidate)
+    if texts is None:
+        return {}
+    return {"new_number": bool(numbers(texts[1]) - numbers(texts[0]))}
 
 
 # Structure ---------------------------------------------------------------------------------

@@ -25,6 +25,9 @@ answers of one pool differ:
   reached through distributions that had already moved (analog noise) is not benign, and is
   judged by what follows as any other difference is; so is a near tie whose KL was not
   measured (the primary's answer carried no logprobs);
+- a pair whose candidate states a number the primary's answer does not (`new_number`,
+  gateway/compare/measures.py) departs: a changed quantity is a changed fact, however alike the
+  two sentences read to an embedding model or in words;
 - where the answers' semantic similarity was measured (the fleet's embedding route), a pair
   departs when it falls below the meaning tolerance. It starts at the similarity the embedding
   model gives paraphrases of an answer (`paraphrase_similarity`, declared with the model in the
@@ -271,6 +274,8 @@ def decided(row: Row) -> bool | None:
         return True
     if benign(row):
         return False
+    if row.get("new_number"):
+        return True
     if row.get("semantic_similarity") is not None or row.get("embedding_cosine") is not None:
         return None
     if row.get("near_tie") and row.get("kl_divergence") is None:

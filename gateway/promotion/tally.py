@@ -34,6 +34,7 @@ MEASURES = (
     "similarity",
     "near_tie",
     "kl_divergence",
+    "new_number",
     "json_diff",
     "embedding_cosine",
     "semantic_similarity",

@@ -18,6 +18,7 @@ from gateway.compare.measures import (
     first_divergence,
     lcs_length,
     normalize,
+    numbers,
     rouge_l,
     structural_diff,
     tokens,
@@ -84,6 +85,25 @@ def test_first_divergence_is_the_first_differing_word_token() -> None:
     assert diff.length_ratio == pytest.approx(10 / 8)
     assert first_divergence(["a", "b"], ["a", "b", "c"]) == 2  # a prefix diverges at its end
     assert tokens("it's 3.5 W.") == ["it", "'", "s", "3", ".", "5", "W", "."]
+
+
+def test_numbers_are_read_by_value_and_a_lists_ordinals_are_not_numbers() -> None:
+    assert numbers("4 kilograms is 4,000 grams.") == {"4", "4000"}
+    assert numbers("4000.0 grams, or 4,000,000 mg at 1.50 each") == {"4000", "4000000", "1.5"}
+    assert numbers("1. Mix\n2) Bake for 30 minutes\n  3. Serve") == {"30"}
+    assert numbers("version 1.2.3, ratio 4,5") == {"1.2.3", "4,5"}
+    assert numbers("four kilograms") == set()  # numbers in words are not read
+
+
+def test_a_candidate_stating_a_number_the_primary_does_not_is_marked() -> None:
+    primary = Answer(text="4 kilograms is 4000 grams.")
+    changed = compare(primary, Answer(text="4 kilograms is 4001 grams."))
+    assert changed.new_number is True
+    # A rewording that keeps the numbers, or leaves the question's out, states nothing new.
+    for text in ("There are 4,000 grams in 4 kilograms.", "4000 grams."):
+        assert compare(primary, Answer(text=text)).new_number is False
+    assert compare(Answer(text="no number"), Answer(text="none either")).new_number is False
+    assert compare(primary, Answer(text=None)).new_number is None  # no text: not measured
 
 
 def test_edit_ratio_can_replace_rouge_l() -> None:

@@ -97,6 +97,19 @@ def test_a_near_tie_at_a_large_kl_or_a_confident_token_replaced_departs() -> Non
         assert not departs({**row, "semantic_similarity": 0.9}, tol)
 
 
+def test_a_new_number_departs_however_alike_the_answers_read() -> None:
+    # "4 kilograms is 4001 grams." beside "... 4000 grams.": a confident token replaced, which
+    # an embedding model scores above any paraphrase figure and ROUGE-L near 0.95.
+    changed = pair(new_number=True, near_tie=False, kl_divergence=0.4, semantic_similarity=0.99)
+    for tol in (tolerance((), paraphrase=0.83), Tolerance()):
+        assert departs(changed, tol)
+        assert departs({**changed, "semantic_similarity": None, "similarity": 0.99}, tol)
+        assert not departs({**changed, "new_number": False}, tol)
+    # A near tie the two distributions reached alike stays benign: what follows it is the
+    # part's own answer, numbers and all.
+    assert not departs({**changed, "near_tie": True, "kl_divergence": 0.0}, Tolerance())
+
+
 def test_a_failed_copy_departs_even_after_a_benign_flip() -> None:
     for failure in ("empty", "cut_short", "timeout"):
         row = pair(failure=failure, near_tie=True, kl_divergence=0.0, semantic_similarity=0.99)

@@ -95,16 +95,23 @@ def test_the_noise_floor_is_reported_apart_for_greedy_and_sampled_copies() -> No
         "noise_mean_similarity": 0.75,
         "noise_near_tie_rate": 0.5,
         "noise_mean_kl_divergence": 0.02,
+        "noise_new_number_rate": None,  # none of these rows measured it
         "noise_mean_semantic_similarity": pytest.approx(0.98),
     }
-    tolerance = ("near_tie_rate", "mean_kl_divergence", "mean_semantic_similarity")
+    tolerance = (
+        "near_tie_rate",
+        "mean_kl_divergence",
+        "new_number_rate",
+        "mean_semantic_similarity",
+    )
     for kind in ("greedy", "sampled"):
         for key in tolerance:
             assert cim[kind].pop(key) is None  # the candidate's copies measured none
-    assert [cim["greedy"].pop(f"noise_{key}") for key in tolerance] == [None, None, None]
+    assert [cim["greedy"].pop(f"noise_{key}") for key in tolerance] == [None] * 4
     assert [cim["sampled"].pop(f"noise_{key}") for key in tolerance] == [
         0.5,
         0.02,
+        None,
         pytest.approx(0.98),
     ]
     assert cim["greedy"] == {

@@ -124,10 +124,12 @@ def summarize_stored(conn: sa.Connection) -> None:
 
     # The policy whose SLO classes judge the stored copies: as migration 0016 finds it.
     targets = importlib.import_module("gateway.db.migrations.versions.0016_request_minutes")
+    # A measure a later migration adds is not there yet: its copies read it as unmeasured.
+    held = {c["name"] for c in sa.inspect(conn).get_columns("shadow_records")}
     shadows = sa.table(
         "shadow_records",
         sa.column("decision_id"),
-        *(sa.column(n) for n in RECORD_COLUMNS if n != "slo_class"),
+        *(sa.column(n) for n in RECORD_COLUMNS if n in held),
     )
     requests = sa.table(
         "request_records",
@@ -142,7 +144,10 @@ def summarize_stored(conn: sa.Connection) -> None:
         "primary_cost_usd": sa.func.coalesce(c.primary_cost_usd, r.cost_usd),
         "slo_class": r.slo_class,
     }
-    columns = [joined[n].label(n) if n in joined else c[n] for n in RECORD_COLUMNS]
+    columns = [
+        joined[n].label(n) if n in joined else c[n] if n in held else sa.null().label(n)
+        for n in RECORD_COLUMNS
+    ]
     first, last = conn.execute(sa.select(sa.func.min(c.ts), sa.func.max(c.ts))).one()
     if first is None:
         return
