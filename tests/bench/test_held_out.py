@@ -15,11 +15,11 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from realworld import require_engine
+from realworld import require, require_engine
 
 from bench import everyday, near_tie, pairs, promotion
 from gateway.promotion.judge import REJECT, Criteria
-from realfleet import corpus, engine, weights
+from realfleet import corpus, embedding, engine, fleet, weights
 from realfleet.shim import Shim
 
 
@@ -91,6 +91,16 @@ def test_the_issue_s_harmful_parts_are_held_out_at_their_shares() -> None:
 
 
 @pytest.fixture(scope="module")
+def minilm() -> Iterator[str]:
+    """The fleet's embedding engine: all-MiniLM-L6-v2, whose similarities the weeks judge by."""
+    require_engine()
+    require("the embedding model's package", embedding.ModelMissing, embedding.model_dir)
+    spec = engine.ServerSpec(model=embedding.ensure(), alias=fleet.EMBEDDING_MODEL, embeddings=True)
+    with engine.serving(spec) as server:
+        yield server.url
+
+
+@pytest.fixture(scope="module")
 def f16() -> Iterator[str]:
     """One llama-server of the fleet's f16 model: the reference, its replica, and behind the
     shims."""
@@ -135,18 +145,42 @@ def test_a_part_that_hangs_counts_against_itself_as_a_timeout(f16: str) -> None:
 
 
 def test_the_reference_answers_the_number_questions_with_numbers_a_part_can_change(
-    f16: str,
+    f16: str, minilm: str
 ) -> None:
     """The digit-changing part is judged on answers that hold a number: the f16 model's answers
-    to the held-out number questions do, and are right, so each one the shim changes is wrong."""
+    to the held-out number questions do, and are right, so each one the shim changes is wrong;
+    each departs (it states a number the reference's does not, however alike the two embed),
+    and the weeks reject the part."""
     lines = pairs.held_out_prompts(0)[everyday.PROMPTS :]
     with Shim(f16, "digits", share=0.05).running() as shim:
-        urls = {pairs.REFERENCE: f16, pairs.REPLICA: f16, pairs.EMBEDDER: f16, "changes": shim.url}
+        urls = {
+            pairs.REFERENCE: f16,
+            pairs.REPLICA: f16,
+            pairs.EMBEDDER: minilm,
+            "changes": shim.url,
+        }
         measured = asyncio.run(
             pairs.real(urls, 0.0, 1, 0, parts={"digits": "changes"}, lines=lines)
         )
         assert shim.failed == 3  # one in twenty of the 60
-    rates = measured["digits"].rates()
+    rates = measured["digits"].rates(pairs.real_paraphrase())
     assert rates.primary_with_digit is not None and rates.primary_with_digit >= 0.95
     assert rates.labelled == 60 and rates.primary_right >= 57
     assert rates.turned_wrong == 3 and rates.candidate_exact == 57 / 60
+    # Their meaning alone would keep them: all-MiniLM-L6-v2 scores a changed number above the
+    # paraphrase similarity the fleet declares. The number departs them.
+    assert rates.turned_wrong_similarity is not None
+    assert rates.turned_wrong_similarity > rates.tolerance.meaning
+    assert rates.turned_wrong_departed == 3
+    assert rates.candidate == 3 / 60 and rates.noise == 0
+    scenario = promotion.Scenario("digits", "reject", days=14.0)
+    kinds = {
+        is_sampled: promotion.traffic(
+            scenario, {("digits", is_sampled, 0.0): measured["digits"]}, is_sampled
+        )
+        for is_sampled in (False, True)
+    }
+    outcome, day, _ = promotion.run(
+        scenario, kinds, Criteria(), np.random.default_rng(0), look_hours=6.0
+    )
+    assert outcome == REJECT and day is not None and day <= 1.0
