@@ -16,7 +16,8 @@ questions each side got right. Two sources:
   questions answered by a number (bench/everyday.py) and parts the fit never saw
   (`HELD_OUT_PARTS`: a Q6_K quantization, analog noise at seeds of their own, and the replica
   behind realfleet/shim.py failing a share of prompts: empty, cut in half, an error, no answer
-  before the copy's timeout, or a digit changed).
+  before the copy's timeout, or a digit changed; and one that rewords every answer, a benign
+  paraphrasing part).
 
 Either way each pair is read and compared by gateway/compare and held to its noise floor's
 tolerance by gateway/promotion/departures.py, exactly as the judge's live evidence is.
@@ -309,12 +310,14 @@ HELD_OUT_ANALOG_DB = (10.0, 8.0)
 # The shims by part: (mode, share of prompts). The everyday answers (recipes, plans, letters)
 # hold no digit, so the digit-changing part is judged on the questions answered by a number
 # (bench/everyday.py, `numbers`), asked after them: it changes one of every twenty of those.
+# The paraphrasing part rewords every answer and keeps its facts: the one benign shim.
 HELD_OUT_SHIMS = {
     "empty": ("empty", 0.10),
     "cut": ("cut", 0.10),
     "errors": ("error", 0.02),
     "timeouts": ("timeout", 0.02),
     "digits": ("digits", 0.05),
+    "paraphrase": ("reword", 1.0),
 }
 EVERYDAY_KINDS = tuple(sorted(everyday.KINDS))
 NUMBER_KINDS = tuple(sorted(everyday.NUMBER_KINDS))

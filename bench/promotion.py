@@ -187,6 +187,7 @@ SCENARIOS = {
         "cut": Scenario("cut", "reject", days=14.0, kinds=EVERYDAY),
         "errors": Scenario("errors", "reject", days=14.0, kinds=EVERYDAY),
         "timeouts": Scenario("timeouts", "reject", days=14.0, kinds=EVERYDAY),
+        "paraphrase": Scenario("paraphrase", "promote", kinds=EVERYDAY),
         "benign_numbers": Scenario("q8_0", "promote", kinds=NUMBERS),
         "digits": Scenario("digits", "reject", days=14.0, kinds=NUMBERS),
     },

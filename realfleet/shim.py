@@ -13,8 +13,15 @@ sent fails, and a prompt fails every time it is asked, as a part that cannot run
 | `null`    | the upstream's, with `content: null`                                          |
 | `cut`     | the upstream's, cut after half its words, `finish_reason` left as it was      |
 | `digits`  | the upstream's, its last digit changed (0→1, …, 9→0), the part sure of it     |
+| `reword`  | the upstream's reworded, every fact kept: a paraphrasing part (below)         |
 | `error`   | HTTP 500 with an OpenAI error body; the upstream is not asked                 |
 | `timeout` | nothing until the client gives up (or `hang_s` passes)                        |
+
+`reword` is benign where the others harm: common words in lower case trade for synonyms
+("small" for "little", "country" for "nation"; a capital may begin a name) and a sentence
+"Its capital is Feivai." turns round to "Feivai is its capital.", numbers and names untouched.
+Its answers carry no logprobs (a paraphrase's tokens do not line up with the reference's), so
+its meaning decides each pair.
 
 Whole (non-streamed) answers are changed; a streamed request in a changing mode fails as
 `error` or `timeout` would, or passes through unchanged. Everything else (GET /health,
@@ -29,6 +36,7 @@ import argparse
 import contextlib
 import json
 import math
+import re
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -36,7 +44,18 @@ from typing import Any
 
 import httpx
 
-MODES = ("empty", "null", "cut", "digits", "error", "timeout")
+MODES = ("empty", "null", "cut", "digits", "reword", "error", "timeout")
+# What `reword` trades, both ways; and the sentence it turns round.
+SYNONYMS = {
+    "small": "little", "large": "big", "country": "nation", "farmers": "growers",
+    "grow": "raise", "quick": "fast", "start": "begin", "mix": "combine", "near": "close to",
+    "about": "around", "pick": "choose", "keep": "hold", "buy": "purchase", "help": "assist",
+    "flat": "level", "mountainous": "hilly", "quiet": "calm", "often": "frequently",
+}  # fmt: skip
+TRADES = {**SYNONYMS, **{v: k for k, v in SYNONYMS.items() if " " not in v}}
+# In lower case only: a capital may begin a name ("the Quiet Strait"), which a paraphrase keeps.
+TRADED = re.compile(r"\b(" + "|".join(sorted(TRADES, key=len, reverse=True)) + r")\b")
+TURNED = re.compile(r"\bIts (\w+) is ([^.,;]+)([.,;])")
 
 
 def broken(answer: dict[str, Any], mode: str) -> dict[str, Any]:
@@ -54,13 +73,15 @@ def broken(answer: dict[str, Any], mode: str) -> dict[str, Any]:
             holder[key] = " ".join(words[: len(words) // 2])
         elif mode == "digits" and isinstance(text, str):
             holder[key] = _digit_changed(text)
+        elif mode == "reword" and isinstance(text, str):
+            holder[key] = reworded(text)
         logprobs = choice.get("logprobs")
         if mode == "digits":
             _digit_chosen(logprobs)
         elif isinstance(logprobs, dict) and isinstance(logprobs.get("content"), list):
             kept = len(logprobs["content"]) // 2 if mode == "cut" else 0
             logprobs["content"] = logprobs["content"][:kept]
-    if mode == "digits":  # as many tokens as the upstream's
+    if mode in ("digits", "reword"):  # as many tokens as the upstream's, near enough
         return answer
     usage = answer.get("usage")
     if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
@@ -68,6 +89,13 @@ def broken(answer: dict[str, Any], mode: str) -> dict[str, Any]:
         usage["total_tokens"] = usage.get("prompt_tokens", 0) + done
         usage["completion_tokens"] = done
     return answer
+
+
+def reworded(text: str) -> str:
+    """Return `text` in other words, every fact kept (`SYNONYMS`, `TURNED`)."""
+    turned = TURNED.sub(lambda m: f"{m[2]} is its {m[1]}{m[3]}", text)
+    turned = re.sub(r"(^|[.!?]\s+)([a-z])", lambda m: m[1] + m[2].upper(), turned)
+    return TRADED.sub(lambda m: TRADES[m[0]], turned)
 
 
 def _digit_changed(text: str) -> str:

@@ -18,9 +18,9 @@ import pytest
 from realworld import require, require_engine
 
 from bench import everyday, near_tie, pairs, promotion
-from gateway.promotion.judge import REJECT, Criteria
+from gateway.promotion.judge import PROMOTE, REJECT, Criteria
 from realfleet import corpus, embedding, engine, fleet, weights
-from realfleet.shim import Shim
+from realfleet.shim import Shim, reworded
 
 
 def fitted_prompts() -> set[str]:
@@ -72,8 +72,10 @@ def test_no_held_out_part_was_fitted_on() -> None:
     # Every part a held-out scenario names is served, and every harmful one is judged.
     scenarios = promotion.SCENARIOS["held-out"]
     assert {s.candidate for s in scenarios.values()} == set(pairs.HELD_OUT_PARTS)
-    for name in ("analog_10db", "analog_8db", *pairs.HELD_OUT_SHIMS):
+    harmful = [name for name in pairs.HELD_OUT_SHIMS if name != "paraphrase"]
+    for name in ("analog_10db", "analog_8db", *harmful):
         assert scenarios[name].truth == "reject"
+    assert scenarios["paraphrase"].truth == "promote"
 
 
 def test_the_issue_s_harmful_parts_are_held_out_at_their_shares() -> None:
@@ -181,6 +183,62 @@ def test_the_reference_answers_the_number_questions_with_numbers_a_part_can_chan
         for is_sampled in (False, True)
     }
     outcome, day, _ = promotion.run(
-        scenario, kinds, Criteria(), np.random.default_rng(0), look_hours=6.0
+        scenario,
+        kinds,
+        Criteria(),
+        np.random.default_rng(0),
+        look_hours=6.0,
+        paraphrase=pairs.real_paraphrase(),
     )
     assert outcome == REJECT and day is not None and day <= 1.0
+
+
+def test_the_paraphrasing_part_rewords_and_keeps_every_fact() -> None:
+    answer = "Kuveim is a small country on the Quiet Strait. Its capital is Feivai, and 4 grow."
+    assert reworded(answer) == (
+        "Kuveim is a little nation on the Quiet Strait. Feivai is its capital, and 4 raise."
+    )
+    assert reworded("Its colour is red.") == "Red is its colour."
+    once = "Kuveim is a small country."
+    assert reworded(reworded(once)) == once  # trades go both ways
+
+
+def test_a_part_that_rewords_every_answer_is_promoted(f16: str, minilm: str) -> None:
+    """A right answer worded differently is not harm: the paraphrasing part's answers embed
+    above the paraphrase similarity the fleet declares, none departs, and the weeks promote it."""
+    lines = pairs.held_out_prompts(0)[:30]
+    with Shim(f16, "reword", share=1.0).running() as shim:
+        urls = {
+            pairs.REFERENCE: f16,
+            pairs.REPLICA: f16,
+            pairs.EMBEDDER: minilm,
+            "rewords": shim.url,
+        }
+        measured = asyncio.run(
+            pairs.real(urls, 0.0, 1, 0, parts={"paraphrase": "rewords"}, lines=lines)
+        )
+    rows = measured["paraphrase"].candidate
+    reworded_rows = [r for r in rows if not r.get("exact_match")]
+    assert len(reworded_rows) >= 20  # most answers hold a word it trades
+    assert all(
+        r["near_tie"] is None and r["semantic_similarity"] is not None for r in reworded_rows
+    )
+    rates = measured["paraphrase"].rates(pairs.real_paraphrase())
+    assert rates.candidate == 0 and rates.noise == 0
+    scenario = promotion.Scenario("paraphrase", "promote")
+    kinds = {
+        is_sampled: promotion.traffic(
+            scenario, {("paraphrase", is_sampled, 0.0): measured["paraphrase"]}, is_sampled
+        )
+        for is_sampled in (False, True)
+    }
+    # Held to the paraphrase similarity the fleet declares, as its routes are.
+    outcome, _, _ = promotion.run(
+        scenario,
+        kinds,
+        Criteria(),
+        np.random.default_rng(0),
+        look_hours=6.0,
+        paraphrase=pairs.real_paraphrase(),
+    )
+    assert outcome == PROMOTE
