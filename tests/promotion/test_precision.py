@@ -23,12 +23,12 @@ from gateway.errors import Conflict, PolicyError
 from gateway.policy import versions
 from gateway.policy.apply import apply
 from gateway.policy.definition import Policy
-from gateway.policy.load import render_policy, to_yaml
+from gateway.policy.load import load_policy, render_policy, to_yaml
 from gateway.policy.suites import SHIPPED
 from gateway.promotion import rollout
 from gateway.promotion.departures import NEAR_TIE_KL, Tolerance, departs
 from gateway.promotion.precision.check import TOP_LOGPROBS, Reply, greedy, measure_pair, read_suite
-from gateway.promotion.precision.comparison import Plan, Suite
+from gateway.promotion.precision.comparison import Plan, Suite, plan
 from gateway.promotion.precision.figures import KEPT, Outcome, gate, judge_check
 from gateway.promotion.precision.limits import ALPHA, MAX_DEPARTURE_RATE, Limits
 from gateway.promotion.precision.rates import words_needed
@@ -431,6 +431,32 @@ def test_flips_at_near_ties_pass_the_check_and_confident_changes_fail_it() -> No
     for kl, tie in ((10 * NEAR_TIE_KL, True), (0.002, False), (None, True)):
         harmful = judge_check(PLAN, suite_of(240), flips(kl, tie))
         assert harmful["verdict"] == "fail" and len(harmful["departures"]) == 15
+
+
+def test_meaning_is_held_to_the_paraphrase_figure_the_embedding_model_declares() -> None:
+    # A part that words every answer differently and keeps its facts (0.9 on the embedding
+    # model), as the live judge holds it: it passes where the model declares 0.83, and departs
+    # where it declares nothing (0.98).
+    reworded = outcomes(240, words=20)
+    for o in reworded:
+        o.candidate = {
+            **o.candidate,
+            "exact_match": False,
+            "similarity": 0.6,
+            "first_divergence": 12,
+            "near_tie": None,
+            "kl_divergence": None,
+            "semantic_similarity": 0.9,
+        }
+    declared = judge_check(dataclasses.replace(PLAN, paraphrase=0.83), suite_of(240), reworded)
+    assert declared["verdict"] == "pass" and declared["tolerance"]["meaning"] == 0.83
+    strict = judge_check(PLAN, suite_of(240), reworded)
+    assert strict["verdict"] == "fail" and len(strict["departures"]) == 240
+    # The plan reads the figure where the policy declares it.
+    policy = load_policy(ROOT / "policies/real.yaml")
+    figure = policy.models["all-minilm-l6-v2"].paraphrase_similarity
+    assert figure is not None
+    assert plan(policy, read_suite(ROOT / "suites/facts.jsonl"), "asic").paraphrase == figure
 
 
 def test_a_candidate_is_held_to_the_noise_floor_per_word_at_risk() -> None:

@@ -57,13 +57,16 @@ def max_tokens(body: dict[str, Any]) -> int:
 @dataclass(frozen=True, slots=True)
 class Plan:
     """What a check compares: the candidate, the reference and the embedding model's pool;
-    and why the candidate's models have no labelled suite, where its `go_live` says so."""
+    why the candidate's models have no labelled suite, where its `go_live` says so; and the
+    paraphrase similarity the embedding model declares, where meaning is held as the live
+    judge holds it (gateway/promotion/departures.py)."""
 
     pool: str
     reference: str
     embedding_model: str | None
     embedding_pool: str | None
     unlabelled: str | None = None
+    paraphrase: float | None = None
 
 
 def plan(
@@ -131,7 +134,9 @@ def plan(
             param="embedding_model",
         )
     unlabelled = policy.pools[pool].go_live.unlabelled
-    return Plan(pool, reference, embedding_model, embedding_pool, unlabelled)
+    declared = policy.models.get(embedding_model) if embedding_model is not None else None
+    paraphrase = None if declared is None else declared.paraphrase_similarity
+    return Plan(pool, reference, embedding_model, embedding_pool, unlabelled, paraphrase)
 
 
 def _embedding_pool(policy: Policy, model: str) -> str | None:

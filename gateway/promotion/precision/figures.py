@@ -98,7 +98,7 @@ def judge_check(
         for _, r in pairs:
             r["near_tie"] = r["kl_divergence"] = None
     noise = [o.noise for o in outcomes if o.noise is not None and compared(o.noise)]
-    tol = tolerance(noise)
+    tol = tolerance(noise, plan.paraphrase)
     departing = [(line, r) for line, r in pairs if departs(r, tol)]
     noise_departing = sum(departs(r, tol) for r in noise)
     n, k = len(pairs), len(departing)
