@@ -20,10 +20,10 @@ that forgives no wrong answer.
 
 **Held out.** Suites the fit never read (bench/everyday.py, `HELD_OUT_SUITES`) and the labelled
 go-live suite, on the fleet's own parts and on parts the fit never saw (`held_out_parts`:
-other quantizations, analog noise at seeds of its own), each checked by `gateway precision
-check` as an operator runs it, against a policy naming every part as a pool. Each check is
-judged again by the former rule (its pairs without KL, so no flip is forgiven) to show what the
-rule changed.
+other quantizations, analog noise at seeds of its own; and the replica behind a shim that
+rewords every answer, `paraphrase`), each checked by `gateway precision check` as an operator
+runs it, against a policy naming every part as a pool. Each check is judged again by the former
+rule (its pairs without KL, so no flip is forgiven) to show what the rule changed.
 """
 
 from __future__ import annotations
@@ -54,10 +54,12 @@ from gateway.promotion.precision.figures import judge_check
 from gateway.promotion.precision.labels import states
 from gateway.promotion.precision.retries import outcomes_of
 from realfleet import corpus, engine, fleet, weights
+from realfleet.shim import Shim
 
 ROOT = Path(__file__).resolve().parent.parent
 SUITES = ROOT / "suites"
 FIT_SNRS_DB = (8.0, 10.0)
+PARAPHRASE = "paraphrase"
 FIT_SEEDS = (7, 8, 9)
 HELD_OUT_SNRS_DB = (8.0, 10.0)
 HELD_OUT_SEEDS = (11, 12, 13)
@@ -379,6 +381,10 @@ def held_out(folder: Path, pools: Sequence[str], labelled: bool) -> dict[str, An
         # Only the parts named, where some are: each is an engine on the machine's two cores.
         served = {name: spec(path) for name, path in parts.items() if not named or name in named}
         urls = _serve(stack, served)
+        if not named or PARAPHRASE in named:
+            # A part that rewords every answer of the replica's and keeps its facts: benign.
+            shim = stack.enter_context(Shim(running.url("gpu-1"), "reword", 1.0).running())
+            urls[PARAPHRASE] = shim.url
         policy_file = folder / "policy.yaml"
         policy_file.write_text(held_out_policy(running.policy(), urls))
         # A pool named `pool@N` is checked on held-out suite N alone (`pool@facts`: facts.jsonl).
@@ -398,6 +404,7 @@ def held_out(folder: Path, pools: Sequence[str], labelled: bool) -> dict[str, An
             "asic": "Q8_0 (a fit part, on prompts the fit never read)",
             "cim": "analog 8 dB, noise seed 7 (a fit part, on prompts the fit never read)",
             **{name: "held out" for name in urls},
+            PARAPHRASE: "the replica's answers reworded, every fact kept (realfleet/shim.py)",
         },
         "limit": NEAR_TIE_KL,
         "checks": checks,
