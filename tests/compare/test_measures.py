@@ -103,6 +103,10 @@ def test_a_candidate_stating_a_number_the_primary_does_not_is_marked() -> None:
     for text in ("There are 4,000 grams in 4 kilograms.", "4000 grams."):
         assert compare(primary, Answer(text=text)).new_number is False
     assert compare(Answer(text="no number"), Answer(text="none either")).new_number is False
+    # Deep in a long answer, one changed number is as plain as in a short one.
+    steps = " ".join(f"Step {n}: stir the pot for a while." for n in range(1, 40))
+    long = steps + " Bake at 180 degrees for 25 minutes."
+    assert compare(Answer(text=long), Answer(text=long.replace("25", "35"))).new_number is True
     assert compare(primary, Answer(text=None)).new_number is None  # no text: not measured
 
 
