@@ -39,11 +39,12 @@ on with one of the candidate's own top alternatives is the near tie. `kl` needs 
 
 `numbers` reads the numbers each answer states, by value ("4,000", "4000" and "4000.0" are one
 number; a list's ordinal, "2." or "2)" opening a line, numbers the answer's parts and is not
-one). A candidate that states a number the primary's answer does not has changed or added a
-fact, which an embedding of the two sentences barely sees ("4 kilograms is 4001 grams." embeds
-at 0.96 or more beside "... 4000 grams." on all-MiniLM-L6-v2); one that leaves a number out
-(answering "4000 grams." where the primary restated the question's 4 kilograms) has not. Numbers
-written in words, and a sign, are not read.
+one). A candidate that states a number the primary's answer does not, or more often than it
+does (a number changed into one stated elsewhere in the answer), has changed or added a fact,
+which an embedding of the two sentences barely sees ("4 kilograms is 4001 grams." embeds at
+0.96 or more beside "... 4000 grams." on all-MiniLM-L6-v2); one that leaves a number out
+(answering "4000 grams." where the primary restated the question's 4 kilograms) has not.
+Numbers written in words, and a sign, are not read.
 
 `kl` estimates KL divergence as llama.cpp's `llama-perplexity --kl-divergence` does (its `Mean
 KLD`), but from the top-k logprobs the two answers returned instead of full-vocabulary logits.
@@ -84,6 +85,7 @@ import functools
 import math
 import re
 import unicodedata
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from decimal import Decimal
@@ -378,15 +380,15 @@ ORDINAL = re.compile(r"^[ \t]*\d+[.)](?=\s)", re.MULTILINE)
 THOUSANDS = re.compile(r",(?=\d{3}(?!\d))")
 
 
-def numbers(text: str) -> set[str]:
-    """Return the numbers a text states, each by its value where it reads as one ("4,000" and
-    "4000.0" as "4000"), else as written ("1.2.3", "4,5")."""
-    stated = set()
+def numbers(text: str) -> Counter[str]:
+    """Return the numbers a text states and how often, each by its value where it reads as one
+    ("4,000" and "4000.0" as "4000"), else as written ("1.2.3", "4,5")."""
+    stated: Counter[str] = Counter()
     for match in NUMBER.finditer(ORDINAL.sub(" ", text)):
         written = THOUSANDS.sub("", match.group())
         if written.count(".") <= 1 and "," not in written:
             written = format(Decimal(written).normalize(), "f")
-        stated.add(written)
+        stated[written] += 1
     return stated
 
 
@@ -395,6 +397,7 @@ def _numbers(primary: Answer, candidate: Answer) -> Mapping[str, Any]:
     texts = _texts(primary, candidate)
     if texts is None:
         return {}
+    # More often counts, not only anew: a number changed into one stated elsewhere.
     return {"new_number": bool(numbers(texts[1]) - numbers(texts[0]))}
 
 
