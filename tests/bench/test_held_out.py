@@ -12,13 +12,14 @@ import asyncio
 import json
 import re
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
 from realworld import require, require_engine
 
 from bench import everyday, near_tie, pairs, promotion
-from gateway.promotion.judge import PROMOTE, REJECT, Criteria
+from gateway.promotion.judge import PROMOTE, REJECT, Criteria, Evidence
 from realfleet import corpus, embedding, engine, fleet, weights
 from realfleet.shim import Shim, reworded
 
@@ -112,6 +113,30 @@ def f16() -> Iterator[str]:
         yield server.url
 
 
+def behind(
+    shim: Shim, f16: str, embedder: str, part: str, lines: list[dict[str, Any]], **kw: Any
+) -> pairs.Measured:
+    """Measure the part behind `shim` against the f16 reference (its replica the noise floor),
+    at temperature 0, on `lines`."""
+    urls = {pairs.REFERENCE: f16, pairs.REPLICA: f16, pairs.EMBEDDER: embedder, "part": shim.url}
+    measured = asyncio.run(pairs.real(urls, 0.0, 1, 0, parts={part: "part"}, lines=lines, **kw))
+    return measured[part]
+
+
+def weeks(
+    part: str, truth: str, measured: pairs.Measured, paraphrase: float | None = None
+) -> tuple[str, float | None, Evidence]:
+    """Run the bench's weeks of shadow traffic drawn from a part's measured pairs; return the
+    decision, its day and the evidence, as `python -m bench.promotion` does."""
+    scenario = promotion.Scenario(part, truth, days=14.0)
+    kinds = {
+        sampled: promotion.traffic(scenario, {(part, sampled, 0.0): measured}, sampled)
+        for sampled in (False, True)
+    }
+    rng = np.random.default_rng(0)
+    return promotion.run(scenario, kinds, Criteria(), rng, look_hours=6.0, paraphrase=paraphrase)
+
+
 def test_a_part_that_hangs_counts_against_itself_as_a_timeout(f16: str) -> None:
     """A copy with no answer within the copy's timeout is a failed copy of kind `timeout`: the
     weeks fold it as the live judge does (failed, departed, its SLO missed) and reject."""
@@ -119,25 +144,12 @@ def test_a_part_that_hangs_counts_against_itself_as_a_timeout(f16: str) -> None:
     # A copy timeout far above an answer's time on a busy machine (at 5 s, two answers of a
     # loaded engine timed out too), and a hang longer than it.
     with Shim(f16, "timeout", share=0.2, hang_s=60.0).running() as shim:
-        urls = {pairs.REFERENCE: f16, pairs.REPLICA: f16, pairs.EMBEDDER: f16, "hangs": shim.url}
-        measured = asyncio.run(
-            pairs.real(urls, 0.0, 1, 0, parts={"timeouts": "hangs"}, lines=lines, copy_timeout=20.0)
-        )
+        measured = behind(shim, f16, f16, "timeouts", lines, copy_timeout=20.0)
         assert shim.failed == 2
-    rows = measured["timeouts"].candidate
-    failed = [(r["failure"], r["candidate_error"]) for r in rows if r.get("failure")]
+    failed = [(r["failure"], r["candidate_error"]) for r in measured.candidate if r.get("failure")]
     assert failed == [("timeout", "timeout")] * 2
-    assert measured["timeouts"].rates().failed_kinds == {"timeout": 2}
-    scenario = promotion.Scenario("timeouts", "reject", days=14.0)
-    kinds = {
-        is_sampled: promotion.traffic(
-            scenario, {("timeouts", is_sampled, 0.0): measured["timeouts"]}, is_sampled
-        )
-        for is_sampled in (False, True)
-    }
-    outcome, day, evidence = promotion.run(
-        scenario, kinds, Criteria(), np.random.default_rng(0), look_hours=6.0
-    )
+    assert measured.rates().failed_kinds == {"timeout": 2}
+    outcome, day, evidence = weeks("timeouts", "reject", measured)
     # Counted against the candidate, by kind, beside the bench's 0.2% upstream errors.
     assert evidence.failures.kinds["timeout"] > 0.15 * evidence.sent
     assert evidence.failures.only_candidate >= evidence.failures.kinds["timeout"]
@@ -155,17 +167,9 @@ def test_the_reference_answers_the_number_questions_with_numbers_a_part_can_chan
     and the weeks reject the part."""
     lines = pairs.held_out_prompts(0)[everyday.PROMPTS :]
     with Shim(f16, "digits", share=0.05).running() as shim:
-        urls = {
-            pairs.REFERENCE: f16,
-            pairs.REPLICA: f16,
-            pairs.EMBEDDER: minilm,
-            "changes": shim.url,
-        }
-        measured = asyncio.run(
-            pairs.real(urls, 0.0, 1, 0, parts={"digits": "changes"}, lines=lines)
-        )
+        measured = behind(shim, f16, minilm, "digits", lines)
         assert shim.failed == 3  # one in twenty of the 60
-    rates = measured["digits"].rates(pairs.real_paraphrase())
+    rates = measured.rates(pairs.real_paraphrase())
     assert rates.primary_with_digit is not None and rates.primary_with_digit >= 0.95
     assert rates.labelled == 60 and rates.primary_right >= 57
     assert rates.turned_wrong == 3 and rates.candidate_exact == 57 / 60
@@ -175,21 +179,7 @@ def test_the_reference_answers_the_number_questions_with_numbers_a_part_can_chan
     assert rates.turned_wrong_similarity > rates.tolerance.meaning
     assert rates.turned_wrong_departed == 3
     assert rates.candidate == 3 / 60 and rates.noise == 0
-    scenario = promotion.Scenario("digits", "reject", days=14.0)
-    kinds = {
-        is_sampled: promotion.traffic(
-            scenario, {("digits", is_sampled, 0.0): measured["digits"]}, is_sampled
-        )
-        for is_sampled in (False, True)
-    }
-    outcome, day, _ = promotion.run(
-        scenario,
-        kinds,
-        Criteria(),
-        np.random.default_rng(0),
-        look_hours=6.0,
-        paraphrase=pairs.real_paraphrase(),
-    )
+    outcome, day, _ = weeks("digits", "reject", measured, pairs.real_paraphrase())
     assert outcome == REJECT and day is not None and day <= 1.0
 
 
@@ -205,40 +195,16 @@ def test_the_paraphrasing_part_rewords_and_keeps_every_fact() -> None:
 
 def test_a_part_that_rewords_every_answer_is_promoted(f16: str, minilm: str) -> None:
     """A right answer worded differently is not harm: the paraphrasing part's answers embed
-    above the paraphrase similarity the fleet declares, none departs, and the weeks promote it."""
-    lines = pairs.held_out_prompts(0)[:30]
+    above the paraphrase similarity the fleet declares, none departs, and the weeks promote it
+    (held to that figure, as the fleet's routes are)."""
     with Shim(f16, "reword", share=1.0).running() as shim:
-        urls = {
-            pairs.REFERENCE: f16,
-            pairs.REPLICA: f16,
-            pairs.EMBEDDER: minilm,
-            "rewords": shim.url,
-        }
-        measured = asyncio.run(
-            pairs.real(urls, 0.0, 1, 0, parts={"paraphrase": "rewords"}, lines=lines)
-        )
-    rows = measured["paraphrase"].candidate
-    reworded_rows = [r for r in rows if not r.get("exact_match")]
+        measured = behind(shim, f16, minilm, "paraphrase", pairs.held_out_prompts(0)[:30])
+    reworded_rows = [r for r in measured.candidate if not r.get("exact_match")]
     assert len(reworded_rows) >= 20  # most answers hold a word it trades
     assert all(
         r["near_tie"] is None and r["semantic_similarity"] is not None for r in reworded_rows
     )
-    rates = measured["paraphrase"].rates(pairs.real_paraphrase())
+    rates = measured.rates(pairs.real_paraphrase())
     assert rates.candidate == 0 and rates.noise == 0
-    scenario = promotion.Scenario("paraphrase", "promote")
-    kinds = {
-        is_sampled: promotion.traffic(
-            scenario, {("paraphrase", is_sampled, 0.0): measured["paraphrase"]}, is_sampled
-        )
-        for is_sampled in (False, True)
-    }
-    # Held to the paraphrase similarity the fleet declares, as its routes are.
-    outcome, _, _ = promotion.run(
-        scenario,
-        kinds,
-        Criteria(),
-        np.random.default_rng(0),
-        look_hours=6.0,
-        paraphrase=pairs.real_paraphrase(),
-    )
+    outcome, _, _ = weeks("paraphrase", "promote", measured, pairs.real_paraphrase())
     assert outcome == PROMOTE
