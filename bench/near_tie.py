@@ -59,10 +59,11 @@ from realfleet.shim import Shim
 ROOT = Path(__file__).resolve().parent.parent
 SUITES = ROOT / "suites"
 FIT_SNRS_DB = (8.0, 10.0)
-PARAPHRASE = "paraphrase"
 FIT_SEEDS = (7, 8, 9)
 HELD_OUT_SNRS_DB = (8.0, 10.0)
 HELD_OUT_SEEDS = (11, 12, 13)
+# The held-out pool of the replica behind realfleet/shim.py rewording every answer.
+PARAPHRASE = "paraphrase"
 HELD_OUT_QUANTS = ("q6_k", "q5_1", "q4_0")
 HELD_OUT_SUITES = everyday.SEEDS
 
